@@ -1,0 +1,297 @@
+"""testbed.stats: known answers for summaries, the stopping rule, comparisons and ratios."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import t as student_t
+
+from testbed.model import Repetitions
+from testbed.stats import (Comparison, Decision, StoppingRule, Summary, Verdict, compare,
+                           cpu_us_per_transaction, gbit_per_core, gbit_per_ghz,
+                           randomized_order, summarize)
+
+pytestmark = pytest.mark.unit
+
+
+def noisy(center: float, n: int = 20, sd: float = 1.0, seed: int = 1) -> list[float]:
+    return list(np.random.default_rng(seed).normal(center, sd, n))
+
+
+# --------------------------------------------------------------------------- summarize
+
+def test_summary_of_one_to_five_matches_textbook():
+    s = summarize([1, 2, 3, 4, 5])
+    sd = math.sqrt(2.5)                       # sum of squares 10 / (n-1)
+    half = 2.776 * sd / math.sqrt(5)          # t(0.975, df=4) from the printed table
+    assert (s.n, s.mean, s.median, s.min, s.max) == (5, 3.0, 3.0, 1.0, 5.0)
+    assert s.stddev == pytest.approx(sd)
+    assert s.rsd == pytest.approx(sd / 3)
+    assert s.ci_low == pytest.approx(3 - half, abs=1e-3)
+    assert s.ci_high == pytest.approx(3 + half, abs=1e-3)
+
+
+def test_wider_confidence_gives_wider_interval():
+    s95, s99 = summarize([1, 2, 3, 4, 5]), summarize([1, 2, 3, 4, 5], confidence=0.99)
+    half99 = 4.604 * math.sqrt(2.5) / math.sqrt(5)   # t(0.995, df=4)
+    assert s99.ci_high == pytest.approx(3 + half99, abs=1e-3)
+    assert s99.ci_high - s99.ci_low > s95.ci_high - s95.ci_low
+
+
+def test_single_sample_has_no_spread_rather_than_zero_spread():
+    s = summarize([42.0])
+    assert (s.n, s.mean, s.median) == (1, 42.0, 42.0)
+    assert s.stddev is None and s.rsd is None
+    assert s.ci_low is None and s.ci_high is None
+
+
+def test_constant_samples_give_a_point_interval_not_nan():
+    s = summarize([0.1, 0.1, 0.1])
+    assert s.stddev == 0.0 and s.rsd == 0.0
+    assert s.ci_low == s.ci_high == pytest.approx(0.1)
+
+
+def test_zero_mean_has_no_rsd():
+    s = summarize([-1.0, 1.0])
+    assert s.mean == 0.0 and s.stddev == pytest.approx(math.sqrt(2))
+    assert s.rsd is None
+
+
+def test_summary_is_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        summarize([1, 2]).mean = 0  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("bad", [[], [1.0, float("nan")], [float("inf")]])
+def test_summarize_rejects_empty_and_non_finite(bad):
+    with pytest.raises(ValueError):
+        summarize(bad)
+
+
+@pytest.mark.parametrize("confidence", [0.0, 1.0, 95])
+def test_summarize_rejects_bad_confidence(confidence):
+    with pytest.raises(ValueError, match="confidence"):
+        summarize([1, 2], confidence=confidence)
+
+
+# --------------------------------------------------------------------------- stopping rule
+
+def rule(min_samples=3, max_samples=10, rsd_target=0.05, warmup=1) -> StoppingRule:
+    return StoppingRule(Repetitions(warmup=warmup, min_samples=min_samples,
+                                    max_samples=max_samples, rsd_target=rsd_target))
+
+
+def test_below_min_samples_asks_for_more_even_when_tight():
+    d = rule().decide([100.0, 100.1])
+    assert d == Decision(more=True, converged=False, reason=d.reason)
+    assert "2 of at least 3" in d.reason
+
+
+def test_converges_once_min_reached_and_rsd_met():
+    d = rule().decide([100.0, 101.0, 99.0])          # rsd = 1 %
+    assert (d.more, d.converged) == (False, True)
+
+
+def test_noisy_samples_continue_until_the_cap():
+    noisy_values = [100.0, 150.0, 60.0]              # rsd ~ 42 %
+    d = rule().decide(noisy_values)
+    assert (d.more, d.converged) == (True, False)
+    d = rule().decide(noisy_values * 3 + [100.0])    # 10 = max_samples
+    assert (d.more, d.converged) == (False, False)
+    assert "max_samples=10" in d.reason
+
+
+def test_rsd_met_exactly_at_the_cap_counts_as_converged():
+    d = rule(min_samples=3, max_samples=3).decide([100.0, 101.0, 99.0])
+    assert (d.more, d.converged) == (False, True)
+
+
+def test_rsd_target_zero_disables_early_stop():
+    r = rule(rsd_target=0.0)
+    assert r.decide([5.0] * 9).more                  # zero spread, still goes on
+    d = r.decide([5.0] * 10)
+    assert (d.more, d.converged) == (False, False)
+    assert "disabled" in d.reason
+
+
+def test_single_sample_minimum_still_needs_two_for_rsd():
+    r = rule(min_samples=1, max_samples=5)
+    assert r.decide([100.0]).more
+    assert r.decide([100.0, 100.0]).converged
+
+
+def test_fixed_single_repetition_stops_after_one():
+    d = StoppingRule(Repetitions()).decide([7.0])    # defaults: min = max = 1
+    assert (d.more, d.converged) == (False, False)
+
+
+@pytest.mark.parametrize("kwargs", [dict(min_samples=0), dict(min_samples=5, max_samples=4),
+                                    dict(rsd_target=-0.1), dict(warmup=-1)])
+def test_stopping_rule_rejects_impossible_repetitions(kwargs):
+    with pytest.raises(ValueError):
+        rule(**kwargs)
+
+
+# --------------------------------------------------------------------------- compare
+
+def test_clear_throughput_drop_is_regressed():
+    c = compare(noisy(100, seed=1), noisy(80, seed=2), higher_is_better=True)
+    assert c.verdict is Verdict.REGRESSED
+    assert c.test == "welch" and c.p_value < 1e-10
+    assert c.delta == pytest.approx(-20, abs=1.5)
+    assert c.delta_rel == pytest.approx(-0.20, abs=0.015)
+    assert c.delta_pct == pytest.approx(c.delta_rel * 100)
+
+
+def test_latency_drop_is_improved():
+    c = compare(noisy(100, seed=1), noisy(80, seed=2), higher_is_better=False)
+    assert c.verdict is Verdict.IMPROVED
+
+
+def test_throughput_rise_is_improved_and_latency_rise_regressed():
+    base, new = noisy(80, seed=3), noisy(100, seed=4)
+    assert compare(base, new, higher_is_better=True).verdict is Verdict.IMPROVED
+    assert compare(base, new, higher_is_better=False).verdict is Verdict.REGRESSED
+
+
+@pytest.mark.parametrize("test", ["welch", "mannwhitney"])
+def test_same_distribution_is_unchanged(test):
+    c = compare(noisy(100, sd=2, seed=5), noisy(100, sd=2, seed=6), higher_is_better=True,
+                test=test)
+    assert c.verdict is Verdict.UNCHANGED
+    assert c.test == test
+
+
+def test_welch_p_value_matches_the_welch_satterthwaite_formula():
+    base, new = [10, 11, 12, 13, 14], [12, 16, 20, 24, 28, 32, 36, 40]
+    vb, vn = 2.5 / 5, 96.0 / 8                         # sample variance / n, by hand
+    t = (12.0 - 26.0) / math.sqrt(vb + vn)
+    df = (vb + vn) ** 2 / (vb ** 2 / 4 + vn ** 2 / 7)
+    expected = 2 * student_t.sf(abs(t), df)           # ~0.0047; pooled Student gives ~0.0098
+    c = compare(base, new, higher_is_better=True)
+    assert c.p_value == pytest.approx(expected, rel=1e-9)
+
+
+def test_mannwhitney_sees_a_clear_shift():
+    c = compare(noisy(100, seed=1), noisy(80, seed=2), higher_is_better=True,
+                test="mannwhitney")
+    assert c.verdict is Verdict.REGRESSED and c.p_value < 1e-6
+
+
+def test_significant_but_small_shift_is_unchanged():
+    c = compare(noisy(100, sd=0.2, seed=7), noisy(98, sd=0.2, seed=8), higher_is_better=True,
+                threshold=0.05)
+    assert c.p_value < 1e-10                           # the 2 % is real ...
+    assert c.verdict is Verdict.UNCHANGED              # ... but below the 5 % threshold
+    tighter = compare(noisy(100, sd=0.2, seed=7), noisy(98, sd=0.2, seed=8),
+                      higher_is_better=True, threshold=0.01)
+    assert tighter.verdict is Verdict.REGRESSED
+
+
+def test_big_but_noisy_change_is_inconclusive_not_unchanged():
+    c = compare([100.0, 60.0, 140.0], [70.0, 40.0, 100.0], higher_is_better=True)
+    assert c.delta_rel < -0.05 and c.p_value >= 0.05
+    assert c.verdict is Verdict.INCONCLUSIVE
+    assert "not significant" in c.note
+
+
+def test_single_samples_use_the_threshold_alone():
+    c = compare([100.0], [80.0], higher_is_better=True)
+    assert c.verdict is Verdict.REGRESSED
+    assert c.p_value is None and c.test is None
+    assert "no significance test (n<2)" in c.note
+    small = compare([100.0, 101.0, 99.0], [98.0], higher_is_better=True)
+    assert small.verdict is Verdict.UNCHANGED and small.p_value is None
+
+
+def test_identical_constant_samples_are_unchanged_with_p_one():
+    c = compare([5.0] * 4, [5.0] * 4, higher_is_better=True)
+    assert c.verdict is Verdict.UNCHANGED
+    assert c.p_value == 1.0 and c.delta == 0.0 and c.delta_pct == 0.0
+    assert "zero variance" in c.note
+
+
+@pytest.mark.parametrize("test", ["welch", "mannwhitney"])
+def test_different_constant_samples_are_significant(test):
+    c = compare([5.0] * 3, [4.0] * 3, higher_is_better=True, test=test)
+    assert c.p_value == 0.0
+    assert c.verdict is Verdict.REGRESSED
+    for value in (c.p_value, c.delta, c.delta_pct, c.base.ci_low, c.new.ci_high):
+        assert not math.isnan(value)
+
+
+def test_one_constant_side_still_runs_welch():
+    c = compare([100.0] * 5, [80.0, 81.0, 79.0, 80.5, 79.5], higher_is_better=True)
+    assert c.test == "welch" and c.p_value < 1e-4
+    assert c.verdict is Verdict.REGRESSED
+
+
+def test_zero_base_mean_is_inconclusive():
+    c = compare([0.0, 0.0], [1.0, 2.0], higher_is_better=True)
+    assert c.delta_rel is None and c.delta_pct is None
+    assert c.verdict is Verdict.INCONCLUSIVE
+
+
+def test_comparison_records_its_parameters():
+    c = compare([1.0, 2.0], [1.0, 2.0], higher_is_better=False, threshold=0.1, alpha=0.01)
+    assert isinstance(c, Comparison) and isinstance(c.base, Summary)
+    assert (c.higher_is_better, c.threshold, c.alpha) == (False, 0.1, 0.01)
+    assert c.verdict == "unchanged"                    # StrEnum: serialises as its value
+
+
+@pytest.mark.parametrize("kwargs", [dict(test="ks"), dict(threshold=-0.1), dict(alpha=0.0),
+                                    dict(alpha=1.0)])
+def test_compare_rejects_bad_parameters(kwargs):
+    with pytest.raises(ValueError):
+        compare([1.0, 2.0], [1.0, 2.0], higher_is_better=True, **kwargs)
+
+
+def test_compare_rejects_an_empty_side():
+    with pytest.raises(ValueError, match="base"):
+        compare([], [1.0], higher_is_better=True)
+
+
+# --------------------------------------------------------------------------- efficiency
+
+def test_efficiency_known_values():
+    assert gbit_per_core(9400.0, 2.0) == pytest.approx(4.7)
+    assert gbit_per_ghz(9400.0, 2.0, 2.35) == pytest.approx(2.0)
+    assert cpu_us_per_transaction(0.5, 25_000.0) == pytest.approx(20.0)
+    assert cpu_us_per_transaction(0.0, 25_000.0) == 0.0   # measured zero CPU is a number
+
+
+@pytest.mark.parametrize("value", [
+    gbit_per_core(9400.0, 0.0), gbit_per_core(9400.0, None), gbit_per_core(None, 1.0),
+    gbit_per_core(9400.0, float("nan")),
+    gbit_per_ghz(9400.0, 0.0, 2.0), gbit_per_ghz(9400.0, 1.0, 0.0),
+    gbit_per_ghz(9400.0, 1.0, None), gbit_per_ghz(9400.0, None, 2.0),
+    cpu_us_per_transaction(0.5, 0.0), cpu_us_per_transaction(0.5, None),
+    cpu_us_per_transaction(None, 100.0),
+])
+def test_missing_or_zero_denominators_give_none(value):
+    assert value is None
+
+
+def test_negative_denominator_is_a_bug_not_a_number():
+    with pytest.raises(ValueError):
+        gbit_per_core(100.0, -1.0)
+    with pytest.raises(ValueError):
+        gbit_per_ghz(100.0, 1.0, -2.0)
+
+
+# --------------------------------------------------------------------------- ordering
+
+def test_randomized_order_is_a_deterministic_permutation():
+    items = [f"cell{i}" for i in range(20)]
+    first = randomized_order(items, seed=42)
+    assert first == randomized_order(items, seed=42)
+    assert sorted(first) == sorted(items) and first != items
+    assert randomized_order(items, seed=43) != first
+    assert items == [f"cell{i}" for i in range(20)]    # input untouched
+
+
+def test_randomized_order_accepts_tuples_and_empty():
+    assert randomized_order((), seed=1) == []
+    assert sorted(randomized_order((3, 1, 2), seed=1)) == [1, 2, 3]

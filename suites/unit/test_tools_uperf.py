@@ -1,0 +1,293 @@
+"""uperf driver: captured outputs parse to the numbers printed in them; generated profiles have
+the line structure of uperf's own workloads; argv is exact. uperf cannot be installed here, so
+the captured outputs are its only oracle (the live test skips when uperf is missing)."""
+from __future__ import annotations
+
+import os
+import re
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from testbed import proc
+from testbed.model import Pattern, Profile, Protocol, Tool
+from testbed.tools import UnsupportedProfile, get_tool
+
+pytestmark = pytest.mark.unit
+
+FIXTURES = Path(os.environ.get("TESTBED_FIXTURES",
+                               Path(__file__).resolve().parents[3] / "shared" / "fixtures"))
+UPERF = get_tool(Tool.UPERF)
+
+
+def read(name: str) -> str:
+    return (FIXTURES / "uperf" / name).read_bytes().decode()   # keeps the \r repaints
+
+
+# Values read off the fixture files (uperf prints Gb/s in 10^9 bit/s, GB in 2^30 bytes).
+EXPECTED: dict[str, dict[str, float]] = {
+    # raw -R: throughput of Txn2 from its first and last cumulative samples
+    "uperf_pbench_tcp-rr-64B-1i_raw-R-a-i1.txt": dict(
+        throughput_mbps=82926400 * 8 / (1459955178684.6523 - 1459955118425.3613) / 1e3,
+        bytes=82926400, operations=1295728, latency_mean_us=92.64, latency_min_us=85.82,
+        latency_max_us=8140, transactions_per_s=647863 / ((1459955178684.6523 - 1459955118425.3613) / 1e3),
+        errors=0),
+    "uperf_pbench_tcp-rr-16384B-1i_raw-R-a-i1.txt": dict(
+        bytes=4626595840, operations=282388, latency_mean_us=425.29, latency_min_us=394.38,
+        latency_max_us=1520),
+    "uperf_pbench_tcp-stream-16384B-8i_raw-R-a-i1.txt": dict(
+        bytes=3736076214, operations=228130, latency_mean_us=33690.0),
+    "uperf_pbench_tcp-stream-64B-1i_raw-R-a-i1.txt": dict(
+        throughput_mbps=3802736640 * 8 / (1459956754789.9688 - 1459956694529.3694) / 1e3,
+        bytes=3802736640, operations=59417763, latency_mean_us=16.14),
+    "uperf_gobench_iperf-xml_stream_all-stats-raw_-R.txt": dict(
+        bytes=79955230720, operations=9760163, latency_mean_us=30.11, latency_min_us=14.08),
+    # -a without -R: the last \r repaint of Txn2 is "66.11GB /  30.23(s) =    18.78Gb/s"
+    "uperf_gobench_iperf-xml_stream_all-stats_-T-t-f-g-k-p-e-E-a-v.txt": dict(
+        throughput_mbps=18780, duration_s=30.23, operations=8664523, latency_mean_us=34.61,
+        latency_max_us=4110, transactions_per_s=866453 / 30.23),
+    "uperf_gobench_iperf-xml_stream_minimal.txt": dict(throughput_mbps=19080, duration_s=30.23,
+                                                        operations=8800383),
+    "uperf_manual_default-output_legacy-format.txt": dict(
+        throughput_mbps=54.07, transactions_per_s=13201, duration_s=30.30, operations=800008,
+        latency_mean_us=290, latency_min_us=230, latency_max_us=408630),
+    "uperf_real_tcp_rr_64B_2thr_-a-i1.txt": dict(
+        throughput_mbps=116.15, duration_s=3.20, operations=726742, latency_mean_us=16.49,
+        latency_min_us=13.54, latency_max_us=2260, transactions_per_s=363369 / 3.20),
+    "uperf_real_tcp_stream_16384B_4thr_default.txt": dict(throughput_mbps=18050, duration_s=3.21,
+                                                          operations=441408),
+}
+RAW_INTERVALS = {"uperf_pbench_tcp-rr-64B-1i_raw-R-a-i1.txt": 60,
+                 "uperf_gobench_iperf-xml_stream_all-stats-raw_-R.txt": 29}
+
+
+def fixture_files() -> list[Path]:
+    return sorted(p for p in (FIXTURES / "uperf").iterdir() if p.is_file())
+
+
+def structure(xml: str) -> list[str]:
+    """uperf reads a profile line by line: the element each line opens or closes, in order.
+    Blank lines and continuation lines of a wrapped attribute are not elements."""
+    out = []
+    for ln in xml.splitlines():
+        m = re.match(r"\s*<(/?[?\w]+)(?:[^>]*?type=\"(\w+)\")?", ln)
+        if m:
+            out.append(f"{m.group(1)}:{m.group(2)}" if m.group(2) else m.group(1))
+    return out
+
+
+def tags(xml: str) -> list[str]:
+    return [s.split(":")[0] for s in structure(xml)]
+
+
+@pytest.mark.parametrize("path", fixture_files(), ids=lambda p: p.name)
+def test_every_fixture_parses(path: Path) -> None:
+    text = read(path.name)
+    if path.name.startswith("uperf_profile_"):
+        assert tags(text)[:3] == ["?xml", "profile", "group"] and tags(text)[-1] == "/profile"
+        return
+    result = UPERF.parse(text)
+    assert result.ok, result.reason
+    assert result.metrics["throughput_mbps"] > 0
+    for name, value in EXPECTED.get(path.name, {}).items():
+        assert result.metrics.get(name) == pytest.approx(value, rel=1e-6), name
+    if path.name in RAW_INTERVALS:
+        assert len(result.intervals) == RAW_INTERVALS[path.name]
+
+
+def test_expectations_name_real_files() -> None:
+    assert set(EXPECTED) <= {p.name for p in fixture_files()}
+
+
+def test_terminal_repaints_take_the_last_value() -> None:
+    text = read("uperf_real_tcp_stream_16384B_4thr_default.txt")
+    assert "\r" in text                      # the capture really has uperf's \r repaints
+    assert UPERF.parse(text).metrics["throughput_mbps"] == 18050   # not 31.12 / 20.37 / 19.77 Gb/s
+
+
+def test_counter_wrap_in_max_latency_is_left_out() -> None:
+    result = UPERF.parse(read("uperf_gobench_iperf-xml_stream_all-stats-raw_-R.txt"))
+    assert "latency_max_us" not in result.metrics      # printed as 184467440ms in a 32 s run
+    assert any("counter wrap" in w for w in result.warnings)
+
+
+def test_buffer_warnings_are_kept() -> None:
+    result = UPERF.parse(read("uperf_gobench_iperf-xml_stream_minimal.txt"))
+    assert "uperf: Warning: Send buffer: 100.00KB (Requested:50.00KB)" in result.warnings
+
+
+def test_raw_intervals_carry_timestamps() -> None:
+    first = UPERF.parse(read("uperf_pbench_tcp-rr-64B-1i_raw-R-a-i1.txt")).intervals[0]
+    # the file's first two Txn2 samples: (…8425.3613, 0 B, 0 ops), (…9426.3684, 1452992 B, 22703)
+    assert first["timestamp_ms"] == pytest.approx(1459955119426.3684)
+    assert first["bytes"] == 1452992 and first["operations"] == 22703
+    assert first["duration_s"] == pytest.approx(1.0010071)
+
+
+# Failure output: uperf cannot run here, so these append uperf's own failure lines (strings
+# from uperf/src: master.c, logging.c's "** <message> <strerror>") to a real capture.
+GOOD = "uperf_real_tcp_rr_64B_2thr_-a-i1.txt"
+
+
+@pytest.mark.parametrize("tail,reason", [
+    ("\nWARNING: Errors detected during run\n", "uperf: WARNING: Errors detected during run"),
+    ("\n*** Slave aborted! ***\n", "uperf: *** Slave aborted! ***"),
+    ("** Error in write Connection reset by peer\n", "uperf: ** Error in write Connection reset by peer"),
+    ("** 12 Errors Error in read Broken pipe\n", "uperf: ** 12 Errors Error in read Broken pipe"),
+])
+def test_error_lines_fail_the_run(tail: str, reason: str) -> None:
+    result = UPERF.parse(read(GOOD) + tail)
+    assert not result.ok and result.reason == reason and not result.metrics
+
+
+def test_nonzero_exit_fails() -> None:
+    result = UPERF.parse(read(GOOD) + "\nWARNING: Errors detected during run\n", "", 1)
+    assert result.reason == "uperf exited 1: WARNING: Errors detected during run"
+    assert UPERF.parse("", "Error connecting to 198.18.0.2\n", 1).reason == \
+        "uperf exited 1: Error connecting to 198.18.0.2"
+
+
+def test_slave_errors_fail_the_run() -> None:
+    text = read(GOOD).replace("726740        0.00", "726740        1.25")
+    result = UPERF.parse(text)
+    assert not result.ok and "192.168.250.2" in result.reason and "1.25" in result.reason
+
+
+def test_ssl_notice_is_not_an_error() -> None:
+    # printed at start by every run of an SSL-enabled build (all gobench captures)
+    assert UPERF.parse(read("uperf_gobench_iperf-xml_stream_minimal.txt")).ok
+
+
+def test_nothing_printed_is_a_failure() -> None:
+    assert UPERF.parse("").reason == "uperf printed no result: no output"
+
+
+# -- profile XML --------------------------------------------------------------------------
+
+def prof(pattern: Pattern, protocol: Protocol = Protocol.TCP, **kw) -> Profile:
+    return Profile("p", tool=Tool.UPERF, protocol=protocol, pattern=pattern, **kw)
+
+
+def xml(pattern: Pattern, protocol: Protocol = Protocol.TCP, nthreads: int = 4, **kw) -> str:
+    return UPERF.profile_xml(prof(pattern, protocol, **kw), "198.18.0.2", nthreads)
+
+
+def without_think(xml_text: str) -> list[str]:
+    return [s for s in structure(xml_text) if s != "flowop:think"]
+
+
+def test_stream_has_the_structure_of_uperfs_iperf_workload() -> None:
+    assert structure(xml(Pattern.STREAM)) == structure(read("uperf_profile_workloads_iperf_stream.xml"))
+
+
+def test_rr_has_the_structure_of_uperfs_netperf_workload_and_crucibles_rr() -> None:
+    generated = xml(Pattern.RR)
+    # uperf's netperf.xml lets the slave connect ("accept"); the line structure is the same
+    assert tags(generated) == tags(read("uperf_profile_workloads_netperf_rr.xml"))
+    assert structure(generated) == structure(read("uperf_profile_crucible_rr_template.xml"))
+
+
+def test_crr_has_the_structure_of_crucibles_crr() -> None:
+    # crucible adds an optional think flowop between write and read; we do not think
+    assert structure(xml(Pattern.CRR)) == without_think(read("uperf_profile_crucible_crr_template.xml"))
+
+
+def test_maerts_and_bidirectional_follow_the_stream_shape() -> None:
+    stream = structure(xml(Pattern.STREAM))
+    maerts = [s.replace("flowop:write", "flowop:read") for s in stream]
+    assert structure(xml(Pattern.MAERTS)) == maerts
+    body = stream[2:-1]           # one group: everything between <profile> and </profile>
+    assert structure(xml(Pattern.BIDIRECTIONAL)) == stream[:2] + body + maerts[2:-1] + ["/profile"]
+
+
+@pytest.mark.parametrize("pattern", list(Pattern), ids=str)
+def test_profile_is_xml_with_one_element_per_line(pattern: Pattern) -> None:
+    text = xml(pattern, duration_s=30, message_size=64, response_size=1024)
+    assert all(ln.count("<") == 1 for ln in text.splitlines() if ln.strip())
+    root = ET.fromstring(text.split("\n", 1)[1])
+    assert root.tag == "profile" and root.get("name") == "p"
+    assert {g.get("nthreads") for g in root.iter("group")} == {"4"}
+    timed = [t for t in root.iter("transaction") if t.get("duration")]
+    assert [t.get("duration") for t in timed] == ["30s"] * len(timed) and timed
+    connect = next(f for f in root.iter("flowop") if f.get("type") == "connect")
+    assert connect.get("options") == "remotehost=198.18.0.2 protocol=tcp"
+
+
+def test_sizes_and_udp_in_the_profile() -> None:
+    root = ET.fromstring(xml(Pattern.RR, Protocol.UDP, message_size=64, response_size=1024).split("\n", 1)[1])
+    ops = {f.get("type"): f.get("options") for f in root.iter("flowop")}
+    assert ops == {"connect": "remotehost=198.18.0.2 protocol=udp", "write": "size=64",
+                   "read": "size=1024", "disconnect": None}
+    stream = ET.fromstring(xml(Pattern.STREAM).split("\n", 1)[1])
+    assert [f.get("options") for f in stream.iter("flowop") if f.get("type") == "write"] == \
+        ["count=16 size=16384"]
+
+
+@pytest.mark.parametrize("addr", ['198.18.0.2" nthreads="9', "198.18.0.2 protocol=udp", "a b"])
+def test_server_address_cannot_inject_into_the_profile(addr: str) -> None:
+    with pytest.raises(UnsupportedProfile):
+        UPERF.profile_xml(prof(Pattern.STREAM), addr, 1)
+
+
+def test_profile_name_is_made_safe() -> None:
+    profile = Profile('Big "RR" <1>', tool=Tool.UPERF, pattern=Pattern.RR)
+    assert '<profile name="big-rr-1">' in UPERF.profile_xml(profile, "198.18.0.2", 1)
+
+
+# -- argv ---------------------------------------------------------------------------------
+
+def test_client_and_server_argv() -> None:
+    profile = prof(Pattern.STREAM)
+    assert UPERF.client_argv(profile, "198.18.0.2") == \
+        ["uperf", "-m", "/tmp/tb-uperf-p.xml", "-a", "-R", "-i", "1"]
+    assert UPERF.client_argv(profile, "198.18.0.2", port=20010, profile_path="/run/x.xml") == \
+        ["uperf", "-m", "/run/x.xml", "-a", "-R", "-i", "1", "-P", "20010"]
+    assert UPERF.profile_path(profile, 20010) == "/tmp/tb-uperf-p-20010.xml"
+    assert UPERF.server_argv(profile) == ["uperf", "-s"]
+    assert UPERF.server_argv(profile, port=20010) == ["uperf", "-s", "-P", "20010"]
+
+
+@pytest.mark.parametrize("profile,kw,match", [
+    (prof(Pattern.CRR, Protocol.UDP), {}, "UDP has none"),
+    (prof(Pattern.STREAM, rate_bps=10**8), {}, "bit-rate"),
+    (prof(Pattern.STREAM), dict(confidence=(99, 5)), "no confidence"),
+    (Profile("p", tool=Tool.NETPERF), {}, "is for netperf"),
+])
+def test_unsupported(profile, kw, match) -> None:
+    with pytest.raises(UnsupportedProfile, match=match):
+        UPERF.client_argv(profile, "198.18.0.2", **kw)
+
+
+# -- the real uperf, where it is installed --------------------------------------------------
+
+@pytest.mark.netns
+def test_real_uperf(tmp_path) -> None:
+    if not proc.ok(["uperf", "-V"]):
+        pytest.skip("uperf is not installed (not packaged for Debian)")
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create network namespaces")
+    ns = f"tb-u{os.getpid()}"
+    try:
+        if proc.run(["ip", "netns", "add", ns], check=False).rc != 0:
+            pytest.skip("`ip netns add` failed")
+        proc.run(["ip", "link", "set", "lo", "up"], netns=ns)
+        proc.run(["ip", "addr", "add", "198.18.251.1/32", "dev", "lo"], netns=ns)
+        profile = prof(Pattern.RR, duration_s=2)
+        path = tmp_path / "rr.xml"
+        path.write_text(UPERF.profile_xml(profile, "198.18.251.1", 2))
+        with proc.background(UPERF.server_argv(profile, port=20010), out_dir=str(tmp_path),
+                             name="uperf-s", netns=ns):
+            deadline = time.monotonic() + 10
+            while not proc.run(["ss", "-Hltn", "sport = :20010"], netns=ns).stdout.strip():
+                assert time.monotonic() < deadline, "uperf -s not listening after 10 s"
+                time.sleep(0.1)
+            done = proc.run(UPERF.client_argv(profile, "198.18.251.1", port=20010,
+                                              profile_path=str(path)),
+                            netns=ns, timeout=60, check=False)
+        result = UPERF.parse(done.stdout, done.stderr, done.rc)
+        assert result.ok, result.reason
+        assert result.metrics["transactions_per_s"] > 0 and result.intervals
+    finally:
+        proc.run(["ip", "netns", "del", ns], check=False)

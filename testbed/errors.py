@@ -1,0 +1,60 @@
+"""One exception tree. The CLI maps each class to an exit status and prints one line."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class TestbedError(Exception):
+    """Base of every error the testbed raises on purpose."""
+
+    exit_status = 1
+
+
+class ConfigError(TestbedError):
+    """Bad user input: names the file and the field, so the user can fix it without a traceback."""
+
+    exit_status = 2
+
+    def __init__(self, file: str, field: str, message: str, line: int | None = None) -> None:
+        self.file, self.field, self.message, self.line = file, field, message, line
+        where = f"{file}:{line}" if line else file
+        super().__init__(f"{where}: {field}: {message}")
+
+
+class CapabilityError(TestbedError):
+    """A requested capability is missing on this host. Never silently substituted."""
+
+    exit_status = 3
+
+
+class CommandError(TestbedError):
+    """A command failed or timed out. Carries what was run and the tail of what it printed."""
+
+    def __init__(self, argv: Sequence[str], rc: int | None, stderr: str, timed_out: bool = False,
+                 stdout: str = "") -> None:
+        self.argv, self.rc, self.timed_out, self.stdout = list(argv), rc, timed_out, stdout
+        self.stderr_tail = "\n".join(stderr.strip().splitlines()[-8:])
+        what = "timed out" if timed_out else f"exited {rc}"
+        tail = f": {self.stderr_tail}" if self.stderr_tail else ""
+        super().__init__(f"`{' '.join(self.argv)}` {what}{tail}")
+
+
+class ReadinessError(TestbedError):
+    """A wait passed its deadline. Says what it waited for and the last console lines."""
+
+    def __init__(self, what: str, waited_s: float, console_tail: str = "") -> None:
+        self.what, self.waited_s, self.console_tail = what, waited_s, console_tail
+        msg = f"{what} not ready after {waited_s:.0f} s"
+        if console_tail:
+            msg += "; last console lines:\n" + console_tail
+        super().__init__(msg)
+
+
+class GuestError(TestbedError):
+    """A command inside a guest could not be run (agent unreachable, binary missing)."""
+
+
+class LeftoversError(TestbedError):
+    """A dead run left tb- objects behind; a new run refuses to start on top of them."""
+
+    exit_status = 4

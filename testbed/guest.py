@@ -1,0 +1,113 @@
+"""Commands inside a guest through qemu-guest-agent over virtio-serial.
+
+The agent channel does not use any network under test, so control traffic never
+disturbs a measurement and a broken test network never cuts the testbed off.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import libvirt
+import libvirt_qemu
+
+from testbed.errors import CommandError, GuestError
+
+AGENT_TIMEOUT_S = 10
+
+
+@dataclass(frozen=True)
+class GuestResult:
+    argv: tuple[str, ...]
+    rc: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+
+class Agent:
+    """A guest's qemu-guest-agent, reached through libvirt."""
+
+    def __init__(self, dom: libvirt.virDomain, name: str) -> None:
+        self.dom, self.name = dom, name
+
+    def command(self, execute: str, arguments: dict | None = None,
+                timeout: int = AGENT_TIMEOUT_S) -> object:
+        msg = {"execute": execute, **({"arguments": arguments} if arguments else {})}
+        try:
+            reply = libvirt_qemu.qemuAgentCommand(self.dom, json.dumps(msg), timeout, 0)
+        except libvirt.libvirtError as e:
+            raise GuestError(f"guest {self.name}: agent {execute} failed: {e.get_error_message()}") from None
+        return json.loads(reply)["return"]
+
+    def ping(self) -> bool:
+        try:
+            self.command("guest-ping", timeout=2)
+            return True
+        except GuestError:
+            return False
+
+    def spawn(self, argv: Sequence[str]) -> int:
+        """Start a process in the guest; returns its pid. Output is kept by the agent."""
+        try:
+            ret = self.command("guest-exec", {"path": argv[0], "arg": list(argv[1:]),
+                                              "capture-output": True})
+        except GuestError as e:
+            # The agent reports a missing binary as a failed exec: say which.
+            raise CommandError([f"{self.name}:", *argv], 127, str(e)) from None
+        return int(ret["pid"])  # type: ignore[index]
+
+    def status(self, pid: int) -> dict | None:
+        st = self.command("guest-exec-status", {"pid": pid})
+        return st if st.get("exited") else None  # type: ignore[union-attr]
+
+    def wait(self, pid: int, argv: Sequence[str], timeout: float) -> GuestResult:
+        start = time.monotonic()
+        deadline = start + timeout
+        delay = 0.05
+        while True:
+            st = self.status(pid)
+            if st is not None:
+                return GuestResult(tuple(argv), _rc(st), _b64(st.get("out-data")),
+                                   _b64(st.get("err-data")), time.monotonic() - start)
+            if time.monotonic() >= deadline:
+                self.kill(pid)
+                raise CommandError([f"{self.name}:", *argv], None, "", timed_out=True)
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+
+    def kill(self, pid: int, signal: str = "KILL") -> None:
+        try:
+            kpid = self.spawn(["/bin/kill", f"-{signal}", str(pid)])
+            self.wait(kpid, ["kill"], 10)
+        except (GuestError, CommandError):
+            pass  # already gone, or the agent is gone with the guest
+
+    def run(self, argv: Sequence[str], timeout: float = 30, check: bool = True) -> GuestResult:
+        res = self.wait(self.spawn(argv), argv, timeout)
+        if check and res.rc != 0:
+            raise CommandError([f"{self.name}:", *argv], res.rc, res.stderr or res.stdout,
+                               stdout=res.stdout)
+        return res
+
+    def read_file(self, path: str, limit: int = 1 << 20) -> str:
+        handle = self.command("guest-file-open", {"path": path, "mode": "r"})
+        try:
+            data = self.command("guest-file-read", {"handle": handle, "count": limit})
+            return _b64(data.get("buf-b64"))  # type: ignore[union-attr]
+        finally:
+            self.command("guest-file-close", {"handle": handle})
+
+
+def _b64(s: str | None) -> str:
+    return base64.b64decode(s).decode(errors="replace") if s else ""
+
+
+def _rc(st: dict) -> int:
+    if "exitcode" in st:
+        return int(st["exitcode"])
+    # Killed by a signal: the agent reports the signal instead of an exit code.
+    return 128 + int(st.get("signal", 0))

@@ -1,0 +1,183 @@
+"""Frozen, typed records that flow through the testbed. No dicts passed around as records."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from testbed import PREFIX
+
+# Names end up in libvirt XML, interface names and argv; keep them to a safe alphabet so
+# no value can inject markup or shell syntax, and short enough for 15-byte ifnames.
+NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,9}$")
+
+
+class Attachment(StrEnum):
+    """How a guest NIC reaches the wire."""
+
+    BRIDGE = "bridge"
+    OVS = "ovs"
+    MACVTAP = "macvtap"
+    OVS_VXLAN = "ovs-vxlan"
+    BRIDGE_VXLAN = "bridge-vxlan"
+
+    @property
+    def needs_two_hosts(self) -> bool:
+        return self in (Attachment.OVS_VXLAN, Attachment.BRIDGE_VXLAN)
+
+    @property
+    def needs_ovs(self) -> bool:
+        return self in (Attachment.OVS, Attachment.OVS_VXLAN)
+
+
+class Backend(StrEnum):
+    """The virtio-net backend: in-kernel vhost-net or QEMU's userspace virtio."""
+
+    VHOST = "vhost"
+    QEMU = "qemu"
+
+    @property
+    def driver_name(self) -> str:
+        # libvirt's <driver name=...> for interfaces
+        return "vhost" if self is Backend.VHOST else "qemu"
+
+
+class Accelerator(StrEnum):
+    KVM = "kvm"
+    TCG = "tcg"
+
+    @property
+    def domain_type(self) -> str:
+        # libvirt calls TCG domains type='qemu'
+        return "kvm" if self is Accelerator.KVM else "qemu"
+
+
+class Tool(StrEnum):
+    NETPERF = "netperf"
+    UPERF = "uperf"
+    IPERF3 = "iperf3"
+
+
+class Protocol(StrEnum):
+    TCP = "tcp"
+    UDP = "udp"
+
+
+class Pattern(StrEnum):
+    """Traffic pattern, independent of the tool that produces it."""
+
+    STREAM = "stream"        # client sends
+    MAERTS = "maerts"        # server sends
+    BIDIRECTIONAL = "bidirectional"
+    RR = "rr"                # request/response on one connection
+    CRR = "crr"              # connect/request/response/close
+
+    @property
+    def is_transactional(self) -> bool:
+        return self in (Pattern.RR, Pattern.CRR)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A traffic pattern: tool, protocol, pattern, sizes and duration."""
+
+    name: str
+    tool: Tool = Tool.NETPERF
+    protocol: Protocol = Protocol.TCP
+    pattern: Pattern = Pattern.STREAM
+    message_size: int | None = None     # bytes per send (stream) or request size (rr)
+    response_size: int | None = None    # rr/crr only
+    duration_s: int = 10
+    #: target bit rate for rate-limited UDP (bit/s); None = as fast as possible
+    rate_bps: int | None = None
+
+    @property
+    def netperf_test(self) -> str:
+        return f"{self.protocol.value}_{self.pattern.value}".upper()
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One point of the matrix."""
+
+    attachment: Attachment
+    backend: Backend
+    mtu: int
+    connections: int
+    profile: Profile
+
+    @property
+    def id(self) -> str:
+        return (f"{self.attachment.value}-{self.backend.value}-mtu{self.mtu}"
+                f"-conn{self.connections}-{self.profile.name}")
+
+    def as_dict(self) -> dict:
+        return {"attachment": self.attachment.value, "backend": self.backend.value,
+                "mtu": self.mtu, "connections": self.connections, "profile": self.profile.name,
+                "tool": self.profile.tool.value, "id": self.id}
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """A hypervisor: a libvirt URI plus a way to run commands on it."""
+
+    name: str
+    uri: str = "qemu:///system"
+    transport: str = "local"             # local | ssh
+    ssh_target: str | None = None        # user@host when transport is ssh
+
+
+@dataclass(frozen=True)
+class GuestSpec:
+    name: str
+    host: str
+    memory_mib: int = 1024
+    vcpus: int = 1
+    #: None: the testbed's own cached image; else a user-supplied qcow2 cloud image
+    image: str | None = None
+
+
+@dataclass(frozen=True)
+class Repetitions:
+    warmup: int = 0
+    min_samples: int = 1
+    max_samples: int = 1
+    #: stop early once relative stddev is at or below this (0 disables the rule)
+    rsd_target: float = 0.05
+
+
+@dataclass(frozen=True)
+class Matrix:
+    attachments: tuple[Attachment, ...]
+    backends: tuple[Backend, ...]
+    mtus: tuple[int, ...]
+    connections: tuple[int, ...]
+    profiles: tuple[Profile, ...]
+    repetitions: Repetitions = field(default_factory=Repetitions)
+    randomize: bool = False
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Topology:
+    name: str
+    source: str                          # file it came from, or "<builtin>"
+    hosts: tuple[HostSpec, ...]
+    guests: tuple[GuestSpec, ...]
+    client: str                          # guest name that runs the client side
+    server: str
+    matrix: Matrix
+    accelerator: str = "auto"            # auto | kvm | tcg
+    #: segment for test traffic; must lie inside 198.18.0.0/15 (RFC 2544 benchmarking)
+    subnet: str = "198.18.0.0/24"
+
+    def guest(self, name: str) -> GuestSpec:
+        return next(g for g in self.guests if g.name == name)
+
+
+def object_name(run_tag: str, kind: str, *parts: str) -> str:
+    """A host object name: tb-<run tag>-<kind><parts>, kept within IFNAMSIZ (15 chars)."""
+    name = f"{PREFIX}{run_tag}-{kind}{''.join(parts)}"
+    if len(name) > 15:
+        raise ValueError(f"object name {name!r} longer than 15 characters")
+    return name

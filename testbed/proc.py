@@ -1,0 +1,126 @@
+"""The only subprocess wrapper in the project.
+
+Every command is a list argv with a timeout; never ``shell=True``. A failure raises
+CommandError carrying argv, exit status, stderr tail and whether it timed out, so an
+error message always says what was run and what it printed.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from testbed.errors import CommandError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class Completed:
+    argv: tuple[str, ...]
+    rc: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+
+def in_netns(netns: str | None, argv: Sequence[str]) -> list[str]:
+    """Prefix argv so it runs inside a named network namespace (None: the current one)."""
+    return ["ip", "netns", "exec", netns, *argv] if netns else list(argv)
+
+
+def run(argv: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT, check: bool = True,
+        netns: str | None = None, input: str | None = None,
+        env: Mapping[str, str] | None = None, cwd: str | None = None) -> Completed:
+    full = in_netns(netns, [str(a) for a in argv])
+    log.debug("run %s", full)
+    start = time.monotonic()
+    merged_env = {**os.environ, **env} if env else None
+    try:
+        p = subprocess.run(full, capture_output=True, text=True, errors="replace", timeout=timeout,
+                           input=input, env=merged_env, cwd=cwd, stdin=None if input is not None
+                           else subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+        raise CommandError(full, None, err, timed_out=True, stdout=out) from None
+    except FileNotFoundError as e:
+        raise CommandError(full, 127, f"{e.filename}: not found") from None
+    done = Completed(tuple(full), p.returncode, p.stdout, p.stderr, time.monotonic() - start)
+    if check and p.returncode != 0:
+        raise CommandError(full, p.returncode, p.stderr or p.stdout, stdout=p.stdout)
+    return done
+
+
+def ok(argv: Sequence[str], *, timeout: float = 10.0, netns: str | None = None) -> bool:
+    """True when the command exits 0: for probing capabilities by trying them."""
+    try:
+        return run(argv, timeout=timeout, check=False, netns=netns).rc == 0
+    except CommandError:
+        return False
+
+
+@dataclass
+class Background:
+    """A long-running process started by ``background``; output goes to files so pipes never fill."""
+
+    argv: tuple[str, ...]
+    popen: subprocess.Popen
+    stdout_path: str
+    stderr_path: str
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise CommandError(self.argv, None, self.stderr(), timed_out=True) from None
+
+    def stdout(self) -> str:
+        with open(self.stdout_path, errors="replace") as f:
+            return f.read()
+
+    def stderr(self) -> str:
+        with open(self.stderr_path, errors="replace") as f:
+            return f.read()
+
+    def stop(self, grace: float = 3.0) -> None:
+        if self.popen.poll() is not None:
+            return
+        # The process leads its own group, so children (e.g. `ip netns exec` -> tool) go too.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGTERM)
+        try:
+            self.popen.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(timeout=grace)
+
+
+@contextlib.contextmanager
+def background(argv: Sequence[str], *, out_dir: str, name: str, netns: str | None = None,
+               env: Mapping[str, str] | None = None) -> Iterator[Background]:
+    """Start a process for the duration of a ``with`` block; it is always stopped on exit."""
+    full = in_netns(netns, [str(a) for a in argv])
+    os.makedirs(out_dir, exist_ok=True)
+    out_path, err_path = os.path.join(out_dir, f"{name}.out"), os.path.join(out_dir, f"{name}.err")
+    log.debug("background %s", full)
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        try:
+            popen = subprocess.Popen(full, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                     start_new_session=True,
+                                     env={**os.environ, **env} if env else None)
+        except FileNotFoundError as e:
+            raise CommandError(full, 127, f"{e.filename}: not found") from None
+    bg = Background(tuple(full), popen, out_path, err_path)
+    try:
+        yield bg
+    finally:
+        bg.stop()

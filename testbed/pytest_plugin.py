@@ -1,0 +1,1 @@
+"""pytest plugin: markers, options, fixtures and capability skips (filled in below)."""

@@ -1,0 +1,90 @@
+"""Pure renderers: model values in, text out. All markup lives in templates/.
+
+One jinja2 Environment with StrictUndefined (a missing value is an error, never an empty
+string) and autoescaping for XML templates, so no value can inject markup.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+
+import jinja2
+
+from testbed import paths
+
+
+@cache
+def env() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(paths.templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        autoescape=jinja2.select_autoescape(enabled_extensions=("xml.j2", "xml"),
+                                            default_for_string=False, default=False),
+        keep_trailing_newline=True,
+    )
+
+
+def render(template: str, **values) -> str:
+    return env().get_template(template).render(**values)
+
+
+@dataclass(frozen=True)
+class DomainParams:
+    name: str
+    run_id: str
+    domain_type: str           # kvm | qemu (TCG)
+    memory_mib: int
+    vcpus: int
+    disk: str
+    seed: str
+    console_log: str
+    kernel: str | None
+    initrd: str | None
+    cmdline: str
+    emulator: str = "/usr/bin/qemu-system-x86_64"
+    hotplug_slots: int = 4
+
+
+def domain_xml(p: DomainParams) -> str:
+    return render("libvirt/domain.xml.j2", **p.__dict__)
+
+
+@dataclass(frozen=True)
+class NicParams:
+    kind: str                  # bridge | ovs | direct
+    source: str                # bridge name, or macvtap lower device
+    target: str                # host-side device name (tb- prefixed)
+    mac: str
+    driver: str                # vhost | qemu
+    mtu: int
+    queues: int = 1
+    macvtap_mode: str = "bridge"
+
+
+def interface_xml(p: NicParams) -> str:
+    return render("libvirt/interface.xml.j2", **p.__dict__)
+
+
+@dataclass(frozen=True)
+class BootNic:
+    name: str
+    mac: str
+    mtu: int
+    address: str               # CIDR
+
+
+@dataclass(frozen=True)
+class SeedFiles:
+    user_data: str
+    meta_data: str
+    network_config: str
+
+
+def cloud_init(hostname: str, run_id: str, instance_id: str,
+               nics: Sequence[BootNic] = ()) -> SeedFiles:
+    return SeedFiles(
+        user_data=render("cloud-init/user-data.j2", hostname=hostname, run_id=run_id),
+        meta_data=render("cloud-init/meta-data.j2", hostname=hostname, instance_id=instance_id),
+        network_config=render("cloud-init/network-config.j2", nics=list(nics)),
+    )

@@ -1,0 +1,302 @@
+"""Repetitions, stopping rule, confidence intervals, significance and efficiency ratios.
+
+Everything here is pure: numbers in, frozen records out. The measuring code decides what a
+sample is; this module only decides what the samples say.
+
+Missing or undefined quantities are ``None``, never ``0``, ``inf`` or ``NaN``: a result file
+or a nightly gate must not be able to mistake "could not be computed" for a measurement.
+"""
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TypeVar
+
+import numpy as np
+from scipy import stats as sps
+
+from testbed.model import Repetitions
+
+T = TypeVar("T")
+
+#: significance tests that :func:`compare` knows, by the name recorded in a Comparison
+TESTS = ("welch", "mannwhitney")
+
+
+# --------------------------------------------------------------------------- summaries
+
+@dataclass(frozen=True)
+class Summary:
+    """Descriptive statistics of one cell's samples.
+
+    ``stddev``, ``rsd``, ``ci_low`` and ``ci_high`` are ``None`` when they are undefined
+    (fewer than two samples; ``rsd`` also when the mean is 0), so that a single sample never
+    reads as "zero spread".
+    """
+
+    n: int
+    mean: float
+    median: float
+    stddev: float | None        # sample standard deviation (ddof=1)
+    rsd: float | None           # stddev / |mean|
+    ci_low: float | None        # Student-t interval for the mean
+    ci_high: float | None
+    min: float
+    max: float
+    confidence: float = 0.95
+
+
+def _as_array(values: Sequence[float], what: str = "values") -> np.ndarray:
+    arr = np.asarray(values, dtype=float)
+    if arr.ndim != 1:
+        raise ValueError(f"{what} must be a flat sequence of numbers, got shape {arr.shape}")
+    if arr.size == 0:
+        raise ValueError(f"{what} is empty; nothing to summarize")
+    if not np.all(np.isfinite(arr)):
+        # A NaN or inf sample is a parser or collector bug upstream; averaging it in would
+        # hide the bug behind a NaN mean.
+        raise ValueError(f"{what} contains non-finite samples: {arr.tolist()}")
+    return arr
+
+
+def _is_constant(arr: np.ndarray) -> bool:
+    # max == min is exact; np.var of e.g. [0.1, 0.1, 0.1] can come out as 1e-33, not 0.
+    return bool(arr.max() == arr.min())
+
+
+def summarize(values: Sequence[float], confidence: float = 0.95) -> Summary:
+    """Summarize samples; raises ValueError on an empty or non-finite sequence."""
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    arr = _as_array(values)
+    n = int(arr.size)
+    mean = float(np.mean(arr))
+    stddev = rsd = ci_low = ci_high = None
+    if n >= 2:
+        stddev = 0.0 if _is_constant(arr) else float(np.std(arr, ddof=1))
+        # |mean| so that rsd stays a non-negative spread measure even for signed data.
+        rsd = stddev / abs(mean) if mean != 0.0 else None
+        if stddev == 0.0:
+            # scipy returns (nan, nan) for scale=0; the interval of a constant is a point.
+            ci_low = ci_high = mean
+        else:
+            lo, hi = sps.t.interval(confidence, df=n - 1, loc=mean, scale=sps.sem(arr))
+            ci_low, ci_high = float(lo), float(hi)
+    return Summary(n=n, mean=mean, median=float(np.median(arr)), stddev=stddev, rsd=rsd,
+                   ci_low=ci_low, ci_high=ci_high, min=float(arr.min()),
+                   max=float(arr.max()), confidence=confidence)
+
+
+# --------------------------------------------------------------------------- stopping rule
+
+@dataclass(frozen=True)
+class Decision:
+    more: bool          # take another sample
+    converged: bool     # rsd was computed and met the target
+    reason: str
+
+
+@dataclass(frozen=True)
+class StoppingRule:
+    """When to stop repeating a cell.
+
+    ``decide`` expects the *measured* samples only: the caller runs and discards the
+    ``repetitions.warmup`` samples itself, so they never count towards ``min_samples`` and
+    never widen the spread.
+
+    Stop, converged, once ``n >= min_samples`` and ``rsd <= rsd_target``. Otherwise stop at
+    ``max_samples``, not converged. ``converged`` is True only when the rsd was actually
+    computed and met: with ``rsd_target == 0`` (rule disabled, a fixed sample count) or a
+    mean of 0 it is always False, and ``reason`` says why. The rsd needs two samples, so
+    ``min_samples == 1`` still takes a second sample before it can stop early.
+    """
+
+    repetitions: Repetitions
+
+    def __post_init__(self) -> None:
+        r = self.repetitions
+        if r.min_samples < 1:
+            raise ValueError(f"min_samples must be >= 1, got {r.min_samples}")
+        if r.max_samples < r.min_samples:
+            raise ValueError(f"max_samples ({r.max_samples}) < min_samples ({r.min_samples})")
+        if r.rsd_target < 0:
+            raise ValueError(f"rsd_target must be >= 0 (0 disables it), got {r.rsd_target}")
+        if r.warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {r.warmup}")
+
+    def decide(self, values: Sequence[float]) -> Decision:
+        r = self.repetitions
+        n = len(values)
+        if n < r.min_samples:
+            return Decision(more=True, converged=False,
+                            reason=f"{n} of at least {r.min_samples} samples")
+        rsd = summarize(values).rsd if n >= 2 else None
+        met = r.rsd_target > 0 and rsd is not None and rsd <= r.rsd_target
+        if met:
+            return Decision(more=False, converged=True,
+                            reason=f"rsd {rsd:.4f} <= target {r.rsd_target} after {n} samples")
+        if n >= r.max_samples:
+            if r.rsd_target == 0:
+                why = "rsd rule disabled"
+            elif rsd is None:
+                why = "rsd undefined (fewer than 2 samples or mean 0)"
+            else:
+                why = f"rsd {rsd:.4f} > target {r.rsd_target}"
+            return Decision(more=False, converged=False,
+                            reason=f"reached max_samples={r.max_samples}; {why}")
+        return Decision(more=True, converged=False,
+                        reason=("rsd rule disabled" if r.rsd_target == 0 else
+                                "rsd undefined" if rsd is None else
+                                f"rsd {rsd:.4f} > target {r.rsd_target}")
+                        + f"; {n} of at most {r.max_samples} samples")
+
+
+# --------------------------------------------------------------------------- comparison
+
+class Verdict(StrEnum):
+    IMPROVED = "improved"
+    REGRESSED = "regressed"
+    UNCHANGED = "unchanged"
+    #: the change is beyond the threshold but the samples cannot tell it from noise
+    #: (p >= alpha), or the relative change is undefined (base mean 0): rerun, don't pass
+    INCONCLUSIVE = "inconclusive"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A new build's samples against a baseline's, for one cell and one metric."""
+
+    base: Summary
+    new: Summary
+    delta: float                # new.mean - base.mean, in the metric's unit
+    delta_rel: float | None     # delta / |base.mean|; what ``threshold`` is compared with
+    delta_pct: float | None     # delta_rel * 100, for people
+    p_value: float | None       # None when no test could be run
+    test: str | None            # the test that produced p_value; None when none ran
+    verdict: Verdict
+    higher_is_better: bool
+    threshold: float
+    alpha: float
+    note: str = ""
+
+
+def _p_value(test: str, base: np.ndarray, new: np.ndarray, sb: Summary, sn: Summary) -> float:
+    if test == "welch":
+        # From the summaries rather than ttest_ind: their stddev is exactly 0 for a constant
+        # side, where ttest_ind recomputes it and warns about catastrophic cancellation.
+        res = sps.ttest_ind_from_stats(sb.mean, sb.stddev, sb.n, sn.mean, sn.stddev, sn.n,
+                                       equal_var=False)
+    else:
+        res = sps.mannwhitneyu(base, new, alternative="two-sided")
+    return float(res.pvalue)
+
+
+def compare(base: Sequence[float], new: Sequence[float], *, higher_is_better: bool,
+            threshold: float = 0.05, alpha: float = 0.05, test: str = "welch") -> Comparison:
+    """Decide whether ``new`` improved, regressed or left a metric unchanged against ``base``.
+
+    IMPROVED/REGRESSED needs both a significant difference (p < alpha) and a relative
+    change beyond ``threshold`` in that direction. A change within the threshold is
+    UNCHANGED whatever p says (a significant 2 % is not worth failing a nightly over).
+    A change beyond the threshold with p >= alpha is INCONCLUSIVE rather than UNCHANGED:
+    a noisy 30 % drop must not pass a gate silently.
+
+    Special cases, each recorded in ``note``:
+    - fewer than 2 samples on a side: no test is possible, so the threshold alone decides
+      (a nightly gate with one sample per build must still catch a big drop); p is None.
+    - zero variance on both sides: no noise to test against, so the difference is exact:
+      equal means give p = 1.0, different means p = 0.0 (scipy's Welch would give NaN).
+    - base mean 0: the relative change is undefined; INCONCLUSIVE unless the means match.
+    """
+    if test not in TESTS:
+        raise ValueError(f"unknown test {test!r}; expected one of {TESTS}")
+    if threshold < 0:
+        raise ValueError(f"threshold must be >= 0, got {threshold}")
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    b, nw = _as_array(base, "base"), _as_array(new, "new")
+    sb, sn = summarize(b), summarize(nw)
+    delta = sn.mean - sb.mean
+    delta_rel = delta / abs(sb.mean) if sb.mean != 0.0 else None
+
+    def result(verdict: Verdict, p: float | None, used: str | None, note: str = "") -> Comparison:
+        return Comparison(base=sb, new=sn, delta=delta, delta_rel=delta_rel,
+                          delta_pct=None if delta_rel is None else delta_rel * 100.0,
+                          p_value=p, test=used, verdict=verdict,
+                          higher_is_better=higher_is_better, threshold=threshold,
+                          alpha=alpha, note=note)
+
+    if sb.n < 2 or sn.n < 2:
+        p, used, note = None, None, "no significance test (n<2); threshold alone decides"
+    elif _is_constant(b) and _is_constant(nw):
+        p = 1.0 if delta == 0.0 else 0.0
+        used, note = None, "zero variance on both sides; difference is exact"
+    else:
+        p, used, note = _p_value(test, b, nw, sb, sn), test, ""
+        if not math.isfinite(p):
+            return result(Verdict.INCONCLUSIVE, None, test, f"{test} test gave p={p}")
+
+    if delta == 0.0:
+        return result(Verdict.UNCHANGED, p, used, note)
+    if delta_rel is None:
+        return result(Verdict.INCONCLUSIVE, p, used,
+                      "; ".join(filter(None, [note, "base mean is 0; relative change undefined"])))
+    if abs(delta_rel) <= threshold:
+        return result(Verdict.UNCHANGED, p, used, note)
+    if p is not None and p >= alpha:
+        return result(Verdict.INCONCLUSIVE, p, used,
+                      f"change beyond threshold but not significant (p={p:.3g} >= {alpha})")
+    better = (delta > 0) == higher_is_better
+    return result(Verdict.IMPROVED if better else Verdict.REGRESSED, p, used, note)
+
+
+# --------------------------------------------------------------------------- efficiency
+
+def _ratio(numerator: float | None, denominator: float | None, what: str) -> float | None:
+    # None, NaN and a zero denominator all mean "not measured": return None, never 0 or inf.
+    if numerator is None or denominator is None:
+        return None
+    if not (math.isfinite(numerator) and math.isfinite(denominator)) or denominator == 0:
+        return None
+    if denominator < 0:
+        raise ValueError(f"{what} must not be negative, got {denominator}")
+    return numerator / denominator
+
+
+def gbit_per_core(throughput_mbps: float | None, cores: float | None) -> float | None:
+    """Gbit/s per CPU core consumed (``cores`` = CPU-seconds per second, e.g. 1.5)."""
+    if throughput_mbps is None:
+        return None
+    return _ratio(throughput_mbps / 1000.0, cores, "cores")
+
+
+def gbit_per_ghz(throughput_mbps: float | None, cores: float | None,
+                 clock_ghz: float | None) -> float | None:
+    """Gbit/s per GHz of CPU consumed: throughput / (cores x clock); comparable across hosts
+    with different clocks."""
+    if throughput_mbps is None or cores is None or clock_ghz is None:
+        return None
+    if clock_ghz < 0:
+        raise ValueError(f"clock_ghz must not be negative, got {clock_ghz}")
+    return _ratio(throughput_mbps / 1000.0, cores * clock_ghz, "cores")
+
+
+def cpu_us_per_transaction(cores: float | None,
+                           transactions_per_s: float | None) -> float | None:
+    """CPU microseconds spent per transaction: cores busy / transactions per second."""
+    if cores is None:
+        return None
+    return _ratio(cores * 1e6, transactions_per_s, "transactions_per_s")
+
+
+# --------------------------------------------------------------------------- ordering
+
+def randomized_order(items: Sequence[T], seed: int) -> list[T]:
+    """A deterministic shuffle of ``items`` (a new list), so a run's cell order is random
+    against drift (thermal, page cache, neighbours) yet reproducible from its seed."""
+    out = list(items)
+    random.Random(seed).shuffle(out)
+    return out

@@ -1,0 +1,141 @@
+"""libvirt lifecycle: connect, define, start, hot-plug, destroy, and readiness waits."""
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import libvirt
+
+from testbed import images, proc, render
+from testbed.errors import ReadinessError, TestbedError
+from testbed.guest import Agent
+from testbed.model import Accelerator, GuestSpec
+
+log = logging.getLogger(__name__)
+
+BOOT_FINISHED = "/var/lib/cloud/instance/boot-finished"
+
+# libvirt prints every error to stderr by default; we raise them as exceptions instead.
+libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
+
+
+@contextlib.contextmanager
+def connect(uri: str) -> Iterator[libvirt.virConnect]:
+    try:
+        conn = libvirt.open(uri)
+    except libvirt.libvirtError as e:
+        raise TestbedError(f"cannot connect to libvirt at {uri}: {e.get_error_message()}") from None
+    try:
+        yield conn
+    finally:
+        with contextlib.suppress(libvirt.libvirtError):
+            conn.close()
+
+
+def destroy(dom: libvirt.virDomain) -> None:
+    """Stop and forget a domain; tolerates 'already gone'."""
+    with contextlib.suppress(libvirt.libvirtError):
+        if dom.isActive():
+            dom.destroy()
+    with contextlib.suppress(libvirt.libvirtError):
+        dom.undefine()
+
+
+@contextlib.contextmanager
+def domain(conn: libvirt.virConnect, xml: str) -> Iterator[libvirt.virDomain]:
+    try:
+        dom = conn.defineXML(xml)
+    except libvirt.libvirtError as e:
+        raise TestbedError(f"libvirt rejected the domain: {e.get_error_message()}") from None
+    try:
+        try:
+            dom.create()
+        except libvirt.libvirtError as e:
+            raise TestbedError(f"domain {dom.name()} did not start: {e.get_error_message()}") from None
+        yield dom
+    finally:
+        destroy(dom)
+
+
+def console_tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    keep = [ln.rstrip() for ln in text.replace("\r", "\n").splitlines() if ln.strip()]
+    return "\n".join(keep[-lines:])
+
+
+@dataclass
+class Guest:
+    """A booted guest: its domain, agent and where its console goes."""
+
+    spec: GuestSpec
+    name: str                  # libvirt domain name (tb- prefixed)
+    dom: libvirt.virDomain
+    agent: Agent
+    console_log: Path
+    boot_started: float        # time.monotonic() at dom.create()
+    ready_s: float | None = None
+
+    def wait_ready(self, timeout: float) -> float:
+        """Wait for the agent, then for cloud-init's final stage. Returns seconds since start."""
+        deadline = self.boot_started + timeout
+        for what, check in (("guest agent", self._agent_up), ("cloud-init final", self._cloud_init_done)):
+            while not check():
+                if not self.dom.isActive():
+                    raise ReadinessError(f"guest {self.name} stopped while waiting for {what}",
+                                         time.monotonic() - self.boot_started,
+                                         console_tail(self.console_log))
+                if time.monotonic() > deadline:
+                    raise ReadinessError(f"guest {self.name} (waiting for {what})", timeout,
+                                         console_tail(self.console_log))
+                time.sleep(0.2)
+        self.ready_s = time.monotonic() - self.boot_started
+        return self.ready_s
+
+    def _agent_up(self) -> bool:
+        return self.agent.ping()
+
+    def _cloud_init_done(self) -> bool:
+        return self.agent.run(["/usr/bin/test", "-e", BOOT_FINISHED], check=False, timeout=10).rc == 0
+
+
+def _seed_iso(files: render.SeedFiles, out: Path) -> Path:
+    src = out.with_suffix(".d")
+    src.mkdir(parents=True, exist_ok=True)
+    (src / "user-data").write_text(files.user_data)
+    (src / "meta-data").write_text(files.meta_data)
+    (src / "network-config").write_text(files.network_config)
+    proc.run(["genisoimage", "-quiet", "-output", str(out), "-volid", "cidata", "-joliet", "-rock",
+              str(src / "user-data"), str(src / "meta-data"), str(src / "network-config")], timeout=60)
+    return out
+
+
+@contextlib.contextmanager
+def guest(conn: libvirt.virConnect, spec: GuestSpec, image: images.Image, accel: Accelerator,
+          run_id: str, run_tag: str, state: Path) -> Iterator[Guest]:
+    """Boot one guest from its own overlay; destroyed and its files removed on exit."""
+    name = f"tb-{run_tag}-{spec.name}"
+    state.mkdir(parents=True, exist_ok=True)
+    console = state / f"{name}.console.log"
+    with contextlib.ExitStack() as stack:
+        disk = stack.enter_context(images.overlay(image, state / f"{name}.qcow2"))
+        seed = _seed_iso(render.cloud_init(hostname=spec.name, run_id=run_id,
+                                           instance_id=f"{name}-{run_id}"), state / f"{name}-seed.iso")
+        stack.callback(lambda: seed.unlink(missing_ok=True))
+        xml = render.domain_xml(render.DomainParams(
+            name=name, run_id=run_id, domain_type=accel.domain_type, memory_mib=spec.memory_mib,
+            vcpus=spec.vcpus, disk=str(disk), seed=str(seed), console_log=str(console),
+            kernel=str(image.kernel) if image.kernel else None,
+            initrd=str(image.initrd) if image.initrd else None, cmdline=image.cmdline))
+        (state / f"{name}.xml").write_text(xml)
+        started = time.monotonic()
+        dom = stack.enter_context(domain(conn, xml))
+        log.info("started guest %s (%s)", name, accel.value)
+        yield Guest(spec=spec, name=name, dom=dom, agent=Agent(dom, name), console_log=console,
+                    boot_started=started)
