@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Iterator
@@ -139,3 +140,51 @@ def guest(conn: libvirt.virConnect, spec: GuestSpec, image: images.Image, accel:
         log.info("started guest %s (%s)", name, accel.value)
         yield Guest(spec=spec, name=name, dom=dom, agent=Agent(dom, name), console_log=console,
                     boot_started=started)
+
+
+def guest_ifname(g: Guest, mac: str) -> str | None:
+    res = g.agent.run(["/usr/sbin/ip", "-j", "link", "show"], timeout=15)
+    for link in json.loads(res.stdout or "[]"):
+        if link.get("address", "").lower() == mac.lower():
+            return link["ifname"]
+    return None
+
+
+@contextlib.contextmanager
+def plugged_nic(g: Guest, xml: str, mac: str, timeout: float = 60) -> Iterator[str]:
+    """Hot-plug a NIC under test into a running guest; yields its name inside the guest.
+    Unplugged on exit, waiting until libvirt reports it gone so the next plug can reuse the slot."""
+    try:
+        g.dom.attachDeviceFlags(xml, libvirt.VIR_DOMAIN_AFFECT_LIVE)
+    except libvirt.libvirtError as e:
+        raise TestbedError(f"guest {g.name}: hot-plug failed: {e.get_error_message()}") from None
+    try:
+        deadline = time.monotonic() + timeout
+        while (ifname := guest_ifname(g, mac)) is None:
+            if time.monotonic() > deadline:
+                raise ReadinessError(f"NIC {mac} in guest {g.name}", timeout, console_tail(g.console_log))
+            time.sleep(0.3)
+        yield ifname
+    finally:
+        _unplug(g, xml, mac)
+
+
+def _unplug(g: Guest, xml: str, mac: str, timeout: float = 30) -> None:
+    with contextlib.suppress(libvirt.libvirtError):
+        if not g.dom.isActive():
+            return
+        g.dom.detachDeviceFlags(xml, libvirt.VIR_DOMAIN_AFFECT_LIVE)
+        deadline = time.monotonic() + timeout
+        while mac.lower() in g.dom.XMLDesc(0).lower():
+            if time.monotonic() > deadline:
+                log.warning("guest %s: NIC %s still present %ds after unplug", g.name, mac, timeout)
+                return
+            time.sleep(0.2)
+
+
+def qemu_pid(g: Guest) -> int | None:
+    """The QEMU process of a running domain, from libvirt's pid file."""
+    try:
+        return int(Path(f"/run/libvirt/qemu/{g.name}.pid").read_text().strip())
+    except (OSError, ValueError):
+        return None

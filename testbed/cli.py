@@ -1,0 +1,135 @@
+"""The `testbed` command: a thin front that maps errors to exit statuses and one-line messages.
+
+Exit statuses: 0 ok; 1 a run completed with failed cells (or another error); 2 bad input;
+3 a requested capability is missing; 4 the host is busy or has leftovers; 130 interrupted.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from testbed.errors import TestbedError
+
+
+class Interrupted(BaseException):
+    """SIGTERM, raised like Ctrl-C so every context manager tears down on the way out."""
+
+
+def _on_signal(signum: int, _frame: object) -> None:
+    # Further signals are ignored while teardown runs; a second Ctrl-C must not leave
+    # half-removed objects behind. `testbed cleanup` is the way out of a stuck teardown.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise Interrupted(f"signal {signum}")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from testbed import config, runner
+    topo = config.load(args.topology) if args.topology else config.default()
+    if args.accelerator:
+        import dataclasses
+        topo = dataclasses.replace(topo, accelerator=args.accelerator)
+    out = runner.execute(topo, progress=lambda s: print(s, file=sys.stderr, flush=True))
+    print(f"status: {out.status}, {out.samples} samples, {out.failed} failed", file=sys.stderr)
+    print(out.run_dir)
+    return 0 if out.failed == 0 else 1
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from testbed import config, runner
+    topo = config.load(args.topology)
+    cells = runner.plan(topo)
+    print(f"{args.topology}: ok ({len(topo.guests)} guests, {len(cells)} cells)")
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from testbed import capabilities
+    rep = capabilities.doctor()
+    d = rep.as_dict()
+    if args.json:
+        print(json.dumps(d, indent=2))
+    else:
+        def line(name: str, item: dict) -> str:
+            return f"{name:<10} {'yes' if item['ok'] else 'no ':<4} {item['detail']}"
+        print(line("kvm", d["kvm"]))
+        print(line("tcg", d["tcg"]))
+        print(f"{'accel':<10} {d['accelerator'] or 'none'}")
+        print(line("vhost-net", d["vhost_net"]))
+        print(line("ovs", d["ovs"]))
+        print(f"{'datapath':<10} {d['ovs_datapath']}")
+        print(line("macvtap", d["macvtap"]))
+        print(line("vxlan", d["vxlan"]))
+        for k, v in d["versions"].items():
+            print(f"{k:<10} {v or 'not installed'}")
+    return 0 if rep.accelerator else 1
+
+
+def cmd_cleanup(args: argparse.Namespace) -> int:
+    from testbed import cleanup
+    found = cleanup.find(args.uri)
+    if found.empty():
+        print("nothing to clean up")
+        return 0
+    print(f"removing: {found.describe()}")
+    cleanup.remove(found, args.uri)
+    left = cleanup.find(args.uri)
+    if not left.empty():
+        print(f"still present: {left.describe()}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from testbed import bench
+    return bench.main(args.what, args)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="testbed", description=__doc__.splitlines()[0])
+    p.add_argument("-v", "--verbose", action="store_true")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run a topology's matrix (default: the built-in topology)")
+    r.add_argument("topology", nargs="?")
+    r.add_argument("--accelerator", choices=("auto", "kvm", "tcg"))
+    r.set_defaults(func=cmd_run)
+    v = sub.add_parser("validate", help="check a topology file without creating anything")
+    v.add_argument("topology")
+    v.set_defaults(func=cmd_validate)
+    d = sub.add_parser("doctor", help="what this host can do, each item found by trying it")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=cmd_doctor)
+    c = sub.add_parser("cleanup", help="remove tb- objects left by a dead run, and nothing else")
+    c.add_argument("--uri", default="qemu:///system")
+    c.set_defaults(func=cmd_cleanup)
+    b = sub.add_parser("bench", help="benchmarks that print figures")
+    b.add_argument("what", choices=("boot",))
+    b.add_argument("--rounds", type=int, default=1)
+    b.set_defaults(func=cmd_bench)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    try:
+        return args.func(args)
+    except TestbedError as e:
+        print(f"testbed: {e}", file=sys.stderr)
+        return e.exit_status
+    except (KeyboardInterrupt, Interrupted):
+        print("testbed: interrupted; everything created was torn down", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,302 @@
+"""YAML topology + matrix -> model, validated before anything is created.
+
+Every error names the file, the field path and the line, e.g.
+``topo.yaml:12: guests[1].mtu: not an integer: 'jumbo'``. Values that end up in XML,
+interface names or argv are held to a safe alphabet here, so nothing downstream has to
+wonder whether a name can inject markup or shell syntax.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from testbed.errors import ConfigError
+from testbed.model import (NAME_RE, Attachment, Backend, GuestSpec, HostSpec, Matrix, Pattern,
+                           Profile, Protocol, Repetitions, Tool, Topology)
+
+BENCHMARK_NET = ipaddress.ip_network("198.18.0.0/15")
+# libvirt URIs: driver[+transport]://[user@][host][:port]/path[?query]; no quotes,
+# spaces, angle brackets or shell metacharacters.
+URI_RE = re.compile(r"^[a-z][a-z0-9]*(\+[a-z]+)?://([A-Za-z0-9._-]+@)?[A-Za-z0-9._:\[\]-]*"
+                    r"/[A-Za-z0-9._/-]*(\?[A-Za-z0-9._=&/-]*)?$")
+PROFILE_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,23}$")
+MTU_MIN, MTU_MAX = 68, 65535
+MAX_CONNECTIONS = 1024
+
+
+class Node:
+    """A YAML node plus where it came from, with typed accessors that raise ConfigError."""
+
+    def __init__(self, file: str, node: yaml.Node, path: str) -> None:
+        self.file, self.node, self.path = file, node, path
+
+    @property
+    def line(self) -> int:
+        return self.node.start_mark.line + 1
+
+    def error(self, message: str) -> ConfigError:
+        return ConfigError(self.file, self.path or "(top level)", message, self.line)
+
+    def child(self, node: yaml.Node, key: str | int) -> Node:
+        sub = f"{self.path}[{key}]" if isinstance(key, int) else (f"{self.path}.{key}" if self.path else key)
+        return Node(self.file, node, sub)
+
+    def mapping(self, allowed: Iterable[str], required: Iterable[str] = ()) -> dict[str, Node]:
+        if not isinstance(self.node, yaml.MappingNode):
+            raise self.error(f"expected a mapping, got {self._kind()}")
+        out: dict[str, Node] = {}
+        allowed = set(allowed)
+        for k, v in self.node.value:
+            key = k.value if isinstance(k, yaml.ScalarNode) else None
+            if key not in allowed:
+                bad = self.child(k, str(key))
+                raise bad.error(f"unknown key (allowed: {', '.join(sorted(allowed))})")
+            if key in out:
+                raise self.child(k, key).error("duplicate key")
+            out[key] = self.child(v, key)
+        for r in required:
+            if r not in out:
+                raise self.error(f"missing required key {r!r}")
+        return out
+
+    def seq(self, min_len: int = 0) -> list[Node]:
+        if not isinstance(self.node, yaml.SequenceNode):
+            raise self.error(f"expected a list, got {self._kind()}")
+        items = [self.child(n, i) for i, n in enumerate(self.node.value)]
+        if len(items) < min_len:
+            raise self.error(f"needs at least {min_len} item(s)")
+        return items
+
+    def scalar(self) -> Any:
+        if not isinstance(self.node, yaml.ScalarNode):
+            raise self.error(f"expected a single value, got {self._kind()}")
+        return yaml.safe_load(yaml.serialize(self.node))
+
+    def str(self, pattern: re.Pattern | None = None, what: str = "") -> str:
+        v = self.scalar()
+        if not isinstance(v, str):
+            raise self.error(f"expected text, got {v!r}")
+        if pattern and not pattern.match(v):
+            raise self.error(f"invalid {what or 'value'} {v!r}")
+        return v
+
+    def int(self, lo: int, hi: int, what: str = "value") -> int:
+        v = self.scalar()
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise self.error(f"{what} must be an integer, got {v!r}")
+        if not lo <= v <= hi:
+            raise self.error(f"{what} {v} out of range {lo}..{hi}")
+        return v
+
+    def float(self, lo: float, hi: float) -> float:
+        v = self.scalar()
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise self.error(f"expected a number, got {v!r}")
+        if not lo <= v <= hi:
+            raise self.error(f"{v} out of range {lo}..{hi}")
+        return float(v)
+
+    def bool(self) -> bool:
+        v = self.scalar()
+        if not isinstance(v, bool):
+            raise self.error(f"expected true or false, got {v!r}")
+        return v
+
+    def enum(self, cls: type) -> Any:
+        v = self.scalar()
+        try:
+            return cls(v)
+        except ValueError:
+            raise self.error(f"unknown value {v!r} (one of: {', '.join(m.value for m in cls)})") from None
+
+    def _kind(self) -> str:
+        return {yaml.MappingNode: "a mapping", yaml.SequenceNode: "a list"}.get(
+            type(self.node), repr(self.scalar()) if isinstance(self.node, yaml.ScalarNode) else "?")
+
+
+def _unique(items: list[Node], names: list[str], what: str) -> None:
+    seen: set[str] = set()
+    for node, name in zip(items, names):
+        if name in seen:
+            raise node.error(f"duplicate {what} name {name!r}")
+        seen.add(name)
+
+
+def _host(n: Node) -> HostSpec:
+    m = n.mapping({"name", "uri", "transport", "ssh"}, required=("name",))
+    name = m["name"].str(NAME_RE, "host name")
+    uri = m["uri"].str(URI_RE, "libvirt URI") if "uri" in m else "qemu:///system"
+    transport = m["transport"].str(re.compile(r"^(local|ssh)$"), "transport (local|ssh)") \
+        if "transport" in m else ("ssh" if "+ssh" in uri else "local")
+    ssh = m["ssh"].str(re.compile(r"^[A-Za-z0-9._-]+@[A-Za-z0-9._-]+$"), "ssh target user@host") \
+        if "ssh" in m else None
+    if transport == "ssh" and not ssh:
+        raise n.error("transport ssh needs 'ssh: user@host'")
+    return HostSpec(name=name, uri=uri, transport=transport, ssh_target=ssh)
+
+
+def _image_path(n: Node, base: Path) -> str:
+    raw = n.str()
+    p = (base / raw) if not os.path.isabs(raw) else Path(raw)
+    if not p.is_file():
+        raise n.error(f"image not found: {p}")
+    if not os.access(p, os.R_OK):
+        raise n.error(f"image not readable: {p}")
+    return str(p.resolve())
+
+
+def _guest(n: Node, hosts: dict[str, HostSpec], base: Path) -> GuestSpec:
+    m = n.mapping({"name", "host", "memory_mib", "vcpus", "image"}, required=("name",))
+    name = m["name"].str(NAME_RE, "guest name (lowercase letters, digits, '-', at most 10)")
+    if "host" in m:
+        host = m["host"].str(NAME_RE, "host name")
+        if host not in hosts:
+            raise m["host"].error(f"no host named {host!r}")
+    else:
+        host = next(iter(hosts))
+    return GuestSpec(name=name, host=host,
+                     memory_mib=m["memory_mib"].int(256, 1 << 20, "memory_mib") if "memory_mib" in m else 1024,
+                     vcpus=m["vcpus"].int(1, 64, "vcpus") if "vcpus" in m else 1,
+                     image=_image_path(m["image"], base) if "image" in m else None)
+
+
+def _profile(n: Node) -> Profile:
+    m = n.mapping({"name", "tool", "protocol", "pattern", "message_size", "response_size",
+                   "duration", "rate_bps"}, required=("name",))
+    p = Profile(
+        name=m["name"].str(PROFILE_NAME_RE, "profile name (lowercase, digits, '_')"),
+        tool=m["tool"].enum(Tool) if "tool" in m else Tool.NETPERF,
+        protocol=m["protocol"].enum(Protocol) if "protocol" in m else Protocol.TCP,
+        pattern=m["pattern"].enum(Pattern) if "pattern" in m else Pattern.STREAM,
+        message_size=m["message_size"].int(1, 1 << 20, "message_size") if "message_size" in m else None,
+        response_size=m["response_size"].int(1, 1 << 20, "response_size") if "response_size" in m else None,
+        duration_s=m["duration"].int(1, 3600, "duration") if "duration" in m else 10,
+        rate_bps=m["rate_bps"].int(1, 10**12, "rate_bps") if "rate_bps" in m else None,
+    )
+    if p.tool is Tool.NETPERF and p.pattern is Pattern.BIDIRECTIONAL:
+        raise (m.get("pattern") or n).error("netperf has no bidirectional test; use uperf")
+    return p
+
+
+def _repetitions(n: Node) -> Repetitions:
+    m = n.mapping({"warmup", "min", "max", "rsd_target"})
+    r = Repetitions(warmup=m["warmup"].int(0, 100, "warmup") if "warmup" in m else 0,
+                    min_samples=m["min"].int(1, 1000, "min") if "min" in m else 1,
+                    max_samples=m["max"].int(1, 1000, "max") if "max" in m else 1,
+                    rsd_target=m["rsd_target"].float(0, 1) if "rsd_target" in m else 0.05)
+    if r.max_samples < r.min_samples:
+        raise (m.get("max") or n).error(f"max ({r.max_samples}) is below min ({r.min_samples})")
+    return r
+
+
+def _matrix(n: Node) -> Matrix:
+    m = n.mapping({"attachments", "backends", "mtus", "connections", "profiles", "repetitions",
+                   "randomize", "seed"}, required=("profiles",))
+    profiles_nodes = m["profiles"].seq(1)
+    profiles = tuple(_profile(p) for p in profiles_nodes)
+    _unique(profiles_nodes, [p.name for p in profiles], "profile")
+    return Matrix(
+        attachments=tuple(a.enum(Attachment) for a in m["attachments"].seq(1))
+        if "attachments" in m else (Attachment.BRIDGE,),
+        backends=tuple(b.enum(Backend) for b in m["backends"].seq(1))
+        if "backends" in m else (Backend.QEMU,),
+        mtus=tuple(x.int(MTU_MIN, MTU_MAX, "MTU") for x in m["mtus"].seq(1)) if "mtus" in m else (1500,),
+        connections=tuple(x.int(1, MAX_CONNECTIONS, "connections") for x in m["connections"].seq(1))
+        if "connections" in m else (1,),
+        profiles=profiles,
+        repetitions=_repetitions(m["repetitions"]) if "repetitions" in m else Repetitions(),
+        randomize=m["randomize"].bool() if "randomize" in m else False,
+        seed=m["seed"].int(0, 2**31, "seed") if "seed" in m else 0,
+    )
+
+
+def parse(text: str, file: str = "<string>", base: Path | None = None) -> Topology:
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(file, "(yaml)", f"malformed YAML: {problem}",
+                          mark.line + 1 if mark else None) from None
+    if root is None:
+        raise ConfigError(file, "(top level)", "empty file")
+    doc = Node(file, root, "")
+    base = base or Path(file).resolve().parent
+    m = doc.mapping({"name", "accelerator", "subnet", "hosts", "guests", "client", "server", "matrix"},
+                    required=("guests", "matrix"))
+    host_nodes = m["hosts"].seq(1) if "hosts" in m else []
+    hosts = tuple(_host(h) for h in host_nodes) or (HostSpec(name="local"),)
+    _unique(host_nodes, [h.name for h in hosts], "host")
+    host_map = {h.name: h for h in hosts}
+    guest_nodes = m["guests"].seq(2)
+    guests = tuple(_guest(g, host_map, base) for g in guest_nodes)
+    _unique(guest_nodes, [g.name for g in guests], "guest")
+    names = [g.name for g in guests]
+    client = m["client"].str(NAME_RE, "guest name") if "client" in m else names[0]
+    server = m["server"].str(NAME_RE, "guest name") if "server" in m else names[1]
+    for key, val in (("client", client), ("server", server)):
+        if val not in names:
+            raise (m.get(key) or doc).error(f"no guest named {val!r}")
+    if client == server:
+        raise (m.get("server") or doc).error("client and server must be different guests")
+    subnet = "198.18.0.0/24"
+    if "subnet" in m:
+        raw = m["subnet"].str()
+        try:
+            net = ipaddress.ip_network(raw)
+        except ValueError:
+            raise m["subnet"].error(f"not an IPv4 network: {raw!r}") from None
+        if not net.subnet_of(BENCHMARK_NET):  # type: ignore[arg-type]
+            raise m["subnet"].error(f"{raw} is outside 198.18.0.0/15, the range set aside for benchmarking")
+        subnet = str(net)
+    matrix = _matrix(m["matrix"])
+    for i, a in enumerate(matrix.attachments):
+        if a.needs_two_hosts and len({g.host for g in guests if g.name in (client, server)}) < 2:
+            node = m["matrix"].mapping({"attachments", "backends", "mtus", "connections", "profiles",
+                                        "repetitions", "randomize", "seed"})["attachments"].seq()[i]
+            raise node.error(f"attachment {a.value} needs the client and server on two different hosts")
+    name = m["name"].str(re.compile(r"^[A-Za-z0-9._-]{1,64}$"), "topology name") if "name" in m \
+        else Path(file).stem
+    accel = m["accelerator"].str(re.compile(r"^(auto|kvm|tcg)$"), "accelerator (auto|kvm|tcg)") \
+        if "accelerator" in m else "auto"
+    return Topology(name=name, source=file, hosts=hosts, guests=guests, client=client, server=server,
+                    matrix=matrix, accelerator=accel, subnet=subnet)
+
+
+def load(path: str | os.PathLike) -> Topology:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise ConfigError(str(p), "(file)", "no such file") from None
+    except (PermissionError, IsADirectoryError, UnicodeDecodeError) as e:
+        raise ConfigError(str(p), "(file)", f"cannot read: {e.__class__.__name__}") from None
+    return parse(text, str(p), p.resolve().parent)
+
+
+DEFAULT_TOPOLOGY = """\
+# The built-in default: two guests on this host, every single-host attachment mode.
+name: default
+guests:
+  - {name: g1}
+  - {name: g2}
+matrix:
+  attachments: [bridge]
+  backends: [qemu]
+  mtus: [1500]
+  connections: [1]
+  profiles:
+    - {name: tcp_stream, tool: netperf, protocol: tcp, pattern: stream, message_size: 16384, duration: 10}
+    - {name: tcp_rr, tool: netperf, protocol: tcp, pattern: rr, message_size: 1, response_size: 1, duration: 10}
+  repetitions: {warmup: 0, min: 1, max: 1}
+"""
+
+
+def default() -> Topology:
+    return parse(DEFAULT_TOPOLOGY, "<builtin default>", Path.cwd())

@@ -1,0 +1,203 @@
+"""Measure one cell: check the MTU path, then warm-up and samples under a stopping rule,
+each sample with the tool and the CPU collectors over the same window.
+
+A tool that failed, timed out or printed nothing gives a failed sample with its reason,
+never a zero or a guess.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from testbed import cpu, results, stats
+from testbed.errors import CommandError, GuestError, TestbedError
+from testbed.hostnet import links
+from testbed.model import Cell, Pattern, Profile
+from testbed.tools import get_tool
+from testbed.tools.base import ToolResult
+from testbed.virt import Guest
+
+log = logging.getLogger(__name__)
+
+SERVER_PORT = 12865
+SAMPLE_MARGIN_S = 60      # beyond the tool's own duration, before a client counts as hung
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    guest: Guest
+    ifname: str               # NIC under test inside the guest
+    address: str              # without prefix
+    tap: str                  # host-side device of that NIC
+
+
+@dataclass(frozen=True)
+class TestPath:
+    client: Endpoint
+    server: Endpoint
+    set_host_mtu: Callable[[int], None]
+
+
+def primary_metric(p: Profile) -> str:
+    return "transactions_per_s" if p.pattern.is_transactional else "throughput_mbps"
+
+
+def set_mtu(path: TestPath, mtu: int) -> None:
+    path.set_host_mtu(mtu)
+    for ep in (path.client, path.server):
+        ep.guest.agent.run(["/usr/sbin/ip", "link", "set", "dev", ep.ifname, "mtu", str(mtu)])
+
+
+def check_mtu(path: TestPath, mtu: int) -> str | None:
+    """A don't-fragment ping of exactly `mtu` bytes; returns why it failed, or None."""
+    size = mtu - 28   # IPv4 + ICMP headers
+    argv = ["/usr/bin/ping", "-n", "-M", "do", "-s", str(size), "-c", "2", "-W", "5", path.server.address]
+    try:
+        res = path.client.guest.agent.run(argv, check=False, timeout=30)
+    except (CommandError, GuestError) as e:
+        return f"MTU {mtu} check could not run: {e}"
+    if res.rc != 0:
+        out = (res.stdout + res.stderr).strip().splitlines()
+        return f"MTU {mtu} path check failed (ping -M do -s {size}): {' | '.join(out[-2:])}"
+    return None
+
+
+def _wait_listening(g: Guest, port: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        res = g.agent.run(["/usr/bin/ss", "-Hltn", f"sport = :{port}"], check=False, timeout=10)
+        if res.stdout.strip():
+            return
+        if time.monotonic() > deadline:
+            raise TestbedError(f"server in {g.name} not listening on port {port} after {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int, warmup: bool,
+                 qemu_pids: Mapping[str, int], placement: Mapping[str, str]) -> results.Sample:
+    profile = cell.profile
+    driver = get_tool(profile.tool)
+    cli, srv = path.client, path.server
+    started = results.now()
+    raw: list[str] = []
+    tag = f"{'warmup' if warmup else 'rep'}{rep}"
+
+    def failed(reason: str, cpu_info: Mapping | None = None) -> results.Sample:
+        return results.Sample(writer.run_id, cell.as_dict(), rep, warmup, "failed", reason, {},
+                              cpu_info or {}, started, results.now(), tuple(raw), placement)
+
+    server_pid = None
+    try:
+        server_pid = srv.guest.agent.spawn(driver.server_argv(profile, port=SERVER_PORT))
+        _wait_listening(srv.guest, SERVER_PORT)
+    except (CommandError, GuestError, TestbedError) as e:
+        return failed(f"server did not start: {e}")
+    try:
+        argv = driver.client_argv(profile, srv.address, port=SERVER_PORT)
+        g_before = {ep.guest.spec.name: cpu.parse_proc_stat(ep.guest.agent.read_file("/proc/stat"))
+                    for ep in (cli, srv)}
+        taps_before = {ep.tap: links.counters(ep.tap) for ep in (cli, srv)}
+        h_before = cpu.host_reading(qemu_pids)
+        t0 = time.monotonic()
+        pids = [cli.guest.agent.spawn(argv) for _ in range(cell.connections)]
+        skew_s = time.monotonic() - t0
+        outs = []
+        for i, pid in enumerate(pids):
+            try:
+                outs.append(cli.guest.agent.wait(pid, argv, profile.duration_s + SAMPLE_MARGIN_S))
+            except CommandError as e:
+                for rest in pids[i + 1:]:
+                    cli.guest.agent.kill(rest)
+                return failed(f"client {'timed out' if e.timed_out else 'failed'}: {e}")
+        window = time.monotonic() - t0
+        h_after = cpu.host_reading(qemu_pids)
+        taps_after = {ep.tap: links.counters(ep.tap) for ep in (cli, srv)}
+        g_after = {ep.guest.spec.name: cpu.parse_proc_stat(ep.guest.agent.read_file("/proc/stat"))
+                   for ep in (cli, srv)}
+    except (CommandError, GuestError) as e:
+        return failed(f"measurement could not run: {e}")
+    finally:
+        if server_pid is not None:
+            srv.guest.agent.kill(server_pid)
+
+    parsed: list[ToolResult] = []
+    for i, o in enumerate(outs):
+        p_out = writer.raw_path(cell.id, f"{tag}-client{i}.out")
+        p_out.write_text(o.stdout)
+        writer.raw_path(cell.id, f"{tag}-client{i}.err").write_text(o.stderr)
+        raw.append(str(p_out.relative_to(writer.dir)))
+        parsed.append(driver.parse(o.stdout, o.stderr, o.rc))
+    res = parsed[0] if len(parsed) == 1 else driver.aggregate(parsed)
+    cpu_info = {
+        "guest": {g: cpu.stat_delta(g_before[g], g_after[g], window).get("cpu", {}) for g in g_before},
+        **cpu.host_delta(h_before, h_after),
+    }
+    if not res.ok:
+        return failed(res.reason or "tool failed without a reason", cpu_info)
+    wire = {tap: ((taps_after[tap][0] - taps_before[tap][0]) * 8 / window / 1e6,
+                  (taps_after[tap][1] - taps_before[tap][1]) * 8 / window / 1e6) for tap in taps_before}
+    extra = {"warnings": list(res.warnings), "start_skew_s": round(skew_s, 4),
+             "tap_mbps_rx_tx": {k: [round(v[0], 3), round(v[1], 3)] for k, v in wire.items()}}
+    return results.Sample(writer.run_id, cell.as_dict(), rep, warmup, "ok", None, dict(res.metrics),
+                          cpu_info, started, results.now(), tuple(raw), placement, extra)
+
+
+def measure_cell(cell: Cell, path: TestPath, writer: results.RunWriter, rule: stats.StoppingRule,
+                 warmup: int, qemu_pids: Mapping[str, int], placement: Mapping[str, str]) -> list[results.Sample]:
+    """All samples of one cell. The MTU is applied and checked first; a failed check fails the cell."""
+    try:
+        set_mtu(path, cell.mtu)
+    except (CommandError, GuestError, TestbedError) as e:
+        reason = f"could not set MTU {cell.mtu}: {e}"
+        return _fail_cell(cell, writer, reason, placement)
+    why = check_mtu(path, cell.mtu)
+    if why:
+        return _fail_cell(cell, writer, why, placement)
+    for w in range(warmup):
+        writer.add_sample(measure_once(cell, path, writer, w, True, qemu_pids, placement))
+    samples: list[results.Sample] = []
+    metric = primary_metric(cell.profile)
+    decision = None
+    while True:
+        s = measure_once(cell, path, writer, len(samples), False, qemu_pids, placement)
+        writer.add_sample(s)
+        samples.append(s)
+        values = [x.metrics[metric] for x in samples if x.status == "ok" and metric in x.metrics]
+        if s.status != "ok" and len(samples) >= rule.repetitions.max_samples:
+            break
+        decision = rule.decide(values) if values else None
+        if decision is not None and not decision.more:
+            break
+        if len(samples) >= rule.repetitions.max_samples:
+            break
+    ok = [x for x in samples if x.status == "ok"]
+    summary = _summaries(ok)
+    status = "ok" if ok and len(ok) == len(samples) else ("partial" if ok else "failed")
+    reason = None if status == "ok" else "; ".join(sorted({x.reason or "" for x in samples if x.status != "ok"}))
+    writer.add_cell(cell, status, reason, decision.converged if decision else None, summary)
+    return samples
+
+
+def _summaries(samples: Sequence[results.Sample]) -> dict:
+    out = {}
+    keys = sorted({k for s in samples for k in s.metrics})
+    for k in keys:
+        vals = [s.metrics[k] for s in samples if k in s.metrics]
+        sm = stats.summarize(vals)
+        out[k] = {"n": sm.n, "mean": sm.mean, "median": sm.median, "stddev": sm.stddev,
+                  "ci95": [sm.ci_low, sm.ci_high]}
+    return out
+
+
+def _fail_cell(cell: Cell, writer: results.RunWriter, reason: str,
+               placement: Mapping[str, str]) -> list[results.Sample]:
+    s = results.Sample(writer.run_id, cell.as_dict(), 0, False, "failed", reason, {}, {},
+                       results.now(), results.now(), (), placement)
+    writer.add_sample(s)
+    writer.add_cell(cell, "failed", reason, None, {})
+    return [s]
+
+
+__all__ = ["Endpoint", "TestPath", "measure_cell", "primary_metric", "Pattern"]

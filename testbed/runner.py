@@ -1,0 +1,153 @@
+"""Execute a topology's matrix: plan -> provision -> per cell measure -> results.
+
+Provisioning is a stack of context managers (contextlib.ExitStack): every object created
+is torn down in reverse order on success, error, Ctrl-C or SIGTERM. Guests boot once per
+run; NICs under test are hot-plugged per attachment mode, so the number of boots does not
+grow with the number of modes or cells.
+"""
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import itertools
+import logging
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from testbed import capabilities, cleanup, environment, images, measure, paths, render, results, stats, virt
+from testbed.errors import CapabilityError
+from testbed.hostnet import attach, links
+from testbed.model import Attachment, Backend, Cell, Topology
+from testbed.tools import get_tool
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT_S = 600
+
+
+def plan(t: Topology) -> list[Cell]:
+    m = t.matrix
+    cells = [Cell(a, b, mtu, c, p) for a, b, mtu, c, p in
+             itertools.product(m.attachments, m.backends, m.mtus, m.connections, m.profiles)]
+    if m.randomize:
+        # Randomise within each (attachment, backend) group: order effects are averaged out
+        # without re-plugging NICs for every cell.
+        groups = [list(g) for _, g in itertools.groupby(cells, key=lambda c: (c.attachment, c.backend))]
+        cells = [c for i, g in enumerate(groups) for c in stats.randomized_order(g, m.seed + i)]
+    return cells
+
+
+def preflight(t: Topology) -> None:
+    """Refuse a matrix this host cannot run, before anything is created."""
+    if Backend.VHOST in t.matrix.backends:
+        capabilities.require(capabilities.vhost_net(), "backend vhost")
+    for p in t.matrix.profiles:
+        why = get_tool(p.tool).unsupported_reason(p)
+        if why:
+            raise CapabilityError(f"profile {p.name}: {why}")
+    for a in t.matrix.attachments:
+        if a is not Attachment.BRIDGE:
+            raise CapabilityError(f"attachment {a.value} is not implemented yet")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    run_dir: Path
+    status: str
+    samples: int
+    failed: int
+
+
+def _mac(tag: str, guest_index: int, nic: int) -> str:
+    # Locally administered, unicast; unique per run, guest and NIC.
+    t = int(tag, 16)
+    return f"52:54:{t >> 8:02x}:{t & 0xff:02x}:{guest_index:02x}:{nic:02x}"
+
+
+def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) -> Outcome:
+    preflight(t)
+    cells = plan(t)
+    run_id, tag = results.new_run_id()
+    state = paths.state_dir() / f"tb-{tag}"
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(cleanup.host_lock(run_id))
+        host = t.hosts[0]
+        cleanup.refuse_if_leftovers(host.uri)
+        recipe_image = images.ensure()
+        accel = capabilities.choose_accelerator(t.accelerator, recipe_image.kernel)  # type: ignore[arg-type]
+        env = environment.fingerprint(accel, image=recipe_image)
+        writer = stack.enter_context(results.RunWriter(paths.results_dir(), run_id, t, env))
+        progress(f"run {run_id}: {len(cells)} cells, accelerator {accel.value}")
+        state.mkdir(parents=True, exist_ok=True)
+        stack.callback(_keep_logs_and_remove_state, state, writer.dir / "guests")
+        conn = stack.enter_context(virt.connect(host.uri))
+        guests: dict[str, virt.Guest] = {}
+        for spec in (t.guest(t.client), t.guest(t.server)):
+            img = images.user_image(spec.image) if spec.image else recipe_image
+            guests[spec.name] = stack.enter_context(
+                virt.guest(conn, spec, img, accel, run_id, tag, state))
+            writer.count("boots")
+        for g in guests.values():
+            g.wait_ready(READY_TIMEOUT_S)
+            progress(f"guest {g.name} ready in {g.ready_s:.1f} s")
+        writer.update(guests={g.spec.name: {"domain": g.name, "host": g.spec.host, "ready_s": g.ready_s}
+                              for g in guests.values()})
+        pids = {name: virt.qemu_pid(g) for name, g in guests.items()}
+        qemu_pids = {k: v for k, v in pids.items() if v}
+        placement = {g.spec.name: g.spec.host for g in guests.values()}
+        rule = stats.StoppingRule(t.matrix.repetitions)
+        done = 0
+        started = time.monotonic()
+        for (attachment, backend), group in itertools.groupby(cells, key=lambda c: (c.attachment, c.backend)):
+            group = list(group)
+            with _mode(t, tag, attachment, backend, guests) as path:
+                for cell in group:
+                    eta = ((time.monotonic() - started) / done * (len(cells) - done)) if done else None
+                    progress(f"[{done + 1}/{len(cells)}] {cell.id}"
+                             + (f" (eta {eta:.0f} s)" if eta is not None else ""))
+                    measure.measure_cell(cell, path, writer, rule, t.matrix.repetitions.warmup,
+                                         qemu_pids, placement)
+                    done += 1
+        counts = dict(writer.record["counts"])
+    final = results.read_run(writer.dir).run
+    return Outcome(writer.dir, final["status"], counts["samples"], counts["failed"])
+
+
+@contextlib.contextmanager
+def _mode(t: Topology, tag: str, attachment: Attachment, backend: Backend,
+          guests: dict[str, virt.Guest]) -> Iterator[measure.TestPath]:
+    """Host segment for one attachment mode, with a NIC hot-plugged into each guest."""
+    max_mtu = max(t.matrix.mtus)
+    net = ipaddress.ip_network(t.subnet)
+    with contextlib.ExitStack() as stack:
+        seg = stack.enter_context(attach.segment(attachment, tag, max_mtu))
+        eps = []
+        for i, name in enumerate((t.client, t.server)):
+            g = guests[name]
+            target = f"tb-{tag}-t{i}"
+            mac = _mac(tag, i, 0)
+            xml = render.interface_xml(seg.nic(target, mac, backend, max_mtu))
+            ifname = stack.enter_context(virt.plugged_nic(g, xml, mac))
+            links.no_ipv6(target)
+            addr = str(net.network_address + 1 + i)
+            a = g.agent
+            a.run(["/usr/sbin/sysctl", "-q", "-w", f"net.ipv6.conf.{ifname}.disable_ipv6=1"])
+            a.run(["/usr/sbin/ip", "addr", "flush", "dev", ifname])
+            a.run(["/usr/sbin/ip", "addr", "add", f"{addr}/{net.prefixlen}", "dev", ifname])
+            a.run(["/usr/sbin/ip", "link", "set", "dev", ifname, "up"])
+            eps.append(measure.Endpoint(g, ifname, addr, target))
+        taps = [e.tap for e in eps]
+        yield measure.TestPath(eps[0], eps[1], lambda mtu: seg.set_mtu(mtu, taps))
+
+
+def _keep_logs_and_remove_state(state: Path, dest: Path) -> None:
+    """Console logs and domain XML go into the run directory; the rest of the state goes."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in state.glob("*"):
+        if f.suffix in (".log", ".xml"):
+            with contextlib.suppress(OSError):
+                shutil.copy2(f, dest / f.name)
+    shutil.rmtree(state, ignore_errors=True)
