@@ -1,12 +1,19 @@
 """Find and remove tb- objects, and only those: domains, links, namespaces, OVS bridges,
 per-run state. Used by `testbed cleanup` after a dead run, and by the leftovers check a
-new run makes before it starts."""
+new run makes before it starts.
+
+Every object name carries its run's tag (tb-<tag>-...). A live run registers its tag in
+its state folder (tb-<tag>/owner.json with its pid), so the objects of a run that is still
+going are never mistaken for leftovers, and cleanup never pulls the rug from under it.
+"""
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import logging
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -57,19 +64,71 @@ def _ovs_bridges() -> list[str]:
     return sorted(b for b in out.split() if b.startswith(PREFIX))
 
 
-def find(uri: str = "qemu:///system") -> Leftovers:
+TAG_RE = re.compile(rf"^{PREFIX}([0-9a-f]{{4}})(-|$)")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def live_tags() -> set[str]:
+    """Tags of runs whose owning process is still alive."""
+    tags: set[str] = set()
+    state = paths.state_dir()
+    for owner in state.glob(f"{PREFIX}*/owner.json") if state.is_dir() else ():
+        try:
+            info = json.loads(owner.read_text())
+        except (OSError, ValueError):
+            continue
+        if _pid_alive(int(info.get("pid", 0))):
+            tags.add(owner.parent.name[len(PREFIX):])
+    return tags
+
+
+def _dead(names: list[str], live: set[str]) -> list[str]:
+    out = []
+    for n in names:
+        if not n or not n.startswith(PREFIX):
+            continue
+        m = TAG_RE.match(n)
+        if m and m.group(1) in live:
+            continue
+        out.append(n)
+    return sorted(out)
+
+
+def find(uri: str = "qemu:///system", include_live: bool = False) -> Leftovers:
+    """tb- objects on this host; those of live runs are left out unless include_live."""
     with IPRoute() as ipr:
         names = [l.get("ifname") for l in ipr.get_links()]
     netns_dir = Path("/run/netns")
     state = paths.state_dir()
+    live = set() if include_live else live_tags()
     return Leftovers(
-        domains=_domains(uri),
-        links=sorted(n for n in names if n and n.startswith(PREFIX)),
-        netns=sorted(p.name for p in netns_dir.iterdir() if p.name.startswith(PREFIX))
-        if netns_dir.is_dir() else [],
-        ovs_bridges=_ovs_bridges(),
-        state=sorted(p.name for p in state.iterdir() if p.name.startswith(PREFIX)) if state.is_dir() else [],
+        domains=_dead(_domains(uri), live),
+        links=_dead(names, live),
+        netns=_dead([p.name for p in netns_dir.iterdir()] if netns_dir.is_dir() else [], live),
+        ovs_bridges=_dead(_ovs_bridges(), live),
+        state=_dead([p.name for p in state.iterdir()] if state.is_dir() else [], live),
     )
+
+
+@contextlib.contextmanager
+def owned_state(tag: str, run_id: str) -> Iterator[Path]:
+    """The run's state folder, registered as owned by this process while it lives."""
+    d = paths.state_dir() / f"{PREFIX}{tag}"
+    d.mkdir(parents=True, exist_ok=False)
+    (d / "owner.json").write_text(json.dumps({"pid": os.getpid(), "run_id": run_id}))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def remove(found: Leftovers, uri: str = "qemu:///system") -> None:

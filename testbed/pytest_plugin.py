@@ -1,1 +1,88 @@
-"""pytest plugin: markers, options, fixtures and capability skips (filled in below)."""
+"""pytest plugin: tiers, options, fixtures and capability skips.
+
+Tiers follow the folders: suites/unit (no root, no VMs), suites/netns (root, namespaces,
+no VMs), suites/store (a database server), suites/vm (boots guests). A test that cannot
+run here is skipped with a reason naming what is missing, found by trying it.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+TIERS = ("unit", "netns", "store", "vm")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("testbed")
+    g.addoption("--attach", default="all",
+                help="attachment modes to test: bridge, ovs, macvtap, netns, or all (comma list)")
+    g.addoption("--tb-accelerator", default="auto", choices=("auto", "kvm", "tcg"),
+                help="accelerator for booted guests (default: probe, kvm else tcg)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for tier in TIERS:
+        config.addinivalue_line("markers", f"{tier}: testbed tier {tier}")
+    config.addinivalue_line("markers", "attach(mode): test belongs to an attachment mode")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    wanted = {m.strip() for m in config.getoption("--attach").split(",")}
+    for item in items:
+        parts = Path(str(item.fspath)).parts
+        for tier in TIERS:
+            if tier in parts and not item.get_closest_marker(tier):
+                item.add_marker(getattr(pytest.mark, tier))
+        m = item.get_closest_marker("attach")
+        if m and "all" not in wanted and m.args[0] not in wanted:
+            item.add_marker(pytest.mark.skip(reason=f"attachment {m.args[0]} not selected (--attach)"))
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root (creates host network objects)")
+
+
+@pytest.fixture(scope="session")
+def accelerator(request: pytest.FixtureRequest):
+    """The accelerator guests boot with, found by a probe boot."""
+    require_root()
+    from testbed import capabilities, images
+    from testbed.errors import CapabilityError
+    try:
+        img = images.ensure()
+        return capabilities.choose_accelerator(request.config.getoption("--tb-accelerator"), img.kernel)
+    except CapabilityError as e:
+        pytest.skip(f"no accelerator: {e}")
+
+
+@dataclass
+class GuestPair:
+    client: object
+    server: object
+    tag: str
+    run_id: str
+    accelerator: object
+    state: Path
+
+
+@pytest.fixture(scope="session")
+def guest_pair(accelerator) -> Iterator[GuestPair]:
+    """Two booted guests, once per session; NICs under test are hot-plugged by each test."""
+    from testbed import cleanup, images, results, virt
+    from testbed.model import GuestSpec
+    run_id, tag = results.new_run_id()
+    with contextlib.ExitStack() as stack:
+        state = stack.enter_context(cleanup.owned_state(tag, run_id))
+        conn = stack.enter_context(virt.connect("qemu:///system"))
+        img = images.ensure()
+        gs = [stack.enter_context(virt.guest(conn, GuestSpec(n, "local"), img, accelerator, run_id, tag, state))
+              for n in ("g1", "g2")]
+        for g in gs:
+            g.wait_ready(600)
+        yield GuestPair(gs[0], gs[1], tag, run_id, accelerator, state)

@@ -71,18 +71,17 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
     preflight(t)
     cells = plan(t)
     run_id, tag = results.new_run_id()
-    state = paths.state_dir() / f"tb-{tag}"
     with contextlib.ExitStack() as stack:
         stack.enter_context(cleanup.host_lock(run_id))
         host = t.hosts[0]
         cleanup.refuse_if_leftovers(host.uri)
+        state = stack.enter_context(cleanup.owned_state(tag, run_id))
         recipe_image = images.ensure()
         accel = capabilities.choose_accelerator(t.accelerator, recipe_image.kernel)  # type: ignore[arg-type]
         env = environment.fingerprint(accel, image=recipe_image)
         writer = stack.enter_context(results.RunWriter(paths.results_dir(), run_id, t, env))
         progress(f"run {run_id}: {len(cells)} cells, accelerator {accel.value}")
-        state.mkdir(parents=True, exist_ok=True)
-        stack.callback(_keep_logs_and_remove_state, state, writer.dir / "guests")
+        stack.callback(_keep_logs, state, writer.dir / "guests")
         conn = stack.enter_context(virt.connect(host.uri))
         guests: dict[str, virt.Guest] = {}
         for spec in (t.guest(t.client), t.guest(t.server)):
@@ -103,7 +102,8 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
         started = time.monotonic()
         for (attachment, backend), group in itertools.groupby(cells, key=lambda c: (c.attachment, c.backend)):
             group = list(group)
-            with _mode(t, tag, attachment, backend, guests) as path:
+            with mode(attachment, backend, tag, guests[t.client], guests[t.server], t.subnet,
+                      max(t.matrix.mtus)) as path:
                 for cell in group:
                     eta = ((time.monotonic() - started) / done * (len(cells) - done)) if done else None
                     progress(f"[{done + 1}/{len(cells)}] {cell.id}"
@@ -117,16 +117,15 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
 
 
 @contextlib.contextmanager
-def _mode(t: Topology, tag: str, attachment: Attachment, backend: Backend,
-          guests: dict[str, virt.Guest]) -> Iterator[measure.TestPath]:
-    """Host segment for one attachment mode, with a NIC hot-plugged into each guest."""
-    max_mtu = max(t.matrix.mtus)
-    net = ipaddress.ip_network(t.subnet)
+def mode(attachment: Attachment, backend: Backend, tag: str, client: virt.Guest, server: virt.Guest,
+         subnet: str, max_mtu: int) -> Iterator[measure.TestPath]:
+    """Host segment for one attachment mode, with a NIC hot-plugged into each guest.
+    The NIC advertises the largest MTU of the matrix, so later cells can change MTU live."""
+    net = ipaddress.ip_network(subnet)
     with contextlib.ExitStack() as stack:
         seg = stack.enter_context(attach.segment(attachment, tag, max_mtu))
         eps = []
-        for i, name in enumerate((t.client, t.server)):
-            g = guests[name]
+        for i, g in enumerate((client, server)):
             target = f"tb-{tag}-t{i}"
             mac = _mac(tag, i, 0)
             xml = render.interface_xml(seg.nic(target, mac, backend, max_mtu))
@@ -143,11 +142,10 @@ def _mode(t: Topology, tag: str, attachment: Attachment, backend: Backend,
         yield measure.TestPath(eps[0], eps[1], lambda mtu: seg.set_mtu(mtu, taps))
 
 
-def _keep_logs_and_remove_state(state: Path, dest: Path) -> None:
-    """Console logs and domain XML go into the run directory; the rest of the state goes."""
+def _keep_logs(state: Path, dest: Path) -> None:
+    """Console logs and domain XML go into the run directory before the state folder goes."""
     dest.mkdir(parents=True, exist_ok=True)
     for f in state.glob("*"):
         if f.suffix in (".log", ".xml"):
             with contextlib.suppress(OSError):
                 shutil.copy2(f, dest / f.name)
-    shutil.rmtree(state, ignore_errors=True)

@@ -1,0 +1,134 @@
+"""Bad input is rejected before anything is created: one line naming file, field, problem."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from testbed import config
+from testbed.errors import ConfigError
+from testbed.model import Attachment, Pattern
+
+GOOD = """\
+guests:
+  - {name: g1}
+  - {name: g2}
+matrix:
+  mtus: [1500, 9000]
+  connections: [1, 8]
+  profiles:
+    - {name: tcp_rr, pattern: rr, message_size: 1, response_size: 1}
+"""
+
+
+def test_good_topology_parses():
+    t = config.parse(GOOD, "good.yaml")
+    assert [g.name for g in t.guests] == ["g1", "g2"]
+    assert t.client == "g1" and t.server == "g2"
+    assert t.matrix.mtus == (1500, 9000)
+    assert t.matrix.attachments == (Attachment.BRIDGE,)
+    assert t.matrix.profiles[0].pattern is Pattern.RR
+
+
+def test_default_topology_is_valid():
+    t = config.default()
+    assert len(t.guests) == 2 and t.matrix.profiles
+
+
+BAD = {
+    "unknown_key": ("guests: [{name: g1}, {name: g2}]\nmatrix: {profiles: [{name: a}]}\nfoo: 1\n",
+                    "foo", "unknown key"),
+    "unknown_nested_key": ("guests: [{name: g1, memroy_mib: 5}, {name: g2}]\nmatrix: {profiles: [{name: a}]}\n",
+                           "guests[0].memroy_mib", "unknown key"),
+    "missing_image": ("guests: [{name: g1, image: /nonexistent/x.qcow2}, {name: g2}]\nmatrix: {profiles: [{name: a}]}\n",
+                      "guests[0].image", "image not found"),
+    "non_numeric_mtu": ("guests: [{name: g1}, {name: g2}]\nmatrix: {mtus: [jumbo], profiles: [{name: a}]}\n",
+                        "matrix.mtus[0]", "must be an integer"),
+    "mtu_too_small": ("guests: [{name: g1}, {name: g2}]\nmatrix: {mtus: [67], profiles: [{name: a}]}\n",
+                      "matrix.mtus[0]", "out of range 68..65535"),
+    "mtu_too_big": ("guests: [{name: g1}, {name: g2}]\nmatrix: {mtus: [65536], profiles: [{name: a}]}\n",
+                    "matrix.mtus[0]", "out of range"),
+    "duplicate_guest": ("guests: [{name: g1}, {name: g1}]\nmatrix: {profiles: [{name: a}]}\n",
+                        "guests[1]", "duplicate guest name"),
+    "malformed_yaml": ("guests: [{name: g1}\nmatrix: {\n", "(yaml)", "malformed YAML"),
+    "wrong_type": ("guests: {name: g1}\nmatrix: {profiles: [{name: a}]}\n", "guests", "expected a list"),
+    "unknown_attachment": ("guests: [{name: g1}, {name: g2}]\nmatrix: {attachments: [sriov], profiles: [{name: a}]}\n",
+                           "matrix.attachments[0]", "unknown value 'sriov'"),
+    "zero_connections": ("guests: [{name: g1}, {name: g2}]\nmatrix: {connections: [0], profiles: [{name: a}]}\n",
+                         "matrix.connections[0]", "out of range"),
+    "negative_connections": ("guests: [{name: g1}, {name: g2}]\nmatrix: {connections: [-4], profiles: [{name: a}]}\n",
+                             "matrix.connections[0]", "out of range"),
+    "quote_in_name": ("guests: [{name: \"g1'\"}, {name: g2}]\nmatrix: {profiles: [{name: a}]}\n",
+                      "guests[0].name", "invalid guest name"),
+    "angle_in_name": ("guests: [{name: \"<g>\"}, {name: g2}]\nmatrix: {profiles: [{name: a}]}\n",
+                      "guests[0].name", "invalid guest name"),
+    "space_in_name": ("guests: [{name: \"g 1\"}, {name: g2}]\nmatrix: {profiles: [{name: a}]}\n",
+                      "guests[0].name", "invalid guest name"),
+    "subshell_in_name": ("guests: [{name: \"$(reboot)\"}, {name: g2}]\nmatrix: {profiles: [{name: a}]}\n",
+                         "guests[0].name", "invalid guest name"),
+    "subshell_in_profile": ("guests: [{name: g1}, {name: g2}]\nmatrix: {profiles: [{name: \"a$(id)\"}]}\n",
+                            "matrix.profiles[0].name", "invalid profile name"),
+    "bad_uri": ("hosts: [{name: h1, uri: 'not a uri'}]\nguests: [{name: g1}, {name: g2}]\nmatrix: {profiles: [{name: a}]}\n",
+                "hosts[0].uri", "invalid libvirt URI"),
+    "uri_injection": ("hosts: [{name: h1, uri: \"qemu:///system'><x\"}]\nguests: [{name: g1}, {name: g2}]\nmatrix: {profiles: [{name: a}]}\n",
+                      "hosts[0].uri", "invalid libvirt URI"),
+    "subnet_outside_benchmark_range": ("subnet: 10.0.0.0/24\nguests: [{name: g1}, {name: g2}]\nmatrix: {profiles: [{name: a}]}\n",
+                                       "subnet", "outside 198.18.0.0/15"),
+    "netperf_bidirectional": ("guests: [{name: g1}, {name: g2}]\nmatrix: {profiles: [{name: a, pattern: bidirectional}]}\n",
+                              "matrix.profiles[0].pattern", "no bidirectional"),
+    "two_host_mode_on_one_host": ("guests: [{name: g1}, {name: g2}]\nmatrix: {attachments: [ovs-vxlan], profiles: [{name: a}]}\n",
+                                  "matrix.attachments[0]", "two different hosts"),
+    "empty": ("", "(top level)", "empty file"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_names_file_and_field(case):
+    text, field, words = BAD[case]
+    with pytest.raises(ConfigError) as ei:
+        config.parse(text, "topo.yaml")
+    msg = str(ei.value)
+    assert msg.startswith("topo.yaml"), msg
+    assert f": {field}: " in msg, msg
+    assert words in msg, msg
+    assert "\n" not in msg
+
+
+def test_line_number_points_at_the_field():
+    text = "guests:\n  - {name: g1}\n  - {name: g2}\nmatrix:\n  mtus: [1500, big]\n  profiles: [{name: a}]\n"
+    with pytest.raises(ConfigError) as ei:
+        config.parse(text, "t.yaml")
+    assert ei.value.line == 5
+
+
+def test_unreadable_file(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        config.load(tmp_path / "missing.yaml")
+    d = tmp_path / "adir.yaml"
+    d.mkdir()
+    with pytest.raises(ConfigError, match="cannot read"):
+        config.load(d)
+
+
+def _cli(*args: str, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "testbed.cli", *args], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize("case", ["unknown_key", "missing_image", "non_numeric_mtu", "duplicate_guest"])
+def test_cli_rejects_with_one_line_and_exit_2(tmp_path, case):
+    f = tmp_path / "topo.yaml"
+    f.write_text(BAD[case][0])
+    state = tmp_path / "state"
+    for cmd in ("validate", "run"):
+        p = _cli(cmd, str(f), env={"TESTBED_STATE": str(state), "TESTBED_RESULTS": str(tmp_path / "res")})
+        assert p.returncode == 2, p.stderr
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1, p.stderr
+        assert str(f) in lines[0] and BAD[case][1] in lines[0]
+        assert "Traceback" not in p.stderr
+        # Nothing created: no state folder, no result folder.
+        assert not state.exists() and not (tmp_path / "res").exists()

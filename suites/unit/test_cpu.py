@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+from testbed import cpu
+
+STAT_A = """cpu  100 0 50 1000 0 0 10 0 0 0
+cpu0 60 0 30 500 0 0 5 0 0 0
+cpu1 40 0 20 500 0 0 5 0 0 0
+intr 1 2 3
+"""
+STAT_B = """cpu  200 0 100 1100 0 0 30 0 0 0
+cpu0 110 0 60 550 0 0 15 0 0 0
+cpu1 90 0 40 550 0 0 15 0 0 0
+"""
+
+
+def test_parse_and_delta():
+    a, b = cpu.parse_proc_stat(STAT_A), cpu.parse_proc_stat(STAT_B)
+    assert set(a) == {"cpu", "cpu0", "cpu1"}
+    d = cpu.stat_delta(a, b, seconds=1.0)
+    hz = cpu.USER_HZ
+    assert d["cpu"]["user"] == round(100 / hz, 4)
+    assert d["cpu"]["softirq"] == round(20 / hz, 4)
+    assert d["cpu"]["busy"] == round((100 + 50 + 20) / hz, 4)
+    assert abs(d["cpu0"]["busy"] + d["cpu1"]["busy"] - d["cpu"]["busy"]) < 1e-9
+
+
+def test_qemu_thread_classes():
+    assert cpu.classify_qemu_thread("CPU 0/KVM") == "vcpu"
+    assert cpu.classify_qemu_thread("CPU 3/TCG") == "vcpu"
+    assert cpu.classify_qemu_thread("IO iothread1") == "iothread"
+    assert cpu.classify_qemu_thread("qemu-system-x86") == "emulator"
+    assert cpu.classify_qemu_thread("worker") == "emulator"
+
+
+def test_host_reading_of_this_process():
+    import os
+    r1 = cpu.host_reading({"me": os.getpid()})
+    sum(i * i for i in range(200000))
+    r2 = cpu.host_reading({"me": os.getpid()})
+    d = cpu.host_delta(r1, r2)
+    assert d["per_guest"]["me"]["emulator"] > 0
+    # What is attributed to one process never exceeds what the whole host used.
+    assert d["per_guest"]["me"]["total"] <= d["host"]["busy"] + 0.05

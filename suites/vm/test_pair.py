@@ -1,0 +1,51 @@
+"""A booted guest pair (once per session) measured per attachment mode, hot-plugging the
+NIC under test. Asserts measured facts: non-zero throughput and transaction rates that
+agree with the tap byte counters, CPU attribution that adds up."""
+from __future__ import annotations
+
+import pytest
+
+from testbed import capabilities, measure, results, runner, stats
+from testbed.config import default
+from testbed.model import Attachment, Backend, Cell, Pattern, Profile, Repetitions
+
+PROFILES = [Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=5),
+            Profile("tcp_rr", pattern=Pattern.RR, message_size=1, response_size=1, duration_s=5)]
+CELLS = [Cell(Attachment.BRIDGE, b, 1500, 1, p) for b in Backend for p in PROFILES]
+
+
+@pytest.fixture
+def writer(tmp_path):
+    with results.RunWriter(tmp_path, "test-run", default(), {"accelerator": "test"}) as w:
+        yield w
+
+
+@pytest.mark.attach("bridge")
+@pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.id)
+def test_cell_measures(guest_pair, writer, cell):
+    if cell.backend is Backend.VHOST:
+        ok, why = capabilities.vhost_net()
+        if not ok:
+            pytest.skip(f"backend vhost unavailable: {why}")
+    gp = guest_pair
+    with runner.mode(cell.attachment, cell.backend, gp.tag, gp.client, gp.server, "198.18.0.0/24",
+                     cell.mtu) as path:
+        samples = measure.measure_cell(cell, path, writer, stats.StoppingRule(Repetitions()), 0,
+                                       {}, {"g1": "local", "g2": "local"})
+    assert len(samples) == 1
+    s = samples[0]
+    assert s.status == "ok", s.reason
+    metric = measure.primary_metric(cell.profile)
+    assert s.metrics[metric] > 0
+    if cell.profile.pattern is Pattern.STREAM:
+        # The tap that feeds the server saw at least most of what netperf reported
+        # (the tap window is a little longer than netperf's, so it reads lower).
+        tap_rx_server = s.extra["tap_mbps_rx_tx"][path.server.tap][1]
+        assert 0.6 * s.metrics["throughput_mbps"] < tap_rx_server < 1.1 * s.metrics["throughput_mbps"]
+    else:
+        assert s.metrics["latency_p99_us"] >= s.metrics["latency_p50_us"] > 0
+    # Guest CPU was measured in both guests over the window; the client did work.
+    assert s.cpu["guest"]["g1"]["busy"] > 0
+    assert s.cpu["host"]["busy"] > 0
+    # The raw tool output is kept beside the sample.
+    assert (writer.dir / s.raw[0]).read_text().strip()

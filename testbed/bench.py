@@ -1,0 +1,54 @@
+"""Benchmarks that print figures (never timed tests, which flake on shared machines).
+
+`testbed bench boot`: in the same run on the same machine, the time from domain start to
+"ready" for the project's guest, against the floor: the same kernel booted by QEMU with
+the same accelerator to a trivial init that powers off. Prints both and their ratio.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import time
+
+from testbed import capabilities, cleanup, images, results, virt
+from testbed.model import GuestSpec
+
+
+def boot(rounds: int) -> dict:
+    img = images.ensure()
+    assert img.kernel is not None
+    accel = capabilities.choose_accelerator("auto", img.kernel)
+    floors, readies, agents = [], [], []
+    run_id, tag = results.new_run_id()
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(cleanup.host_lock(run_id))
+        state = stack.enter_context(cleanup.owned_state(tag, run_id))
+        conn = stack.enter_context(virt.connect("qemu:///system"))
+        for i in range(rounds):
+            # Alternate floor and guest so drift on a shared machine hits both alike.
+            p = capabilities.probe_boot(img.kernel, accel)
+            if not p.ok:
+                raise SystemExit(f"floor probe failed: {p.reason}")
+            floors.append(p.seconds)
+            with virt.guest(conn, GuestSpec(f"b{i}", "local"), img, accel, run_id, tag, state) as g:
+                while not g.agent.ping():
+                    time.sleep(0.1)
+                agents.append(time.monotonic() - g.boot_started)
+                readies.append(g.wait_ready(600))
+    floor, ready = statistics.median(floors), statistics.median(readies)
+    return {"accelerator": accel.value, "rounds": rounds, "floor_s": round(floor, 2),
+            "agent_s": round(statistics.median(agents), 2), "ready_s": round(ready, 2),
+            "ratio": round(ready / floor, 1), "target_ratio": 4.0}
+
+
+def main(what: str, args: argparse.Namespace) -> int:
+    if what == "boot":
+        r = boot(max(1, args.rounds))
+        print(f"accelerator          {r['accelerator']} ({r['rounds']} round(s), medians)")
+        print(f"floor (kernel->init) {r['floor_s']:.2f} s")
+        print(f"guest agent answers  {r['agent_s']:.2f} s")
+        print(f"guest ready          {r['ready_s']:.2f} s  (agent + cloud-init final)")
+        print(f"ratio ready/floor    {r['ratio']:.1f}x  (target <= {r['target_ratio']:.0f}x)")
+        return 0
+    return 2
