@@ -161,7 +161,14 @@ def test_ssl_notice_is_not_an_error() -> None:
 
 
 def test_nothing_printed_is_a_failure() -> None:
-    assert UPERF.parse("").reason == "uperf printed no result: no output"
+    assert UPERF.parse("").reason == "uperf output ends before its totals (run cut short?): no output"
+
+
+def test_output_cut_before_the_totals_is_a_failure() -> None:
+    text = read("uperf_pbench_tcp-rr-64B-1i_raw-R-a-i1.txt")
+    cut = text[: text.index("name:Txn3")]
+    result = UPERF.parse(cut)
+    assert not result.ok and "cut short" in result.reason
 
 
 # -- profile XML --------------------------------------------------------------------------

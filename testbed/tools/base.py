@@ -16,7 +16,7 @@ from types import MappingProxyType
 from typing import ClassVar
 
 from testbed.errors import TestbedError
-from testbed.model import Pattern, Profile, Protocol, Tool
+from testbed.model import Profile, Protocol, Tool
 
 #: Canonical metric names. Every driver reports only these, in these units, so a table or a
 #: comparison never has to know which tool measured a number.
@@ -101,7 +101,7 @@ class ToolResult:
     intervals: tuple[Mapping[str, float], ...] = ()
 
     def __post_init__(self) -> None:
-        if self.ok == (self.reason is not None):
+        if self.ok == bool(self.reason):
             raise ValueError("a ToolResult has a reason exactly when it failed")
         metrics = _frozen(self.metrics, METRICS, "metrics")
         if not self.ok and metrics:

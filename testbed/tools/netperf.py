@@ -54,9 +54,7 @@ _HUMAN = {
     "Remote Transport Retransmissions": "REMOTE_TRANSPORT_RETRANS",
 }
 
-_TESTS = {(Protocol.TCP, Pattern.STREAM): "TCP_STREAM", (Protocol.TCP, Pattern.MAERTS): "TCP_MAERTS",
-          (Protocol.TCP, Pattern.RR): "TCP_RR", (Protocol.TCP, Pattern.CRR): "TCP_CRR",
-          (Protocol.UDP, Pattern.STREAM): "UDP_STREAM", (Protocol.UDP, Pattern.RR): "UDP_RR"}
+_TESTS = frozenset({"TCP_STREAM", "TCP_MAERTS", "TCP_RR", "TCP_CRR", "UDP_STREAM", "UDP_RR"})
 # banner test names (classic and MIGRATED) -> what they measure
 _BANNERS = (("TCP STREAM", Protocol.TCP, Pattern.STREAM), ("TCP MAERTS", Protocol.TCP, Pattern.MAERTS),
             ("TCP REQUEST/RESPONSE", Protocol.TCP, Pattern.RR),
@@ -88,7 +86,7 @@ class NetperfDriver(ToolDriver):
         if profile.pattern is Pattern.BIDIRECTIONAL:
             return ("netperf has no bidirectional test; run TCP_STREAM and TCP_MAERTS "
                     "concurrently, or use iperf3 --bidir or uperf")
-        if (profile.protocol, profile.pattern) not in _TESTS:
+        if profile.netperf_test not in _TESTS:
             return f"netperf has no {profile.netperf_test} test"
         if profile.rate_bps is not None:
             return "netperf cannot pace a stream by bit rate (needs an --enable-intervals build); use iperf3"
@@ -108,7 +106,7 @@ class NetperfDriver(ToolDriver):
         # -c -C: CPU and service demand on both ends. -j asks for the latency histogram that the
         # MIN/MAX/P50/P90/P99 selectors read; netperf 2.7.0 also turns it on by itself when such
         # a selector is requested (checked here), -j keeps that explicit.
-        argv += ["-t", _TESTS[(profile.protocol, profile.pattern)], "-l", str(profile.duration_s),
+        argv += ["-t", profile.netperf_test, "-l", str(profile.duration_s),
                  "-c", "-C", "-j"]
         if confidence is not None:
             level, width = confidence
@@ -139,7 +137,7 @@ def parse(stdout: str, stderr: str = "", rc: int = 0) -> ToolResult:
     if rc != 0:
         line = error_line((stderr, stdout), _ERR_RE) or "no output"
         return ToolResult.failed(f"netperf exited {rc}: {line}")
-    start, end, proto, pattern = _banner(lines)
+    end, proto, pattern = _banner(lines)
     conf = _CONF_RE.search(stdout or "")
     body = [ln for ln in lines[end:] if ln.strip() and not ln.startswith("!!!")]
     warnings = _noise(stderr, stdout)
@@ -164,8 +162,8 @@ def parse(stdout: str, stderr: str = "", rc: int = 0) -> ToolResult:
                       intervals=tuple(intervals))
 
 
-def _banner(lines: Sequence[str]) -> tuple[int, int, Protocol | None, Pattern | None]:
-    """Index of the banner, index after it (it may be wrapped onto a second line), its test."""
+def _banner(lines: Sequence[str]) -> tuple[int, Protocol | None, Pattern | None]:
+    """Index of the first line after the banner (it may be wrapped onto two), and its test."""
     for i, ln in enumerate(lines):
         m = _BANNER_RE.match(ln)
         if m:
@@ -173,9 +171,9 @@ def _banner(lines: Sequence[str]) -> tuple[int, int, Protocol | None, Pattern | 
             end = i + 1 if ln.count(" AF_") >= 2 or i + 1 >= len(lines) else i + 2
             for name, proto, pattern in _BANNERS:
                 if m.group(1) == name:
-                    return i, end, proto, pattern
-            return i, end, None, None
-    return 0, 0, None, None
+                    return end, proto, pattern
+            return end, None, None
+    return 0, None, None
 
 
 def _noise(stderr: str, stdout: str) -> list[str]:

@@ -201,6 +201,10 @@ def parse(stdout: str, stderr: str = "", rc: int = 0) -> ToolResult:
         elif section == "run" and (m := _RUN_RE.match(ln)):
             run[m.group("host")] = m
 
+    if "Total" not in raw and "Total" not in summary and not run:
+        # uperf prints its totals only once every strand has finished
+        return ToolResult.failed("uperf output ends before its totals (run cut short?): "
+                                 f"{lines[-1] if lines else 'no output'}")
     metrics: dict[str, float] = {}
     intervals: list[dict[str, float]] = []
     main = _main_txn(raw, summary, metrics, intervals)
