@@ -228,7 +228,8 @@ def parse(text: str, file: str = "<string>", base: Path | None = None) -> Topolo
         raise ConfigError(file, "(top level)", "empty file")
     doc = Node(file, root, "")
     base = base or Path(file).resolve().parent
-    m = doc.mapping({"name", "accelerator", "subnet", "hosts", "guests", "client", "server", "matrix"},
+    m = doc.mapping({"name", "accelerator", "subnet", "hosts", "guests", "client", "server", "matrix",
+                     "ready_timeout"},
                     required=("guests", "matrix"))
     host_nodes = m["hosts"].seq(1) if "hosts" in m else []
     hosts = tuple(_host(h) for h in host_nodes) or (HostSpec(name="local"),)
@@ -265,8 +266,9 @@ def parse(text: str, file: str = "<string>", base: Path | None = None) -> Topolo
         else Path(file).stem
     accel = m["accelerator"].str(re.compile(r"^(auto|kvm|tcg)$"), "accelerator (auto|kvm|tcg)") \
         if "accelerator" in m else "auto"
+    ready = m["ready_timeout"].int(5, 7200, "ready_timeout") if "ready_timeout" in m else 600
     return Topology(name=name, source=file, hosts=hosts, guests=guests, client=client, server=server,
-                    matrix=matrix, accelerator=accel, subnet=subnet)
+                    matrix=matrix, accelerator=accel, subnet=subnet, ready_timeout_s=ready)
 
 
 def load(path: str | os.PathLike) -> Topology:

@@ -93,6 +93,14 @@ class Agent:
                                stdout=res.stdout)
         return res
 
+    def write_file(self, path: str, text: str) -> None:
+        handle = self.command("guest-file-open", {"path": path, "mode": "w"})
+        try:
+            self.command("guest-file-write", {"handle": handle,
+                                              "buf-b64": base64.b64encode(text.encode()).decode()})
+        finally:
+            self.command("guest-file-close", {"handle": handle})
+
     def read_file(self, path: str, limit: int = 1 << 20) -> str:
         handle = self.command("guest-file-open", {"path": path, "mode": "r"})
         try:

@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from testbed import cpu, results, stats
 from testbed.errors import CommandError, GuestError, TestbedError
 from testbed.hostnet import links
-from testbed.model import Cell, Pattern, Profile
+from testbed.guest import Agent
+from testbed.model import Cell, Pattern, Profile, Tool
 from testbed.tools import get_tool
-from testbed.tools.base import ToolResult
+from testbed.tools.base import ToolDriver, ToolResult
 from testbed.virt import Guest
 
 log = logging.getLogger(__name__)
 
-SERVER_PORT = 12865
 SAMPLE_MARGIN_S = 60      # beyond the tool's own duration, before a client counts as hung
 
 
@@ -75,6 +75,21 @@ def _wait_listening(g: Guest, port: int, timeout: float = 30) -> None:
         time.sleep(0.2)
 
 
+def client_plan(driver: ToolDriver, cell: Cell, server_addr: str, port: int,
+                client: Agent) -> tuple[list[str], int]:
+    """(argv, number of client processes) realising the cell's connection count."""
+    p = cell.profile
+    if driver.connections_as == "processes":
+        return driver.client_argv(p, server_addr, port=port), cell.connections
+    if driver.name is Tool.IPERF3:
+        return driver.client_argv(p, server_addr, port=port, streams=cell.connections), 1  # type: ignore[call-arg]
+    if driver.name is Tool.UPERF:
+        path = driver.profile_path(p, port)  # type: ignore[attr-defined]
+        client.write_file(path, driver.profile_xml(p, server_addr, cell.connections))  # type: ignore[attr-defined]
+        return driver.client_argv(p, server_addr, port=port, profile_path=path), 1  # type: ignore[call-arg]
+    raise TestbedError(f"{driver.name}: no way to run {cell.connections} connections")
+
+
 def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int, warmup: bool,
                  qemu_pids: Mapping[str, int], placement: Mapping[str, str]) -> results.Sample:
     profile = cell.profile
@@ -89,24 +104,26 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
                               cpu_info or {}, started, results.now(), tuple(raw), placement)
 
     server_pid = None
+    port = driver.default_port  # type: ignore[attr-defined]
     try:
-        server_pid = srv.guest.agent.spawn(driver.server_argv(profile, port=SERVER_PORT))
-        _wait_listening(srv.guest, SERVER_PORT)
+        server_pid = srv.guest.agent.spawn(driver.server_argv(profile, port=port))
+        _wait_listening(srv.guest, port)
     except (CommandError, GuestError, TestbedError) as e:
         return failed(f"server did not start: {e}")
     try:
-        argv = driver.client_argv(profile, srv.address, port=SERVER_PORT)
+        argv, nproc = client_plan(driver, cell, srv.address, port, cli.guest.agent)
         g_before = {ep.guest.spec.name: cpu.parse_proc_stat(ep.guest.agent.read_file("/proc/stat"))
                     for ep in (cli, srv)}
         taps_before = {ep.tap: links.counters(ep.tap) for ep in (cli, srv)}
         h_before = cpu.host_reading(qemu_pids)
         t0 = time.monotonic()
-        pids = [cli.guest.agent.spawn(argv) for _ in range(cell.connections)]
+        pids = [cli.guest.agent.spawn(argv) for _ in range(nproc)]
         skew_s = time.monotonic() - t0
-        outs = []
+        outs, ends = [], []
         for i, pid in enumerate(pids):
             try:
                 outs.append(cli.guest.agent.wait(pid, argv, profile.duration_s + SAMPLE_MARGIN_S))
+                ends.append(time.monotonic())
             except CommandError as e:
                 for rest in pids[i + 1:]:
                     cli.guest.agent.kill(rest)
@@ -138,7 +155,9 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
         return failed(res.reason or "tool failed without a reason", cpu_info)
     wire = {tap: ((taps_after[tap][0] - taps_before[tap][0]) * 8 / window / 1e6,
                   (taps_after[tap][1] - taps_before[tap][1]) * 8 / window / 1e6) for tap in taps_before}
-    extra = {"warnings": list(res.warnings), "start_skew_s": round(skew_s, 4),
+    extra = {"warnings": list(res.warnings), "instances": len(pids), "start_skew_s": round(skew_s, 4),
+             # seen from the host through the agent's polling, so an upper bound
+             "end_skew_s": round(max(ends) - min(ends), 3),
              "tap_mbps_rx_tx": {k: [round(v[0], 3), round(v[1], 3)] for k, v in wire.items()}}
     return results.Sample(writer.run_id, cell.as_dict(), rep, warmup, "ok", None, dict(res.metrics),
                           cpu_info, started, results.now(), tuple(raw), placement, extra)
@@ -151,10 +170,10 @@ def measure_cell(cell: Cell, path: TestPath, writer: results.RunWriter, rule: st
         set_mtu(path, cell.mtu)
     except (CommandError, GuestError, TestbedError) as e:
         reason = f"could not set MTU {cell.mtu}: {e}"
-        return _fail_cell(cell, writer, reason, placement)
+        return fail_cell(cell, writer, reason, placement)
     why = check_mtu(path, cell.mtu)
     if why:
-        return _fail_cell(cell, writer, why, placement)
+        return fail_cell(cell, writer, why, placement)
     for w in range(warmup):
         writer.add_sample(measure_once(cell, path, writer, w, True, qemu_pids, placement))
     samples: list[results.Sample] = []
@@ -191,7 +210,7 @@ def _summaries(samples: Sequence[results.Sample]) -> dict:
     return out
 
 
-def _fail_cell(cell: Cell, writer: results.RunWriter, reason: str,
+def fail_cell(cell: Cell, writer: results.RunWriter, reason: str,
                placement: Mapping[str, str]) -> list[results.Sample]:
     s = results.Sample(writer.run_id, cell.as_dict(), 0, False, "failed", reason, {}, {},
                        results.now(), results.now(), (), placement)

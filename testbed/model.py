@@ -170,6 +170,8 @@ class Topology:
     accelerator: str = "auto"            # auto | kvm | tcg
     #: segment for test traffic; must lie inside 198.18.0.0/15 (RFC 2544 benchmarking)
     subnet: str = "198.18.0.0/24"
+    #: how long a guest may take from domain start to ready (agent up, cloud-init final)
+    ready_timeout_s: int = 600
 
     def guest(self, name: str) -> GuestSpec:
         return next(g for g in self.guests if g.name == name)

@@ -18,15 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testbed import capabilities, cleanup, environment, images, measure, paths, render, results, stats, virt
-from testbed.errors import CapabilityError
+from testbed.errors import CapabilityError, GuestError, ReadinessError, TestbedError
 from testbed.hostnet import attach, links
 from testbed.model import Attachment, Backend, Cell, Topology
 from testbed.tools import get_tool
 
 log = logging.getLogger(__name__)
-
-READY_TIMEOUT_S = 600
-
 
 def plan(t: Topology) -> list[Cell]:
     m = t.matrix
@@ -89,28 +86,45 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
             guests[spec.name] = stack.enter_context(
                 virt.guest(conn, spec, img, accel, run_id, tag, state))
             writer.count("boots")
-        for g in guests.values():
-            g.wait_ready(READY_TIMEOUT_S)
-            progress(f"guest {g.name} ready in {g.ready_s:.1f} s")
+        placement = {g.spec.name: g.spec.host for g in guests.values()}
+        try:
+            for g in guests.values():
+                g.wait_ready(t.ready_timeout_s)
+                progress(f"guest {g.name} ready in {g.ready_s:.1f} s")
+        except (ReadinessError, GuestError) as e:
+            # No cell can run without its guests: every cell is recorded as failed with
+            # the reason (and the console tail), so the run says what happened.
+            progress(f"guests not ready: {e}")
+            for cell in cells:
+                measure.fail_cell(cell, writer, f"guest not ready: {e}", placement)
+            cells = []
         writer.update(guests={g.spec.name: {"domain": g.name, "host": g.spec.host, "ready_s": g.ready_s}
                               for g in guests.values()})
         pids = {name: virt.qemu_pid(g) for name, g in guests.items()}
         qemu_pids = {k: v for k, v in pids.items() if v}
-        placement = {g.spec.name: g.spec.host for g in guests.values()}
         rule = stats.StoppingRule(t.matrix.repetitions)
         done = 0
         started = time.monotonic()
         for (attachment, backend), group in itertools.groupby(cells, key=lambda c: (c.attachment, c.backend)):
             group = list(group)
-            with mode(attachment, backend, tag, guests[t.client], guests[t.server], t.subnet,
-                      max(t.matrix.mtus)) as path:
+            try:
+                with mode(attachment, backend, tag, guests[t.client], guests[t.server], t.subnet,
+                          max(t.matrix.mtus)) as path:
+                    for cell in group:
+                        eta = ((time.monotonic() - started) / done * (len(cells) - done)) if done else None
+                        progress(f"[{done + 1}/{len(cells)}] {cell.id}"
+                                 + (f" (eta {eta:.0f} s)" if eta is not None else ""))
+                        measure.measure_cell(cell, path, writer, rule, t.matrix.repetitions.warmup,
+                                             qemu_pids, placement)
+                        done += 1
+            except (TestbedError, GuestError) as e:
+                # The mode could not be set up (or torn down): its remaining cells fail with
+                # the reason and the other modes still run.
+                recorded = {c["id"] for c in writer.record["cells"]}
                 for cell in group:
-                    eta = ((time.monotonic() - started) / done * (len(cells) - done)) if done else None
-                    progress(f"[{done + 1}/{len(cells)}] {cell.id}"
-                             + (f" (eta {eta:.0f} s)" if eta is not None else ""))
-                    measure.measure_cell(cell, path, writer, rule, t.matrix.repetitions.warmup,
-                                         qemu_pids, placement)
-                    done += 1
+                    if cell.id not in recorded:
+                        measure.fail_cell(cell, writer, f"{attachment.value}/{backend.value}: {e}", placement)
+                        done += 1
         counts = dict(writer.record["counts"])
     final = results.read_run(writer.dir).run
     return Outcome(writer.dir, final["status"], counts["samples"], counts["failed"])

@@ -128,6 +128,10 @@ class ToolDriver(ABC):
     #: "system": each instance reports whole-host CPU (concurrent instances see the same CPU,
     #: so average it); "process": each reports its own process (sum it).
     cpu_scope: ClassVar[str] = "system"
+    #: How a cell's connection count is realised: "processes" (N synchronised client
+    #: instances, aggregated: netperf) or "streams" (one client with N streams or threads:
+    #: iperf3 -P, uperf nthreads).
+    connections_as: ClassVar[str] = "processes"
 
     @abstractmethod
     def unsupported_reason(self, profile: Profile) -> str | None:

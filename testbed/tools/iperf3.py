@@ -17,6 +17,7 @@ class Iperf3Driver(ToolDriver):
     name = Tool.IPERF3
     cpu_scope = "process"         # iperf3 reports its own process's CPU; instances add up
     default_port = 5201
+    connections_as = "streams"
 
     def unsupported_reason(self, profile: Profile) -> str | None:
         if profile.pattern.is_transactional:
@@ -29,7 +30,7 @@ class Iperf3Driver(ToolDriver):
 
     def client_argv(self, profile: Profile, server_addr: str, *, port: int | None = None,
                     confidence: tuple[int, int] | None = None,
-                    iterations: tuple[int, int] | None = None) -> list[str]:
+                    iterations: tuple[int, int] | None = None, streams: int = 1) -> list[str]:
         self._check(profile)
         no_confidence("iperf3", confidence, iterations)
         argv = ["iperf3", "-c", check_addr(server_addr)]
@@ -37,6 +38,8 @@ class Iperf3Driver(ToolDriver):
             argv += ["-p", str(port)]
         size, _ = sizes(profile)
         argv += ["-J", "-i", "1", "-t", str(profile.duration_s), "-l", str(size)]
+        if streams > 1:
+            argv += ["-P", str(streams)]
         if profile.protocol is Protocol.UDP:
             # iperf3 paces UDP at 1 Mbit/s unless told otherwise; 0 means unlimited, as
             # netperf's UDP_STREAM sends

@@ -59,6 +59,7 @@ class UperfDriver(ToolDriver):
     name = Tool.UPERF
     cpu_scope = "system"
     default_port = 20000
+    connections_as = "streams"
 
     def unsupported_reason(self, profile: Profile) -> str | None:
         if profile.protocol is Protocol.UDP and profile.pattern is Pattern.CRR:

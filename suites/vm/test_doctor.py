@@ -1,0 +1,37 @@
+"""`testbed doctor` against facts established independently here."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from testbed import capabilities, images
+from testbed.model import Accelerator
+
+
+def test_doctor_matches_independent_facts(accelerator):
+    p = subprocess.run([sys.executable, "-m", "testbed.cli", "doctor", "--json"], capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    # vhost-net: usable exactly when the device node opens.
+    try:
+        os.close(os.open("/dev/vhost-net", os.O_RDWR))
+        vhost = True
+    except OSError:
+        vhost = False
+    assert d["vhost_net"]["ok"] is vhost
+    # The OVS kernel datapath needs the openvswitch module.
+    if d["ovs"]["ok"]:
+        assert d["ovs_datapath"] == ("kernel" if Path("/sys/module/openvswitch").exists() else "userspace")
+    # TCG must boot a stock kernel anywhere QEMU runs; the accelerator matches the session's probe.
+    assert d["tcg"]["ok"] is True
+    assert d["accelerator"] == accelerator.value
+    # KVM: the doctor's verdict equals a fresh probe boot of the same stock kernel.
+    kernel = images.ensure().kernel
+    fresh = capabilities.probe_boot(kernel, Accelerator.KVM, timeout=30)
+    assert d["kvm"]["ok"] is fresh.ok, (d["kvm"], fresh)
+    for tool in ("qemu", "libvirt", "netperf", "iperf3"):
+        assert d["versions"][tool], tool
