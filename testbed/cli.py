@@ -37,6 +37,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         topo = dataclasses.replace(topo, accelerator=args.accelerator)
     out = runner.execute(topo, progress=lambda s: print(s, file=sys.stderr, flush=True))
     print(f"status: {out.status}, {out.samples} samples, {out.failed} failed", file=sys.stderr)
+    # Every run is indexed in the results store (SQLite beside the results by default).
+    from testbed import store
+    with store.open(args.db) as st:
+        st.index_run(out.run_dir)
     print(out.run_dir)
     return 0 if out.failed == 0 else 1
 
@@ -98,6 +102,8 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run a topology's matrix (default: the built-in topology)")
     r.add_argument("topology", nargs="?")
     r.add_argument("--accelerator", choices=("auto", "kvm", "tcg"))
+    r.add_argument("--db", help="results index: SQLite path or postgresql:// URL "
+                               "(default: results/index.sqlite)")
     r.set_defaults(func=cmd_run)
     v = sub.add_parser("validate", help="check a topology file without creating anything")
     v.add_argument("topology")
@@ -112,6 +118,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("what", choices=("boot",))
     b.add_argument("--rounds", type=int, default=1)
     b.set_defaults(func=cmd_bench)
+    from testbed import cli_results
+    cli_results.add_commands(sub)
     return p
 
 

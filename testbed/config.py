@@ -168,7 +168,7 @@ def _guest(n: Node, hosts: dict[str, HostSpec], base: Path) -> GuestSpec:
 
 def _profile(n: Node) -> Profile:
     m = n.mapping({"name", "tool", "protocol", "pattern", "message_size", "response_size",
-                   "duration", "rate_bps"}, required=("name",))
+                   "duration", "rate_bps", "confidence", "iterations"}, required=("name",))
     p = Profile(
         name=m["name"].str(PROFILE_NAME_RE, "profile name (lowercase, digits, '_')"),
         tool=m["tool"].enum(Tool) if "tool" in m else Tool.NETPERF,
@@ -178,10 +178,23 @@ def _profile(n: Node) -> Profile:
         response_size=m["response_size"].int(1, 1 << 20, "response_size") if "response_size" in m else None,
         duration_s=m["duration"].int(1, 3600, "duration") if "duration" in m else 10,
         rate_bps=m["rate_bps"].int(1, 10**12, "rate_bps") if "rate_bps" in m else None,
+        confidence=_pair(m["confidence"], (50, 99), (1, 50)) if "confidence" in m else None,
+        iterations=_pair(m["iterations"], (1, 30), (1, 30)) if "iterations" in m else None,
     )
+    if (p.confidence or p.iterations) and p.tool is not Tool.NETPERF:
+        raise (m.get("confidence") or m["iterations"]).error("confidence/iterations are netperf options")
+    if p.iterations and p.iterations[0] < p.iterations[1]:
+        raise m["iterations"].error(f"max {p.iterations[0]} is below min {p.iterations[1]}")
     if p.tool is Tool.NETPERF and p.pattern is Pattern.BIDIRECTIONAL:
         raise (m.get("pattern") or n).error("netperf has no bidirectional test; use uperf")
     return p
+
+
+def _pair(n: Node, first: tuple[int, int], second: tuple[int, int]) -> tuple[int, int]:
+    items = n.seq(2)
+    if len(items) != 2:
+        raise n.error("expected two numbers, e.g. [99, 5]")
+    return items[0].int(*first), items[1].int(*second)
 
 
 def _repetitions(n: Node) -> Repetitions:

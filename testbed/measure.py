@@ -80,7 +80,8 @@ def client_plan(driver: ToolDriver, cell: Cell, server_addr: str, port: int,
     """(argv, number of client processes) realising the cell's connection count."""
     p = cell.profile
     if driver.connections_as == "processes":
-        return driver.client_argv(p, server_addr, port=port), cell.connections
+        return driver.client_argv(p, server_addr, port=port, confidence=p.confidence,
+                                  iterations=p.iterations), cell.connections
     if driver.name is Tool.IPERF3:
         return driver.client_argv(p, server_addr, port=port, streams=cell.connections), 1  # type: ignore[call-arg]
     if driver.name is Tool.UPERF:
@@ -91,7 +92,8 @@ def client_plan(driver: ToolDriver, cell: Cell, server_addr: str, port: int,
 
 
 def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int, warmup: bool,
-                 qemu_pids: Mapping[str, int], placement: Mapping[str, str]) -> results.Sample:
+                 qemu_pids: Mapping[str, int], placement: Mapping[str, str],
+                 clock_ghz: float | None = None) -> results.Sample:
     profile = cell.profile
     driver = get_tool(profile.tool)
     cli, srv = path.client, path.server
@@ -159,12 +161,35 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
              # seen from the host through the agent's polling, so an upper bound
              "end_skew_s": round(max(ends) - min(ends), 3),
              "tap_mbps_rx_tx": {k: [round(v[0], 3), round(v[1], 3)] for k, v in wire.items()}}
-    return results.Sample(writer.run_id, cell.as_dict(), rep, warmup, "ok", None, dict(res.metrics),
+    metrics = {**res.metrics, **derived(dict(res.metrics), cpu_info, clock_ghz)}
+    return results.Sample(writer.run_id, cell.as_dict(), rep, warmup, "ok", None, metrics,
                           cpu_info, started, results.now(), tuple(raw), placement, extra)
 
 
+def derived(metrics: Mapping[str, float], cpu_info: Mapping, clock_ghz: float | None) -> dict[str, float]:
+    """Efficiency from the same window: throughput per core and per CPU GHz, CPU per
+    transaction; host and guests counted separately. Missing inputs give no value, never 0."""
+    out: dict[str, float] = {}
+    host = cpu_info.get("host", {}).get("busy")
+    guests = sum(g.get("busy", 0.0) for g in cpu_info.get("guest", {}).values()) or None
+    tput, tps = metrics.get("throughput_mbps"), metrics.get("transactions_per_s")
+    for scope, cores in (("host", host), ("guest", guests)):
+        if cores is None:
+            continue
+        out[f"{scope}_cores"] = round(cores, 4)
+        values = {
+            f"{scope}_gbit_per_core": stats.gbit_per_core(tput, cores) if tput is not None else None,
+            f"{scope}_gbit_per_ghz": stats.gbit_per_ghz(tput, cores, clock_ghz)
+            if tput is not None and clock_ghz else None,
+            f"{scope}_cpu_us_per_txn": stats.cpu_us_per_transaction(cores, tps) if tps else None,
+        }
+        out.update({k: round(v, 6) for k, v in values.items() if v is not None})
+    return out
+
+
 def measure_cell(cell: Cell, path: TestPath, writer: results.RunWriter, rule: stats.StoppingRule,
-                 warmup: int, qemu_pids: Mapping[str, int], placement: Mapping[str, str]) -> list[results.Sample]:
+                 warmup: int, qemu_pids: Mapping[str, int], placement: Mapping[str, str],
+                 clock_ghz: float | None = None) -> list[results.Sample]:
     """All samples of one cell. The MTU is applied and checked first; a failed check fails the cell."""
     try:
         set_mtu(path, cell.mtu)
@@ -175,12 +200,12 @@ def measure_cell(cell: Cell, path: TestPath, writer: results.RunWriter, rule: st
     if why:
         return fail_cell(cell, writer, why, placement)
     for w in range(warmup):
-        writer.add_sample(measure_once(cell, path, writer, w, True, qemu_pids, placement))
+        writer.add_sample(measure_once(cell, path, writer, w, True, qemu_pids, placement, clock_ghz))
     samples: list[results.Sample] = []
     metric = primary_metric(cell.profile)
     decision = None
     while True:
-        s = measure_once(cell, path, writer, len(samples), False, qemu_pids, placement)
+        s = measure_once(cell, path, writer, len(samples), False, qemu_pids, placement, clock_ghz)
         writer.add_sample(s)
         samples.append(s)
         values = [x.metrics[metric] for x in samples if x.status == "ok" and metric in x.metrics]

@@ -90,6 +90,9 @@ class Profile:
     duration_s: int = 10
     #: target bit rate for rate-limited UDP (bit/s); None = as fast as possible
     rate_bps: int | None = None
+    #: netperf -I level,width (e.g. 99,5) and -i max,min: netperf's own confidence loop
+    confidence: tuple[int, int] | None = None
+    iterations: tuple[int, int] | None = None
 
     @property
     def netperf_test(self) -> str:

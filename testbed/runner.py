@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from testbed import capabilities, cleanup, environment, images, measure, paths, render, results, stats, virt
+from testbed import capabilities, cleanup, cpu, environment, images, measure, paths, render, results, stats, virt
 from testbed.errors import CapabilityError, GuestError, ReadinessError, TestbedError
 from testbed.hostnet import attach, links
 from testbed.model import Attachment, Backend, Cell, Topology
@@ -102,6 +102,13 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
                               for g in guests.values()})
         pids = {name: virt.qemu_pid(g) for name, g in guests.items()}
         qemu_pids = {k: v for k, v in pids.items() if v}
+        clock_ghz = env["cpu_mhz"] / 1000 if env.get("cpu_mhz") else None
+        # What the host-side collector costs, so its share of a window can be judged: two
+        # readings per sample.
+        cost = cpu.collector_cost(qemu_pids)
+        writer.update(collector={"cpu_seconds_per_reading": round(cost, 6),
+                                 "readings_per_sample": 2,
+                                 "fraction_of_one_core_per_10s_window": round(2 * cost / 10, 6)})
         rule = stats.StoppingRule(t.matrix.repetitions)
         done = 0
         started = time.monotonic()
@@ -115,7 +122,7 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
                         progress(f"[{done + 1}/{len(cells)}] {cell.id}"
                                  + (f" (eta {eta:.0f} s)" if eta is not None else ""))
                         measure.measure_cell(cell, path, writer, rule, t.matrix.repetitions.warmup,
-                                             qemu_pids, placement)
+                                             qemu_pids, placement, clock_ghz)
                         done += 1
             except (TestbedError, GuestError) as e:
                 # The mode could not be set up (or torn down): its remaining cells fail with

@@ -1,5 +1,6 @@
-"""The README's main command, end to end: `testbed run` with the built-in topology, and a
-Ctrl-C in the middle of one. Both must leave no tb- object behind."""
+"""The README's main command, end to end: `testbed run` with the built-in topology; a second
+run while it is going; Ctrl-C, SIGTERM and SIGKILL in the middle of one. Nothing may be left
+behind, and host networking must be exactly as it was."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed import cleanup
+from testbed import cleanup, snapshot
 
 pytestmark = pytest.mark.vm
 
@@ -21,18 +22,59 @@ def _env(tmp_path: Path) -> dict:
     return {**os.environ, "TESTBED_RESULTS": str(tmp_path / "results")}
 
 
-def _no_leftovers_of(run_dir: Path) -> None:
-    tag = run_dir.name.rsplit("-", 1)[1]
+def _cli(tmp_path: Path, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "testbed.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env=_env(tmp_path))
+
+
+def _start(tmp_path: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "testbed.cli", "run"], stderr=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env=_env(tmp_path))
+
+
+def _wait_for_measuring(proc: subprocess.Popen) -> list[str]:
+    """Read progress until the first cell starts: guests are up and a NIC is plugged, the
+    moment when the most objects exist."""
+    lines = []
+    deadline = time.monotonic() + 900
+    for line in proc.stderr:
+        lines.append(line)
+        if line.startswith("[1/"):
+            return lines
+        assert time.monotonic() < deadline, "".join(lines)
+    raise AssertionError("run ended before measuring: " + "".join(lines))
+
+
+def _objects_of(tag: str) -> list[str]:
     found = cleanup.find(include_live=True)
-    mine = [n for group in found.__dict__.values() for n in group if n.startswith(f"tb-{tag}")]
-    assert mine == [], f"leftovers of run {run_dir.name}: {mine}"
+    return [n for group in found.__dict__.values() for n in group if n.startswith(f"tb-{tag}")]
 
 
-def test_run_default_topology(accelerator, tmp_path):
-    p = subprocess.run([sys.executable, "-m", "testbed.cli", "run"], capture_output=True, text=True,
-                       timeout=1200, env=_env(tmp_path))
-    assert p.returncode == 0, p.stderr[-3000:]
-    run_dir = Path(p.stdout.strip().splitlines()[-1])
+def _tag(run_dir: Path) -> str:
+    return run_dir.name.rsplit("-", 1)[1]
+
+
+def _only_run(tmp_path: Path) -> Path:
+    runs = [p for p in (tmp_path / "results").iterdir() if p.is_dir()]
+    assert len(runs) == 1, runs
+    return runs[0]
+
+
+def _unchanged(before: snapshot.Snapshot) -> None:
+    diff = snapshot.diff(before, snapshot.take())
+    assert diff == [], "\n".join(diff)
+
+
+def test_run_default_topology_and_a_second_run_meanwhile(accelerator, tmp_path):
+    before = snapshot.take()
+    first = _start(tmp_path)
+    _wait_for_measuring(first)
+    second = _cli(tmp_path / "second", "run", timeout=120)
+    assert second.returncode == 4, second.stderr
+    assert "in progress" in second.stderr and len(second.stderr.strip().splitlines()) == 1
+    out, err = first.communicate(timeout=1200)
+    assert first.returncode == 0, err[-3000:]
+    run_dir = Path(out.strip().splitlines()[-1])
     assert run_dir.is_dir() and run_dir.parent == tmp_path / "results"
     run = json.loads((run_dir / "run.json").read_text())
     assert run["format_version"] == 1 and run["status"] == "complete"
@@ -49,26 +91,46 @@ def test_run_default_topology(accelerator, tmp_path):
     for s in samples:
         assert set(s["cell"]) >= {"attachment", "backend", "mtu", "connections", "profile"}
         assert (run_dir / s["raw"][0]).read_text().strip()
-    _no_leftovers_of(run_dir)
+    # The run is indexed in the default SQLite store beside the results.
+    from testbed import store
+    with store.open(tmp_path / "results" / "index.sqlite") as st:
+        assert [r.run_id for r in st.runs()] == [run_dir.name]
+        assert len(st.samples(run_dir.name)) == len(samples)
+    assert _objects_of(_tag(run_dir)) == []
+    _unchanged(before)
 
 
-def test_ctrl_c_tears_everything_down(accelerator, tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "testbed.cli", "run"], stderr=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=_env(tmp_path))
-    lines = []
-    deadline = time.monotonic() + 900
-    # Interrupt once guests are up and a cell is being measured: the most objects exist then.
-    for line in proc.stderr:
-        lines.append(line)
-        if line.startswith("[1/"):
-            break
-        assert time.monotonic() < deadline, "".join(lines)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
+def test_signal_tears_everything_down(accelerator, tmp_path, sig):
+    before = snapshot.take()
+    proc = _start(tmp_path)
+    lines = _wait_for_measuring(proc)
     time.sleep(2)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, "".join(lines) + err
-    runs = list((tmp_path / "results").iterdir())
-    assert len(runs) == 1
-    run = json.loads((runs[0] / "run.json").read_text())
-    assert run["status"] == "interrupted"
-    _no_leftovers_of(runs[0])
+    run_dir = _only_run(tmp_path)
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "interrupted"
+    assert _objects_of(_tag(run_dir)) == []
+    _unchanged(before)
+
+
+def test_sigkill_leftovers_block_new_runs_until_cleanup(accelerator, tmp_path):
+    before = snapshot.take()
+    proc = _start(tmp_path)
+    _wait_for_measuring(proc)
+    proc.kill()
+    proc.communicate(timeout=60)
+    run_dir = _only_run(tmp_path)
+    tag = _tag(run_dir)
+    left = _objects_of(tag)
+    assert any(n.startswith(f"tb-{tag}-g") for n in left), left   # its domains survived
+    # Completed samples stay readable; the record still says running (it never finished).
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "running"
+    refused = _cli(tmp_path / "again", "run", timeout=120)
+    assert refused.returncode == 4, refused.stderr
+    assert "testbed cleanup" in refused.stderr
+    clean = _cli(tmp_path, "cleanup", timeout=300)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert _objects_of(tag) == []
+    _unchanged(before)

@@ -1,0 +1,203 @@
+"""Subcommands that read results: index, compare, report, capacity, export-csv.
+
+``add_commands(subparsers)`` registers them on the `testbed` parser; each sets ``func`` to a
+function that takes the parsed args and returns the exit status. Errors are TestbedErrors,
+which `testbed.cli.main` turns into one line and an exit status.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from testbed import paths, results
+
+
+def _results_root(args: argparse.Namespace) -> Path:
+    return args.results if args.results is not None else paths.results_dir()
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--results", type=Path, default=None, metavar="DIR",
+                   help="where run ids are looked up (default: results/ or $TESTBED_RESULTS)")
+
+
+def _fraction(text: str) -> float:
+    v = float(text)
+    if not 0 <= v < 1:
+        raise argparse.ArgumentTypeError(f"{text}: expected a fraction in [0, 1)")
+    return v
+
+
+def _positive(text: str) -> float:
+    v = float(text)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"{text}: expected a positive number")
+    return v
+
+
+def _write(path: str, text: str) -> None:
+    if path == "-":
+        sys.stdout.write(text)
+        return
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    results.atomic_write(p, text)
+    p.chmod(0o644)      # atomic_write's temp file is 0600; a report is for sharing
+
+
+# --------------------------------------------------------------------------- index
+
+def cmd_index(args: argparse.Namespace) -> int:
+    from testbed import store
+    from testbed.compare import resolve
+    root = _results_root(args)
+    dirs = [resolve(r, root) for r in args.runs] or list(results.iter_runs(root))
+    with store.open(args.db or str(root / "index.sqlite")) as st:
+        for d in dirs:
+            rows = st.index_run(d)
+            print(f"indexed {rows.run.run_id} ({rows.run.status}): {len(rows.cells)} cells, "
+                  f"{len(rows.samples)} samples")
+        print(f"{st.backend} index, schema version {st.schema_version()}: "
+              f"{len(st.runs())} runs", file=sys.stderr)
+    return 0
+
+
+# --------------------------------------------------------------------------- compare
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from testbed import compare
+    root = _results_root(args)
+    rc = compare.compare_runs(compare.load(args.base, root), compare.load(args.new, root),
+                              threshold=args.threshold, alpha=args.alpha, test=args.test,
+                              force=args.force)
+    if args.json:
+        print(json.dumps(compare.to_dict(rc), indent=2, default=str))
+    else:
+        sys.stdout.write(compare.render_text(rc))
+    if rc.refused:
+        never = any(d.severity is compare.Severity.FORBIDDEN for d in rc.differences)
+        if never and args.force:
+            print("testbed compare: --force IGNORED: TCG and KVM runs (or different run formats) "
+                  "are never compared", file=sys.stderr)
+        print(f"testbed compare: refused: {rc.refused}", file=sys.stderr)
+    elif rc.forced:
+        print("testbed compare: WARNING: --force compared runs from different environments",
+              file=sys.stderr)
+    return rc.exit_status
+
+
+# --------------------------------------------------------------------------- report
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from testbed import compare, report
+    root = _results_root(args)
+    records = [compare.load(r, root) for r in args.runs]
+    baseline = compare.load(args.baseline, root) if args.baseline else None
+    if baseline is not None and all(r.run.get("run_id") != baseline.run.get("run_id")
+                                    for r in records):
+        records.insert(0, baseline)     # its environment and numbers belong on the page too
+    rep = report.build(records, generated=results.now(), baseline=baseline,
+                       threshold=args.threshold, test=args.test)
+    _write(args.output, report.render(rep))
+    print(f"wrote {args.output}: {len(records)} runs, {len(rep.plots)} plots", file=sys.stderr)
+    if args.csv:
+        buf = io.StringIO()
+        n = report.write_csv(records, buf)
+        _write(args.csv, buf.getvalue())
+        print(f"wrote {args.csv}: {n} samples", file=sys.stderr)
+    return 0
+
+
+def cmd_export_csv(args: argparse.Namespace) -> int:
+    from testbed import compare, report
+    root = _results_root(args)
+    buf = io.StringIO()
+    n = report.write_csv([compare.load(r, root) for r in args.runs], buf)
+    _write(args.output, buf.getvalue())
+    print(f"{n} samples", file=sys.stderr)
+    return 0
+
+
+# --------------------------------------------------------------------------- capacity
+
+def cmd_capacity(args: argparse.Namespace) -> int:
+    from testbed import capacity, compare
+    p = capacity.plan(compare.load(args.run, _results_root(args)),
+                      capacity.parse_demand(args.profile), host_cores=args.host_cores,
+                      headroom=args.headroom, link_gbit=args.link_gbit, basis=args.basis,
+                      mtu=args.mtu, connections=args.connections)
+    if args.json:
+        print(json.dumps(capacity.to_dict(p), indent=2, default=str))
+    else:
+        sys.stdout.write(capacity.render_text(p))
+    if p.tcg:
+        print(f"testbed capacity: {capacity.TCG_BANNER}", file=sys.stderr)
+    return 0
+
+
+# --------------------------------------------------------------------------- wiring
+
+def add_commands(subparsers: Any) -> None:
+    """Register index, compare, report, capacity and export-csv on `testbed`'s subparsers."""
+    i = subparsers.add_parser("index", help="index run directories into SQLite or PostgreSQL")
+    i.add_argument("runs", nargs="*", metavar="RUN",
+                   help="run directories or ids (default: every run under --results)")
+    i.add_argument("--db", metavar="PATH|URL",
+                   help="SQLite file or postgresql:// URL (default: <results>/index.sqlite)")
+    _common(i)
+    i.set_defaults(func=cmd_index)
+
+    c = subparsers.add_parser(
+        "compare", help="compare NEW against BASE per cell; exit 1 on a regression, 2 if refused",
+        description="Exit status: 0 no cell failed the gate; 1 a cell regressed, broke (no "
+                    "successful sample) or went missing in NEW; 2 the environments differ. "
+                    "--force overrides a CPU model or attachment mismatch, never TCG vs KVM.")
+    c.add_argument("base", metavar="BASE", help="baseline run directory or id")
+    c.add_argument("new", metavar="NEW", help="new run directory or id")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.add_argument("--force", action="store_true",
+                   help="compare despite a CPU model or attachment mismatch (never TCG vs KVM)")
+    c.add_argument("--threshold", type=_fraction, default=0.05,
+                   help="relative change that counts (default 0.05)")
+    c.add_argument("--alpha", type=_fraction, default=0.05, help="significance level (default 0.05)")
+    c.add_argument("--test", choices=("welch", "mannwhitney"), default="welch")
+    _common(c)
+    c.set_defaults(func=cmd_compare)
+
+    r = subparsers.add_parser("report", help="self-contained HTML report (and CSV) of runs")
+    r.add_argument("runs", nargs="+", metavar="RUN")
+    r.add_argument("-o", "--output", required=True, metavar="FILE", help="HTML file to write")
+    r.add_argument("--baseline", metavar="RUN", help="compare every RUN with this run")
+    r.add_argument("--csv", metavar="FILE", help="also write every sample as CSV")
+    r.add_argument("--threshold", type=_fraction, default=0.05)
+    r.add_argument("--test", choices=("welch", "mannwhitney"), default="welch")
+    _common(r)
+    r.set_defaults(func=cmd_report)
+
+    k = subparsers.add_parser("capacity", help="how many VMs of a traffic profile fit on a host")
+    k.add_argument("run", metavar="RUN")
+    k.add_argument("--profile", required=True, metavar="SPEC",
+                   help="per-VM traffic: stream:2gbit, stream:500mbit, rr:5000tps, rr:5ktps")
+    k.add_argument("--headroom", type=_fraction, default=0.2,
+                   help="fraction of cores and link kept free (default 0.2)")
+    k.add_argument("--host-cores", type=_positive, default=None, metavar="N",
+                   help="cores on the planned host (default: the run's recorded cpus)")
+    k.add_argument("--link-gbit", type=_positive, default=10.0, metavar="G",
+                   help="uplink capacity in Gbit/s (default 10)")
+    k.add_argument("--basis", choices=("host", "qemu"), default="host",
+                   help="CPU counted: host busy cores, or QEMU+vhost+ovs-vswitchd (default host)")
+    k.add_argument("--mtu", type=int, default=None, help="only cells at this MTU")
+    k.add_argument("--connections", type=int, default=None, help="only cells with this many")
+    k.add_argument("--json", action="store_true")
+    _common(k)
+    k.set_defaults(func=cmd_capacity)
+
+    e = subparsers.add_parser("export-csv", help="every sample of some runs as CSV")
+    e.add_argument("runs", nargs="+", metavar="RUN")
+    e.add_argument("-o", "--output", default="-", metavar="FILE", help="default: stdout")
+    _common(e)
+    e.set_defaults(func=cmd_export_csv)

@@ -1,0 +1,367 @@
+"""`testbed compare BASE NEW`: per-cell verdicts for nightly gates, refusing incomparable runs.
+
+Cells are matched by id. Per cell, the primary metric (throughput_mbps for stream-type
+profiles, transactions_per_s for rr/crr) and the latency metrics are compared with
+:func:`testbed.stats.compare`. Only the primary metric and, for rr/crr, latency decide a
+cell's verdict: a stream test's "latency" is how long a send() call took, not the network's
+latency, so it is shown but never fails a gate.
+
+Environments must match before numbers are compared: the accelerator, the CPU model and the
+set of attachment modes. ``force`` overrides a CPU model or attachment mismatch, never an
+accelerator mismatch: TCG figures are functional checks, orders of magnitude away from KVM,
+and no flag makes such a comparison meaningful. Use `testbed report` to look at both.
+
+Exit statuses (``RunComparison.exit_status``): 2 refused; 1 a cell regressed, or has no
+successful sample in NEW, or is missing from NEW; 0 otherwise. Failed samples are left out
+of the statistics and listed.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from testbed import paths, results, stats
+from testbed.errors import TestbedError
+from testbed.results import RunRecord
+
+LATENCY_METRICS = ("latency_mean_us", "latency_p99_us")
+TRANSACTIONAL = ("rr", "crr")
+#: environment keys that differ between builds by design; shown, never refused
+COMPLETE = ("complete", "complete-with-failures")
+INFO_KEYS = ("kernel", "cpus", "cpu_mhz", "memory_bytes", "host", "vhost_net", "testbed_commit")
+
+
+class RunNotFound(TestbedError):
+    exit_status = 2
+
+
+# --------------------------------------------------------------------------- loading
+
+def resolve(ref: str | Path, results_root: Path | None = None) -> Path:
+    """A run directory, or a run id under the results directory."""
+    p = Path(ref)
+    if (p / "run.json").is_file():
+        return p
+    root = results_root if results_root is not None else paths.results_dir()
+    if (root / str(ref) / "run.json").is_file():
+        return root / str(ref)
+    raise RunNotFound(f"{ref}: not a run directory, and no run {ref!r} under {root}")
+
+
+def load(ref: str | Path, results_root: Path | None = None) -> RunRecord:
+    return results.read_run(resolve(ref, results_root))
+
+
+def environment(run: Mapping[str, Any]) -> Mapping[str, Any]:
+    return run.get("environment") or {}
+
+
+def attachments(run: Mapping[str, Any]) -> tuple[str, ...]:
+    """The attachment modes a run set out to measure (its matrix), else those of its cells."""
+    planned = ((run.get("topology") or {}).get("matrix") or {}).get("attachments")
+    found = planned or [c.get("attachment") for c in run.get("cells") or ()]
+    return tuple(sorted({str(a) for a in found if a}))
+
+
+def is_transactional(run: Mapping[str, Any], profile: str) -> bool:
+    for p in ((run.get("topology") or {}).get("matrix") or {}).get("profiles") or ():
+        if p.get("name") == profile and p.get("pattern"):
+            return str(p["pattern"]) in TRANSACTIONAL
+    return profile.endswith(tuple(f"_{t}" for t in TRANSACTIONAL))
+
+
+def primary_metric(run: Mapping[str, Any], profile: str) -> str:
+    return "transactions_per_s" if is_transactional(run, profile) else "throughput_mbps"
+
+
+def measured(rec: RunRecord) -> dict[str, list[Mapping[str, Any]]]:
+    """Cell id -> its measured (non-warmup) samples, ok and failed, in the order taken."""
+    out: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for s in rec.samples:
+        if not s.get("warmup"):
+            out[str((s.get("cell") or {}).get("id"))].append(s)
+    return out
+
+
+# --------------------------------------------------------------------------- environment
+
+class Severity(StrEnum):
+    FORBIDDEN = "forbidden"   # never compared, whatever the flags
+    MISMATCH = "mismatch"     # refused unless --force
+    CHANGED = "changed"       # what the nightly is testing (kernel, QEMU, OVS); shown only
+
+
+@dataclass(frozen=True)
+class Difference:
+    what: str
+    base: str
+    new: str
+    severity: Severity
+
+
+def differences(base: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[Difference, ...]:
+    eb, en = environment(base), environment(new)
+    out: list[Difference] = []
+
+    def add(what: str, b: Any, n: Any, sev: Severity) -> None:
+        if b != n:
+            out.append(Difference(what, str(b), str(n), sev))
+
+    fb, fn = base.get("format_version"), new.get("format_version")
+    if fb != fn or fb != results.FORMAT_VERSION:
+        out.append(Difference(f"format_version (this testbed reads {results.FORMAT_VERSION})",
+                              str(fb), str(fn), Severity.FORBIDDEN))
+    add("accelerator", eb.get("accelerator"), en.get("accelerator"), Severity.FORBIDDEN)
+    if eb.get("accelerator") == en.get("accelerator"):
+        add("comparable_class", eb.get("comparable_class"), en.get("comparable_class"),
+            Severity.FORBIDDEN)
+    add("cpu_model", eb.get("cpu_model"), en.get("cpu_model"), Severity.MISMATCH)
+    add("attachments", ",".join(attachments(base)), ",".join(attachments(new)), Severity.MISMATCH)
+    for key in INFO_KEYS:
+        add(key, eb.get(key), en.get(key), Severity.CHANGED)
+    vb, vn = eb.get("versions") or {}, en.get("versions") or {}
+    for tool in sorted(set(vb) | set(vn)):
+        add(f"versions.{tool}", vb.get(tool), vn.get(tool), Severity.CHANGED)
+    add("image", (eb.get("image") or {}).get("digest"), (en.get("image") or {}).get("digest"),
+        Severity.CHANGED)
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------- cells
+
+class CellVerdict(StrEnum):
+    IMPROVED = "improved"
+    REGRESSED = "regressed"
+    UNCHANGED = "unchanged"
+    INCONCLUSIVE = "inconclusive"
+    BROKEN = "broken"               # BASE had successful samples, NEW has none: fails the gate
+    NO_BASELINE = "no-baseline"     # BASE has no successful samples to compare with
+    #: BASE measured the cell, NEW did not (the run died, or the matrix shrank): fails the
+    #: gate, because a nightly must not pass by measuring less
+    BASE_ONLY = "base-only"
+    NEW_ONLY = "new-only"
+
+    @property
+    def fails_gate(self) -> bool:
+        return self in (CellVerdict.REGRESSED, CellVerdict.BROKEN, CellVerdict.BASE_ONLY)
+
+
+_WORST = (stats.Verdict.REGRESSED, stats.Verdict.INCONCLUSIVE, stats.Verdict.IMPROVED,
+          stats.Verdict.UNCHANGED)
+
+
+@dataclass(frozen=True)
+class MetricResult:
+    metric: str
+    decides: bool                   # counts towards the cell's verdict
+    comparison: stats.Comparison
+
+
+@dataclass(frozen=True)
+class CellResult:
+    cell_id: str
+    attachment: str
+    backend: str
+    mtu: int
+    connections: int
+    profile: str
+    verdict: CellVerdict
+    metrics: tuple[MetricResult, ...]
+    base_ok: int
+    base_failed: int
+    new_ok: int
+    new_failed: int
+    failures: tuple[str, ...]       # "NEW rep 1: <reason>", failed samples never vanish silently
+    note: str = ""
+
+
+def _values(samples: Iterable[Mapping[str, Any]], metric: str) -> list[float]:
+    return [float(s["metrics"][metric]) for s in samples
+            if s.get("status") == "ok" and isinstance((s.get("metrics") or {}).get(metric), (int, float))]
+
+
+def _cell(run: Mapping[str, Any], cid: str, base: list, new: list, *, threshold: float,
+          alpha: float, test: str) -> CellResult:
+    cell = (new or base)[0].get("cell") or {}
+    ok_b = [s for s in base if s.get("status") == "ok"]
+    ok_n = [s for s in new if s.get("status") == "ok"]
+    failures = tuple(f"{side} rep {s.get('rep')}: {s.get('reason') or 'failed'}"
+                     for side, group in (("BASE", base), ("NEW", new))
+                     for s in group if s.get("status") != "ok")
+    ident = dict(cell_id=cid, attachment=str(cell.get("attachment")), backend=str(cell.get("backend")),
+                 mtu=int(cell.get("mtu") or 0), connections=int(cell.get("connections") or 0),
+                 profile=str(cell.get("profile")), base_ok=len(ok_b), base_failed=len(base) - len(ok_b),
+                 new_ok=len(ok_n), new_failed=len(new) - len(ok_n), failures=failures)
+    if not base:
+        return CellResult(**ident, verdict=CellVerdict.NEW_ONLY, metrics=(), note="cell not in BASE")
+    if not new:
+        return CellResult(**ident, verdict=CellVerdict.BASE_ONLY, metrics=(), note="cell not in NEW")
+    if not ok_b:
+        return CellResult(**ident, verdict=CellVerdict.NO_BASELINE, metrics=(),
+                          note="no successful samples in BASE")
+    if not ok_n:
+        return CellResult(**ident, verdict=CellVerdict.BROKEN, metrics=(),
+                          note=f"no successful samples in NEW; BASE had {len(ok_b)}")
+    profile = ident["profile"]
+    primary, rr = primary_metric(run, profile), is_transactional(run, profile)
+    results_: list[MetricResult] = []
+    for metric, higher, decides in ((primary, True, True),
+                                    *((m, False, rr) for m in LATENCY_METRICS)):
+        vb, vn = _values(ok_b, metric), _values(ok_n, metric)
+        if vb and vn:
+            results_.append(MetricResult(metric, decides, stats.compare(
+                vb, vn, higher_is_better=higher, threshold=threshold, alpha=alpha, test=test)))
+    deciding = [m.comparison.verdict for m in results_ if m.decides]
+    if not any(m.metric == primary for m in results_):
+        return CellResult(**ident, verdict=CellVerdict.INCONCLUSIVE, metrics=tuple(results_),
+                          note=f"{primary} missing from the successful samples")
+    worst = next(v for v in _WORST if v in deciding)
+    return CellResult(**ident, verdict=CellVerdict(worst.value), metrics=tuple(results_))
+
+
+# --------------------------------------------------------------------------- runs
+
+@dataclass(frozen=True)
+class RunInfo:
+    run_id: str
+    dir: str
+    status: str
+    accelerator: str | None
+    cpu_model: str | None
+
+
+def run_info(rec: RunRecord) -> RunInfo:
+    env = environment(rec.run)
+    return RunInfo(str(rec.run.get("run_id")), str(rec.dir), str(rec.run.get("status")),
+                   env.get("accelerator"), env.get("cpu_model"))
+
+
+@dataclass(frozen=True)
+class RunComparison:
+    base: RunInfo
+    new: RunInfo
+    differences: tuple[Difference, ...]
+    refused: str | None             # why no numbers were compared; None when they were
+    forced: bool                    # --force overrode a mismatch
+    tcg: bool                       # both runs TCG: a functional check, not performance evidence
+    test: str
+    threshold: float
+    alpha: float
+    cells: tuple[CellResult, ...]
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def failing(self) -> tuple[CellResult, ...]:
+        return tuple(c for c in self.cells if c.verdict.fails_gate)
+
+    @property
+    def exit_status(self) -> int:
+        return 2 if self.refused else 1 if self.failing else 0
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for c in self.cells:
+            out[c.verdict.value] = out.get(c.verdict.value, 0) + 1
+        return out
+
+
+def compare_runs(base: RunRecord, new: RunRecord, *, threshold: float = 0.05,
+                 alpha: float = 0.05, test: str = "welch", force: bool = False) -> RunComparison:
+    diffs = differences(base.run, new.run)
+    forbidden = [d for d in diffs if d.severity is Severity.FORBIDDEN]
+    mismatch = [d for d in diffs if d.severity is Severity.MISMATCH]
+    refused = None
+    if forbidden:
+        what = "; ".join(f"{d.what} {d.base} vs {d.new}" for d in forbidden)
+        refused = (f"NEVER COMPARABLE: {what}. TCG figures are functional checks and are never "
+                   f"compared with KVM figures (nor runs of different formats); --force does "
+                   f"not override this")
+    elif mismatch and not force:
+        what = "; ".join(f"{d.what} {d.base} vs {d.new}" for d in mismatch)
+        refused = f"environments differ: {what}; --force compares anyway"
+    accel = {environment(base.run).get("accelerator"), environment(new.run).get("accelerator")}
+    cells: tuple[CellResult, ...] = ()
+    if refused is None:
+        mb, mn = measured(base), measured(new)
+        cells = tuple(_cell(new.run if cid in mn else base.run, cid, mb.get(cid, []),
+                            mn.get(cid, []), threshold=threshold, alpha=alpha, test=test)
+                      for cid in sorted(set(mb) | set(mn)))
+    warnings = tuple(f"{side} run {rec.run.get('run_id')} ended {rec.run.get('status')}: "
+                     f"cells it did not reach are missing"
+                     for side, rec in (("BASE", base), ("NEW", new))
+                     if rec.run.get("status") not in COMPLETE)
+    return RunComparison(run_info(base), run_info(new), diffs, refused,
+                         forced=bool(force and mismatch and not forbidden), tcg=accel == {"tcg"},
+                         test=test, threshold=threshold, alpha=alpha, cells=cells,
+                         warnings=warnings)
+
+
+# --------------------------------------------------------------------------- output
+
+TCG_BANNER = ("!! TCG: both runs used QEMU's TCG emulator. A functional check only: these numbers "
+              "say the pipeline works, not how a KVM host performs. Not comparable with KVM.")
+
+
+def to_dict(rc: RunComparison) -> dict[str, Any]:
+    d = dataclasses.asdict(rc)
+    d.update(exit_status=rc.exit_status, counts=rc.counts(),
+             failing=[c.cell_id for c in rc.failing],
+             banner=TCG_BANNER if rc.tcg else None)
+    return d
+
+
+def fmt(v: float | None, digits: int = 4) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.{digits}g}" if abs(v) < 10 ** digits else f"{v:.0f}"
+
+
+def render_text(rc: RunComparison) -> str:
+    lines = [f"BASE {rc.base.run_id} ({rc.base.accelerator}, {rc.base.cpu_model}, {rc.base.status})",
+             f"NEW  {rc.new.run_id} ({rc.new.accelerator}, {rc.new.cpu_model}, {rc.new.status})"]
+    if rc.tcg:
+        lines.append(TCG_BANNER)
+    lines.extend(f"!! {w}" for w in rc.warnings)
+    for d in rc.differences:
+        lines.append(f"{d.severity.value:>9}: {d.what}: {d.base} -> {d.new}")
+    if rc.refused:
+        lines.append(f"REFUSED: {rc.refused}")
+        return "\n".join(lines) + "\n"
+    if rc.forced:
+        lines.append("!! --force: compared despite the mismatches above")
+    header = ("cell", "verdict", "metric", "base", "new", "delta", "p", "metric verdict")
+    rows: list[tuple[str, ...]] = []
+    for c in rc.cells:
+        first = (c.cell_id, c.verdict.value.upper())
+        if not c.metrics:
+            rows.append((*first, "-", "-", "-", "-", "-", "-"))
+        for i, m in enumerate(c.metrics):
+            cm = m.comparison
+            rows.append((*(first if i == 0 else ("", "")), m.metric,
+                         f"{fmt(cm.base.mean)} (n={cm.base.n})", f"{fmt(cm.new.mean)} (n={cm.new.n})",
+                         "-" if cm.delta_pct is None else f"{cm.delta_pct:+.1f}%",
+                         fmt(cm.p_value, 2), cm.verdict.value + ("" if m.decides else " (info)")))
+    widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
+    for r in (header, *rows):
+        lines.append("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
+    notes = [f"  {c.cell_id}: ok samples BASE {c.base_ok}/{c.base_ok + c.base_failed}, NEW "
+             f"{c.new_ok}/{c.new_ok + c.new_failed}" + (f"; {c.note}" if c.note else "")
+             for c in rc.cells if c.base_failed or c.new_failed or c.note]
+    if notes:
+        lines.append("notes:")
+        lines.extend(notes)
+    failures = [f for c in rc.cells for f in (f"{c.cell_id}: {x}" for x in c.failures)]
+    if failures:
+        lines.append(f"failed samples (excluded from statistics): {len(failures)}")
+        lines.extend(f"  {f}" for f in failures)
+    summary = ", ".join(f"{n} {v}" for v, n in sorted(rc.counts().items()))
+    lines.append(f"{len(rc.cells)} cells: {summary or 'none'}; test {rc.test}, threshold "
+                 f"{rc.threshold:.0%}, alpha {rc.alpha}")
+    if rc.failing:
+        lines.append("GATE FAILED: " + ", ".join(f"{c.cell_id} {c.verdict.value}" for c in rc.failing))
+    return "\n".join(lines) + "\n"

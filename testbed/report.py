@@ -1,0 +1,391 @@
+"""`testbed report`: one self-contained HTML page (and a CSV of every sample) for some runs.
+
+The page needs no network to open: CSS is inline and plots are PNGs drawn by matplotlib's
+Agg canvas, inlined as base64. Figures are built on ``matplotlib.figure.Figure`` directly,
+never through pyplot, so nothing here touches the process-wide backend or needs a display.
+Building the model and rendering HTML are pure; only ``write_*`` touch files.
+"""
+from __future__ import annotations
+
+import base64
+import csv
+import io
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, TextIO
+
+import jinja2
+
+from testbed import paths, stats
+from testbed.compare import (RunComparison, attachments, compare_runs, environment,
+                             is_transactional, measured)
+from testbed.results import RunRecord
+from testbed.store.schema import MAIN_METRICS, SampleRow, rows_for_run, sample_cores
+
+TCG_BANNER = "TCG: functional check only; not comparable with KVM"
+
+
+# --------------------------------------------------------------------------- model
+
+@dataclass(frozen=True)
+class CellStats:
+    run_id: str
+    cell_id: str
+    mode: str                           # attachment/backend
+    mtu: int
+    connections: int
+    profile: str
+    transactional: bool
+    n_ok: int
+    n_failed: int
+    throughput: stats.Summary | None    # Mbit/s
+    tps: stats.Summary | None
+    p50: float | None                   # mean over samples, µs
+    p90: float | None
+    p99: float | None
+    host_cores: float | None
+    guest_cores: float | None
+    qemu_cores: float | None
+
+    @property
+    def gbit_per_host_core(self) -> float | None:
+        return stats.gbit_per_core(self.throughput.mean if self.throughput else None, self.host_cores)
+
+    @property
+    def gbit_per_guest_core(self) -> float | None:
+        return stats.gbit_per_core(self.throughput.mean if self.throughput else None, self.guest_cores)
+
+    @property
+    def host_us_per_tx(self) -> float | None:
+        return stats.cpu_us_per_transaction(self.host_cores, self.tps.mean if self.tps else None)
+
+    @property
+    def guest_us_per_tx(self) -> float | None:
+        return stats.cpu_us_per_transaction(self.guest_cores, self.tps.mean if self.tps else None)
+
+
+@dataclass(frozen=True)
+class RunView:
+    run_id: str
+    dir: str
+    status: str
+    tcg: bool
+    environment: tuple[tuple[str, str], ...]
+    cells: tuple[CellStats, ...]
+    failures: tuple[str, ...]
+
+    def env(self, key: str) -> str:
+        return next((v for k, v in self.environment if k == key), "-")
+
+
+def _mean(values: Iterable[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _summary(samples: Sequence[Mapping[str, Any]], metric: str) -> stats.Summary | None:
+    vals = [float(s["metrics"][metric]) for s in samples
+            if isinstance((s.get("metrics") or {}).get(metric), (int, float))]
+    return stats.summarize(vals) if vals else None
+
+
+def _metric_mean(samples: Sequence[Mapping[str, Any]], metric: str) -> float | None:
+    return _mean((s.get("metrics") or {}).get(metric) for s in samples)
+
+
+def cell_stats(rec: RunRecord) -> tuple[CellStats, ...]:
+    out = []
+    run_id = str(rec.run.get("run_id"))
+    for cid, samples in sorted(measured(rec).items()):
+        cell = samples[0].get("cell") or {}
+        ok = [s for s in samples if s.get("status") == "ok"]
+        cores = [sample_cores(s.get("cpu")) for s in ok]
+        out.append(CellStats(
+            run_id=run_id, cell_id=cid, mode=f"{cell.get('attachment')}/{cell.get('backend')}",
+            mtu=int(cell.get("mtu") or 0), connections=int(cell.get("connections") or 0),
+            profile=str(cell.get("profile")),
+            transactional=is_transactional(rec.run, str(cell.get("profile"))),
+            n_ok=len(ok), n_failed=len(samples) - len(ok),
+            throughput=_summary(ok, "throughput_mbps"), tps=_summary(ok, "transactions_per_s"),
+            p50=_metric_mean(ok, "latency_p50_us"), p90=_metric_mean(ok, "latency_p90_us"),
+            p99=_metric_mean(ok, "latency_p99_us"),
+            host_cores=_mean(c.host for c in cores), guest_cores=_mean(c.guest for c in cores),
+            qemu_cores=_mean(c.qemu for c in cores)))
+    return tuple(out)
+
+
+def _environment_rows(rec: RunRecord) -> tuple[tuple[str, str], ...]:
+    r, env = rec.run, environment(rec.run)
+    counts = r.get("counts") or {}
+    image = env.get("image") or {}
+    mem = env.get("memory_bytes")
+    rows = [("status", r.get("status")), ("started", r.get("started")), ("ended", r.get("ended")),
+            ("accelerator", env.get("accelerator")), ("comparable class", env.get("comparable_class")),
+            ("CPU model", env.get("cpu_model")), ("CPU MHz", env.get("cpu_mhz")),
+            ("CPUs", env.get("cpus")),
+            ("memory", f"{mem / 2**30:.1f} GiB" if isinstance(mem, (int, float)) else None),
+            ("host", env.get("host")), ("host kernel", env.get("kernel")),
+            *((k, v) for k, v in sorted((env.get("versions") or {}).items())),
+            ("vhost-net", env.get("vhost_net")),
+            ("guest image", " ".join(str(image.get(k)) for k in ("name", "kernel", "digest")
+                                     if image.get(k))),
+            ("attachments", ", ".join(attachments(r))),
+            ("samples", f"{counts.get('samples', 0)} ({counts.get('failed', 0)} failed)"),
+            ("testbed", " ".join(str(env[k]) for k in ("testbed", "testbed_commit") if env.get(k)))]
+    return tuple((k, "-" if v in (None, "") else str(v)) for k, v in rows)
+
+
+def run_view(rec: RunRecord) -> RunView:
+    failures = tuple(f"{(s.get('cell') or {}).get('id')} rep {s.get('rep')}"
+                     f"{' (warmup)' if s.get('warmup') else ''}: {s.get('reason') or 'failed'}"
+                     for s in rec.samples if s.get("status") != "ok")
+    return RunView(run_id=str(rec.run.get("run_id")), dir=str(rec.dir),
+                   status=str(rec.run.get("status")),
+                   tcg=environment(rec.run).get("accelerator") == "tcg",
+                   environment=_environment_rows(rec), cells=cell_stats(rec), failures=failures)
+
+
+# --------------------------------------------------------------------------- plots
+# One convention in every plot: colour = the series (mode, MTU or profile), line style = the run.
+
+@dataclass(frozen=True)
+class Plot:
+    title: str
+    caption: str
+    png_base64: str
+
+
+_RUN_STYLES = ("-", "--", ":", "-.")
+_MARKERS = ("o", "s", "^", "D", "v", "P")
+
+
+def _label(text: str) -> str:
+    return text.replace("$", r"\$")     # a $ would start matplotlib mathtext
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    xlabel: str
+    ylabel: str
+    draw: Callable[[Any], None]
+    log_x: bool = False
+
+
+def _figure(panels: Sequence[Panel], title: str, caption: str,
+            runs: Sequence[str] = ()) -> Plot:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    cols = 1 if len(panels) == 1 else 2
+    rows = (len(panels) + cols - 1) // cols
+    fig = Figure(figsize=(11.0 if cols == 1 else 5.6 * cols, 4.3 * rows), dpi=100,
+                 layout="constrained")
+    FigureCanvasAgg(fig)
+    for i, p in enumerate(panels):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        ax.set_title(_label(p.title), fontsize=10)
+        ax.set_xlabel(_label(p.xlabel))
+        ax.set_ylabel(_label(p.ylabel))
+        ax.grid(True, alpha=0.3)
+        p.draw(ax)
+        ax.set_ylim(bottom=0)
+        if p.log_x:
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_formatter("{x:g}")
+        handles, labels = ax.get_legend_handles_labels()
+        if handles:
+            ax.legend(handles, labels, fontsize=7, loc="upper center", ncol=2,
+                      bbox_to_anchor=(0.5, -0.2), frameon=False)
+    if len(runs) > 1:
+        from matplotlib.lines import Line2D
+        fig.legend(handles=[Line2D([], [], color="#444", linestyle=_RUN_STYLES[i % len(_RUN_STYLES)],
+                                   label=_label(f"run {r}")) for i, r in enumerate(runs)],
+                   loc="outside upper center", ncol=min(4, len(runs)), fontsize=8, frameon=False)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    return Plot(title, caption, base64.b64encode(buf.getvalue()).decode("ascii"))
+
+
+@dataclass(frozen=True)
+class Point:
+    series: str
+    run_id: str
+    x: float
+    y: float
+    err: tuple[float, float] | None = None      # below, above
+
+
+def _points(cells: Iterable[CellStats], series: Callable[[CellStats], str],
+            x: Callable[[CellStats], float], y: Callable[[CellStats], float | None]) -> list[Point]:
+    return [Point(series(c), c.run_id, x(c), v) for c in cells if (v := y(c)) is not None]
+
+
+def _line_panel(title: str, points: Sequence[Point], xlabel: str, ylabel: str,
+                runs: Sequence[str]) -> Panel:
+    """Lines of y against x, one per (series, run)."""
+    def draw(ax: Any) -> None:
+        groups: dict[tuple[str, str], list[Point]] = defaultdict(list)
+        for p in points:
+            groups[(p.series, p.run_id)].append(p)
+        names = sorted({s for s, _ in groups})
+        labelled: set[str] = set()
+        for (name, run_id), pts in sorted(groups.items()):
+            pts.sort(key=lambda p: p.x)
+            i, r = names.index(name), runs.index(run_id)
+            # The panel's legend names the series (colours); the figure's names the runs
+            # (line styles), so each series is labelled once.
+            kw = dict(color=f"C{i % 10}", linestyle=_RUN_STYLES[r % len(_RUN_STYLES)],
+                      marker=_MARKERS[i % len(_MARKERS)],
+                      label="_nolegend_" if name in labelled else _label(name))
+            labelled.add(name)
+            xs, ys = [p.x for p in pts], [p.y for p in pts]
+            if any(p.err for p in pts):
+                err = [[(p.err or (0, 0))[k] for p in pts] for k in (0, 1)]
+                ax.errorbar(xs, ys, yerr=err, capsize=3, **kw)
+            else:
+                ax.plot(xs, ys, **kw)
+    return Panel(title, xlabel, ylabel, draw, log_x=xlabel == "connections")
+
+
+def throughput_plot(cells: Sequence[CellStats], runs: Sequence[str]) -> Plot | None:
+    stream = [c for c in cells if not c.transactional and c.throughput]
+    if not stream:
+        return None
+    panels = []
+    for profile in sorted({c.profile for c in stream}):
+        pts = []
+        for c in stream:
+            if c.profile == profile and c.throughput is not None:
+                t = c.throughput
+                err = None if t.ci_low is None or t.ci_high is None else \
+                    ((t.mean - t.ci_low) / 1000, (t.ci_high - t.mean) / 1000)
+                pts.append(Point(f"{c.mode} mtu{c.mtu}", c.run_id, c.connections, t.mean / 1000, err))
+        panels.append(_line_panel(profile, pts, "connections", "Gbit/s", runs))
+    return _figure(panels, "Throughput against connections",
+                   "Mean per cell; error bars are the 95 % confidence interval where a cell has "
+                   "2 or more samples.", runs)
+
+
+def latency_plot(cells: Sequence[CellStats], runs: Sequence[str]) -> Plot | None:
+    rr = [c for c in cells if c.transactional and c.p50 is not None]
+    if not rr:
+        return None
+    panels = []
+    for profile, mode in sorted({(c.profile, c.mode) for c in rr}):
+        these = [c for c in rr if (c.profile, c.mode) == (profile, mode)]
+        conn = min(c.connections for c in these)
+        at = [c for c in these if c.connections == conn]
+        pts = [p for key in ("p50", "p90", "p99")
+               for p in _points(at, lambda c, k=key: k, lambda c: c.mtu,
+                                lambda c, k=key: getattr(c, k))]
+        panels.append(_line_panel(f"{profile} {mode}", pts,
+                                  f"MTU (at {conn} connection{'s' if conn != 1 else ''})",
+                                  "latency, µs", runs))
+    return _figure(panels, "Latency percentiles against MTU",
+                   "Request/response cells; each point is the mean of the samples' percentile, "
+                   "at the fewest connections measured.", runs)
+
+
+def cpu_plot(cells: Sequence[CellStats], runs: Sequence[str]) -> Plot | None:
+    have = [c for c in cells if c.host_cores is not None or c.guest_cores is not None]
+    if not have:
+        return None
+    conns = lambda c: c.connections  # noqa: E731
+    panels = []
+    for mode in sorted({c.mode for c in have}):
+        these = [c for c in have if c.mode == mode]
+        for what in ("host", "guest"):
+            pts = _points(these, lambda c: f"{c.profile} mtu{c.mtu}", conns,
+                          lambda c, w=what: getattr(c, f"{w}_cores"))
+            panels.append(_line_panel(f"{mode}: {what} CPU", pts, "connections",
+                                      f"{what} cores busy", runs))
+    for profile in sorted({c.profile for c in have}):
+        these = [c for c in have if c.profile == profile]
+        rr = these[0].transactional
+        pts = _points(these, lambda c: f"{c.mode} mtu{c.mtu}", conns,
+                      (lambda c: c.host_us_per_tx) if rr else (lambda c: c.gbit_per_host_core))
+        panels.append(_line_panel(f"{profile}: efficiency", pts, "connections",
+                                  "host CPU µs per transaction" if rr else "Gbit/s per host core",
+                                  runs))
+    return _figure(panels, "CPU cost and efficiency per mode",
+                   "Cores = CPU-seconds per second over each sample's window, averaged over the "
+                   "samples. Efficiency uses host busy cores: Gbit/s per core (higher is better), "
+                   "CPU µs per transaction (lower is better).", runs)
+
+
+# --------------------------------------------------------------------------- page
+
+@dataclass(frozen=True)
+class Report:
+    title: str
+    generated: str
+    runs: tuple[RunView, ...]
+    baseline: str | None
+    comparisons: tuple[RunComparison, ...]
+    plots: tuple[Plot, ...]
+
+    @property
+    def any_tcg(self) -> bool:
+        return any(r.tcg for r in self.runs)
+
+    @property
+    def environment_keys(self) -> tuple[str, ...]:
+        """Every run's environment rows, in order; runs may record different tool versions."""
+        return tuple(dict.fromkeys(k for r in self.runs for k, _ in r.environment))
+
+
+def build(records: Sequence[RunRecord], *, generated: str, baseline: RunRecord | None = None,
+          threshold: float = 0.05, test: str = "welch") -> Report:
+    views = tuple(run_view(r) for r in records)
+    cells = [c for v in views for c in v.cells]
+    runs = [v.run_id for v in views]
+    plots = tuple(p for p in (throughput_plot(cells, runs), latency_plot(cells, runs),
+                              cpu_plot(cells, runs)) if p is not None)
+    comparisons = ()
+    if baseline is not None:
+        base_id = baseline.run.get("run_id")
+        comparisons = tuple(compare_runs(baseline, r, threshold=threshold, test=test)
+                            for r in records if r.run.get("run_id") != base_id)
+    return Report(title="Network testbed report: " + ", ".join(v.run_id for v in views),
+                  generated=generated, runs=views,
+                  baseline=None if baseline is None else str(baseline.run.get("run_id")),
+                  comparisons=comparisons, plots=plots)
+
+
+def _num(v: float | None, digits: int = 4) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.{digits}g}" if abs(v) < 10 ** digits else f"{v:.0f}"
+
+
+def render(report: Report) -> str:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(paths.templates_dir() / "report"),
+                             autoescape=True, undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True)
+    env.filters["num"] = _num
+    env.filters["pct"] = lambda v: "-" if v is None else f"{v:+.1f}%"
+    return env.get_template("report.html.j2").render(r=report, tcg_banner=TCG_BANNER)
+
+
+# --------------------------------------------------------------------------- CSV
+
+_CSV_FIXED = tuple(f.name for f in fields(SampleRow)
+                   if f.name not in ("metrics", "cpu", *MAIN_METRICS,
+                                     "host_cores", "guest_cores", "qemu_cores"))
+
+
+def write_csv(records: Sequence[RunRecord], out: TextIO) -> int:
+    """Every sample of every run, one row each, failed and warmup ones included (with their
+    status and reason). Columns: identity, then every metric seen, then CPU cores."""
+    rows = [row for rec in records for row in rows_for_run(rec).samples]
+    metric_keys = sorted({k for r in rows for k in r.metric_dict()},
+                         key=lambda k: (k not in MAIN_METRICS, MAIN_METRICS.index(k)
+                                        if k in MAIN_METRICS else 0, k))
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow([*_CSV_FIXED, *metric_keys, "host_cores", "guest_cores", "qemu_cores"])
+    for r in rows:
+        m = r.metric_dict()
+        w.writerow([*(getattr(r, k) for k in _CSV_FIXED), *(m.get(k, "") for k in metric_keys),
+                    *("" if v is None else v for v in (r.host_cores, r.guest_cores, r.qemu_cores))])
+    return len(rows)
