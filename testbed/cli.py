@@ -31,7 +31,11 @@ def _on_signal(signum: int, _frame: object) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from testbed import config, runner
-    topo = config.load(args.topology) if args.topology else config.default()
+    if args.topology:
+        topo = config.load(args.topology)
+    else:
+        from testbed.hostnet import attach
+        topo = config.default(attach.supported_single_host())
     if args.accelerator:
         import dataclasses
         topo = dataclasses.replace(topo, accelerator=args.accelerator)
@@ -115,7 +119,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--uri", default="qemu:///system")
     c.set_defaults(func=cmd_cleanup)
     b = sub.add_parser("bench", help="benchmarks that print figures")
-    b.add_argument("what", choices=("boot",))
+    b.add_argument("what", choices=("boot", "matrix"))
     b.add_argument("--rounds", type=int, default=1)
     b.set_defaults(func=cmd_bench)
     from testbed import cli_results

@@ -296,13 +296,13 @@ def load(path: str | os.PathLike) -> Topology:
 
 
 DEFAULT_TOPOLOGY = """\
-# The built-in default: two guests on this host, every single-host attachment mode.
+# The built-in default: two guests on this host, every single-host attachment mode it supports.
 name: default
 guests:
   - {name: g1}
   - {name: g2}
 matrix:
-  attachments: [bridge]
+  attachments: [{attachments}]
   backends: [qemu]
   mtus: [1500]
   connections: [1]
@@ -313,5 +313,6 @@ matrix:
 """
 
 
-def default() -> Topology:
-    return parse(DEFAULT_TOPOLOGY, "<builtin default>", Path.cwd())
+def default(attachments: Iterable[Attachment] = (Attachment.BRIDGE,)) -> Topology:
+    text = DEFAULT_TOPOLOGY.replace("{attachments}", ", ".join(a.value for a in attachments))
+    return parse(text, "<builtin default>", Path.cwd())

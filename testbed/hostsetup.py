@@ -6,17 +6,15 @@ import sys
 
 from testbed import images
 from testbed.errors import TestbedError
+from testbed.hostnet import ovsd
 
 
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="setup: %(message)s")
     try:
-        try:
-            from testbed.hostnet import ovsd
-        except ImportError:  # pragma: no cover - ovsd arrives with the OVS attachment
-            ovsd = None
-        if ovsd is not None:
-            ovsd.ensure_running()
+        # Started here, before any bridge exists, so userspace TSO can be set at start-up
+        # on a host without the OVS kernel module (see testbed/hostnet/ovsd.py).
+        ovsd.ensure_running()
         img = images.ensure()
         logging.info("guest image %s-%s ready (%s)", img.name, img.digest, img.disk)
     except TestbedError as e:

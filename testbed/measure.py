@@ -38,6 +38,9 @@ class TestPath:
     client: Endpoint
     server: Endpoint
     set_host_mtu: Callable[[int], None]
+    #: A tap counts what the guest sends as rx (QEMU writes into it); a macvtap counts it
+    #: as tx (it transmits towards its lower device).
+    guest_sends_as_rx: bool = True
 
 
 def primary_metric(p: Profile) -> str:
@@ -162,7 +165,10 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
     extra = {"warnings": list(res.warnings), "instances": len(pids), "start_skew_s": round(skew_s, 4),
              # seen from the host through the agent's polling, so an upper bound
              "end_skew_s": round(max(ends) - min(ends), 3),
-             "tap_mbps_rx_tx": {k: [round(v[0], 3), round(v[1], 3)] for k, v in wire.items()}}
+             # per host-side device: Mbit/s the guest sent and received over the window
+             "device_mbps": {k: {"from_guest": round(v[0] if path.guest_sends_as_rx else v[1], 3),
+                                 "to_guest": round(v[1] if path.guest_sends_as_rx else v[0], 3)}
+                             for k, v in wire.items()}}
     metrics = {**res.metrics, **derived(dict(res.metrics), cpu_info, clock_ghz)}
     return results.Sample(writer.run_id, cell.as_dict(), rep, warmup, "ok", None, metrics,
                           cpu_info, started, results.now(), tuple(raw), placement, extra)

@@ -86,3 +86,32 @@ def guest_pair(accelerator) -> Iterator[GuestPair]:
         for g in gs:
             g.wait_ready(600)
         yield GuestPair(gs[0], gs[1], tag, run_id, accelerator, state)
+
+
+# Host networking before and after the whole suite must be identical: every tier that
+# creates host objects has to have removed them, and touched nothing else.
+_SNAPSHOT_KEY = pytest.StashKey[object]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if os.geteuid() == 0 and not session.config.option.collectonly:
+        from testbed import snapshot
+        session.config.stash[_SNAPSHOT_KEY] = snapshot.take()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    before = session.config.stash.get(_SNAPSHOT_KEY, None)
+    if before is None:
+        return
+    from testbed import snapshot
+    diff = snapshot.diff(before, snapshot.take())  # type: ignore[arg-type]
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if diff:
+        if reporter:
+            reporter.write_line("host networking changed during the test session:", red=True)
+            for line in diff:
+                reporter.write_line(f"  {line}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    elif reporter:
+        reporter.write_sep("-", "host networking snapshot: identical before and after the session")

@@ -46,8 +46,9 @@ def preflight(t: Topology) -> None:
         if why:
             raise CapabilityError(f"profile {p.name}: {why}")
     for a in t.matrix.attachments:
-        if a is not Attachment.BRIDGE:
-            raise CapabilityError(f"attachment {a.value} is not implemented yet")
+        why = attach.unavailable(a)
+        if why:
+            raise CapabilityError(f"attachment {a.value} requested but unavailable: {why}")
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,9 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
                     if cell.id not in recorded:
                         measure.fail_cell(cell, writer, f"{attachment.value}/{backend.value}: {e}", placement)
                         done += 1
+        windows = sum(x.get("cpu", {}).get("window_s", 0.0) for x in _samples_of(writer))
+        writer.update(timing={"measure_wall_s": round(time.monotonic() - started, 2),
+                              "sum_of_windows_s": round(windows, 2)})
         counts = dict(writer.record["counts"])
     final = results.read_run(writer.dir).run
     return Outcome(writer.dir, final["status"], counts["samples"], counts["failed"])
@@ -160,7 +164,12 @@ def mode(attachment: Attachment, backend: Backend, tag: str, client: virt.Guest,
             a.run(["/usr/sbin/ip", "link", "set", "dev", ifname, "up"])
             eps.append(measure.Endpoint(g, ifname, addr, target))
         taps = [e.tap for e in eps]
-        yield measure.TestPath(eps[0], eps[1], lambda mtu: seg.set_mtu(mtu, taps))
+        yield measure.TestPath(eps[0], eps[1], lambda mtu: seg.set_mtu(mtu, taps),
+                               guest_sends_as_rx=attachment is not Attachment.MACVTAP)
+
+
+def _samples_of(writer: results.RunWriter) -> list[dict]:
+    return list(results.read_run(writer.dir).samples)
 
 
 def _keep_logs(state: Path, dest: Path) -> None:

@@ -21,6 +21,7 @@ from testbed.model import Backend, Profile
 
 pytestmark = [
     pytest.mark.netns,
+    pytest.mark.attach("netns"),
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates namespaces, veths, bridges"),
     *[pytest.mark.skipif(shutil.which(tool) is None, reason=f"`{tool}` not found ({pkg})")
       for tool, pkg in (("ip", "iproute2"), ("ss", "iproute2"), ("ethtool", "ethtool"),

@@ -22,6 +22,7 @@ from testbed.model import Attachment, Backend, Profile
 
 pytestmark = [
     pytest.mark.netns,
+    pytest.mark.attach("ovs"),
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root: starts OVS daemons, creates bridges"),
     *[pytest.mark.skipif(shutil.which(tool) is None, reason=f"`{tool}` not found ({pkg})")
       for tool, pkg in (("ovs-vsctl", "openvswitch-switch"), ("ovs-vswitchd", "openvswitch-switch"),

@@ -1,18 +1,43 @@
-"""Pick the host-side segment for an attachment mode, checking its capability first."""
+"""Pick the host-side segment for an attachment mode."""
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
 
+from testbed import capabilities
 from testbed.errors import CapabilityError
-from testbed.hostnet import bridge
+from testbed.hostnet import bridge, macvtap, ovs
 from testbed.model import Attachment
+
+SINGLE_HOST = (Attachment.BRIDGE, Attachment.OVS, Attachment.MACVTAP)
+
+
+def unavailable(attachment: Attachment) -> str | None:
+    """Why this host cannot run a mode (None: it can), found by trying."""
+    if attachment.needs_two_hosts:
+        return f"attachment {attachment.value} needs two hosts (not implemented yet)"
+    if attachment is Attachment.OVS:
+        ok, why = capabilities.ovs_running()
+        return None if ok else why
+    if attachment is Attachment.MACVTAP:
+        ok, why = capabilities.macvtap()
+        return None if ok else why
+    return None
+
+
+def supported_single_host() -> tuple[Attachment, ...]:
+    return tuple(a for a in SINGLE_HOST if unavailable(a) is None)
 
 
 @contextlib.contextmanager
 def segment(attachment: Attachment, run_tag: str, mtu: int) -> Iterator[object]:
     if attachment is Attachment.BRIDGE:
-        with bridge.segment(run_tag, mtu) as seg:
-            yield seg
-        return
-    raise CapabilityError(f"attachment {attachment.value} is not implemented yet")
+        cm = bridge.segment(run_tag, mtu)
+    elif attachment is Attachment.OVS:
+        cm = ovs.segment(run_tag, mtu)
+    elif attachment is Attachment.MACVTAP:
+        cm = macvtap.segment(run_tag, mtu)
+    else:
+        raise CapabilityError(f"attachment {attachment.value} is not implemented yet")
+    with cm as seg:
+        yield seg

@@ -1,0 +1,48 @@
+"""Nightly comparison on real measurements: the same path twice compares as unchanged; the
+same path throttled by a tbf qdisc on its tap compares as regressed, with exit status 1."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from testbed import environment, measure, proc, results, runner, stats
+from testbed.config import default
+from testbed.model import Attachment, Backend, Cell, Pattern, Profile, Repetitions
+
+CELL = Cell(Attachment.BRIDGE, Backend.QEMU, 1500, 1,
+            Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=4))
+REPS = Repetitions(warmup=0, min_samples=4, max_samples=4, rsd_target=0)
+
+
+def _run(gp, root, name, throttle_mbit=None):
+    env = environment.fingerprint(gp.accelerator)
+    with results.RunWriter(root, name, default(), env) as w:
+        with runner.mode(CELL.attachment, CELL.backend, gp.tag, gp.client, gp.server, "198.18.0.0/24",
+                         CELL.mtu) as path:
+            if throttle_mbit:
+                # Egress of the server's tap is what reaches the server guest.
+                proc.run(["tc", "qdisc", "add", "dev", path.server.tap, "root", "tbf", "rate",
+                          f"{throttle_mbit}mbit", "burst", "64kb", "latency", "50ms"])
+            samples = measure.measure_cell(CELL, path, w, stats.StoppingRule(REPS), 0, {}, {})
+    assert all(s.status == "ok" for s in samples), [s.reason for s in samples]
+    return root / name, [s.metrics["throughput_mbps"] for s in samples]
+
+
+def _compare(base, new):
+    return subprocess.run([sys.executable, "-m", "testbed.cli", "compare", str(base), str(new),
+                           "--threshold", "0.3"], capture_output=True, text=True, timeout=120)
+
+
+def test_same_path_unchanged_throttled_path_regressed(guest_pair, tmp_path):
+    base, b = _run(guest_pair, tmp_path, "base")
+    same, s = _run(guest_pair, tmp_path, "same")
+    slow, t = _run(guest_pair, tmp_path, "throttled", throttle_mbit=max(10, int(min(b) / 5)))
+    assert max(t) < 0.5 * min(b), (b, t)
+    p = _compare(base, same)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "unchanged" in p.stdout.lower()
+    p = _compare(base, slow)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "regressed" in p.stdout.lower()
