@@ -71,7 +71,48 @@ def matrix() -> dict:
             "failed": out.failed, "run_dir": str(out.run_dir)}
 
 
+def chain_table(ns: tuple[int, ...] = (1, 2, 4, 8), duration_s: int = 3) -> list[dict]:
+    """Study B: throughput through N chained OVS bridges joined by patch ports or by veth
+    pairs, two namespaces as source and sink. One netperf TCP_STREAM per point."""
+    import tempfile
+    from testbed.hostnet import netns
+    from testbed.model import Pattern, Profile
+    profile = Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=duration_s)
+    rows = []
+    run_id, tag = results.new_run_id()
+    with cleanup.owned_state(tag, run_id), tempfile.TemporaryDirectory(prefix="tb-chain-") as out:
+        for link in netns.ChainLink:
+            for n in ns:
+                with netns.ovs_chain(tag, n, link) as conn:
+                    t = netns.netperf(conn, profile, out_dir=out)
+                rows.append({"link": link.value, "bridges": n, "ok": t.result.ok,
+                             "throughput_mbps": t.result.metrics.get("throughput_mbps"),
+                             "reason": t.result.reason})
+    return rows
+
+
+def format_chain(rows: list[dict]) -> str:
+    ns = sorted({r["bridges"] for r in rows})
+    links = sorted({r["link"] for r in rows})
+    cell = {(r["link"], r["bridges"]): r for r in rows}
+    lines = ["bridges  " + "  ".join(f"{l + ' Mbit/s':>16}" for l in links)]
+    for n in ns:
+        vals = []
+        for l in links:
+            r = cell.get((l, n))
+            vals.append(f"{r['throughput_mbps']:16.0f}" if r and r["ok"] else f"{'failed':>16}")
+        lines.append(f"{n:>7}  " + "  ".join(vals))
+    return "\n".join(lines)
+
+
 def main(what: str, args: argparse.Namespace) -> int:
+    if what == "chain":
+        rows = chain_table()
+        print(format_chain(rows))
+        for r in rows:
+            if not r["ok"]:
+                print(f"{r['link']} x{r['bridges']}: {r['reason']}")
+        return 0 if all(r["ok"] for r in rows) else 1
     if what == "matrix":
         r = matrix()
         print(f"cells                {r['cells']} over {', '.join(r['modes'])}")

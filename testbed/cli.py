@@ -119,7 +119,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--uri", default="qemu:///system")
     c.set_defaults(func=cmd_cleanup)
     b = sub.add_parser("bench", help="benchmarks that print figures")
-    b.add_argument("what", choices=("boot", "matrix"))
+    b.add_argument("what", choices=("boot", "matrix", "chain"))
     b.add_argument("--rounds", type=int, default=1)
     b.set_defaults(func=cmd_bench)
     from testbed import cli_results

@@ -115,3 +115,23 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     elif reporter:
         reporter.write_sep("-", "host networking snapshot: identical before and after the session")
+
+
+@pytest.fixture(scope="module")
+def netns_pair() -> Iterator[tuple[str, str, str]]:
+    """(client namespace, server namespace, server address): two tb- namespaces joined by
+    one veth pair, for running real tools without VMs."""
+    require_root()
+    from testbed import cleanup, results
+    from testbed.errors import TestbedError
+    from testbed.hostnet import netns
+    run_id, tag = results.new_run_id()
+    with contextlib.ExitStack() as stack:
+        # Registered like a run, so a concurrent `testbed cleanup` leaves it alone.
+        stack.enter_context(cleanup.owned_state(tag, run_id))
+        try:
+            conn = stack.enter_context(netns.veth_pair(tag, subnet="198.18.250.0/30"))
+        except TestbedError as e:
+            pytest.skip(f"cannot create a namespace pair: {e}")
+        yield conn.a.netns, conn.b.netns, conn.b.address
+

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 from pathlib import Path
 
 import pytest
 
 from testbed import proc
+from testbed.hostnet.netns import wait_listening
 from testbed.model import Pattern, Profile, Protocol, Tool
 from testbed.tools import ToolResult, UnsupportedProfile, get_tool
 from testbed.tools.netperf import SELECTORS
@@ -286,45 +286,8 @@ def test_aggregate_names_the_failed_instance() -> None:
     assert result.reason == "instance 2 of 3 failed: netperf exited 1: boom" and not result.metrics
 
 
-# -- the real netperf between two namespaces ----------------------------------------------
-
-@pytest.fixture(scope="module")
-def netns_pair():
-    """(client namespace, server namespace, server address): two tb- namespaces and a veth."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create network namespaces")
-    tag = f"tb-t{os.getpid()}"
-    client, server = f"{tag}a", f"{tag}b"
-    made: list[str] = []
-    try:
-        for ns in (client, server):
-            r = proc.run(["ip", "netns", "add", ns], check=False)
-            if r.rc != 0:
-                pytest.skip(f"`ip netns add` failed: {r.stderr.strip()}")
-            made.append(ns)
-        proc.run(["ip", "link", "add", f"{client}0", "type", "veth", "peer", "name", f"{server}0"])
-        for ns, addr in ((client, "198.18.250.1/30"), (server, "198.18.250.2/30")):
-            proc.run(["ip", "link", "set", f"{ns}0", "netns", ns])
-            proc.run(["ip", "addr", "add", addr, "dev", f"{ns}0"], netns=ns)
-            proc.run(["ip", "link", "set", f"{ns}0", "up"], netns=ns)
-            proc.run(["ip", "link", "set", "lo", "up"], netns=ns)
-        yield client, server, "198.18.250.2"
-    finally:
-        for ns in made:
-            proc.run(["ip", "netns", "del", ns], check=False)
-        proc.run(["ip", "link", "del", f"{client}0"], check=False)   # if it never moved
-
-
-def wait_listening(netns: str, port: int, server: proc.Background, deadline_s: float = 10.0) -> None:
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        if server.popen.poll() is not None:
-            pytest.fail(f"{server.argv} exited {server.popen.returncode}: {server.stderr()}")
-        if proc.run(["ss", "-Hltn", f"sport = :{port}"], netns=netns).stdout.strip():
-            return
-        time.sleep(0.1)
-    pytest.fail(f"{server.argv} not listening on port {port} after {deadline_s:.0f} s")
-
+# -- the real netperf between two namespaces --------------------------------------------
+# netns_pair comes from testbed.pytest_plugin.
 
 @pytest.mark.netns
 @pytest.mark.parametrize("protocol,pattern,extra", [

@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import pytest
 
 from testbed import environment, measure, proc, results, runner, stats
 from testbed.config import default

@@ -7,7 +7,7 @@ import pytest
 
 from testbed import capabilities, measure, results, runner, stats
 from testbed.config import default
-from testbed.model import Attachment, Backend, Cell, Pattern, Profile, Repetitions
+from testbed.model import Backend, Cell, Pattern, Profile, Repetitions
 
 PROFILES = [Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=5),
             Profile("tcp_rr", pattern=Pattern.RR, message_size=1, response_size=1, duration_s=5)]

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 from testbed import capabilities
 from testbed.errors import CapabilityError
-from testbed.hostnet import bridge, macvtap, ovs
+from testbed.hostnet import bridge, macvtap, ovs, ovsd
 from testbed.model import Attachment
 
 SINGLE_HOST = (Attachment.BRIDGE, Attachment.OVS, Attachment.MACVTAP)
@@ -18,7 +18,14 @@ def unavailable(attachment: Attachment) -> str | None:
         return f"attachment {attachment.value} needs two hosts (not implemented yet)"
     if attachment is Attachment.OVS:
         ok, why = capabilities.ovs_running()
-        return None if ok else why
+        if not ok:
+            return why
+        # A userspace switch started without userspace TSO drops guests' TCP: refuse up front.
+        try:
+            ovs.require_userspace_tso(ovsd.Ovs(db=ovsd.default_db(), rundir=str(ovsd.RUNDIR)))
+        except CapabilityError as e:
+            return str(e)
+        return None
     if attachment is Attachment.MACVTAP:
         ok, why = capabilities.macvtap()
         return None if ok else why

@@ -240,7 +240,7 @@ def _main_txn(raw: dict[str, list[tuple[float, int, int]]], summary: dict[str, r
     if txns:
         main = max(txns, key=lambda n: (txns[n][-1][2], txns[n][-1][1]))
         samples = txns[main]
-        (t0, b0, o0), (t1, b1, o1) = samples[0], samples[-1]
+        (t0, b0, _), (t1, b1, _) = samples[0], samples[-1]
         if t1 > t0:
             metrics["duration_s"] = (t1 - t0) / 1e3
             metrics["throughput_mbps"] = (b1 - b0) * 8 / metrics["duration_s"] / 1e6
