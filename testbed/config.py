@@ -243,13 +243,18 @@ def parse(text: str, file: str = "<string>", base: Path | None = None) -> Topolo
     base = base or Path(file).resolve().parent
     m = doc.mapping({"name", "accelerator", "subnet", "hosts", "guests", "client", "server", "matrix",
                      "ready_timeout"},
-                    required=("guests", "matrix"))
+                    required=("matrix",))
     host_nodes = m["hosts"].seq(1) if "hosts" in m else []
     hosts = tuple(_host(h) for h in host_nodes) or (HostSpec(name="local"),)
     _unique(host_nodes, [h.name for h in hosts], "host")
     host_map = {h.name: h for h in hosts}
-    guest_nodes = m["guests"].seq(2)
-    guests = tuple(_guest(g, host_map, base) for g in guest_nodes)
+    matrix = _matrix(m["matrix"])
+    vm_modes = any(not a.is_netns for a in matrix.attachments)
+    if "guests" not in m and vm_modes:
+        raise doc.error("missing required key 'guests' (only netns-* attachments run without guests)")
+    guest_nodes = m["guests"].seq(2) if "guests" in m else []
+    guests = tuple(_guest(g, host_map, base) for g in guest_nodes) or (
+        GuestSpec("ns-a", hosts[0].name), GuestSpec("ns-b", hosts[0].name))
     _unique(guest_nodes, [g.name for g in guests], "guest")
     names = [g.name for g in guests]
     client = m["client"].str(NAME_RE, "guest name") if "client" in m else names[0]
@@ -269,7 +274,6 @@ def parse(text: str, file: str = "<string>", base: Path | None = None) -> Topolo
         if not net.subnet_of(BENCHMARK_NET):  # type: ignore[arg-type]
             raise m["subnet"].error(f"{raw} is outside 198.18.0.0/15, the range set aside for benchmarking")
         subnet = str(net)
-    matrix = _matrix(m["matrix"])
     for i, a in enumerate(matrix.attachments):
         if a.needs_two_hosts and len({g.host for g in guests if g.name in (client, server)}) < 2:
             node = m["matrix"].mapping({"attachments", "backends", "mtus", "connections", "profiles",

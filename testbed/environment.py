@@ -39,14 +39,16 @@ def git_commit() -> str | None:
         return None
 
 
-def fingerprint(accel: Accelerator, *, image: Any = None, extra: dict | None = None) -> dict:
+def fingerprint(accel: Accelerator | None, *, image: Any = None, extra: dict | None = None) -> dict:
+    """None for accel: a run of namespace endpoints only, where no guest runs."""
     model, mhz = cpu_model()
     return {
         "host": socket.gethostname(),
         "kernel": platform.release(),
-        "accelerator": accel.value,
+        "accelerator": accel.value if accel else "none",
         # TCG figures are functional checks: they must never be compared with KVM ones.
-        "comparable_class": "kvm" if accel is Accelerator.KVM else "tcg-functional-only",
+        "comparable_class": {Accelerator.KVM: "kvm", Accelerator.TCG: "tcg-functional-only",
+                             None: "host-namespaces"}[accel],
         "cpu_model": model,
         "cpu_mhz": mhz,
         "cpus": os.cpu_count(),

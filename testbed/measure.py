@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from testbed import cpu, results, stats
 from testbed.errors import CommandError, GuestError, TestbedError
@@ -18,6 +18,7 @@ from testbed.guest import Agent
 from testbed.model import Cell, Pattern, Profile, Tool
 from testbed.tools import get_tool
 from testbed.tools.base import ToolDriver, ToolResult
+from testbed.nsagent import NsHost
 from testbed.virt import Guest
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,7 @@ SAMPLE_MARGIN_S = 60      # beyond the tool's own duration, before a client coun
 
 @dataclass(frozen=True)
 class Endpoint:
-    guest: Guest
+    guest: Guest | NsHost
     ifname: str               # NIC under test inside the guest
     address: str              # without prefix
     tap: str                  # host-side device of that NIC
@@ -39,8 +40,13 @@ class TestPath:
     server: Endpoint
     set_host_mtu: Callable[[int], None]
     #: A tap counts what the guest sends as rx (QEMU writes into it); a macvtap counts it
-    #: as tx (it transmits towards its lower device).
+    #: as tx (it transmits towards its lower device), and so does a namespace's own device.
     guest_sends_as_rx: bool = True
+    #: (rx_bytes, tx_bytes) of an endpoint's device; default: the host-side tap in the root namespace
+    read_counters: Callable[[Endpoint], tuple[int, int]] = field(default=lambda ep: links.counters(ep.tap))
+
+    def counters(self) -> dict[str, tuple[int, int]]:
+        return {ep.tap: self.read_counters(ep) for ep in (self.client, self.server)}
 
 
 def primary_metric(p: Profile) -> str:
@@ -69,7 +75,7 @@ def check_mtu(path: TestPath, mtu: int) -> str | None:
     return None
 
 
-def _wait_listening(g: Guest, port: int, timeout: float = 30) -> None:
+def _wait_listening(g: Guest | NsHost, port: int, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while True:
         res = g.agent.run(["/usr/bin/ss", "-Hltn", f"sport = :{port}"], check=False, timeout=10)
@@ -121,7 +127,7 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
         argv, nproc = client_plan(driver, cell, srv.address, port, cli.guest.agent)
         g_before = {ep.guest.spec.name: cpu.parse_proc_stat(ep.guest.agent.read_file("/proc/stat"))
                     for ep in (cli, srv)}
-        taps_before = {ep.tap: links.counters(ep.tap) for ep in (cli, srv)}
+        taps_before = path.counters()
         h_before = cpu.host_reading(qemu_pids)
         t0 = time.monotonic()
         pids = [cli.guest.agent.spawn(argv) for _ in range(nproc)]
@@ -137,7 +143,7 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
                 return failed(f"client {'timed out' if e.timed_out else 'failed'}: {e}")
         window = time.monotonic() - t0
         h_after = cpu.host_reading(qemu_pids)
-        taps_after = {ep.tap: links.counters(ep.tap) for ep in (cli, srv)}
+        taps_after = path.counters()
         g_after = {ep.guest.spec.name: cpu.parse_proc_stat(ep.guest.agent.read_file("/proc/stat"))
                    for ep in (cli, srv)}
     except (CommandError, GuestError) as e:

@@ -20,6 +20,20 @@ class Attachment(StrEnum):
     MACVTAP = "macvtap"
     OVS_VXLAN = "ovs-vxlan"
     BRIDGE_VXLAN = "bridge-vxlan"
+    # Namespace endpoints instead of guests, for the classic connection experiments.
+    NETNS_VETH = "netns-veth"
+    NETNS_BRIDGE = "netns-bridge"
+    NETNS_OVS = "netns-ovs-veth"
+    NETNS_OVS_INTERNAL = "netns-ovs-internal"
+
+    @property
+    def is_netns(self) -> bool:
+        return self.value.startswith("netns-")
+
+    @property
+    def netns_kind(self) -> str:
+        """The testbed.hostnet.netns connection kind."""
+        return self.value.removeprefix("netns-")
 
     @property
     def needs_two_hosts(self) -> bool:

@@ -104,10 +104,9 @@ class Background:
             self.popen.wait(timeout=grace)
 
 
-@contextlib.contextmanager
-def background(argv: Sequence[str], *, out_dir: str, name: str, netns: str | None = None,
-               env: Mapping[str, str] | None = None) -> Iterator[Background]:
-    """Start a process for the duration of a ``with`` block; it is always stopped on exit."""
+def start(argv: Sequence[str], *, out_dir: str, name: str, netns: str | None = None,
+          env: Mapping[str, str] | None = None) -> Background:
+    """Start a long-running process; the caller must `stop()` it (see `background`)."""
     full = in_netns(netns, [str(a) for a in argv])
     os.makedirs(out_dir, exist_ok=True)
     out_path, err_path = os.path.join(out_dir, f"{name}.out"), os.path.join(out_dir, f"{name}.err")
@@ -119,7 +118,14 @@ def background(argv: Sequence[str], *, out_dir: str, name: str, netns: str | Non
                                      env={**os.environ, **env} if env else None)
         except FileNotFoundError as e:
             raise CommandError(full, 127, f"{e.filename}: not found") from None
-    bg = Background(tuple(full), popen, out_path, err_path)
+    return Background(tuple(full), popen, out_path, err_path)
+
+
+@contextlib.contextmanager
+def background(argv: Sequence[str], *, out_dir: str, name: str, netns: str | None = None,
+               env: Mapping[str, str] | None = None) -> Iterator[Background]:
+    """Start a process for the duration of a ``with`` block; it is always stopped on exit."""
+    bg = start(argv, out_dir=out_dir, name=name, netns=netns, env=env)
     try:
         yield bg
     finally:

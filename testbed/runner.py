@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from testbed import capabilities, cleanup, cpu, environment, images, measure, paths, render, results, stats, virt
+from testbed import capabilities, cleanup, cpu, environment, images, measure, paths, proc, render, results, stats, virt
 from testbed.errors import CapabilityError, GuestError, ReadinessError, TestbedError
 from testbed.hostnet import attach, links
 from testbed.model import Attachment, Backend, Cell, Topology
@@ -27,8 +27,10 @@ log = logging.getLogger(__name__)
 
 def plan(t: Topology) -> list[Cell]:
     m = t.matrix
+    # Namespaces have no virtio backend: their cells are planned once, labelled qemu.
     cells = [Cell(a, b, mtu, c, p) for a, b, mtu, c, p in
-             itertools.product(m.attachments, m.backends, m.mtus, m.connections, m.profiles)]
+             itertools.product(m.attachments, m.backends, m.mtus, m.connections, m.profiles)
+             if not (a.is_netns and b is not m.backends[0])]
     if m.randomize:
         # Randomise within each (attachment, backend) group: order effects are averaged out
         # without re-plugging NICs for every cell.
@@ -39,7 +41,7 @@ def plan(t: Topology) -> list[Cell]:
 
 def preflight(t: Topology) -> None:
     """Refuse a matrix this host cannot run, before anything is created."""
-    if Backend.VHOST in t.matrix.backends:
+    if Backend.VHOST in t.matrix.backends and any(not a.is_netns for a in t.matrix.attachments):
         capabilities.require(capabilities.vhost_net(), "backend vhost")
     for p in t.matrix.profiles:
         why = get_tool(p.tool).unsupported_reason(p)
@@ -74,31 +76,34 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
         host = t.hosts[0]
         cleanup.refuse_if_leftovers(host.uri)
         state = stack.enter_context(cleanup.owned_state(tag, run_id))
-        recipe_image = images.ensure()
-        accel = capabilities.choose_accelerator(t.accelerator, recipe_image.kernel)  # type: ignore[arg-type]
+        needs_vms = any(not c.attachment.is_netns for c in cells)
+        recipe_image = images.ensure() if needs_vms else None
+        accel = capabilities.choose_accelerator(t.accelerator, recipe_image.kernel) if recipe_image else None  # type: ignore[arg-type]
         env = environment.fingerprint(accel, image=recipe_image)
         writer = stack.enter_context(results.RunWriter(paths.results_dir(), run_id, t, env))
-        progress(f"run {run_id}: {len(cells)} cells, accelerator {accel.value}")
+        progress(f"run {run_id}: {len(cells)} cells, accelerator {accel.value if accel else 'none (namespaces)'}")
         stack.callback(_keep_logs, state, writer.dir / "guests")
-        conn = stack.enter_context(virt.connect(host.uri))
         guests: dict[str, virt.Guest] = {}
-        for spec in (t.guest(t.client), t.guest(t.server)):
-            img = images.user_image(spec.image) if spec.image else recipe_image
-            guests[spec.name] = stack.enter_context(
-                virt.guest(conn, spec, img, accel, run_id, tag, state))
-            writer.count("boots")
+        if needs_vms:
+            conn = stack.enter_context(virt.connect(host.uri))
+            for spec in (t.guest(t.client), t.guest(t.server)):
+                img = images.user_image(spec.image) if spec.image else recipe_image
+                guests[spec.name] = stack.enter_context(
+                    virt.guest(conn, spec, img, accel, run_id, tag, state))  # type: ignore[arg-type]
+                writer.count("boots")
         placement = {g.spec.name: g.spec.host for g in guests.values()}
         try:
             for g in guests.values():
                 g.wait_ready(t.ready_timeout_s)
                 progress(f"guest {g.name} ready in {g.ready_s:.1f} s")
         except (ReadinessError, GuestError) as e:
-            # No cell can run without its guests: every cell is recorded as failed with
-            # the reason (and the console tail), so the run says what happened.
+            # No VM cell can run without its guests: each is recorded as failed with the
+            # reason (and the console tail), so the run says what happened.
             progress(f"guests not ready: {e}")
             for cell in cells:
-                measure.fail_cell(cell, writer, f"guest not ready: {e}", placement)
-            cells = []
+                if not cell.attachment.is_netns:
+                    measure.fail_cell(cell, writer, f"guest not ready: {e}", placement)
+            cells = [c for c in cells if c.attachment.is_netns]
         writer.update(guests={g.spec.name: {"domain": g.name, "host": g.spec.host, "ready_s": g.ready_s}
                               for g in guests.values()})
         pids = {name: virt.qemu_pid(g) for name, g in guests.items()}
@@ -116,8 +121,11 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
         for (attachment, backend), group in itertools.groupby(cells, key=lambda c: (c.attachment, c.backend)):
             group = list(group)
             try:
-                with mode(attachment, backend, tag, guests[t.client], guests[t.server], t.subnet,
-                          max(t.matrix.mtus)) as path:
+                cm = (netns_mode(attachment, tag, t.subnet, max(t.matrix.mtus), str(state / "netns"))
+                      if attachment.is_netns else
+                      mode(attachment, backend, tag, guests[t.client], guests[t.server], t.subnet,
+                           max(t.matrix.mtus)))
+                with cm as path:
                     for cell in group:
                         eta = ((time.monotonic() - started) / done * (len(cells) - done)) if done else None
                         progress(f"[{done + 1}/{len(cells)}] {cell.id}"
@@ -166,6 +174,35 @@ def mode(attachment: Attachment, backend: Backend, tag: str, client: virt.Guest,
         taps = [e.tap for e in eps]
         yield measure.TestPath(eps[0], eps[1], lambda mtu: seg.set_mtu(mtu, taps),
                                guest_sends_as_rx=attachment is not Attachment.MACVTAP)
+
+
+@contextlib.contextmanager
+def netns_mode(attachment: Attachment, tag: str, subnet: str, max_mtu: int,
+               out_dir: str) -> Iterator[measure.TestPath]:
+    """Two namespaces joined the classic way, measured with the same tools and records as guests."""
+    from testbed import nsagent
+    from testbed.hostnet import netns
+    net = ipaddress.ip_network(subnet)
+    with netns.connect(attachment.netns_kind, tag, subnet=str(net), mtu=max_mtu) as conn, \
+            nsagent.hosts(conn.a.netns, conn.b.netns, out_dir) as (ha, hb):
+        eps = [measure.Endpoint(h, e.ifname, e.address, e.ifname) for h, e in ((ha, conn.a), (hb, conn.b))]
+
+        def set_mtu(mtu: int) -> None:
+            # The hops between the endpoints; the endpoints' own devices are set by measure.
+            for h in conn.hops:
+                if h.ifname not in (conn.a.ifname, conn.b.ifname):
+                    proc.run(["ip", "link", "set", "dev", h.ifname, "mtu", str(mtu)], netns=h.netns)
+            for br in conn.bridges:
+                if links.exists(br):
+                    links.set_mtu(br, mtu)
+
+        def read(ep: measure.Endpoint) -> tuple[int, int]:
+            ns = ep.guest.agent.netns  # type: ignore[union-attr]
+            out = proc.run(["cat", f"/sys/class/net/{ep.ifname}/statistics/rx_bytes",
+                            f"/sys/class/net/{ep.ifname}/statistics/tx_bytes"], netns=ns).stdout.split()
+            return int(out[0]), int(out[1])
+
+        yield measure.TestPath(eps[0], eps[1], set_mtu, guest_sends_as_rx=False, read_counters=read)
 
 
 def _samples_of(writer: results.RunWriter) -> list[dict]:

@@ -14,6 +14,10 @@ SINGLE_HOST = (Attachment.BRIDGE, Attachment.OVS, Attachment.MACVTAP)
 
 def unavailable(attachment: Attachment) -> str | None:
     """Why this host cannot run a mode (None: it can), found by trying."""
+    if attachment.is_netns:
+        if attachment in (Attachment.NETNS_OVS, Attachment.NETNS_OVS_INTERNAL):
+            return unavailable(Attachment.OVS)
+        return None
     if attachment.needs_two_hosts:
         return f"attachment {attachment.value} needs two hosts (not implemented yet)"
     if attachment is Attachment.OVS:

@@ -1,0 +1,77 @@
+"""Namespace endpoints through the same runner, tools, statistics and results format as
+guests: `testbed run` on a topology with netns-* attachments and no guests."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from testbed import cleanup
+from testbed.hostnet import attach
+from testbed.model import Attachment
+
+pytestmark = [pytest.mark.netns, pytest.mark.attach("netns")]
+
+TOPOLOGY = """\
+name: netns-pair
+matrix:
+  attachments: [ATTACHMENTS]
+  mtus: [1500, 9000]
+  connections: [2]
+  profiles:
+    - {name: tcp_stream, pattern: stream, message_size: 16384, duration: 2}
+    - {name: tcp_rr, pattern: rr, message_size: 1, response_size: 1, duration: 2}
+  repetitions: {warmup: 1, min: 2, max: 2, rsd_target: 0.1}
+"""
+
+
+def test_netns_run_fills_every_field(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root: creates namespaces")
+    for tool in ("netperf", "netserver", "ping"):
+        if not shutil.which(tool):
+            pytest.skip(f"{tool} missing")
+    modes = [a for a in (Attachment.NETNS_VETH, Attachment.NETNS_BRIDGE, Attachment.NETNS_OVS,
+                         Attachment.NETNS_OVS_INTERNAL) if attach.unavailable(a) is None]
+    topo = tmp_path / "netns.yaml"
+    topo.write_text(TOPOLOGY.replace("ATTACHMENTS", ", ".join(m.value for m in modes)))
+    p = subprocess.run([sys.executable, "-m", "testbed.cli", "run", str(topo)], capture_output=True,
+                       text=True, timeout=900, env={**os.environ, "TESTBED_RESULTS": str(tmp_path / "res")})
+    assert p.returncode == 0, p.stderr[-3000:]
+    run_dir = tmp_path / "res" / p.stdout.strip().splitlines()[-1].rsplit("/", 1)[1]
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["status"] == "complete" and run["counts"]["boots"] == 0
+    assert run["environment"]["accelerator"] == "none"
+    assert run["collector"]["fraction_of_one_core_per_10s_window"] < 0.01
+    assert len(run["cells"]) == len(modes) * 4
+    for c in run["cells"]:
+        key = "throughput_mbps" if c["profile"] == "tcp_stream" else "transactions_per_s"
+        s = c["summary"][key]
+        assert s["n"] >= 2 and s["mean"] > 0 and s["ci95"][0] <= s["mean"] <= s["ci95"][1]
+        assert c["converged"] in (True, False)
+    samples = [json.loads(l) for l in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert any(s["warmup"] for s in samples)
+    for s in samples:
+        assert s["status"] == "ok", s["reason"]
+        m = s["metrics"]
+        assert m["host_cores"] > 0 and m["latency_p99_us"] >= m["latency_p50_us"]
+        if s["cell"]["profile"] == "tcp_stream":
+            assert m["host_gbit_per_core"] > 0 and m["host_gbit_per_ghz"] > 0
+            dev = s["extra"]["device_mbps"]
+            # The receiving endpoint's device counted what netperf reported, within a few
+            # percent (its window is slightly longer than netperf's). The sender's counts
+            # retransmissions too, so it can read higher through lossy paths.
+            received = max(d["to_guest"] for d in dev.values())
+            assert 0.8 * m["throughput_mbps"] < received < 1.1 * m["throughput_mbps"], dev
+        else:
+            assert m["host_cpu_us_per_txn"] > 0
+        host = s["cpu"]["host"]
+        assert 0 < host["busy"] <= os.cpu_count() + 0.05
+        assert host["softirq"] >= 0
+    tag = run_dir.name.rsplit("-", 1)[1]
+    found = cleanup.find(include_live=True)
+    assert [n for g in found.__dict__.values() for n in g if n.startswith(f"tb-{tag}")] == []
