@@ -154,7 +154,27 @@ def remove(found: Leftovers, uri: str = "qemu:///system") -> None:
         with contextlib.suppress(CommandError):
             proc.run(["ip", "netns", "delete", ns], timeout=20)
     for s in found.state:
+        _mark_killed(paths.state_dir() / s)
         shutil.rmtree(paths.state_dir() / s, ignore_errors=True)
+
+
+def _mark_killed(state: Path) -> None:
+    """A run whose process died without finishing still says `running`; say what happened.
+    Only the status and end are set: its samples are kept as they are."""
+    from testbed import results
+    try:
+        run_id = json.loads((state / "owner.json").read_text())["run_id"]
+    except (OSError, ValueError, KeyError):
+        return
+    run_json = paths.results_dir() / run_id / "run.json"
+    try:
+        record = json.loads(run_json.read_text())
+    except (OSError, ValueError):
+        return
+    if record.get("status") == "running":
+        record.update(status="interrupted", ended=None,
+                      notes=[*record.get("notes", []), "the run's process died; marked by testbed cleanup"])
+        results.atomic_write(run_json, json.dumps(record, indent=2, sort_keys=True, default=str))
 
 
 def lock_path() -> Path:

@@ -132,6 +132,9 @@ def _host(n: Node) -> HostSpec:
     m = n.mapping({"name", "uri", "transport", "ssh"}, required=("name",))
     name = m["name"].str(NAME_RE, "host name")
     uri = m["uri"].str(URI_RE, "libvirt URI") if "uri" in m else "qemu:///system"
+    if "no_verify" in uri:
+        # ssh transports must check the remote host key; libvirt's no_verify turns that off.
+        raise m["uri"].error("no_verify is not allowed: remote SSH host keys must be checked")
     transport = m["transport"].str(re.compile(r"^(local|ssh)$"), "transport (local|ssh)") \
         if "transport" in m else ("ssh" if "+ssh" in uri else "local")
     ssh = m["ssh"].str(re.compile(r"^[A-Za-z0-9._-]+@[A-Za-z0-9._-]+$"), "ssh target user@host") \

@@ -21,7 +21,7 @@ name: netns-pair
 matrix:
   attachments: [ATTACHMENTS]
   mtus: [1500, 9000]
-  connections: [2]
+  connections: [1]
   profiles:
     - {name: tcp_stream, pattern: stream, message_size: 16384, duration: 2}
     - {name: tcp_rr, pattern: rr, message_size: 1, response_size: 1, duration: 2}

@@ -74,6 +74,8 @@ BAD = {
                 "hosts[0].uri", "invalid libvirt URI"),
     "uri_injection": ("hosts: [{name: h1, uri: \"qemu:///system'><x\"}]\nguests: [{name: g1}, {name: g2}]\nmatrix: {profiles: [{name: a}]}\n",
                       "hosts[0].uri", "invalid libvirt URI"),
+    "ssh_host_key_not_checked": ("hosts: [{name: h1, uri: \"qemu+ssh://root@h1/system?no_verify=1\"}]\nguests: [{name: g1}, {name: g2}]\nmatrix: {profiles: [{name: a}]}\n",
+                                 "hosts[0].uri", "host keys must be checked"),
     "subnet_outside_benchmark_range": ("subnet: 10.0.0.0/24\nguests: [{name: g1}, {name: g2}]\nmatrix: {profiles: [{name: a}]}\n",
                                        "subnet", "outside 198.18.0.0/15"),
     "netperf_bidirectional": ("guests: [{name: g1}, {name: g2}]\nmatrix: {profiles: [{name: a, pattern: bidirectional}]}\n",

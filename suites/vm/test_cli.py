@@ -131,7 +131,7 @@ def test_sigkill_leftovers_block_new_runs_until_cleanup(accelerator, tmp_path):
     tag = _tag(run_dir)
     left = _objects_of(tag)
     assert any(n.startswith(f"tb-{tag}-g") for n in left), left   # its domains survived
-    # Completed samples stay readable; the record still says running (it never finished).
+    # The record still says running: nothing was left to say otherwise.
     assert json.loads((run_dir / "run.json").read_text())["status"] == "running"
     refused = _cli(tmp_path / "again", "run", timeout=120)
     assert refused.returncode == 4, refused.stderr
@@ -139,4 +139,7 @@ def test_sigkill_leftovers_block_new_runs_until_cleanup(accelerator, tmp_path):
     clean = _cli(tmp_path, "cleanup", timeout=300)
     assert clean.returncode == 0, clean.stdout + clean.stderr
     assert _objects_of(tag) == []
+    # cleanup also says in the record what happened to the run; its samples stay readable.
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "interrupted" and "died" in record["notes"][-1]
     _unchanged(before)
