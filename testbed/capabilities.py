@@ -86,23 +86,22 @@ def probe_boot(kernel: Path, accel: Accelerator, timeout: float = PROBE_TIMEOUT_
     return ProbeBoot(accel, False, took, f"qemu exited {res.rc} without the marker: {tail}"[:300])
 
 
-def vhost_net() -> tuple[bool, str]:
-    """Does /dev/vhost-net open? Only opening it proves vhost-net can be used."""
+def _opens(path: str) -> tuple[bool, str]:
+    """Does a device node open read-write? Only opening it proves it can be used."""
     try:
-        fd = os.open("/dev/vhost-net", os.O_RDWR)
+        fd = os.open(path, os.O_RDWR)
     except OSError as e:
-        return False, f"/dev/vhost-net: {os.strerror(e.errno or errno.ENOENT)}"
+        return False, f"{path}: {os.strerror(e.errno or errno.ENOENT)}"
     os.close(fd)
     return True, ""
+
+
+def vhost_net() -> tuple[bool, str]:
+    return _opens("/dev/vhost-net")
 
 
 def kvm_device() -> tuple[bool, str]:
-    try:
-        fd = os.open("/dev/kvm", os.O_RDWR)
-    except OSError as e:
-        return False, f"/dev/kvm: {os.strerror(e.errno or errno.ENOENT)}"
-    os.close(fd)
-    return True, ""
+    return _opens("/dev/kvm")
 
 
 def _try_link(kind: str, extra: list[str]) -> tuple[bool, str]:
