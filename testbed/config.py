@@ -17,8 +17,8 @@ from typing import Any
 import yaml
 
 from testbed.errors import ConfigError
-from testbed.model import (NAME_RE, Attachment, Backend, GuestSpec, HostSpec, Matrix, Pattern,
-                           Profile, Protocol, Repetitions, Tool, Topology)
+from testbed.model import (NAME_RE, Attachment, Backend, GuestSpec, HostSpec, MacvtapMode, MacvtapSpec,
+                           Matrix, Pattern, Profile, Protocol, Repetitions, Tool, Topology)
 
 BENCHMARK_NET = ipaddress.ip_network("198.18.0.0/15")
 # libvirt URIs: driver[+transport]://[user@][host][:port]/path[?query]; no quotes,
@@ -28,6 +28,11 @@ URI_RE = re.compile(r"^[a-z][a-z0-9]*(\+[a-z]+)?://([A-Za-z0-9._-]+@)?[A-Za-z0-9
 PROFILE_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,23}$")
 MTU_MIN, MTU_MAX = 68, 65535
 MAX_CONNECTIONS = 1024
+MAX_QUEUES = 256            # virtio-net's limit on queue pairs
+# A Linux interface name: at most 15 bytes, no '/', whitespace or ':' (alias syntax).
+IFNAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
+MATRIX_KEYS = {"attachments", "backends", "queues", "mtus", "connections", "profiles", "repetitions",
+               "randomize", "seed"}
 
 
 class Node:
@@ -212,8 +217,7 @@ def _repetitions(n: Node) -> Repetitions:
 
 
 def _matrix(n: Node) -> Matrix:
-    m = n.mapping({"attachments", "backends", "mtus", "connections", "profiles", "repetitions",
-                   "randomize", "seed"}, required=("profiles",))
+    m = n.mapping(MATRIX_KEYS, required=("profiles",))
     profiles_nodes = m["profiles"].seq(1)
     profiles = tuple(_profile(p) for p in profiles_nodes)
     _unique(profiles_nodes, [p.name for p in profiles], "profile")
@@ -229,7 +233,25 @@ def _matrix(n: Node) -> Matrix:
         repetitions=_repetitions(m["repetitions"]) if "repetitions" in m else Repetitions(),
         randomize=m["randomize"].bool() if "randomize" in m else False,
         seed=m["seed"].int(0, 2**31, "seed") if "seed" in m else 0,
+        queues=tuple(x.int(1, MAX_QUEUES, "queues") for x in m["queues"].seq(1)) if "queues" in m else (1,),
     )
+
+
+def _macvtap(n: Node) -> MacvtapSpec:
+    m = n.mapping({"mode", "lower"})
+    mode = m["mode"].enum(MacvtapMode) if "mode" in m else MacvtapMode.BRIDGE
+    lower: tuple[str, ...] = ()
+    if "lower" in m:
+        items = m["lower"].seq(1) if isinstance(m["lower"].node, yaml.SequenceNode) else [m["lower"]]
+        lower = tuple(i.str(IFNAME_RE, "interface name") for i in items)
+        want = 2 if mode is MacvtapMode.PASSTHROUGH else 1
+        if len(lower) != want:
+            raise m["lower"].error(f"mode {mode.value} needs {want} lower device(s)"
+                                   + (" (passthrough gives each guest a whole device)" if want == 2 else "")
+                                   + f", got {len(lower)}")
+        if len(set(lower)) != len(lower):
+            raise m["lower"].error("the two passthrough lower devices must differ")
+    return MacvtapSpec(mode=mode, lower=lower)
 
 
 def parse(text: str, file: str = "<string>", base: Path | None = None) -> Topology:
@@ -245,7 +267,7 @@ def parse(text: str, file: str = "<string>", base: Path | None = None) -> Topolo
     doc = Node(file, root, "")
     base = base or Path(file).resolve().parent
     m = doc.mapping({"name", "accelerator", "subnet", "hosts", "guests", "client", "server", "matrix",
-                     "ready_timeout"},
+                     "ready_timeout", "macvtap"},
                     required=("matrix",))
     host_nodes = m["hosts"].seq(1) if "hosts" in m else []
     hosts = tuple(_host(h) for h in host_nodes) or (HostSpec(name="local"),)
@@ -279,16 +301,16 @@ def parse(text: str, file: str = "<string>", base: Path | None = None) -> Topolo
         subnet = str(net)
     for i, a in enumerate(matrix.attachments):
         if a.needs_two_hosts and len({g.host for g in guests if g.name in (client, server)}) < 2:
-            node = m["matrix"].mapping({"attachments", "backends", "mtus", "connections", "profiles",
-                                        "repetitions", "randomize", "seed"})["attachments"].seq()[i]
+            node = m["matrix"].mapping(MATRIX_KEYS)["attachments"].seq()[i]
             raise node.error(f"attachment {a.value} needs the client and server on two different hosts")
     name = m["name"].str(re.compile(r"^[A-Za-z0-9._-]{1,64}$"), "topology name") if "name" in m \
         else Path(file).stem
     accel = m["accelerator"].str(re.compile(r"^(auto|kvm|tcg)$"), "accelerator (auto|kvm|tcg)") \
         if "accelerator" in m else "auto"
     ready = m["ready_timeout"].int(5, 7200, "ready_timeout") if "ready_timeout" in m else 600
+    mv = _macvtap(m["macvtap"]) if "macvtap" in m else MacvtapSpec()
     return Topology(name=name, source=file, hosts=hosts, guests=guests, client=client, server=server,
-                    matrix=matrix, accelerator=accel, subnet=subnet, ready_timeout_s=ready)
+                    matrix=matrix, accelerator=accel, subnet=subnet, ready_timeout_s=ready, macvtap=mv)
 
 
 def load(path: str | os.PathLike) -> Topology:

@@ -34,6 +34,38 @@ class Endpoint:
     tap: str                  # host-side device of that NIC
 
 
+class Servers:
+    """The tool servers of one test path. A reusable server (ToolDriver.reusable_server) is
+    started once, checked before every sample and restarted if it died; it is stopped when
+    the path goes (runner.mode). Others are started and stopped per sample."""
+
+    def __init__(self, reuse: bool = True) -> None:
+        self.reuse = reuse
+        self._running: dict[tuple[int, str, int], tuple[Guest | NsHost, int]] = {}
+
+    def start(self, host: Guest | NsHost, driver: ToolDriver, profile: Profile, port: int) -> int:
+        key = (id(host), driver.name.value, port)
+        if key in self._running:
+            _, pid = self._running[key]
+            if host.agent.alive(pid):
+                return pid
+            del self._running[key]
+        pid = host.agent.spawn(driver.server_argv(profile, port=port))
+        _wait_listening(host, port)
+        if self.reuse and driver.reusable_server:
+            self._running[key] = (host, pid)
+        return pid
+
+    def release(self, host: Guest | NsHost, driver: ToolDriver, pid: int) -> None:
+        if pid not in {p for _, p in self._running.values()}:
+            host.agent.kill(pid)
+
+    def stop_all(self) -> None:
+        for host, pid in self._running.values():
+            host.agent.kill(pid)
+        self._running.clear()
+
+
 @dataclass(frozen=True)
 class TestPath:
     client: Endpoint
@@ -44,6 +76,10 @@ class TestPath:
     guest_sends_as_rx: bool = True
     #: (rx_bytes, tx_bytes) of an endpoint's device; default: the host-side tap in the root namespace
     read_counters: Callable[[Endpoint], tuple[int, int]] = field(default=lambda ep: links.counters(ep.tap))
+    #: servers kept across samples; None: one server per sample, stopped after it
+    servers: Servers | None = None
+    #: what forwards between the endpoints: linux-bridge, ovs-netdev, ovs-system, macvtap-<mode>, veth, ...
+    datapath: str | None = None
 
     def counters(self) -> dict[str, tuple[int, int]]:
         return {ep.tap: self.read_counters(ep) for ep in (self.client, self.server)}
@@ -55,15 +91,24 @@ def primary_metric(p: Profile) -> str:
 
 def set_mtu(path: TestPath, mtu: int) -> None:
     path.set_host_mtu(mtu)
+    # Both guests at once: each agent round trip costs tens of milliseconds under TCG,
+    # and this runs before every cell.
+    started = []
     for ep in (path.client, path.server):
-        ep.guest.agent.run(["/usr/sbin/ip", "link", "set", "dev", ep.ifname, "mtu", str(mtu)])
+        argv = ["/usr/sbin/ip", "link", "set", "dev", ep.ifname, "mtu", str(mtu)]
+        started.append((ep, argv, ep.guest.agent.spawn(argv)))
+    for ep, argv, pid in started:
+        res = ep.guest.agent.wait(pid, argv, 30)
+        if res.rc != 0:
+            raise CommandError([f"{ep.guest.name}:", *argv], res.rc, res.stderr or res.stdout)
 
 
 def check_mtu(path: TestPath, mtu: int) -> str | None:
     """A don't-fragment ping of exactly `mtu` bytes; returns why it failed, or None."""
     size = mtu - 28   # IPv4 + ICMP headers
-    # Two probes 0.2 s apart (root may go below 1 s): enough to see the path, cheap per cell.
-    argv = ["/usr/bin/ping", "-n", "-M", "do", "-s", str(size), "-c", "2", "-i", "0.2", "-W", "5",
+    # One probe is enough: a don't-fragment datagram of exactly the MTU either crosses every
+    # hop or is refused (the kernel holds it while ARP resolves, so it is not lost to that).
+    argv = ["/usr/bin/ping", "-n", "-M", "do", "-s", str(size), "-c", "1", "-W", "5",
             path.server.address]
     try:
         res = path.client.guest.agent.run(argv, check=False, timeout=30)
@@ -83,7 +128,7 @@ def _wait_listening(g: Guest | NsHost, port: int, timeout: float = 30) -> None:
             return
         if time.monotonic() > deadline:
             raise TestbedError(f"server in {g.name} not listening on port {port} after {timeout:.0f} s")
-        time.sleep(0.2)
+        time.sleep(0.05)
 
 
 def client_plan(driver: ToolDriver, cell: Cell, server_addr: str, port: int,
@@ -118,9 +163,9 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
 
     server_pid = None
     port = driver.default_port  # type: ignore[attr-defined]
+    servers = path.servers or Servers(reuse=False)
     try:
-        server_pid = srv.guest.agent.spawn(driver.server_argv(profile, port=port))
-        _wait_listening(srv.guest, port)
+        server_pid = servers.start(srv.guest, driver, profile, port)
     except (CommandError, GuestError, TestbedError) as e:
         return failed(f"server did not start: {e}")
     try:
@@ -135,7 +180,10 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
         outs, ends = [], []
         for i, pid in enumerate(pids):
             try:
-                outs.append(cli.guest.agent.wait(pid, argv, profile.duration_s + SAMPLE_MARGIN_S))
+                # The first wait sleeps through the test's own duration: no agent polls
+                # inside the guests while they are being measured.
+                outs.append(cli.guest.agent.wait(pid, argv, profile.duration_s + SAMPLE_MARGIN_S,
+                                                 expected_s=profile.duration_s if i == 0 else 0.0))
                 ends.append(time.monotonic())
             except CommandError as e:
                 for rest in pids[i + 1:]:
@@ -156,7 +204,7 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
         return failed(f"measurement could not run: {e}")
     finally:
         if server_pid is not None:
-            srv.guest.agent.kill(server_pid)
+            servers.release(srv.guest, driver, server_pid)
 
     parsed: list[ToolResult] = []
     for i, o in enumerate(outs):
@@ -174,7 +222,8 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
         return failed(res.reason or "tool failed without a reason", cpu_info)
     wire = {tap: ((taps_after[tap][0] - taps_before[tap][0]) * 8 / window / 1e6,
                   (taps_after[tap][1] - taps_before[tap][1]) * 8 / window / 1e6) for tap in taps_before}
-    extra = {"warnings": list(res.warnings), "instances": len(pids), "start_skew_s": round(skew_s, 4),
+    extra = {"warnings": list(res.warnings), "datapath": path.datapath,
+             "instances": len(pids), "start_skew_s": round(skew_s, 4),
              # seen from the host through the agent's polling, so an upper bound
              "end_skew_s": round(end_skew, 3),
              # per host-side device: Mbit/s the guest sent and received over the window

@@ -122,16 +122,20 @@ class Cell:
     mtu: int
     connections: int
     profile: Profile
+    #: virtio-net queue pairs of the NIC under test (multiqueue); 1 = single queue
+    queues: int = 1
 
     @property
     def id(self) -> str:
-        return (f"{self.attachment.value}-{self.backend.value}-mtu{self.mtu}"
+        # Single-queue ids keep the short form, e.g. ovs-qemu-mtu9000-conn8-tcp_rr.
+        q = f"-q{self.queues}" if self.queues > 1 else ""
+        return (f"{self.attachment.value}-{self.backend.value}{q}-mtu{self.mtu}"
                 f"-conn{self.connections}-{self.profile.name}")
 
     def as_dict(self) -> dict:
         return {"attachment": self.attachment.value, "backend": self.backend.value,
-                "mtu": self.mtu, "connections": self.connections, "profile": self.profile.name,
-                "tool": self.profile.tool.value, "id": self.id}
+                "queues": self.queues, "mtu": self.mtu, "connections": self.connections,
+                "profile": self.profile.name, "tool": self.profile.tool.value, "id": self.id}
 
 
 @dataclass(frozen=True)
@@ -173,6 +177,30 @@ class Matrix:
     repetitions: Repetitions = field(default_factory=Repetitions)
     randomize: bool = False
     seed: int = 0
+    queues: tuple[int, ...] = (1,)
+
+
+class MacvtapMode(StrEnum):
+    """libvirt's <source mode=...> for type='direct' interfaces."""
+
+    BRIDGE = "bridge"
+    VEPA = "vepa"
+    PASSTHROUGH = "passthrough"
+
+    @property
+    def kernel(self) -> str:
+        # `ip link ... type macvtap mode X` spells passthrough "passthru"
+        return "passthru" if self is MacvtapMode.PASSTHROUGH else self.value
+
+
+@dataclass(frozen=True)
+class MacvtapSpec:
+    """How the macvtap attachment reaches the wire."""
+
+    mode: MacvtapMode = MacvtapMode.BRIDGE
+    #: lower devices named by the user (passthrough: one per guest); empty: the testbed
+    #: creates a tb- veth pair to serve as lower device, and a hairpin bridge for vepa
+    lower: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -189,6 +217,7 @@ class Topology:
     subnet: str = "198.18.0.0/24"
     #: how long a guest may take from domain start to ready (agent up, cloud-init final)
     ready_timeout_s: int = 600
+    macvtap: MacvtapSpec = field(default_factory=MacvtapSpec)
 
     def guest(self, name: str) -> GuestSpec:
         return next(g for g in self.guests if g.name == name)

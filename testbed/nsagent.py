@@ -32,7 +32,13 @@ class NsAgent:
         self._procs[bg.popen.pid] = bg
         return bg.popen.pid
 
-    def wait(self, pid: int, argv: Sequence[str], timeout: float) -> GuestResult:
+    def alive(self, pid: int) -> bool:
+        bg = self._procs.get(pid)
+        return bg is not None and bg.popen.poll() is None
+
+    def wait(self, pid: int, argv: Sequence[str], timeout: float,
+             expected_s: float = 0.0) -> GuestResult:
+        # expected_s only matters to the guest agent, which has to poll; a child is waited on.
         bg = self._procs[pid]
         start = time.monotonic()
         try:

@@ -19,22 +19,28 @@ from pathlib import Path
 
 from testbed import capabilities, cleanup, cpu, environment, images, measure, paths, proc, render, results, stats, virt
 from testbed.errors import CapabilityError, GuestError, ReadinessError, TestbedError
-from testbed.hostnet import attach, links
-from testbed.model import Attachment, Backend, Cell, Topology
+from testbed.hostnet import attach, links, macvtap
+from testbed.model import Attachment, Backend, Cell, MacvtapSpec, Topology
 from testbed.tools import get_tool
 
 log = logging.getLogger(__name__)
 
+def _nic_group(c: Cell) -> tuple:
+    """Cells that share one hot-plugged NIC: same attachment, backend and queues."""
+    return c.attachment, c.backend, c.queues
+
+
 def plan(t: Topology) -> list[Cell]:
     m = t.matrix
-    # Namespaces have no virtio backend: their cells are planned once, labelled qemu.
-    cells = [Cell(a, b, mtu, c, p) for a, b, mtu, c, p in
-             itertools.product(m.attachments, m.backends, m.mtus, m.connections, m.profiles)
-             if not (a.is_netns and b is not m.backends[0])]
+    # Namespaces have no virtio NIC: their cells are planned once, labelled with the first
+    # backend and queue count.
+    cells = [Cell(a, b, mtu, c, p, q) for a, b, q, mtu, c, p in
+             itertools.product(m.attachments, m.backends, m.queues, m.mtus, m.connections, m.profiles)
+             if not (a.is_netns and (b is not m.backends[0] or q != m.queues[0]))]
     if m.randomize:
-        # Randomise within each (attachment, backend) group: order effects are averaged out
-        # without re-plugging NICs for every cell.
-        groups = [list(g) for _, g in itertools.groupby(cells, key=lambda c: (c.attachment, c.backend))]
+        # Randomise within each NIC group: order effects are averaged out without
+        # re-plugging NICs for every cell.
+        groups = [list(g) for _, g in itertools.groupby(cells, key=_nic_group)]
         cells = [c for i, g in enumerate(groups) for c in stats.randomized_order(g, m.seed + i)]
     return cells
 
@@ -51,6 +57,10 @@ def preflight(t: Topology) -> None:
         why = attach.unavailable(a)
         if why:
             raise CapabilityError(f"attachment {a.value} requested but unavailable: {why}")
+    if Attachment.MACVTAP in t.matrix.attachments and t.macvtap.lower:
+        why = macvtap.check_lowers(t.macvtap.lower, t.macvtap.mode, max(t.matrix.mtus))
+        if why:
+            raise CapabilityError(f"{t.source}: macvtap.lower: {why}")
 
 
 @dataclass(frozen=True)
@@ -118,13 +128,13 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
         rule = stats.StoppingRule(t.matrix.repetitions)
         done = 0
         started = time.monotonic()
-        for (attachment, backend), group in itertools.groupby(cells, key=lambda c: (c.attachment, c.backend)):
+        for (attachment, backend, queues), group in itertools.groupby(cells, key=_nic_group):
             group = list(group)
             try:
                 cm = (netns_mode(attachment, tag, t.subnet, max(t.matrix.mtus), str(state / "netns"))
                       if attachment.is_netns else
                       mode(attachment, backend, tag, guests[t.client], guests[t.server], t.subnet,
-                           max(t.matrix.mtus)))
+                           max(t.matrix.mtus), queues=queues, macvtap_spec=t.macvtap))
                 with cm as path:
                     for cell in group:
                         eta = ((time.monotonic() - started) / done * (len(cells) - done)) if done else None
@@ -151,17 +161,18 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
 
 @contextlib.contextmanager
 def mode(attachment: Attachment, backend: Backend, tag: str, client: virt.Guest, server: virt.Guest,
-         subnet: str, max_mtu: int) -> Iterator[measure.TestPath]:
+         subnet: str, max_mtu: int, *, queues: int = 1,
+         macvtap_spec: MacvtapSpec = MacvtapSpec()) -> Iterator[measure.TestPath]:
     """Host segment for one attachment mode, with a NIC hot-plugged into each guest.
     The NIC advertises the largest MTU of the matrix, so later cells can change MTU live."""
     net = ipaddress.ip_network(subnet)
     with contextlib.ExitStack() as stack:
-        seg = stack.enter_context(attach.segment(attachment, tag, max_mtu))
+        seg = stack.enter_context(attach.segment(attachment, tag, max_mtu, macvtap_spec))
         eps = []
         for i, g in enumerate((client, server)):
             target = f"tb-{tag}-t{i}"
             mac = _mac(tag, i, 0)
-            xml = render.interface_xml(seg.nic(target, mac, backend, max_mtu))
+            xml = render.interface_xml(seg.nic(target, mac, backend, max_mtu, queues=queues))
             ifname = stack.enter_context(virt.plugged_nic(g, xml, mac))
             links.no_ipv6(target)
             addr = str(net.network_address + 1 + i)
@@ -170,10 +181,17 @@ def mode(attachment: Attachment, backend: Backend, tag: str, client: virt.Guest,
             a.run(["/usr/sbin/ip", "addr", "flush", "dev", ifname])
             a.run(["/usr/sbin/ip", "addr", "add", f"{addr}/{net.prefixlen}", "dev", ifname])
             a.run(["/usr/sbin/ip", "link", "set", "dev", ifname, "up"])
+            if queues > 1:
+                # virtio-net starts with as many queue pairs as the guest has vCPUs; ask for
+                # all of them so the cell measures the multiqueue NIC it names.
+                a.run(["/usr/sbin/ethtool", "-L", ifname, "combined", str(queues)])
             eps.append(measure.Endpoint(g, ifname, addr, target))
         taps = [e.tap for e in eps]
+        # Entered last, so servers stop before the NICs are unplugged.
+        servers = stack.enter_context(_servers())
         yield measure.TestPath(eps[0], eps[1], lambda mtu: seg.set_mtu(mtu, taps),
-                               guest_sends_as_rx=attachment is not Attachment.MACVTAP)
+                               guest_sends_as_rx=attachment is not Attachment.MACVTAP, servers=servers,
+                               datapath=seg.datapath)
 
 
 @contextlib.contextmanager
@@ -202,7 +220,18 @@ def netns_mode(attachment: Attachment, tag: str, subnet: str, max_mtu: int,
                             f"/sys/class/net/{ep.ifname}/statistics/tx_bytes"], netns=ns).stdout.split()
             return int(out[0]), int(out[1])
 
-        yield measure.TestPath(eps[0], eps[1], set_mtu, guest_sends_as_rx=False, read_counters=read)
+        with _servers() as servers:
+            yield measure.TestPath(eps[0], eps[1], set_mtu, guest_sends_as_rx=False, read_counters=read,
+                                   servers=servers, datapath=conn.datapath)
+
+
+@contextlib.contextmanager
+def _servers() -> Iterator[measure.Servers]:
+    servers = measure.Servers()
+    try:
+        yield servers
+    finally:
+        servers.stop_all()
 
 
 def _samples_of(writer: results.RunWriter) -> list[dict]:

@@ -82,8 +82,26 @@ BAD = {
                               "matrix.profiles[0].pattern", "no bidirectional"),
     "two_host_mode_on_one_host": ("guests: [{name: g1}, {name: g2}]\nmatrix: {attachments: [ovs-vxlan], profiles: [{name: a}]}\n",
                                   "matrix.attachments[0]", "two different hosts"),
+    "zero_queues": ("guests: [{name: g1}, {name: g2}]\nmatrix: {queues: [0], profiles: [{name: a}]}\n",
+                    "matrix.queues[0]", "out of range 1..256"),
+    "unknown_macvtap_mode": ("macvtap: {mode: private}\nguests: [{name: g1}, {name: g2}]\nmatrix: {profiles: [{name: a}]}\n",
+                             "macvtap.mode", "unknown value 'private'"),
+    "passthrough_one_lower": ("macvtap: {mode: passthrough, lower: eth1}\nguests: [{name: g1}, {name: g2}]\n"
+                              "matrix: {attachments: [macvtap], profiles: [{name: a}]}\n",
+                              "macvtap.lower", "needs 2 lower device(s)"),
+    "bridge_two_lowers": ("macvtap: {lower: [eth1, eth2]}\nguests: [{name: g1}, {name: g2}]\nmatrix: {profiles: [{name: a}]}\n",
+                          "macvtap.lower", "needs 1 lower device(s)"),
+    "lower_bad_ifname": ("macvtap: {lower: \"eth1;reboot\"}\nguests: [{name: g1}, {name: g2}]\nmatrix: {profiles: [{name: a}]}\n",
+                         "macvtap.lower", "invalid interface name"),
     "empty": ("", "(top level)", "empty file"),
 }
+
+
+def test_macvtap_and_queues_parse():
+    t = config.parse("macvtap: {mode: passthrough, lower: [eth1, eth2]}\n" + GOOD.replace(
+        "  mtus:", "  queues: [1, 4]\n  mtus:"), "t.yaml")
+    assert t.macvtap.mode.value == "passthrough" and t.macvtap.lower == ("eth1", "eth2")
+    assert t.matrix.queues == (1, 4)
 
 
 @pytest.mark.parametrize("case", sorted(BAD))

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from testbed import capabilities
 from testbed.errors import CapabilityError
 from testbed.hostnet import bridge, macvtap, ovs, ovsd
-from testbed.model import Attachment
+from testbed.model import Attachment, MacvtapSpec
 
 SINGLE_HOST = (Attachment.BRIDGE, Attachment.OVS, Attachment.MACVTAP)
 
@@ -41,13 +41,14 @@ def supported_single_host() -> tuple[Attachment, ...]:
 
 
 @contextlib.contextmanager
-def segment(attachment: Attachment, run_tag: str, mtu: int) -> Iterator[object]:
+def segment(attachment: Attachment, run_tag: str, mtu: int,
+            macvtap_spec: MacvtapSpec = MacvtapSpec()) -> Iterator[object]:
     if attachment is Attachment.BRIDGE:
         cm = bridge.segment(run_tag, mtu)
     elif attachment is Attachment.OVS:
         cm = ovs.segment(run_tag, mtu)
     elif attachment is Attachment.MACVTAP:
-        cm = macvtap.segment(run_tag, mtu)
+        cm = macvtap.segment(run_tag, mtu, macvtap_spec.mode, macvtap_spec.lower)
     else:
         raise CapabilityError(f"attachment {attachment.value} is not implemented yet")
     with cm as seg:

@@ -24,38 +24,27 @@ import contextlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from enum import StrEnum
 
 from testbed import PREFIX, proc, render
 from testbed.errors import CapabilityError, TestbedError
 from testbed.hostnet import links
-from testbed.model import Attachment, Backend, object_name
+from testbed.model import Attachment, Backend, MacvtapMode, object_name
 
 # Target names libvirt treats as its own and may replace (formatdomain, <target dev>).
 _LIBVIRT_PREFIXES = ("macvtap", "macvlan", "vnet", "vif")
 
 
-class MacvtapMode(StrEnum):
-    """libvirt's <source mode=...> values that need no external switch configuration."""
-
-    BRIDGE = "bridge"
-    VEPA = "vepa"
-    PASSTHROUGH = "passthrough"
-
-    @property
-    def kernel(self) -> str:
-        # `ip link ... type macvtap mode X` spells passthrough "passthru"
-        return "passthru" if self is MacvtapMode.PASSTHROUGH else self.value
-
-
 @dataclass(frozen=True)
 class MacvtapSegment:
-    lower: str                       # veth end the macvtaps sit on
-    peer: str                        # its other end: the "wire"
+    lower: str                       # device the macvtaps sit on
+    peer: str | None                 # the other end of the testbed's veth "wire" (passthrough:
+                                     # the second guest's lower); None for a user's single lower
     mode: MacvtapMode
     hairpin: str | None = None       # Linux bridge reflecting frames back (vepa only)
     datapath: str = "macvtap-bridge"
     attachment: Attachment = Attachment.MACVTAP
+    #: False when the lower devices are the user's: their MTU is read, never changed
+    owned: bool = True
 
     def lower_for(self) -> str:
         """The lower device for the next NIC. Passthrough allows one macvtap per lower, so
@@ -63,7 +52,7 @@ class MacvtapSegment:
         if self.mode is not MacvtapMode.PASSTHROUGH:
             return self.lower
         for dev in (self.lower, self.peer):
-            if not uppers(dev):
+            if dev and not uppers(dev):
                 return dev
         raise CapabilityError(f"macvtap passthrough: both {self.lower} and {self.peer} already "
                               "carry a guest; passthrough gives each guest a whole lower device")
@@ -77,6 +66,16 @@ class MacvtapSegment:
                                 macvtap_mode=self.mode.value)
 
     def set_mtu(self, mtu: int, taps: list[str]) -> None:
+        if not self.owned:
+            # A user's lower device is left as it is (it may carry the host's own traffic);
+            # it must already allow the cell's MTU, which preflight checked for the matrix.
+            for dev in self.lowers():
+                if links.mtu_of(dev) < mtu:
+                    raise CapabilityError(f"macvtap lower device {dev} has MTU {links.mtu_of(dev)}, "
+                                          f"below the cell's {mtu}; raise it on the host first")
+            for dev in taps:
+                links.set_mtu(dev, mtu)
+            return
         # A macvtap's MTU cannot exceed its lower's: raise the wire first, lower it last.
         wire = [self.lower, self.peer]
         if self.hairpin:
@@ -86,11 +85,14 @@ class MacvtapSegment:
         for dev in order:
             links.set_mtu(dev, mtu)
 
+    def lowers(self) -> list[str]:
+        return [d for d in (self.lower, self.peer) if d]
+
     def hops(self, taps: list[str]) -> list[str]:
         # In bridge mode guest-to-guest frames never touch the lower device.
         if self.mode is MacvtapMode.BRIDGE:
             return list(taps)
-        return [*taps, self.lower, self.peer]
+        return [*taps, *self.lowers()]
 
 
 def uppers(dev: str) -> list[str]:
@@ -102,11 +104,40 @@ def uppers(dev: str) -> list[str]:
         return []
 
 
+def check_lowers(lower: tuple[str, ...], mode: MacvtapMode, max_mtu: int) -> str | None:
+    """Why user-named lower devices cannot serve (None: they can). Read-only: run before
+    anything is created."""
+    if mode is MacvtapMode.PASSTHROUGH and len(lower) != 2:
+        return ("macvtap passthrough gives each guest a whole lower device: name two "
+                f"(macvtap.lower: [dev1, dev2]), got {len(lower)}")
+    if mode is not MacvtapMode.PASSTHROUGH and len(lower) != 1:
+        return f"macvtap mode {mode.value} puts both guests on one lower device: name one, got {len(lower)}"
+    for dev in lower:
+        if not links.exists(dev):
+            return f"macvtap lower device {dev} does not exist on this host"
+        if dev == "lo" or os.path.exists(f"/sys/class/net/{dev}/bridge"):
+            return f"macvtap lower device {dev} is {'the loopback' if dev == 'lo' else 'a bridge'}; name a NIC or veth"
+        if links.mtu_of(dev) < max_mtu:
+            return (f"macvtap lower device {dev} has MTU {links.mtu_of(dev)}, below the matrix's "
+                    f"largest MTU {max_mtu}; the testbed does not change a device it did not create")
+    return None
+
+
 @contextlib.contextmanager
-def segment(run_tag: str, mtu: int, mode: MacvtapMode | str = MacvtapMode.BRIDGE) -> Iterator[MacvtapSegment]:
-    """A veth pair as macvtap lower device, plus a hairpin bridge on its peer for vepa.
-    Deleting lw0 on exit also removes any macvtap libvirt left on it."""
+def segment(run_tag: str, mtu: int, mode: MacvtapMode | str = MacvtapMode.BRIDGE,
+            lower: tuple[str, ...] = ()) -> Iterator[MacvtapSegment]:
+    """The macvtap lower device(s). ``lower`` empty: a tb- veth pair the testbed creates,
+    plus a hairpin bridge on its peer for vepa; deleting lw0 on exit also removes any macvtap
+    libvirt left on it. ``lower`` named: the user's devices, used as they are (libvirt
+    removes the macvtaps it made on them when the NICs are unplugged)."""
     mode = MacvtapMode(mode)
+    if lower:
+        why = check_lowers(tuple(lower), mode, mtu)
+        if why:
+            raise CapabilityError(why)
+        yield MacvtapSegment(lower=lower[0], peer=lower[1] if len(lower) > 1 else None, mode=mode,
+                             datapath=f"macvtap-{mode.value}", owned=False)
+        return
     lower, peer = object_name(run_tag, "lw0"), object_name(run_tag, "lw1")
     with contextlib.ExitStack() as stack:
         stack.enter_context(links.veth(lower, peer, mtu))

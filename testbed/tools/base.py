@@ -132,6 +132,10 @@ class ToolDriver(ABC):
     #: instances, aggregated: netperf) or "streams" (one client with N streams or threads:
     #: iperf3 -P, uperf nthreads).
     connections_as: ClassVar[str] = "processes"
+    #: True when one server process serves test after test without carrying anything from
+    #: one to the next (netserver forks a child per test). It is then started once per test
+    #: path and checked before each sample, instead of being started and stopped per sample.
+    reusable_server: ClassVar[bool] = False
 
     @abstractmethod
     def unsupported_reason(self, profile: Profile) -> str | None:

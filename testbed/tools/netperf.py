@@ -81,6 +81,7 @@ class NetperfDriver(ToolDriver):
     name = Tool.NETPERF
     cpu_scope = "system"          # netperf -c/-C measure the whole host
     default_port = 12865
+    reusable_server = True         # netserver forks a fresh child for every test
 
     def unsupported_reason(self, profile: Profile) -> str | None:
         if profile.pattern is Pattern.BIDIRECTIONAL:
