@@ -10,8 +10,9 @@ import argparse
 import contextlib
 import statistics
 import time
+from pathlib import Path
 
-from testbed import capabilities, cleanup, images, results, virt
+from testbed import capabilities, cleanup, images, proc, results, virt
 from testbed.model import GuestSpec
 
 
@@ -105,6 +106,85 @@ def format_chain(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+BARE_PORT = 12866    # the hand-run netserver's port; the testbed's own uses netperf's default
+
+
+def bare_netperf_argv(server_addr: str, duration_s: int, message_size: int) -> list[str]:
+    """What someone measuring by hand would type: plain TCP_STREAM, one result line."""
+    return ["netperf", "-H", server_addr, "-p", str(BARE_PORT), "-t", "TCP_STREAM",
+            "-l", str(duration_s), "-P", "0", "--", "-m", str(message_size)]
+
+
+def parse_bare(stdout: str) -> float | None:
+    """Pure: the last field of netperf's classic result line (10^6 bits/s), or None."""
+    for line in reversed(stdout.strip().splitlines()):
+        parts = line.split()
+        if len(parts) == 5:
+            try:
+                return float(parts[4])
+            except ValueError:
+                return None
+    return None
+
+
+def fidelity(rounds: int = 5, duration_s: int = 5, message_size: int = 16384) -> dict:
+    """Harness fidelity: on one namespace veth pair, the throughput the testbed reports
+    (its agent, servers, collectors, counters) against bare netperf typed by hand, the two
+    alternating in the same run so drift on a shared machine hits both alike. Also the
+    host collector's cost as a fraction of one core."""
+    import tempfile
+    from testbed import cpu, measure, runner
+    from testbed.config import default
+    from testbed.hostnet import netns
+    from testbed.model import Attachment, Backend, Cell, Pattern, Profile, Repetitions
+    profile = Profile("tcp_stream", pattern=Pattern.STREAM, message_size=message_size, duration_s=duration_s)
+    cell = Cell(Attachment.NETNS_VETH, Backend.QEMU, 1500, 1, profile)
+    bare: list[float] = []
+    harness: list[float] = []
+    reasons: list[str] = []
+    run_id, tag = results.new_run_id()
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(cleanup.host_lock(run_id))
+        state = stack.enter_context(cleanup.owned_state(tag, run_id))
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tb-fidelity-"))
+        writer = stack.enter_context(results.RunWriter(Path(tmp), run_id, default(), {"accelerator": "none"}))
+        path = stack.enter_context(runner.netns_mode(Attachment.NETNS_VETH, tag, "198.18.0.0/24", 1500,
+                                                     str(state / "netns")))
+        client_ns = path.client.guest.agent.netns  # type: ignore[union-attr]
+        server_ns = path.server.guest.agent.netns  # type: ignore[union-attr]
+        server = stack.enter_context(proc.background(["netserver", "-D", "-p", str(BARE_PORT)], out_dir=tmp,
+                                                     name="bare-netserver", netns=server_ns))
+        netns.wait_listening(server_ns, BARE_PORT, server)
+        for i in range(rounds):
+            # Alternate which goes first, so neither always inherits a warm or cold path.
+            for who in (("bare", "harness") if i % 2 == 0 else ("harness", "bare")):
+                if who == "bare":
+                    res = proc.run(bare_netperf_argv(path.server.address, duration_s, message_size),
+                                   netns=client_ns, timeout=duration_s + 60, check=False)
+                    v = parse_bare(res.stdout) if res.rc == 0 else None
+                    if v is None:
+                        reasons.append(f"bare netperf: rc {res.rc}: {res.stderr.strip()[:200]}")
+                    else:
+                        bare.append(v)
+                else:
+                    smp = measure.measure_once(cell, path, writer, i, False, {}, {}, None)
+                    if smp.status == "ok":
+                        harness.append(smp.metrics["throughput_mbps"])
+                    else:
+                        reasons.append(f"testbed: {smp.reason}")
+    cost = cpu.collector_cost({})
+    out = {"rounds": rounds, "duration_s": duration_s, "bare_mbps": bare, "testbed_mbps": harness,
+           "failures": reasons,
+           "collector_s_per_reading": round(cost, 6),
+           # two readings (before and after) per window of duration_s
+           "collector_fraction_of_core": round(2 * cost / duration_s, 6)}
+    if bare and harness:
+        mb, mh = statistics.median(bare), statistics.median(harness)
+        out.update({"bare_median_mbps": round(mb, 1), "testbed_median_mbps": round(mh, 1),
+                    "ratio": round(mh / mb, 3), "target_ratio": 0.97})
+    return out
+
+
 def main(what: str, args: argparse.Namespace) -> int:
     if what == "chain":
         rows = chain_table()
@@ -123,8 +203,20 @@ def main(what: str, args: argparse.Namespace) -> int:
         print(f"failed samples       {r['failed']}")
         print(r["run_dir"])
         return 0
+    if what == "fidelity":
+        r = fidelity(args.rounds or 5)
+        print(f"rounds               {r['rounds']} x {r['duration_s']} s, alternating (namespace veth pair)")
+        if "ratio" in r:
+            print(f"bare netperf         {r['bare_median_mbps']:.1f} Mbit/s (median of {len(r['bare_mbps'])})")
+            print(f"testbed              {r['testbed_median_mbps']:.1f} Mbit/s (median of {len(r['testbed_mbps'])})")
+            print(f"ratio                {r['ratio']:.3f}  (target >= {r['target_ratio']})")
+        print(f"collector cost       {r['collector_s_per_reading'] * 1e3:.2f} ms CPU per reading, "
+              f"{r['collector_fraction_of_core'] * 100:.3f} % of one core  (target < 1 %)")
+        for reason in r["failures"]:
+            print(f"failed: {reason}")
+        return 0 if "ratio" in r and not r["failures"] else 1
     if what == "boot":
-        r = boot(max(1, args.rounds))
+        r = boot(args.rounds or 1)
         print(f"accelerator          {r['accelerator']} ({r['rounds']} round(s), medians)")
         print(f"floor (kernel->init) {r['floor_s']:.2f} s")
         print(f"guest agent answers  {r['agent_s']:.2f} s")

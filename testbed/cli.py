@@ -119,8 +119,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--uri", default="qemu:///system")
     c.set_defaults(func=cmd_cleanup)
     b = sub.add_parser("bench", help="benchmarks that print figures")
-    b.add_argument("what", choices=("boot", "matrix", "chain"))
-    b.add_argument("--rounds", type=int, default=1)
+    b.add_argument("what", choices=("boot", "matrix", "chain", "fidelity"))
+    b.add_argument("--rounds", type=int, help="boot: rounds (default 1); fidelity: alternations (default 5)")
     b.set_defaults(func=cmd_bench)
     from testbed import cli_results
     cli_results.add_commands(sub)

@@ -33,12 +33,18 @@ def stat_delta(before: Mapping[str, Mapping[str, int]], after: Mapping[str, Mapp
                seconds: float) -> dict[str, dict[str, float]]:
     """Pure: cores used per category, per CPU line, over `seconds`."""
     res: dict[str, dict[str, float]] = {}
+    ncpus = sum(1 for c in before if c != "cpu") or 1
     for cpu, b in before.items():
         a = after.get(cpu)
         if a is None or seconds <= 0:
             continue
         d = {k: (a[k] - b[k]) / USER_HZ / seconds for k in STAT_FIELDS}
-        d["busy"] = sum(v for k, v in d.items() if k not in ("idle", "iowait"))
+        # Busy is what was not idle. On tickless kernels idle (and iowait) come from exact
+        # sleep times while user/system/softirq are sampled at each tick, so this is the
+        # exact total, comparable with per-thread run times (schedstat); the categories
+        # keep their tick resolution.
+        n = ncpus if cpu == "cpu" else 1
+        d["busy"] = max(0.0, n - d["idle"] - d["iowait"])
         res[cpu] = {k: round(v, 4) for k, v in d.items()}
     return res
 
@@ -53,22 +59,37 @@ def classify_qemu_thread(comm: str) -> str:
     return "emulator"
 
 
-def _thread_times(pid: int) -> dict[str, float]:
-    """Per-class CPU seconds of one process's threads, from /proc/<pid>/task/*/stat."""
-    out: dict[str, float] = {}
+def _task_seconds(pid: int, tid: str) -> float:
+    """CPU seconds one thread has run. schedstat's first field is the scheduler's exact run
+    time in ns; utime+stime in stat are in ticks (10 ms), which over a few-second window and
+    a dozen threads adds up to more error than the effects being measured."""
     try:
-        tids = os.listdir(f"/proc/{pid}/task")
+        with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+            return int(f.read().split()[0]) / 1e9
+    except FileNotFoundError:
+        pass  # kernel without schedstat/sched_info: fall back to ticks
+    with open(f"/proc/{pid}/task/{tid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / USER_HZ   # utime + stime
+
+
+def _tids(pid: int) -> list[str]:
+    try:
+        return os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return out
-    for tid in tids:
+        return []
+
+
+def _thread_times(pid: int) -> dict[str, float]:
+    """Per-class CPU seconds of one process's threads (vcpu, emulator, iothread)."""
+    out: dict[str, float] = {}
+    for tid in _tids(pid):
         try:
             with open(f"/proc/{pid}/task/{tid}/comm") as f:
                 comm = f.read().strip()
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+            secs = _task_seconds(pid, tid)
         except OSError:
             continue  # thread exited between listdir and read
-        secs = (int(fields[11]) + int(fields[12])) / USER_HZ   # utime + stime
         key = classify_qemu_thread(comm)
         out[key] = out.get(key, 0.0) + secs
     return out
@@ -85,11 +106,14 @@ def _procs_named(prefixes: Iterable[str]) -> dict[str, list[int]]:
 
 
 def _proc_seconds(pid: int) -> float:
-    try:
-        t = psutil.Process(pid).cpu_times()
-        return t.user + t.system
-    except psutil.Error:
-        return 0.0
+    """CPU seconds of all of a process's threads (ovs-vswitchd's handlers, revalidators, pmds)."""
+    total = 0.0
+    for tid in _tids(pid):
+        try:
+            total += _task_seconds(pid, tid)
+        except OSError:
+            continue
+    return total
 
 
 @dataclass(frozen=True)

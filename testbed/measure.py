@@ -215,7 +215,7 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
         parsed.append(driver.parse(o.stdout, o.stderr, o.rc))
     res = parsed[0] if len(parsed) == 1 else driver.aggregate(parsed)
     cpu_info = {
-        "guest": {g: cpu.stat_delta(g_before[g], g_after[g], window).get("cpu", {}) for g in g_before},
+        "guest": {g: _guest_cpu(cpu.stat_delta(g_before[g], g_after[g], window)) for g in g_before},
         **cpu.host_delta(h_before, h_after),
     }
     if not res.ok:
@@ -233,6 +233,12 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
     metrics = {**res.metrics, **derived(dict(res.metrics), cpu_info, clock_ghz)}
     return results.Sample(writer.run_id, cell.as_dict(), rep, warmup, "ok", None, metrics,
                           cpu_info, started, results.now(), tuple(raw), placement, extra)
+
+
+def _guest_cpu(delta: Mapping[str, Mapping[str, float]]) -> dict:
+    """The guest's whole-machine breakdown, plus each of its CPUs (user, system, softirq,
+    irq, steal...): one busy vCPU behind an idle average is what multiqueue is about."""
+    return {**delta.get("cpu", {}), "per_cpu": {k: dict(v) for k, v in delta.items() if k != "cpu"}}
 
 
 def derived(metrics: Mapping[str, float], cpu_info: Mapping, clock_ghz: float | None) -> dict[str, float]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from testbed import capabilities, measure, results, runner, stats
+from testbed import capabilities, cpu, measure, results, runner, stats, virt
 from testbed.config import default
 from testbed.model import Backend, Cell, Pattern, Profile, Repetitions
 
@@ -35,8 +35,9 @@ def test_cell_measures(guest_pair, writer, cell):
     gp = guest_pair
     with runner.mode(cell.attachment, cell.backend, gp.tag, gp.client, gp.server, "198.18.0.0/24",
                      cell.mtu) as path:
+        pids = {g.spec.name: virt.qemu_pid(g) for g in (gp.client, gp.server)}
         samples = measure.measure_cell(cell, path, writer, stats.StoppingRule(Repetitions()), 0,
-                                       {}, {"g1": "local", "g2": "local"})
+                                       pids, {"g1": "local", "g2": "local"})
     assert len(samples) == 1
     s = samples[0]
     assert s.status == "ok", s.reason
@@ -53,6 +54,18 @@ def test_cell_measures(guest_pair, writer, cell):
         assert s.metrics["latency_p99_us"] >= s.metrics["latency_p50_us"] > 0
     # Guest CPU was measured in both guests over the window; the client did work.
     assert s.cpu["guest"]["g1"]["busy"] > 0
+    for g in ("g1", "g2"):
+        per_cpu = s.cpu["guest"][g]["per_cpu"]
+        assert per_cpu and all({"user", "system", "softirq", "irq", "steal"} <= set(v) for v in per_cpu.values())
     assert s.cpu["host"]["busy"] > 0
+    # Host CPU per guest: the vCPU threads ran (TCG runs guest code in them), and what is
+    # attributed to QEMU threads, vhost, ovs-vswitchd and ksoftirqd (disjoint threads) never
+    # exceeds the whole host's busy time over the same window (idle is kept in whole ticks:
+    # one tick of rounding at each end).
+    per_guest = s.cpu["per_guest"]
+    assert per_guest["g1"]["vcpu"] > 0 and per_guest["g2"]["vcpu"] > 0, per_guest
+    attributed = sum(g["total"] for g in per_guest.values()) + sum(s.cpu["named"].values())
+    tick = 2 / cpu.USER_HZ / s.cpu["window_s"]
+    assert attributed <= s.cpu["host"]["busy"] + tick, (attributed, s.cpu["host"])
     # The raw tool output is kept beside the sample.
     assert (writer.dir / s.raw[0]).read_text().strip()
