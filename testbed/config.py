@@ -18,7 +18,7 @@ import yaml
 
 from testbed.errors import ConfigError
 from testbed.model import (NAME_RE, Attachment, Backend, GuestSpec, HostSpec, MacvtapMode, MacvtapSpec,
-                           Matrix, Pattern, Profile, Protocol, Repetitions, Tool, Topology)
+                           Matrix, Offloads, Pattern, Profile, Protocol, Repetitions, Tool, Topology)
 
 BENCHMARK_NET = ipaddress.ip_network("198.18.0.0/15")
 # libvirt URIs: driver[+transport]://[user@][host][:port]/path[?query]; no quotes,
@@ -237,6 +237,14 @@ def _matrix(n: Node) -> Matrix:
     )
 
 
+def _offloads(n: Node) -> Offloads:
+    """`offloads: off` (or on) for all of tx, tso, gso, gro, lro, or a mapping of some."""
+    if isinstance(n.node, yaml.ScalarNode):
+        return Offloads.all(n.bool())
+    m = n.mapping({"tx", "tso", "gso", "gro", "lro"})
+    return Offloads(**{k: v.bool() for k, v in m.items()})
+
+
 def _macvtap(n: Node) -> MacvtapSpec:
     m = n.mapping({"mode", "lower"})
     mode = m["mode"].enum(MacvtapMode) if "mode" in m else MacvtapMode.BRIDGE
@@ -267,7 +275,7 @@ def parse(text: str, file: str = "<string>", base: Path | None = None) -> Topolo
     doc = Node(file, root, "")
     base = base or Path(file).resolve().parent
     m = doc.mapping({"name", "accelerator", "subnet", "hosts", "guests", "client", "server", "matrix",
-                     "ready_timeout", "macvtap"},
+                     "ready_timeout", "macvtap", "offloads"},
                     required=("matrix",))
     host_nodes = m["hosts"].seq(1) if "hosts" in m else []
     hosts = tuple(_host(h) for h in host_nodes) or (HostSpec(name="local"),)
@@ -309,8 +317,10 @@ def parse(text: str, file: str = "<string>", base: Path | None = None) -> Topolo
         if "accelerator" in m else "auto"
     ready = m["ready_timeout"].int(5, 7200, "ready_timeout") if "ready_timeout" in m else 600
     mv = _macvtap(m["macvtap"]) if "macvtap" in m else MacvtapSpec()
+    off = _offloads(m["offloads"]) if "offloads" in m else None
     return Topology(name=name, source=file, hosts=hosts, guests=guests, client=client, server=server,
-                    matrix=matrix, accelerator=accel, subnet=subnet, ready_timeout_s=ready, macvtap=mv)
+                    matrix=matrix, accelerator=accel, subnet=subnet, ready_timeout_s=ready, macvtap=mv,
+                    offloads=off)
 
 
 def load(path: str | os.PathLike) -> Topology:

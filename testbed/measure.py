@@ -80,6 +80,8 @@ class TestPath:
     servers: Servers | None = None
     #: what forwards between the endpoints: linux-bridge, ovs-netdev, ovs-system, macvtap-<mode>, veth, ...
     datapath: str | None = None
+    #: per endpoint, the offload states its NIC reports (ethtool -k), after the run's requests
+    offloads: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def counters(self) -> dict[str, tuple[int, int]]:
         return {ep.tap: self.read_counters(ep) for ep in (self.client, self.server)}
@@ -223,6 +225,7 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
     wire = {tap: ((taps_after[tap][0] - taps_before[tap][0]) * 8 / window / 1e6,
                   (taps_after[tap][1] - taps_before[tap][1]) * 8 / window / 1e6) for tap in taps_before}
     extra = {"warnings": list(res.warnings), "datapath": path.datapath,
+             "offloads": {k: dict(v) for k, v in path.offloads.items()},
              "instances": len(pids), "start_skew_s": round(skew_s, 4),
              # seen from the host through the agent's polling, so an upper bound
              "end_skew_s": round(end_skew, 3),

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 
 from testbed import PREFIX
@@ -204,6 +204,33 @@ class MacvtapSpec:
 
 
 @dataclass(frozen=True)
+class Offloads:
+    """Requested offload states; None leaves a feature as the driver set it.
+
+    The kernel enforces dependencies, so what was really applied is read back and recorded
+    on the Endpoint. Seen here: tx checksumming off takes the TSO sub-features down with it,
+    yet ethtool 6.1 still prints ``tcp-segmentation-offload: on`` because Linux 6.18's new
+    tx-tcp-accecn-segmentation stays on; asking for ``tso=False`` as well turns them all off."""
+
+    tx: bool | None = None
+    tso: bool | None = None
+    gso: bool | None = None
+    gro: bool | None = None
+    lro: bool | None = None
+
+    @classmethod
+    def all(cls, on: bool) -> Offloads:
+        return cls(**{f.name: on for f in fields(cls)})
+
+    def requested(self) -> list[tuple[str, bool]]:
+        return [(f.name, getattr(self, f.name)) for f in fields(self) if getattr(self, f.name) is not None]
+
+    def label(self) -> str:
+        req = self.requested()
+        return ",".join(f"{k}-{'on' if v else 'off'}" for k, v in req) or "default"
+
+
+@dataclass(frozen=True)
 class Topology:
     name: str
     source: str                          # file it came from, or "<builtin>"
@@ -218,6 +245,9 @@ class Topology:
     #: how long a guest may take from domain start to ready (agent up, cloud-init final)
     ready_timeout_s: int = 600
     macvtap: MacvtapSpec = field(default_factory=MacvtapSpec)
+    #: offloads switched on the endpoints' NICs for the whole run (guest NICs, namespace
+    #: veths); None: as the drivers set them
+    offloads: Offloads | None = None
 
     def guest(self, name: str) -> GuestSpec:
         return next(g for g in self.guests if g.name == name)

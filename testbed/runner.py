@@ -20,7 +20,7 @@ from pathlib import Path
 from testbed import capabilities, cleanup, cpu, environment, images, measure, paths, proc, render, results, stats, virt
 from testbed.errors import CapabilityError, GuestError, ReadinessError, TestbedError
 from testbed.hostnet import attach, links, macvtap
-from testbed.model import Attachment, Backend, Cell, MacvtapSpec, Topology
+from testbed.model import Attachment, Backend, Cell, MacvtapSpec, Offloads, Topology
 from testbed.tools import get_tool
 
 log = logging.getLogger(__name__)
@@ -131,10 +131,11 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
         for (attachment, backend, queues), group in itertools.groupby(cells, key=_nic_group):
             group = list(group)
             try:
-                cm = (netns_mode(attachment, tag, t.subnet, max(t.matrix.mtus), str(state / "netns"))
+                cm = (netns_mode(attachment, tag, t.subnet, max(t.matrix.mtus), str(state / "netns"),
+                                 offloads=t.offloads)
                       if attachment.is_netns else
                       mode(attachment, backend, tag, guests[t.client], guests[t.server], t.subnet,
-                           max(t.matrix.mtus), queues=queues, macvtap_spec=t.macvtap))
+                           max(t.matrix.mtus), queues=queues, macvtap_spec=t.macvtap, offloads=t.offloads))
                 with cm as path:
                     for cell in group:
                         eta = ((time.monotonic() - started) / done * (len(cells) - done)) if done else None
@@ -162,13 +163,15 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
 @contextlib.contextmanager
 def mode(attachment: Attachment, backend: Backend, tag: str, client: virt.Guest, server: virt.Guest,
          subnet: str, max_mtu: int, *, queues: int = 1,
-         macvtap_spec: MacvtapSpec = MacvtapSpec()) -> Iterator[measure.TestPath]:
+         macvtap_spec: MacvtapSpec = MacvtapSpec(),
+         offloads: Offloads | None = None) -> Iterator[measure.TestPath]:
     """Host segment for one attachment mode, with a NIC hot-plugged into each guest.
     The NIC advertises the largest MTU of the matrix, so later cells can change MTU live."""
     net = ipaddress.ip_network(subnet)
     with contextlib.ExitStack() as stack:
         seg = stack.enter_context(attach.segment(attachment, tag, max_mtu, macvtap_spec))
         eps = []
+        applied: dict[str, dict[str, str]] = {}
         for i, g in enumerate((client, server)):
             target = f"tb-{tag}-t{i}"
             mac = _mac(tag, i, 0)
@@ -185,23 +188,24 @@ def mode(attachment: Attachment, backend: Backend, tag: str, client: virt.Guest,
                 # virtio-net starts with as many queue pairs as the guest has vCPUs; ask for
                 # all of them so the cell measures the multiqueue NIC it names.
                 a.run(["/usr/sbin/ethtool", "-L", ifname, "combined", str(queues)])
+            applied[g.spec.name] = dict(_guest_offloads(a, ifname, offloads))
             eps.append(measure.Endpoint(g, ifname, addr, target))
         taps = [e.tap for e in eps]
         # Entered last, so servers stop before the NICs are unplugged.
         servers = stack.enter_context(_servers())
         yield measure.TestPath(eps[0], eps[1], lambda mtu: seg.set_mtu(mtu, taps),
                                guest_sends_as_rx=attachment is not Attachment.MACVTAP, servers=servers,
-                               datapath=seg.datapath)
+                               datapath=seg.datapath, offloads=applied)
 
 
 @contextlib.contextmanager
 def netns_mode(attachment: Attachment, tag: str, subnet: str, max_mtu: int,
-               out_dir: str) -> Iterator[measure.TestPath]:
+               out_dir: str, offloads: Offloads | None = None) -> Iterator[measure.TestPath]:
     """Two namespaces joined the classic way, measured with the same tools and records as guests."""
     from testbed import nsagent
     from testbed.hostnet import netns
     net = ipaddress.ip_network(subnet)
-    with netns.connect(attachment.netns_kind, tag, subnet=str(net), mtu=max_mtu) as conn, \
+    with netns.connect(attachment.netns_kind, tag, subnet=str(net), mtu=max_mtu, offloads=offloads) as conn, \
             nsagent.hosts(conn.a.netns, conn.b.netns, out_dir) as (ha, hb):
         eps = [measure.Endpoint(h, e.ifname, e.address, e.ifname) for h, e in ((ha, conn.a), (hb, conn.b))]
 
@@ -222,7 +226,8 @@ def netns_mode(attachment: Attachment, tag: str, subnet: str, max_mtu: int,
 
         with _servers() as servers:
             yield measure.TestPath(eps[0], eps[1], set_mtu, guest_sends_as_rx=False, read_counters=read,
-                                   servers=servers, datapath=conn.datapath)
+                                   servers=servers, datapath=conn.datapath,
+                                   offloads={h.spec.name: dict(e.offloads) for h, e in ((ha, conn.a), (hb, conn.b))})
 
 
 @contextlib.contextmanager
@@ -232,6 +237,15 @@ def _servers() -> Iterator[measure.Servers]:
         yield servers
     finally:
         servers.stop_all()
+
+
+def _guest_offloads(agent, ifname: str, want: Offloads | None) -> tuple[tuple[str, str], ...]:
+    """Switch the requested offloads on a guest NIC one by one (a fixed feature must not stop
+    the others; the kernel also drags dependent features along), then read back what holds."""
+    from testbed.hostnet import netns
+    for name, on in (want.requested() if want else []):
+        agent.run(["/usr/sbin/ethtool", "-K", ifname, name, "on" if on else "off"], check=False)
+    return netns.parse_ethtool_k(agent.run(["/usr/sbin/ethtool", "-k", ifname]).stdout)
 
 
 def _samples_of(writer: results.RunWriter) -> list[dict]:

@@ -75,3 +75,23 @@ def test_netns_run_fills_every_field(tmp_path):
     tag = run_dir.name.rsplit("-", 1)[1]
     found = cleanup.find(include_live=True)
     assert [n for g in found.__dict__.values() for n in g if n.startswith(f"tb-{tag}")] == []
+
+
+def test_offloads_switched_for_the_run_and_recorded(tmp_path, monkeypatch):
+    """`offloads: off` reaches the endpoints' NICs; each sample records the states the NICs
+    report and the datapath that forwarded it."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: creates namespaces")
+    from testbed import config, results, runner
+    monkeypatch.setenv("TESTBED_RESULTS", str(tmp_path / "res"))
+    t = config.parse("matrix:\n  attachments: [netns-veth]\n  profiles:\n"
+                     "    - {name: tcp_stream, pattern: stream, message_size: 16384, duration: 2}\n"
+                     "offloads: {tso: false, gso: false, gro: false}\n", "off.yaml")
+    out = runner.execute(t)
+    assert out.status == "complete" and out.failed == 0
+    [s] = list(results.read_run(out.run_dir).samples)
+    assert s["extra"]["datapath"] == "veth"
+    assert set(s["extra"]["offloads"]) == {"ns-a", "ns-b"}
+    for states in s["extra"]["offloads"].values():
+        for feature in ("tso", "gso", "gro"):
+            assert states[feature].startswith("off"), states

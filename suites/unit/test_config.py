@@ -93,8 +93,20 @@ BAD = {
                           "macvtap.lower", "needs 1 lower device(s)"),
     "lower_bad_ifname": ("macvtap: {lower: \"eth1;reboot\"}\nguests: [{name: g1}, {name: g2}]\nmatrix: {profiles: [{name: a}]}\n",
                          "macvtap.lower", "invalid interface name"),
+    "offloads_unknown_feature": ("offloads: {tsoo: false}\nguests: [{name: g1}, {name: g2}]\nmatrix: {profiles: [{name: a}]}\n",
+                                 "offloads.tsoo", "unknown key"),
+    "offloads_not_bool": ("offloads: {tso: maybe}\nguests: [{name: g1}, {name: g2}]\nmatrix: {profiles: [{name: a}]}\n",
+                          "offloads.tso", "expected true or false"),
     "empty": ("", "(top level)", "empty file"),
 }
+
+
+def test_offloads_parse():
+    base = "guests: [{name: g1}, {name: g2}]\nmatrix: {profiles: [{name: a}]}\n"
+    assert config.parse("offloads: off\n" + base, "t.yaml").offloads.requested() == [
+        ("tx", False), ("tso", False), ("gso", False), ("gro", False), ("lro", False)]
+    assert config.parse("offloads: {gro: true}\n" + base, "t.yaml").offloads.requested() == [("gro", True)]
+    assert config.parse(base, "t.yaml").offloads is None
 
 
 def test_macvtap_and_queues_parse():

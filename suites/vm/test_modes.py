@@ -10,7 +10,8 @@ import pytest
 from testbed import measure, results, runner, stats
 from testbed.config import default
 from testbed.hostnet import attach, links, macvtap
-from testbed.model import Attachment, Backend, Cell, MacvtapMode, MacvtapSpec, Pattern, Profile, Repetitions
+from testbed.model import (Attachment, Backend, Cell, MacvtapMode, MacvtapSpec, Offloads, Pattern, Profile,
+                           Repetitions)
 
 STREAM = Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=3)
 IFF_MULTI_QUEUE = 0x0100    # <linux/if_tun.h>
@@ -88,3 +89,16 @@ def test_multiqueue_nic(guest_pair, writer):
         s = _measure(path, writer, cell)
     assert s.status == "ok", s.reason
     assert s.cell["queues"] == 2 and s.cell["id"].startswith("bridge-qemu-q2-")
+
+
+@pytest.mark.attach("bridge")
+def test_offloads_switched_in_the_guests(guest_pair):
+    gp = guest_pair
+    with runner.mode(Attachment.BRIDGE, Backend.QEMU, gp.tag, gp.client, gp.server, "198.18.0.0/24",
+                     1500, offloads=Offloads(tso=False, gso=False)) as path:
+        for ep in (path.client, path.server):
+            states = path.offloads[ep.guest.spec.name]
+            assert states["tso"].startswith("off") and states["gso"].startswith("off"), states
+            # read back from the guest, not echoed from the request
+            k = ep.guest.agent.run(["/usr/sbin/ethtool", "-k", ep.ifname]).stdout
+            assert "generic-segmentation-offload: off" in k

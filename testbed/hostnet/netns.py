@@ -37,7 +37,7 @@ from enum import StrEnum
 from testbed import PREFIX, proc
 from testbed.errors import CommandError, TestbedError
 from testbed.hostnet import links, macvtap, ovs, ovsd
-from testbed.model import Profile, object_name
+from testbed.model import Offloads, Profile, object_name
 from testbed.tools.base import ToolResult
 from testbed.tools.netperf import NetperfDriver
 
@@ -56,33 +56,6 @@ _ETHTOOL_K = {"tx": "tx-checksumming", "tso": "tcp-segmentation-offload",
 class ChainLink(StrEnum):
     PATCH = "patch"
     VETH = "veth"
-
-
-@dataclass(frozen=True)
-class Offloads:
-    """Requested offload states; None leaves a feature as the driver set it.
-
-    The kernel enforces dependencies, so what was really applied is read back and recorded
-    on the Endpoint. Seen here: tx checksumming off takes the TSO sub-features down with it,
-    yet ethtool 6.1 still prints ``tcp-segmentation-offload: on`` because Linux 6.18's new
-    tx-tcp-accecn-segmentation stays on; asking for ``tso=False`` as well turns them all off."""
-
-    tx: bool | None = None
-    tso: bool | None = None
-    gso: bool | None = None
-    gro: bool | None = None
-    lro: bool | None = None
-
-    @classmethod
-    def all(cls, on: bool) -> Offloads:
-        return cls(**{f.name: on for f in fields(cls)})
-
-    def requested(self) -> list[tuple[str, bool]]:
-        return [(f.name, getattr(self, f.name)) for f in fields(self) if getattr(self, f.name) is not None]
-
-    def label(self) -> str:
-        req = self.requested()
-        return ",".join(f"{k}-{'on' if v else 'off'}" for k, v in req) or "default"
 
 
 @dataclass(frozen=True)
@@ -148,14 +121,18 @@ def counters(ifname: str, netns: str | None = None) -> tuple[int, int]:
     return int(stats["rx"]["bytes"]), int(stats["tx"]["bytes"])
 
 
-def read_offloads(ifname: str, netns: str | None) -> tuple[tuple[str, str], ...]:
-    out = proc.run(["ethtool", "-k", ifname], netns=netns, timeout=10).stdout
+def parse_ethtool_k(text: str) -> tuple[tuple[str, str], ...]:
+    """Pure: `ethtool -k` output -> (short name, state) for the offloads the testbed switches."""
     states = {}
-    for line in out.splitlines():
+    for line in text.splitlines():
         m = re.match(r"^([a-z-]+):\s+(.+)$", line.strip())
         if m:
             states[m.group(1)] = m.group(2).strip()
     return tuple((short, states.get(long, "unknown")) for short, long in _ETHTOOL_K.items())
+
+
+def read_offloads(ifname: str, netns: str | None) -> tuple[tuple[str, str], ...]:
+    return parse_ethtool_k(proc.run(["ethtool", "-k", ifname], netns=netns, timeout=10).stdout)
 
 
 def apply_offloads(ifname: str, netns: str | None, want: Offloads | None) -> tuple[tuple[str, str], ...]:
