@@ -124,6 +124,8 @@ def parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_bench)
     from testbed import cli_results
     cli_results.add_commands(sub)
+    from testbed import cli_scenario
+    cli_scenario.add_command(sub)
     return p
 
 

@@ -18,6 +18,7 @@ from typing import Any, TextIO
 import jinja2
 
 from testbed import paths, stats
+from testbed.scenarios import study
 from testbed.compare import (RunComparison, attachments, compare_runs, environment,
                              is_transactional, measured)
 from testbed.results import RunRecord
@@ -74,6 +75,8 @@ class RunView:
     environment: tuple[tuple[str, str], ...]
     cells: tuple[CellStats, ...]
     failures: tuple[str, ...]
+    #: a scenario run's study.json (testbed.scenarios.study): its study-shaped tables
+    study: Mapping[str, Any] | None = None
 
     def env(self, key: str) -> str:
         return next((v for k, v in self.environment if k == key), "-")
@@ -143,7 +146,8 @@ def run_view(rec: RunRecord) -> RunView:
     return RunView(run_id=str(rec.run.get("run_id")), dir=str(rec.dir),
                    status=str(rec.run.get("status")),
                    tcg=environment(rec.run).get("accelerator") == "tcg",
-                   environment=_environment_rows(rec), cells=cell_stats(rec), failures=failures)
+                   environment=_environment_rows(rec), cells=cell_stats(rec), failures=failures,
+                   study=study.load(rec.dir))
 
 
 # --------------------------------------------------------------------------- plots

@@ -202,11 +202,19 @@ def mode(attachment: Attachment, backend: Backend, tag: str, client: virt.Guest,
 def netns_mode(attachment: Attachment, tag: str, subnet: str, max_mtu: int,
                out_dir: str, offloads: Offloads | None = None) -> Iterator[measure.TestPath]:
     """Two namespaces joined the classic way, measured with the same tools and records as guests."""
-    from testbed import nsagent
     from testbed.hostnet import netns
     net = ipaddress.ip_network(subnet)
     with netns.connect(attachment.netns_kind, tag, subnet=str(net), mtu=max_mtu, offloads=offloads) as conn, \
-            nsagent.hosts(conn.a.netns, conn.b.netns, out_dir) as (ha, hb):
+            netns_path(conn, out_dir) as path:
+        yield path
+
+
+@contextlib.contextmanager
+def netns_path(conn, out_dir: str) -> Iterator[measure.TestPath]:
+    """A TestPath over any namespace Connection (hostnet.netns), for measure.measure_cell:
+    the scenarios build connections the matrix cannot express (chains, offloads)."""
+    from testbed import nsagent
+    with nsagent.hosts(conn.a.netns, conn.b.netns, out_dir) as (ha, hb):
         eps = [measure.Endpoint(h, e.ifname, e.address, e.ifname) for h, e in ((ha, conn.a), (hb, conn.b))]
 
         def set_mtu(mtu: int) -> None:

@@ -1,0 +1,302 @@
+"""Study A, Linux bridge vs OVS with VLANs and bonds: nuttcp UDP at a constant target rate,
+loss per one-second interval, sender and receiver CPU.
+
+Two namespaces are the two servers ("tested" ha, "peer" hb), cabled by two veth pairs that
+are the bond members. The peer runs a Linux 802.3ad bond (layer3+4), the same for every
+configuration (with a VLAN sub-interface when the configuration tags). On the tested side:
+
+  1 Linux bond, no bridge        2 bond + VLAN sub-interface   3 Linux bridge + veth + bond
+  4 Linux bridge + VLAN          5 OVS bridge + Linux bond     6 OVS LACP bond (balance-tcp)
+  7 OVS bond + VLAN tag on the access port
+
+OVS is a private ovs-vswitchd in ha (ovsd.private), so its bond and flows touch nothing else.
+The jumbo path is checked first with ``ping -M do -s 8000``; a configuration whose path
+fails is a failed cell with the ping output, not a measurement.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from testbed import proc, results
+from testbed.errors import CommandError, TestbedError
+from testbed.hostnet import ovsd
+from testbed.model import Attachment, Backend, Cell, Profile, Protocol, object_name
+from testbed.scenarios import session as ses
+from testbed.scenarios.study import Finding, StudyReport, Table, env_difference, fmt, ratio_verdict
+from testbed.tools import nuttcp
+
+NAME = "bridge-vs-ovs"
+STUDY = "A. Linux bridge vs OVS, with VLANs and bonds, UDP at constant bit rate (OVS discuss list, 2014)"
+STUDY_ENV = {"hardware": "two servers back to back over 2x10G", "kernel": "Linux 3.2, OVS 1.4 (kernel datapath)",
+             "accelerator": "none (bare metal)"}
+MTU, VLAN, SIZE = 9000, 100, 8000
+NET = "198.18.101."
+
+
+@dataclass(frozen=True)
+class Config:
+    number: int
+    key: str
+    label: str
+    attachment: Attachment
+    published_mbps: float
+    published_loss: float
+    published_note: str = ""
+
+    @property
+    def vlan(self) -> bool:
+        return self.key in ("vlan", "bridge-vlan", "ovs-bond-vlan")
+
+    @property
+    def ovs(self) -> bool:
+        return self.key.startswith("ovs")
+
+
+CONFIGS = (
+    Config(1, "bond", "Linux bond, no bridge", Attachment.NETNS_VETH, 12390, 0),
+    Config(2, "vlan", "bond + VLAN sub-interface", Attachment.NETNS_VETH, 11958, 5),
+    Config(3, "bridge", "Linux bridge + veth + bond", Attachment.NETNS_BRIDGE, 10499, 0),
+    Config(4, "bridge-vlan", "Linux bridge + VLAN", Attachment.NETNS_BRIDGE, 10340, 0),
+    Config(5, "ovs-linux-bond", "OVS bridge + Linux bond", Attachment.NETNS_OVS, 12241, 0),
+    Config(6, "ovs-bond", "OVS bridge + OVS LACP bond (balance-tcp)", Attachment.NETNS_OVS, 9921, 5.7,
+           "one link carried all the traffic"),
+    Config(7, "ovs-bond-vlan", "OVS bond + OVS VLAN tag on the access port", Attachment.NETNS_OVS, 9915, 5.5),
+)
+
+
+def profile(c: Config, rate: str, secs: int) -> Profile:
+    return Profile(f"cbr{c.number}-{c.key}", protocol=Protocol.UDP, message_size=SIZE, duration_s=secs,
+                   rate_bps=_bps(rate))
+
+
+def _bps(rate: str) -> int:
+    return int(float(rate[:-1]) * {"G": 1e9, "M": 1e6}[rate[-1]])
+
+
+def _ip(*args: str, ns: str) -> None:
+    proc.run(["ip", *args], netns=ns, timeout=30)
+
+
+@dataclass(frozen=True)
+class Wire:
+    tested: str          # namespace of the tested server
+    peer: str
+    members: tuple[str, str]     # bond members on the tested side
+    address: str         # tested side's test address
+    peer_address: str
+
+
+@contextlib.contextmanager
+def wire(tag: str, c: Config, workdir: str) -> Iterator[Wire]:
+    """Both servers, the two cables, the peer's bond and the tested side's configuration."""
+    n = lambda kind: object_name(tag, kind)  # noqa: E731
+    ha, hb = n("ha"), n("hb")
+    with contextlib.ExitStack() as stack:
+        for ns in (ha, hb):
+            stack.enter_context(ses.namespace(ns))
+        members = (n("a0"), n("a1"))
+        for i, m in enumerate(members):
+            proc.run(["ip", "link", "add", m, "netns", ha, "type", "veth", "peer", "name", n(f"p{i}"),
+                      "netns", hb], timeout=30)
+            for dev, ns in ((m, ha), (n(f"p{i}"), hb)):
+                _ip("link", "set", dev, "mtu", str(MTU), ns=ns)
+        # The peer: Linux 802.3ad bond, layer3+4 hashing, the same in every configuration.
+        _bond(hb, n("pb"), (n("p0"), n("p1")))
+        peer_dev = n("pb")
+        if c.vlan:
+            peer_dev = _vlan(hb, n("pb"), n("pv"))
+        _ip("addr", "add", f"{NET}2/24", "dev", peer_dev, ns=hb)
+        dev = _tested(stack, tag, c, ha, members, workdir)
+        _ip("addr", "add", f"{NET}1/24", "dev", dev, ns=ha)
+        yield Wire(ha, hb, members, f"{NET}1", f"{NET}2")
+
+
+def _bond(ns: str, name: str, members: tuple[str, ...]) -> str:
+    _ip("link", "add", name, "type", "bond", "mode", "802.3ad", "xmit_hash_policy", "layer3+4",
+        "miimon", "100", "lacp_rate", "fast", ns=ns)
+    for m in members:
+        _ip("link", "set", m, "down", ns=ns)
+        _ip("link", "set", m, "master", name, ns=ns)
+    _ip("link", "set", name, "mtu", str(MTU), "up", ns=ns)
+    return name
+
+
+def _vlan(ns: str, lower: str, name: str) -> str:
+    _ip("link", "add", "link", lower, "name", name, "type", "vlan", "id", str(VLAN), ns=ns)
+    _ip("link", "set", name, "mtu", str(MTU), "up", ns=ns)
+    return name
+
+
+def _tested(stack: contextlib.ExitStack, tag: str, c: Config, ns: str, members: tuple[str, str],
+            workdir: str) -> str:
+    """The tested server's side of configuration ``c``; returns the device for the address."""
+    n = lambda kind: object_name(tag, kind)  # noqa: E731
+    if c.key in ("bond", "vlan", "bridge", "bridge-vlan", "ovs-linux-bond"):
+        bond = _bond(ns, n("ab"), members)
+        lower = _vlan(ns, bond, n("av")) if c.key in ("vlan", "bridge-vlan") else bond
+        if c.key in ("bond", "vlan"):
+            return lower
+        if c.key.startswith("bridge"):
+            # The "VM" side: a veth pair, one end in the bridge, the address on the other.
+            _ip("link", "add", n("br"), "type", "bridge", ns=ns)
+            _ip("link", "add", n("e0"), "type", "veth", "peer", "name", n("e1"), ns=ns)
+            for dev in (lower, n("e1")):
+                _ip("link", "set", dev, "master", n("br"), ns=ns)
+            for dev in (n("e1"), n("e0"), n("br")):
+                _ip("link", "set", dev, "mtu", str(MTU), "up", ns=ns)
+            return n("e0")
+        ports = [("add-port", n("ob"), bond)]
+    else:
+        for m in members:
+            _ip("link", "set", m, "up", ns=ns)
+        ports = [("add-bond", n("ob"), n("ob0"), *members, "bond_mode=balance-tcp", "lacp=active",
+                  "other_config:lacp-time=fast")]
+    sw = stack.enter_context(ovsd.private(ns, workdir))
+    sw.vsctl("add-br", n("ob"), "--", "set", "Bridge", n("ob"), "datapath_type=netdev")
+    args: list[str] = []
+    for p in ports:
+        args += ["--", *p]
+    internal = n("oi")
+    args += ["--", "add-port", n("ob"), internal, "--", "set", "Interface", internal, "type=internal",
+             f"mtu_request={MTU}"]
+    if c.key == "ovs-bond-vlan":
+        args += ["--", "set", "Port", internal, f"tag={VLAN}"]
+    sw.vsctl(*args[1:])
+    for m in (members if c.key != "ovs-linux-bond" else (bond,)):
+        sw.vsctl("set", "Interface", m, f"mtu_request={MTU}")
+    # The userspace datapath over AF_PACKET: checksums are filled in by the sender.
+    proc.run(["ethtool", "-K", internal, "tx", "off"], netns=ns, timeout=10, check=False)
+    _ip("link", "set", internal, "mtu", str(MTU), "up", ns=ns)
+    return internal
+
+
+def jumbo_check(w: Wire, deadline_s: float = 20.0) -> str | None:
+    """The study's ``ping -M do -s 8000``, retried while the bonds negotiate LACP."""
+    end = time.monotonic() + deadline_s
+    while True:
+        res = proc.run(["ping", "-n", "-M", "do", "-s", str(SIZE), "-c", "2", "-i", "0.2", "-W", "2",
+                        w.peer_address], netns=w.tested, timeout=30, check=False)
+        if res.rc == 0:
+            return None
+        if time.monotonic() > end:
+            out = (res.stdout + res.stderr).strip().splitlines()
+            return f"jumbo path check failed (ping -M do -s {SIZE}) after {deadline_s:.0f} s: {' | '.join(out[-2:])}"
+        time.sleep(1)
+
+
+def _tx_bytes(ns: str, dev: str) -> int:
+    return int(proc.run(["cat", f"/sys/class/net/{dev}/statistics/tx_bytes"], netns=ns, timeout=10).stdout)
+
+
+def _socket_buffers(ns: str) -> str:
+    """The study raised net.core.{w,r}mem_max to 4 MiB. Only where that is per-namespace:
+    the host's own value is never changed."""
+    res = [proc.run(["sysctl", "-q", "-w", f"net.core.{k}=4194304"], netns=ns, timeout=10, check=False)
+           for k in ("wmem_max", "rmem_max")]
+    return "raised to 4 MiB in the namespaces" if all(r.rc == 0 for r in res) else \
+        "left at the host's value (net.core.*mem_max is not per-namespace on this kernel)"
+
+
+def measure(s: ses.Session, c: Config, rate: str, secs: int) -> tuple[dict, str]:
+    cell = Cell(c.attachment, Backend.QEMU, MTU, 4, profile(c, rate, secs))
+    s.progress(f"  {c.number}. {c.label}")
+    started = results.now()
+    try:
+        with wire(s.tag, c, s.out_dir(f"ovs{c.number}")) as w:
+            bufs = "; ".join(sorted({_socket_buffers(ns) for ns in (w.tested, w.peer)}))
+            why = jumbo_check(w)
+            if why:
+                return s.fail(cell, why), bufs
+            with proc.background(nuttcp.server_argv(), out_dir=s.out_dir("nuttcp"), name=f"server{c.number}",
+                                 netns=w.peer):
+                time.sleep(0.5)
+                before = [_tx_bytes(w.tested, m) for m in w.members]
+                argv = nuttcp.client_argv(w.peer_address, rate=rate, seconds=secs)
+                res = proc.run(argv, netns=w.tested, timeout=secs + 60, check=False)
+                after = [_tx_bytes(w.tested, m) for m in w.members]
+    except (TestbedError, OSError) as e:
+        return s.fail(cell, f"configuration {c.number} could not be built: {e}"), ""
+    raw = s.raw(cell, "nuttcp.out", res.stdout + ("\n# stderr\n" + res.stderr if res.stderr else ""))
+    r = nuttcp.parse(res.stdout, res.stderr, res.rc)
+    if not r.ok:
+        return s.fail(cell, r.reason or "nuttcp failed"), bufs
+    moved = [a - b for a, b in zip(after, before)]
+    share = max(moved) / sum(moved) if sum(moved) else None
+    metrics = {"throughput_mbps": r.mbps, "loss_pct": r.loss_pct, "dropped": r.dropped, "packets": r.packets,
+               **({"busiest_link_share": round(share, 4)} if share is not None else {}),
+               **({"sender_cpu_pct": r.tx_cpu_pct} if r.tx_cpu_pct is not None else {}),
+               **({"receiver_cpu_pct": r.rx_cpu_pct} if r.rx_cpu_pct is not None else {})}
+    extra = {"intervals": [{"s": i.seconds, "mbps": i.mbps, "dropped": i.dropped, "packets": i.packets,
+                            "loss_pct": i.loss_pct} for i in r.intervals],
+             "argv": argv, "member_tx_bytes": moved, "socket_buffers": bufs}
+    return s.record(cell, metrics, started=started, raw=[raw], extra=extra), bufs
+
+
+def run(quick: bool, progress, hosts=None) -> StudyReport:
+    rate, secs = ("2G", 3) if quick else ("20G", 10)
+    topo = ses.topology(NAME, [c.attachment for c in CONFIGS], [profile(c, rate, secs) for c in CONFIGS],
+                        mtus=(MTU,), connections=(4,))
+    got, bufs = {}, set()
+    with ses.session(NAME, topo, quick, progress) as s:
+        for c in CONFIGS:
+            rec, b = measure(s, c, rate, secs)
+            got[c.number] = rec
+            bufs.add(b)
+        env, run_id = dict(s.env), s.writer.run_id
+        samples = {x["cell"]["id"]: x for x in results.read_run(s.writer.dir).samples}
+    return report(got, samples, env, quick, run_id, rate, secs, "; ".join(sorted(b for b in bufs if b)))
+
+
+def report(got: dict, samples: dict, env: dict, quick: bool, run_id: str, rate: str, secs: int,
+           bufs: str) -> StudyReport:
+    m = lambda n, k: ses.summary_mean(got[n], k)  # noqa: E731
+    rows, per_interval = [], []
+    for c in CONFIGS:
+        rec = got[c.number]
+        share = m(c.number, "busiest_link_share")
+        rows.append((f"{c.number}. {c.label}", fmt(m(c.number, "throughput_mbps")), f"~{c.published_mbps:.0f}",
+                     fmt(m(c.number, "loss_pct")), f"{c.published_loss:g}",
+                     f"{share:.0%}" if share is not None else "-",
+                     fmt(m(c.number, "sender_cpu_pct")), fmt(m(c.number, "receiver_cpu_pct")),
+                     c.published_note, rec.get("reason") or ""))
+        for i, iv in enumerate((samples.get(rec["id"]) or {}).get("extra", {}).get("intervals", [])):
+            per_interval.append((f"{c.number}", str(i + 1), fmt(iv["mbps"]), f"{iv['dropped']} / {iv['packets']}",
+                                 fmt(iv["loss_pct"])))
+    tables = (Table(f"nuttcp UDP, {SIZE}-byte datagrams, 4 streams at a {rate}bit/s target, {secs} s, MTU {MTU}",
+                    ("configuration", "measured Mbit/s", "published Mbit/s", "measured loss %",
+                     "published loss %", "busiest bond member", "sender CPU %", "receiver CPU %",
+                     "published note", "failure"), tuple(rows),
+                    f"study target 20 Gbit/s over 2x10G; socket buffers {bufs or '-'}"),
+              Table("Loss per one-second interval (nuttcp -i1)",
+                    ("configuration", "second", "Mbit/s", "dropped / sent", "loss %"), tuple(per_interval)))
+    t = {n: m(n, "throughput_mbps") for n in range(1, 8)}
+    loss = {n: m(n, "loss_pct") for n in range(1, 8)}
+    share6 = m(6, "busiest_link_share")
+    findings = (
+        Finding("OVS is not worse than the Linux bridge (OVS + Linux bond ~12241 vs Linux bridge ~10499 Mbit/s)",
+                "held if configuration 5 reaches >= 95% of configuration 3's Mbit/s with no more than 1 point more loss",
+                ratio_verdict(t[5] >= 0.95 * t[3] and loss[5] <= loss[3] + 1
+                              if None not in (t[5], t[3], loss[5], loss[3]) else None),
+                f"OVS + Linux bond {fmt(t[5])} Mbit/s, {fmt(loss[5])}% loss; Linux bridge {fmt(t[3])} Mbit/s, "
+                f"{fmt(loss[3])}% loss"),
+        Finding("A Linux bridge costs throughput against the bare bond (~10499 vs ~12390 Mbit/s)",
+                "held if configuration 3 reaches at most 95% of configuration 1",
+                ratio_verdict(t[3] <= 0.95 * t[1] if t[3] and t[1] else None),
+                f"bond {fmt(t[1])}, Linux bridge {fmt(t[3])} Mbit/s"),
+        Finding("The OVS LACP bond (balance-tcp) put all the traffic on one link",
+                "held if one bond member carried >= 90% of the bytes in configuration 6",
+                ratio_verdict(share6 >= 0.9 if share6 is not None else None),
+                f"busiest member carried {share6:.0%} of the bytes" if share6 is not None else "not measured"),
+        Finding("The OVS bond configurations lose datagrams (5.5-5.7%) where the Linux bridge loses none",
+                "held if configurations 6 and 7 lose more than configuration 3 by at least 1 point",
+                ratio_verdict(min(loss[6], loss[7]) >= loss[3] + 1
+                              if None not in (loss[6], loss[7], loss[3]) else None),
+                f"loss % 3: {fmt(loss[3])}, 6: {fmt(loss[6])}, 7: {fmt(loss[7])}"),
+    )
+    return StudyReport(NAME, STUDY, quick, env_difference(STUDY_ENV, env, (
+        ("link", "2x10G copper/fibre, LACP partner switchless", "two veth pairs between two namespaces"),
+        ("datapath", "OVS 1.4 kernel datapath", "private OVS, userspace (netdev) datapath over AF_PACKET"),
+        ("rate", "20 Gbit/s target, 10 s", f"{rate}bit/s target, {secs} s"))), tables, findings, run_id=run_id)

@@ -1,0 +1,126 @@
+"""Study D, connecting network namespaces: veth pair, Linux bridge, OVS + veth, OVS internal
+ports; 1..16 streams; offloads (tx, tso, gso, gro, lro) on and off; Gbit/s per CPU GHz."""
+from __future__ import annotations
+
+from testbed.errors import TestbedError
+from testbed.hostnet import netns
+from testbed.model import Attachment, Backend, Cell, Pattern, Profile
+from testbed.scenarios import session as ses
+from testbed.scenarios.study import Finding, StudyReport, Table, Verdict, env_difference, fmt
+
+NAME = "netns-connect"
+STUDY = "D. Connecting network namespaces (opencloudblog, 2013-2014)"
+STUDY_ENV = {"hardware": "i5 4 cores at 3.3 GHz (13.2 GHz available)", "kernel": "Linux 3.13, OVS 2.0.1 (kernel datapath)",
+             "accelerator": "none (bare metal, namespaces)"}
+STUDY_GHZ = 13.2
+KINDS = (("veth", Attachment.NETNS_VETH, "veth pair"), ("bridge", Attachment.NETNS_BRIDGE, "Linux bridge"),
+         ("ovs-veth", Attachment.NETNS_OVS, "OVS + veth"),
+         ("ovs-internal", Attachment.NETNS_OVS_INTERNAL, "OVS internal ports"))
+#: Gbit/s with offloads on, by (kind, streams); 4 and 8 for internal ports: "74.3 at 4 to 8"
+PUBLISHED = {("veth", 1): 37.8, ("veth", 2): 65.0, ("bridge", 1): 33.3, ("bridge", 2): 54.3,
+             ("ovs-veth", 1): 35.0, ("ovs-veth", 2): 51.5, ("ovs-internal", 1): 37.0,
+             ("ovs-internal", 4): 74.3, ("ovs-internal", 8): 74.3}
+OFF_RANGE = (2.7, 12.6)
+
+
+def profile(offloads_on: bool, seconds: int) -> Profile:
+    return Profile(f"stream-offl-{'on' if offloads_on else 'off'}", pattern=Pattern.STREAM,
+                   message_size=16384, duration_s=seconds)
+
+
+def run(quick: bool, progress, hosts=None) -> StudyReport:
+    streams = (1, 2) if quick else (1, 2, 4, 8, 16)
+    seconds = 3 if quick else 10
+    profiles = [profile(True, seconds), profile(False, seconds)]
+    topo = ses.topology(NAME, [k[1] for k in KINDS], profiles, connections=streams)
+    got: dict[tuple[str, bool, int], dict] = {}
+    with ses.session(NAME, topo, quick, progress) as s:
+        for kind, att, _ in KINDS:
+            for on in (True, False):
+                # Offloads off: one stream is enough to show the fall (the study's point).
+                for n in (streams if on or not quick else (1,)):
+                    cell = Cell(att, Backend.QEMU, 1500, n, profile(on, seconds))
+                    try:
+                        # Offloads on the endpoints, and on the switch's veth ends where it has them.
+                        path = {} if kind in ("veth", "ovs-internal") else \
+                            {"path_offloads": netns.Offloads.all(on)}
+                        with netns.connect(kind, s.tag, offloads=netns.Offloads.all(on), **path) as conn:
+                            rec = s.measure(cell, conn)
+                            rec = {**rec, "applied": dict(conn.a.offloads)}
+                    except (TestbedError, OSError) as e:  # the path could not be built: a failed cell
+                        rec = s.fail(cell, f"{kind}: {e}")
+                    got[(kind, on, n)] = rec
+        env = dict(s.env)
+        run_id = s.writer.run_id
+    return report(got, env, quick, run_id, streams)
+
+
+def _gbit(rec: dict | None) -> float | None:
+    v = ses.summary_mean(rec or {}, "throughput_mbps")
+    return v / 1000 if v is not None else None
+
+
+def report(got: dict, env: dict, quick: bool, run_id: str, streams: tuple[int, ...]) -> StudyReport:
+    ghz_here = (env.get("cpus") or 0) * (env.get("cpu_mhz") or 0) / 1000 or None
+    rows = []
+    for kind, _, label in KINDS:
+        for on in (True, False):
+            for n in streams:
+                rec = got.get((kind, on, n))
+                if rec is None:
+                    continue
+                g = _gbit(rec)
+                pub = PUBLISHED.get((kind, n)) if on else None
+                rows.append((label, "on" if on else "off", str(n), fmt(g),
+                             fmt(pub) if pub else (f"{OFF_RANGE[0]}-{OFF_RANGE[1]}" if not on else "-"),
+                             fmt(g / ghz_here if g is not None and ghz_here else None),
+                             fmt(pub / STUDY_GHZ if pub else None),
+                             rec.get("reason") or ""))
+    table = Table("Gbit/s between two namespaces (netperf TCP_STREAM, MTU 1500)",
+                  ("connection", "offloads", "streams", "measured Gbit/s", "published Gbit/s",
+                   "measured Gbit/s per GHz", "published Gbit/s per GHz", "failure"), tuple(rows),
+                  f"efficiency = Gbit/s / CPU GHz available (here {fmt(ghz_here)} GHz, study {STUDY_GHZ} GHz)")
+    findings = []
+    # 1. offloads off falls well below offloads on, on every connection
+    pairs = [(label, _gbit(got.get((k, True, 1))), _gbit(got.get((k, False, 1)))) for k, _, label in KINDS]
+    measured = [(l, on, off) for l, on, off in pairs if on is not None and off is not None]
+    ev = "; ".join(f"{l}: on {fmt(on)}, off {fmt(off)} Gbit/s ({off / on:.0%})" for l, on, off in measured)
+    ok = all(off <= 0.5 * on for _, on, off in measured) if measured else None
+    findings.append(Finding("With offloads off every connection falls to 2.7-12.6 Gbit/s, far below offloads on",
+                            "held if offloads-off throughput is at most half of offloads-on on every "
+                            "connection, at 1 stream", _v(ok), ev or "no pair measured"))
+    veth = dict(measured_pair(got, "veth"))
+    findings.append(Finding("On the veth pair, offloads off is well below offloads on (37.8 vs 2.7-12.6 Gbit/s)",
+                            "held if veth offloads-off <= 50% of offloads-on at 1 stream",
+                            _v(veth["off"] <= 0.5 * veth["on"] if veth else None),
+                            f"on {fmt(veth.get('on'))}, off {fmt(veth.get('off'))} Gbit/s" if veth else "not measured"))
+    # 2. more streams give more throughput (veth 37.8 -> 65.0 at 2)
+    one, two = _gbit(got.get(("veth", True, 1))), _gbit(got.get(("veth", True, 2)))
+    findings.append(Finding("A second stream raises veth throughput a lot (37.8 -> 65.0 Gbit/s)",
+                            "held if 2 streams give >= 1.3x of 1 stream on the veth pair",
+                            _v(two >= 1.3 * one if one and two else None),
+                            f"1 stream {fmt(one)}, 2 streams {fmt(two)} Gbit/s; this machine has "
+                            f"{env.get('cpus')} CPUs"))
+    # 3. ordering at 1 thread: veth best, Linux bridge worst
+    at1 = {label: _gbit(got.get((k, True, 1))) for k, _, label in KINDS}
+    have = {k: v for k, v in at1.items() if v is not None}
+    findings.append(Finding("At 1 stream the veth pair is fastest and the Linux bridge slowest "
+                            "(37.8 / 37.0 / 35.0 / 33.3 Gbit/s)",
+                            "held if veth pair >= every other connection and Linux bridge <= every other",
+                            _v((have["veth pair"] >= max(have.values()) and have["Linux bridge"] <= min(have.values()))
+                               if len(have) == 4 else None),
+                            ", ".join(f"{k} {fmt(v)}" for k, v in at1.items())))
+    return StudyReport(NAME, STUDY, quick, env_difference(STUDY_ENV, env, (
+        ("datapath", "OVS kernel datapath", f"OVS {env.get('versions', {}).get('ovs', '?')} as running here "
+                                           "(userspace netdev datapath when there is no kernel module)"),
+        ("tool", "iperf threads", "netperf TCP_STREAM processes"))), (table,), tuple(findings),
+        run_id=run_id)
+
+
+def measured_pair(got: dict, kind: str) -> list[tuple[str, float]]:
+    on, off = _gbit(got.get((kind, True, 1))), _gbit(got.get((kind, False, 1)))
+    return [("on", on), ("off", off)] if on is not None and off is not None else []
+
+
+def _v(ok: bool | None) -> Verdict:
+    return Verdict.NOT_MEASURABLE if ok is None else (Verdict.HELD if ok else Verdict.NOT_HELD)

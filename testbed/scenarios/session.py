@@ -1,0 +1,120 @@
+"""A scenario's run: one normal run directory (run.json + samples.jsonl, so index, compare
+and report work) for experiments the runner's matrix cannot express (chains, offloads,
+nuttcp at a constant rate, packet rates, flow counts). Namespace-only: accelerator "none".
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from testbed import cleanup, environment, measure, paths, proc, results, runner, stats
+from testbed.errors import CommandError, GuestError, TestbedError
+from testbed.model import (Attachment, Backend, Cell, GuestSpec, HostSpec, Matrix, Profile,
+                           Repetitions, Topology)
+
+log = logging.getLogger(__name__)
+ONE = Repetitions(min_samples=1, max_samples=1)
+
+
+def topology(name: str, attachments: Sequence[Attachment], profiles: Sequence[Profile],
+             mtus: Sequence[int] = (1500,), connections: Sequence[int] = (1,)) -> Topology:
+    """What run.json records as the run's topology: the scenario's axes."""
+    return Topology(name=f"scenario-{name}", source="<scenario>", hosts=(HostSpec("local"),),
+                    guests=(GuestSpec("ns-a", "local"), GuestSpec("ns-b", "local")),
+                    client="ns-a", server="ns-b",
+                    matrix=Matrix(tuple(dict.fromkeys(attachments)), (Backend.QEMU,),
+                                  tuple(mtus), tuple(connections), tuple(profiles), ONE))
+
+
+@dataclass
+class Session:
+    writer: results.RunWriter
+    tag: str
+    state: Path
+    env: Mapping[str, Any]
+    progress: Callable[[str], None]
+    rule: stats.StoppingRule = field(default_factory=lambda: stats.StoppingRule(ONE))
+
+    @property
+    def clock_ghz(self) -> float | None:
+        mhz = self.env.get("cpu_mhz")
+        return mhz / 1000 if mhz else None
+
+    def out_dir(self, name: str) -> str:
+        d = self.state / name
+        d.mkdir(parents=True, exist_ok=True)
+        return str(d)
+
+    def measure(self, cell: Cell, conn: Any) -> Mapping[str, Any]:
+        """One cell through the runner's measurement (tool + CPU over one window) across a
+        namespace Connection. Returns the cell record (status, reason, summary)."""
+        self.progress(f"  {cell.id}")
+        try:
+            with runner.netns_path(conn, self.out_dir("agents")) as path:
+                measure.measure_cell(cell, path, self.writer, self.rule, 0, {}, {}, self.clock_ghz)
+        except (TestbedError, CommandError, GuestError) as e:
+            measure.fail_cell(cell, self.writer, str(e), {})
+        return self.writer.record["cells"][-1]
+
+    def fail(self, cell: Cell, reason: str) -> Mapping[str, Any]:
+        self.progress(f"  {cell.id}: {reason}")
+        measure.fail_cell(cell, self.writer, reason, {})
+        return self.writer.record["cells"][-1]
+
+    def record(self, cell: Cell, metrics: Mapping[str, float], *, started: str,
+               extra: Mapping[str, Any] | None = None, raw: Sequence[str] = (),
+               cpu: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
+        """A sample measured by a scenario's own experiment (one repetition)."""
+        s = results.Sample(self.writer.run_id, cell.as_dict(), 0, False, "ok", None, dict(metrics),
+                           dict(cpu or {}), started, results.now(), tuple(raw), {}, dict(extra or {}))
+        self.writer.add_sample(s)
+        summary = {k: {"n": 1, "mean": v, "median": v, "stddev": None, "ci95": [None, None]}
+                   for k, v in metrics.items()}
+        self.writer.add_cell(cell, "ok", None, None, summary)
+        return self.writer.record["cells"][-1]
+
+    def raw(self, cell: Cell, name: str, text: str) -> str:
+        p = self.writer.raw_path(cell.id, name)
+        p.write_text(text)
+        return str(p.relative_to(self.writer.dir))
+
+
+@contextlib.contextmanager
+def session(name: str, topo: Topology, quick: bool,
+            progress: Callable[[str], None]) -> Iterator[Session]:
+    run_id, tag = results.new_run_id()
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(cleanup.host_lock(run_id))
+        state = stack.enter_context(cleanup.owned_state(tag, run_id))
+        env = environment.fingerprint(None, extra={"scenario": name, "quick": quick})
+        writer = stack.enter_context(results.RunWriter(paths.results_dir(), run_id, topo, env))
+        writer.update(scenario={"name": name, "quick": quick})
+        progress(f"scenario {name}: run {run_id} (namespaces, accelerator none)")
+        yield Session(writer, tag, state, env, progress)
+
+
+def summary_mean(cell_record: Mapping[str, Any], metric: str) -> float | None:
+    """A cell's measured mean of one metric; None when the cell failed (never 0)."""
+    if cell_record.get("status") == "failed":
+        return None
+    m = (cell_record.get("summary") or {}).get(metric) or {}
+    return m.get("mean")
+
+
+@contextlib.contextmanager
+def namespace(name: str) -> Iterator[str]:
+    """One extra tb- namespace (e.g. for a private OVS), removed on exit."""
+    from testbed import PREFIX
+    if not name.startswith(PREFIX):
+        raise TestbedError(f"refusing to create namespace {name!r}: not a {PREFIX} name")
+    proc.run(["ip", "netns", "add", name], timeout=30)
+    try:
+        proc.run(["sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1"], netns=name, timeout=10)
+        proc.run(["ip", "link", "set", "lo", "up"], netns=name, timeout=10)
+        yield name
+    finally:
+        proc.run(["ip", "netns", "delete", name], timeout=30, check=False)
