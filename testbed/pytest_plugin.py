@@ -1,7 +1,8 @@
 """pytest plugin: tiers, options, fixtures and capability skips.
 
 Tiers follow the folders: suites/unit (no root, no VMs), suites/netns (root, namespaces,
-no VMs), suites/store (a database server), suites/vm (boots guests). A test that cannot
+no VMs), suites/store (a database server), suites/vm (boots guests), suites/scenarios (each
+study scenario end to end with --quick: namespaces, and guests for macvtap-vs-ovs). A test that cannot
 run here is skipped with a reason naming what is missing, found by trying it.
 """
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-TIERS = ("unit", "netns", "store", "vm")
+TIERS = ("unit", "netns", "store", "vm", "scenarios")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -1,0 +1,129 @@
+"""Every study scenario end to end with --quick, as a user runs it: `testbed scenario run NAME
+--quick`, then `testbed report` on its run. Asserts measured facts, not that code ran."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from testbed.hostnet import attach
+from testbed.model import Attachment
+from testbed.scenarios import SCENARIOS, study
+
+pytestmark = [pytest.mark.scenarios]
+VERDICTS = {v.value for v in study.Verdict}
+
+
+def _needs(name: str) -> str | None:
+    if os.geteuid() != 0:
+        return "needs root: creates namespaces, OVS bridges and guests"
+    if not shutil.which("netperf"):
+        return "netperf missing (Debian non-free)"
+    if name == "bridge-vs-ovs" and not shutil.which("nuttcp"):
+        return "nuttcp missing (scripts/setup-host installs it)"
+    if name in ("bridge-vs-ovs", "ovs-chain", "ovs-analysis", "netns-connect"):
+        why = attach.unavailable(Attachment.OVS)
+        if why:
+            return f"OVS unavailable: {why}"
+    return None
+
+
+def _testbed(*args: str, results: Path, timeout: float = 900) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TESTBED_RESULTS": str(results)}
+    return subprocess.run([sys.executable, "-m", "testbed.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def results_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("scenario-results")
+
+
+_DONE: dict[str, tuple[Path, dict, str, str]] = {}
+
+
+def scenario(name: str, root: Path) -> tuple[Path, dict, str, str]:
+    """(run dir, study.json, CLI stdout, report HTML): each scenario runs once per session."""
+    why = _needs(name)
+    if why:
+        pytest.skip(why)
+    if name not in _DONE:
+        p = _testbed("scenario", "run", name, "--quick", results=root)
+        assert p.returncode == 0, p.stderr[-3000:]
+        run_dir = Path(p.stdout.strip().splitlines()[-1])
+        html = root / f"{name}.html"
+        r = _testbed("report", run_dir.name, "-o", str(html), results=root)
+        assert r.returncode == 0, r.stderr
+        _DONE[name] = (run_dir, study.load(run_dir), p.stdout, html.read_text())
+    return _DONE[name]
+
+
+def test_list_names_the_five_studies():
+    p = subprocess.run([sys.executable, "-m", "testbed.cli", "scenario", "list"], capture_output=True, text=True)
+    assert p.returncode == 0
+    assert [line.split()[0] for line in p.stdout.splitlines()] == [
+        "bridge-vs-ovs", "ovs-chain", "ovs-analysis", "netns-connect", "macvtap-vs-ovs"]
+
+
+def test_unknown_scenario_is_one_line_and_exit_2(tmp_path):
+    p = _testbed("scenario", "run", "nope", "--quick", results=tmp_path)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "unknown scenario 'nope'" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("name", [s.name for s in SCENARIOS])
+def test_scenario_writes_a_normal_run_and_its_table_in_the_report(name, results_root):
+    run_dir, rep, out, html = scenario(name, results_root)
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["status"] in ("complete", "complete-with-failures")
+    assert run["counts"]["samples"] > 0
+    assert rep["scenario"] == name and rep["quick"] is True and rep["tables"]
+    aspects = [a for a, _, _ in rep["environment"]]
+    assert aspects[:3] == ["hardware", "kernel", "accelerator"]
+    for t in rep["tables"]:
+        assert t["rows"], t["title"]
+        assert t["title"] in html or t["title"].replace("&", "&amp;") in html
+    assert "Did the study&#39;s findings hold here?" in html or "Did the study's findings hold here?" in html
+    assert rep["findings"]
+    for f in rep["findings"]:
+        assert f["verdict"] in VERDICTS and f["evidence"]
+        assert f"[{f['verdict']}] {f['claim']}" in out
+    # Something was measured: at least one finding could be judged here.
+    assert any(f["verdict"] != study.Verdict.NOT_MEASURABLE for f in rep["findings"])
+
+
+def test_ovs_chain_has_patch_and_veth_tables(results_root):
+    _, rep, _, _ = scenario("ovs-chain", results_root)
+    titles = [t["title"] for t in rep["tables"]]
+    assert any("patch ports" in t for t in titles) and any("veth pairs" in t for t in titles)
+    for t in rep["tables"]:
+        gbit = [r[t["columns"].index("measured Gbit/s")] for r in t["rows"]]
+        assert all(g != "-" and float(g) > 0 for g in gbit), t
+
+
+def test_netns_connect_offloads_off_well_below_on_for_veth(results_root):
+    run_dir, rep, _, _ = scenario("netns-connect", results_root)
+    cells = {c["id"]: c for c in json.loads((run_dir / "run.json").read_text())["cells"]}
+    on = cells["netns-veth-qemu-mtu1500-conn1-stream-offl-on"]["summary"]["throughput_mbps"]["mean"]
+    off = cells["netns-veth-qemu-mtu1500-conn1-stream-offl-off"]["summary"]["throughput_mbps"]["mean"]
+    assert off < 0.5 * on, (on, off)
+    veth = next(f for f in rep["findings"] if f["claim"].startswith("On the veth pair"))
+    assert veth["verdict"] == study.Verdict.HELD
+
+
+def test_bridge_vs_ovs_reports_loss_per_interval(results_root):
+    run_dir, rep, _, html = scenario("bridge-vs-ovs", results_root)
+    per = next(t for t in rep["tables"] if t["title"].startswith("Loss per one-second interval"))
+    samples = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
+    ok = [s for s in samples if s["status"] == "ok"]
+    assert ok, [s["reason"] for s in samples]
+    for s in ok:
+        assert s["extra"]["intervals"] and all("loss_pct" in i for i in s["extra"]["intervals"])
+        assert "loss_pct" in s["metrics"]
+    assert len(per["rows"]) == sum(len(s["extra"]["intervals"]) for s in ok)
+    assert "Loss per one-second interval" in html
