@@ -6,7 +6,7 @@ from testbed.errors import TestbedError
 from testbed.hostnet import netns
 from testbed.model import Attachment, Backend, Cell, Pattern, Profile
 from testbed.scenarios import session as ses
-from testbed.scenarios.study import Finding, StudyReport, Table, Verdict, env_difference, fmt
+from testbed.scenarios.study import Finding, StudyReport, Table, env_difference, fmt, ratio_verdict
 
 NAME = "ovs-chain"
 STUDY = "B. Chaining OVS bridges: patch ports vs veth pairs (opencloudblog, 2014)"
@@ -70,18 +70,18 @@ def report(got: dict, env: dict, quick: bool, run_id: str, lengths, streams) -> 
     findings.append(Finding("With patch ports, throughput does not depend on chain length (up to 8 bridges)",
                             f"held if every chain length is within 15% of the best (1 stream, lengths "
                             f"{', '.join(map(str, lengths))})",
-                            _v(min(pv) >= 0.85 * max(pv) if len(pv) == len(lengths) and len(pv) > 1 else None),
+                            ratio_verdict(min(pv) >= 0.85 * max(pv) if len(pv) == len(lengths) and len(pv) > 1 else None),
                             ", ".join(f"{n} bridges {fmt(v)} Gbit/s" for n, v in patch.items())))
     v1, v2 = _gbit(got.get(("veth", 1, 1))), _gbit(got.get(("veth", 2, 1)))
     findings.append(Finding("With veth pairs, 2 bridges already lose about 10% at 1-2 streams",
                             "held if 2 veth-joined bridges give at most 95% of 1 bridge at 1 stream",
-                            _v(v2 <= 0.95 * v1 if v1 and v2 else None),
+                            ratio_verdict(v2 <= 0.95 * v1 if v1 and v2 else None),
                             f"1 bridge {fmt(v1)}, 2 bridges {fmt(v2)} Gbit/s"
                             + (f" ({v2 / v1:.0%})" if v1 and v2 else "")))
     cores = ses.summary_mean(got.get(("patch", 1, 1)) or {}, "host_cores")
     findings.append(Finding("One stream costs about 1.8 cores (1.0 sender, 0.8 receiver)",
                             "held if one stream through 1 bridge keeps 1.5-2.1 host cores busy",
-                            _v(1.5 <= cores <= 2.1 if cores is not None else None),
+                            ratio_verdict(1.5 <= cores <= 2.1 if cores is not None else None),
                             f"{fmt(cores)} host cores busy; this machine has {env.get('cpus')} CPUs"))
     return StudyReport(NAME, STUDY, quick, env_difference(STUDY_ENV, env, (
         ("datapath", "OVS kernel datapath", f"OVS {env.get('versions', {}).get('ovs', '?')} as running here "
@@ -89,6 +89,3 @@ def report(got: dict, env: dict, quick: bool, run_id: str, lengths, streams) -> 
         ("tool", "iperf threads", "netperf TCP_STREAM processes"))), tuple(tables), tuple(findings),
         run_id=run_id)
 
-
-def _v(ok: bool | None) -> Verdict:
-    return Verdict.NOT_MEASURABLE if ok is None else (Verdict.HELD if ok else Verdict.NOT_HELD)

@@ -6,7 +6,7 @@ from testbed.errors import TestbedError
 from testbed.hostnet import netns
 from testbed.model import Attachment, Backend, Cell, Pattern, Profile
 from testbed.scenarios import session as ses
-from testbed.scenarios.study import Finding, StudyReport, Table, Verdict, env_difference, fmt
+from testbed.scenarios.study import Finding, StudyReport, Table, env_difference, fmt, ratio_verdict
 
 NAME = "netns-connect"
 STUDY = "D. Connecting network namespaces (opencloudblog, 2013-2014)"
@@ -88,17 +88,17 @@ def report(got: dict, env: dict, quick: bool, run_id: str, streams: tuple[int, .
     ok = all(off <= 0.5 * on for _, on, off in measured) if measured else None
     findings.append(Finding("With offloads off every connection falls to 2.7-12.6 Gbit/s, far below offloads on",
                             "held if offloads-off throughput is at most half of offloads-on on every "
-                            "connection, at 1 stream", _v(ok), ev or "no pair measured"))
+                            "connection, at 1 stream", ratio_verdict(ok), ev or "no pair measured"))
     veth = dict(measured_pair(got, "veth"))
     findings.append(Finding("On the veth pair, offloads off is well below offloads on (37.8 vs 2.7-12.6 Gbit/s)",
                             "held if veth offloads-off <= 50% of offloads-on at 1 stream",
-                            _v(veth["off"] <= 0.5 * veth["on"] if veth else None),
+                            ratio_verdict(veth["off"] <= 0.5 * veth["on"] if veth else None),
                             f"on {fmt(veth.get('on'))}, off {fmt(veth.get('off'))} Gbit/s" if veth else "not measured"))
     # 2. more streams give more throughput (veth 37.8 -> 65.0 at 2)
     one, two = _gbit(got.get(("veth", True, 1))), _gbit(got.get(("veth", True, 2)))
     findings.append(Finding("A second stream raises veth throughput a lot (37.8 -> 65.0 Gbit/s)",
                             "held if 2 streams give >= 1.3x of 1 stream on the veth pair",
-                            _v(two >= 1.3 * one if one and two else None),
+                            ratio_verdict(two >= 1.3 * one if one and two else None),
                             f"1 stream {fmt(one)}, 2 streams {fmt(two)} Gbit/s; this machine has "
                             f"{env.get('cpus')} CPUs"))
     # 3. ordering at 1 thread: veth best, Linux bridge worst
@@ -107,7 +107,7 @@ def report(got: dict, env: dict, quick: bool, run_id: str, streams: tuple[int, .
     findings.append(Finding("At 1 stream the veth pair is fastest and the Linux bridge slowest "
                             "(37.8 / 37.0 / 35.0 / 33.3 Gbit/s)",
                             "held if veth pair >= every other connection and Linux bridge <= every other",
-                            _v((have["veth pair"] >= max(have.values()) and have["Linux bridge"] <= min(have.values()))
+                            ratio_verdict((have["veth pair"] >= max(have.values()) and have["Linux bridge"] <= min(have.values()))
                                if len(have) == 4 else None),
                             ", ".join(f"{k} {fmt(v)}" for k, v in at1.items())))
     return StudyReport(NAME, STUDY, quick, env_difference(STUDY_ENV, env, (
@@ -121,6 +121,3 @@ def measured_pair(got: dict, kind: str) -> list[tuple[str, float]]:
     on, off = _gbit(got.get((kind, True, 1))), _gbit(got.get((kind, False, 1)))
     return [("on", on), ("off", off)] if on is not None and off is not None else []
 
-
-def _v(ok: bool | None) -> Verdict:
-    return Verdict.NOT_MEASURABLE if ok is None else (Verdict.HELD if ok else Verdict.NOT_HELD)
