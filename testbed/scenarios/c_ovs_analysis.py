@@ -109,13 +109,32 @@ def _ofctl(sw: ovsd.Ovs, br: str, *args: str, input: str | None = None) -> str:
                     input=input).stdout
 
 
-def _flow_cache(sw: ovsd.Ovs, on: bool) -> None:
-    """Cache off: the datapath may hold no flows (upcall flow limit 0) and the userspace
-    datapath's exact-match cache takes no entries, so every packet goes up to ofproto."""
-    _appctl(sw, "upcall/set-flow-limit", "200000" if on else "0")
-    sw.vsctl("set", "Open_vSwitch", ".", f"other_config:emc-insert-inv-prob={100 if on else 0}")
+def _flow_cache(sw: ovsd.Ovs, on: bool, timeout_s: float = 10.0) -> None:
+    """Cache off: the datapath may hold no flows (``other_config:flow-limit=0``; the appctl
+    ``upcall/set-flow-limit`` is undone by every bridge reconfiguration) and the userspace
+    datapath's exact-match cache takes no entries, so every packet goes up to ofproto.
+    Waits until the revalidators report the new limit; a switch that never does is an error
+    (no measurement is labelled "cache off" unless the cache was off)."""
+    sw.vsctl("set", "Open_vSwitch", ".", f"other_config:flow-limit={200000 if on else 0}",
+             f"other_config:emc-insert-inv-prob={100 if on else 0}")
     # Flows cached under the previous setting go; before the first bridge there is no datapath.
     _appctl(sw, "dpctl/del-flows", check=False)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        limit = _flow_limit(sw)
+        if limit is None or (limit == 0) == (not on):
+            return
+        if time.monotonic() > deadline:
+            raise TestbedError(f"flow cache {'on' if on else 'off'}: ovs-vswitchd still reports a "
+                               f"datapath flow limit of {limit} after {timeout_s:.0f} s")
+        time.sleep(0.2)
+
+
+def _flow_limit(sw: ovsd.Ovs) -> int | None:
+    """The datapath flow limit `upcall/show` reports (None before the first bridge)."""
+    import re
+    m = re.search(r"\(limit (\d+)\)", _appctl(sw, "upcall/show", check=False))
+    return int(m.group(1)) if m else None
 
 
 def _rx_packets(ns: str, ifname: str) -> int:
@@ -128,6 +147,7 @@ def _flows(s: ses.Session, sw: ovsd.Ovs, cell: Cell, n: int, secs: int) -> dict:
     py = [sys.executable, "-m", "testbed.scenarios.udpflows"]
     try:
         with netns.ovs_veth(s.tag, switch=sw) as conn:
+            _flow_cache(sw, cell.profile.name.endswith("-on"))
             # No ICMP port-unreachable storm back through the switch: a bound sink.
             with proc.background([*py, "sink", "9", str(secs + 15)], out_dir=s.out_dir("flows"),
                                  name=f"sink-{n}", netns=conn.b.netns):
@@ -139,9 +159,14 @@ def _flows(s: ses.Session, sw: ovsd.Ovs, cell: Cell, n: int, secs: int) -> dict:
                 delivered = _rx_packets(conn.b.netns, conn.b.ifname) - before
             dp_flows = len([x for x in _appctl(sw, "dpctl/dump-flows").splitlines() if x.strip()])
             limit = _appctl(sw, "upcall/show").strip().splitlines()
+            if cell.profile.name.endswith("-off") and _flow_limit(sw) != 0:
+                raise TestbedError(f"flow cache was not off during the measurement: {limit[:2]}")
     except (TestbedError, OSError) as e:  # the path could not be built: a failed cell
         return s.fail(cell, f"{n} flows: {e}")
-    out = json.loads(res.stdout.strip().splitlines()[-1])
+    try:
+        out = json.loads(res.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return s.fail(cell, f"{n} flows: the sender printed no result: {res.stdout[-200:]!r} {res.stderr[-200:]!r}")
     if out["sent"] == 0 or delivered <= 0:
         return s.fail(cell, f"{n} flows: nothing delivered (sent {out['sent']}, errors {out['errors']})")
     secs_ = out["seconds"]
