@@ -67,3 +67,21 @@ def test_render_text_lists_every_finding():
     text = study.render_text(rep)
     for f in rep["findings"]:
         assert f"[{f['verdict']}] {f['claim']}" in text
+
+
+def test_report_page_shows_the_study_table_and_verdicts(tmp_path):
+    from html import escape
+
+    from testbed import report, results
+    from testbed.model import Attachment
+    from testbed.scenarios import session
+    topo = session.topology("netns-connect", [Attachment.NETNS_VETH], [d_netns_connect.profile(True, 3)])
+    with results.RunWriter(tmp_path, "20260101T000000Z-abcd", topo, ENV) as w:
+        pass
+    rep = _d(3000)
+    study.write(w.dir, rep)
+    html = report.render(report.build([results.read_run(w.dir)], generated="now"))
+    assert rep.tables[0].title in html and "37.8" in html
+    for f in rep.findings:
+        assert escape(f.claim, quote=False) in html and f"<strong>{f.verdict.value}</strong>" in html
+    assert "the study</th>" in html and "i5 4 cores" in html
