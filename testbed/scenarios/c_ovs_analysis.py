@@ -258,7 +258,7 @@ def report(got: dict, env: dict, quick: bool, run_id: str, flows, vx_why, vx_run
                         ("flows", "cache on kpps", "cache off kpps", "sent kpps (on)", "sent kpps (off)",
                          "datapath flows (on)", "datapath flows (off)", "failure"), tuple(rows),
                         "published: about -5% at 2048 flows with the cache; cache disabled about 400 Mbit/s "
-                        "(600 kpps), CPU mostly in softirq. Cache off = upcall/set-flow-limit 0 and "
+                        "(600 kpps), CPU mostly in softirq. Cache off = other_config:flow-limit=0 and "
                         "emc-insert-inv-prob=0 on a private switch. Sender: one Python process, "
                         "so 'sent' bounds what can be delivered"))
     d = lambda c, n: ses.summary_mean(got[("flows", c, n)], "delivered_pps")  # noqa: E731
