@@ -26,8 +26,9 @@ def topology(name: str, attachments: Sequence[Attachment], profiles: Sequence[Pr
     return Topology(name=f"scenario-{name}", source="<scenario>", hosts=(HostSpec("local"),),
                     guests=(GuestSpec("ns-a", "local"), GuestSpec("ns-b", "local")),
                     client="ns-a", server="ns-b",
-                    matrix=Matrix(tuple(dict.fromkeys(attachments)), (Backend.QEMU,),
-                                  tuple(mtus), tuple(connections), tuple(profiles), ONE))
+                    matrix=Matrix(attachments=tuple(dict.fromkeys(attachments)), backends=(Backend.QEMU,),
+                                  mtus=tuple(mtus), connections=tuple(connections),
+                                  profiles=tuple(profiles), repetitions=ONE))
 
 
 @dataclass
