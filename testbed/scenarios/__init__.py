@@ -35,6 +35,9 @@ SCENARIOS = (
              "E: guests on macvtap vs OVS, MTU 1492/9000, stream and RR, 1-250 connections"),
 )
 
+#: scenarios without guests: they run on the local host whatever --hosts says
+NAMESPACE_ONLY = ("bridge-vs-ovs", "ovs-chain", "netns-connect")
+
 
 def get(name: str) -> Scenario:
     for s in SCENARIOS:
@@ -54,6 +57,8 @@ def run(name: str, *, quick: bool, hosts_file: str | None = None,
     if hosts_file is not None:
         from testbed import config
         hosts = config.load(hosts_file)      # validated before anything is created
+    if hosts is not None and sc.name in NAMESPACE_ONLY:
+        progress(f"--hosts: {sc.name} runs between namespaces on this host; {hosts_file} is not used")
     mod = importlib.import_module(f"testbed.scenarios.{sc.module}")
     rep = mod.run(quick, progress, hosts)
     run_dir = paths.results_dir() / rep.run_id
