@@ -110,10 +110,15 @@ def test_ovs_chain_has_patch_and_veth_tables(results_root):
 
 def test_netns_connect_offloads_off_well_below_on_for_veth(results_root):
     run_dir, rep, _, _ = scenario("netns-connect", results_root)
-    cells = {c["id"]: c for c in json.loads((run_dir / "run.json").read_text())["cells"]}
-    on = cells["netns-veth-qemu-mtu1500-conn1-stream-offl-on"]["summary"]["throughput_mbps"]["mean"]
-    off = cells["netns-veth-qemu-mtu1500-conn1-stream-offl-off"]["summary"]["throughput_mbps"]["mean"]
-    assert off < 0.5 * on, (on, off)
+    cells = json.loads((run_dir / "run.json").read_text())["cells"]
+
+    def best(label: str) -> float:
+        return max(c["summary"]["throughput_mbps"]["mean"] for c in cells
+                   if c["attachment"] == "netns-veth" and c["profile"] == f"stream-offl-{label}"
+                   and c["status"] == "ok")
+
+    # Best over the stream counts on each side, as the study's ranges are.
+    assert best("off") < 0.5 * best("on"), (best("on"), best("off"))
     veth = next(f for f in rep["findings"] if f["claim"].startswith("On the veth pair"))
     assert veth["verdict"] == study.Verdict.HELD
 

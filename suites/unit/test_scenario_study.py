@@ -19,6 +19,7 @@ def _d(veth_off):
         got[(kind, True, 1)] = cell(20000)
         got[(kind, True, 2)] = cell(30000)
         got[(kind, False, 1)] = cell(veth_off if kind == "veth" else 3000)
+        got[(kind, False, 2)] = cell(veth_off if kind == "veth" else 3000)
     return d_netns_connect.report(got, ENV, True, "run", (1, 2))
 
 
@@ -28,7 +29,9 @@ def _verdict(rep, prefix):
 
 def test_offload_finding_follows_the_numbers():
     assert _verdict(_d(3000), "On the veth pair") is study.Verdict.HELD
-    assert _verdict(_d(15000), "On the veth pair") is study.Verdict.NOT_HELD
+    assert _verdict(_d(20000), "On the veth pair") is study.Verdict.NOT_HELD
+    assert _verdict(_d(20000), "With offloads off every") is study.Verdict.NOT_HELD
+    assert _verdict(_d(3000), "With offloads off every") is study.Verdict.HELD
 
 
 def test_published_beside_measured_and_efficiency():

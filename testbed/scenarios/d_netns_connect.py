@@ -37,8 +37,7 @@ def run(quick: bool, progress, hosts=None) -> StudyReport:
     with ses.session(NAME, topo, quick, progress) as s:
         for kind, att, _ in KINDS:
             for on in (True, False):
-                # Offloads off: one stream is enough to show the fall (the study's point).
-                for n in (streams if on or not quick else (1,)):
+                for n in streams:
                     cell = Cell(att, Backend.QEMU, 1500, n, profile(on, seconds))
                     try:
                         # Offloads on the endpoints, and on the switch's veth ends where it has them.
@@ -81,19 +80,24 @@ def report(got: dict, env: dict, quick: bool, run_id: str, streams: tuple[int, .
                    "measured Gbit/s per GHz", "published Gbit/s per GHz", "failure"), tuple(rows),
                   f"efficiency = Gbit/s / CPU GHz available (here {fmt(ghz_here)} GHz, study {STUDY_GHZ} GHz)")
     findings = []
-    # 1. offloads off falls well below offloads on, on every connection
-    pairs = [(label, _gbit(got.get((k, True, 1))), _gbit(got.get((k, False, 1)))) for k, _, label in KINDS]
-    measured = [(l, on, off) for l, on, off in pairs if on is not None and off is not None]
+    # 1. offloads off falls well below offloads on. The study's ranges span its thread
+    # counts (on: 33-74 Gbit/s, off: 2.7-12.6), so each side's best over the stream counts
+    # is compared: one stream may be limited by something else than the offloads.
+    best = {label: (_best(got, k, True, streams), _best(got, k, False, streams)) for k, _, label in KINDS}
+    measured = [(l, on, off) for l, (on, off) in best.items() if on is not None and off is not None]
     ev = "; ".join(f"{l}: on {fmt(on)}, off {fmt(off)} Gbit/s ({off / on:.0%})" for l, on, off in measured)
-    ok = all(off <= 0.5 * on for _, on, off in measured) if measured else None
+    ok = all(off <= 0.5 * on for _, on, off in measured) if len(measured) == len(KINDS) else None
     findings.append(Finding("With offloads off every connection falls to 2.7-12.6 Gbit/s, far below offloads on",
-                            "held if offloads-off throughput is at most half of offloads-on on every "
-                            "connection, at 1 stream", ratio_verdict(ok), ev or "no pair measured"))
-    veth = dict(measured_pair(got, "veth"))
-    findings.append(Finding("On the veth pair, offloads off is well below offloads on (37.8 vs 2.7-12.6 Gbit/s)",
-                            "held if veth offloads-off <= 50% of offloads-on at 1 stream",
-                            ratio_verdict(veth["off"] <= 0.5 * veth["on"] if veth else None),
-                            f"on {fmt(veth.get('on'))}, off {fmt(veth.get('off'))} Gbit/s" if veth else "not measured"))
+                            "held if the best offloads-off throughput (over the stream counts) is at most "
+                            "half the best offloads-on throughput, on every connection",
+                            ratio_verdict(ok), ev or "no pair measured"))
+    on, off = best["veth pair"]
+    findings.append(Finding("On the veth pair, offloads off is well below offloads on (37.8-65.0 vs 2.7-12.6 Gbit/s)",
+                            "held if the veth pair's best offloads-off throughput is at most half its best "
+                            "offloads-on throughput",
+                            ratio_verdict(off <= 0.5 * on if on is not None and off is not None else None),
+                            f"best on {fmt(on)}, best off {fmt(off)} Gbit/s over {', '.join(map(str, streams))} "
+                            "stream(s)" if on is not None and off is not None else "not measured"))
     # 2. more streams give more throughput (veth 37.8 -> 65.0 at 2)
     one, two = _gbit(got.get(("veth", True, 1))), _gbit(got.get(("veth", True, 2)))
     findings.append(Finding("A second stream raises veth throughput a lot (37.8 -> 65.0 Gbit/s)",
@@ -117,7 +121,7 @@ def report(got: dict, env: dict, quick: bool, run_id: str, streams: tuple[int, .
         run_id=run_id)
 
 
-def measured_pair(got: dict, kind: str) -> list[tuple[str, float]]:
-    on, off = _gbit(got.get((kind, True, 1))), _gbit(got.get((kind, False, 1)))
-    return [("on", on), ("off", off)] if on is not None and off is not None else []
+def _best(got: dict, kind: str, on: bool, streams) -> float | None:
+    vals = [g for n in streams if (g := _gbit(got.get((kind, on, n)))) is not None]
+    return max(vals) if vals else None
 
