@@ -14,9 +14,10 @@ STUDY_ENV = {"hardware": "i5 4 cores at 3.3 GHz", "kernel": "Linux 3.13, OVS 2.0
              "accelerator": "none (bare metal, namespaces)"}
 
 
+
 def profile(link: netns.ChainLink, n: int, seconds: int) -> Profile:
     # The chain is part of the cell's identity: one profile name per (link, length).
-    return Profile(f"stream-{link.value}-n{n}", pattern=Pattern.STREAM, message_size=16384,
+    return Profile(f"stream-{link.value}-n{n}", pattern=Pattern.STREAM, message_size=ses.IPERF_WRITE,
                    duration_s=seconds)
 
 
@@ -61,7 +62,7 @@ def report(got: dict, env: dict, quick: bool, run_id: str, lengths, streams) -> 
         pub = ("flat up to 8 bridges" if link is netns.ChainLink.PATCH else
                "about -10% at 2 bridges for 1-2 streams, much more with more streams")
         tables.append(Table(f"Chain of OVS bridges joined by {'patch ports' if link is netns.ChainLink.PATCH else 'veth pairs'}"
-                            f" (netperf TCP_STREAM, MTU 1500); published: {pub}",
+                            f" (netperf TCP_STREAM, 128 KiB writes, MTU 1500); published: {pub}",
                             ("bridges", "streams", "measured Gbit/s", "vs 1 bridge", "host cores busy", "failure"),
                             tuple(rows)))
     findings = []

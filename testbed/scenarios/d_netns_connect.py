@@ -23,9 +23,10 @@ PUBLISHED = {("veth", 1): 37.8, ("veth", 2): 65.0, ("bridge", 1): 33.3, ("bridge
 OFF_RANGE = (2.7, 12.6)
 
 
+
 def profile(offloads_on: bool, seconds: int) -> Profile:
     return Profile(f"stream-offl-{'on' if offloads_on else 'off'}", pattern=Pattern.STREAM,
-                   message_size=16384, duration_s=seconds)
+                   message_size=ses.IPERF_WRITE, duration_s=seconds)
 
 
 def run(quick: bool, progress, hosts=None) -> StudyReport:
@@ -75,7 +76,7 @@ def report(got: dict, env: dict, quick: bool, run_id: str, streams: tuple[int, .
                              fmt(g / ghz_here if g is not None and ghz_here else None),
                              fmt(pub / STUDY_GHZ if pub else None),
                              rec.get("reason") or ""))
-    table = Table("Gbit/s between two namespaces (netperf TCP_STREAM, MTU 1500)",
+    table = Table("Gbit/s between two namespaces (netperf TCP_STREAM, 128 KiB writes, MTU 1500)",
                   ("connection", "offloads", "streams", "measured Gbit/s", "published Gbit/s",
                    "measured Gbit/s per GHz", "published Gbit/s per GHz", "failure"), tuple(rows),
                   f"efficiency = Gbit/s / CPU GHz available (here {fmt(ghz_here)} GHz, study {STUDY_GHZ} GHz)")
