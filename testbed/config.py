@@ -18,7 +18,8 @@ import yaml
 
 from testbed.errors import ConfigError
 from testbed.model import (NAME_RE, Attachment, Backend, GuestSpec, HostSpec, MacvtapMode, MacvtapSpec,
-                           Matrix, Offloads, Pattern, Profile, Protocol, Repetitions, Tool, Topology)
+                           Matrix, Offloads, Pattern, Profile, Protocol, Repetitions, Tool, Topology,
+                           TunnelSpec)
 
 BENCHMARK_NET = ipaddress.ip_network("198.18.0.0/15")
 # libvirt URIs: driver[+transport]://[user@][host][:port]/path[?query]; no quotes,
@@ -33,6 +34,8 @@ MAX_QUEUES = 256            # virtio-net's limit on queue pairs
 IFNAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
 MATRIX_KEYS = {"attachments", "backends", "queues", "mtus", "connections", "profiles", "repetitions",
                "randomize", "seed"}
+#: outer Ethernet 14 + IPv4 20 + UDP 8 + VXLAN 8 (hostnet/vxlan.py)
+VXLAN_OVERHEAD = 50
 
 
 class Node:
@@ -140,13 +143,55 @@ def _host(n: Node) -> HostSpec:
     if "no_verify" in uri:
         # ssh transports must check the remote host key; libvirt's no_verify turns that off.
         raise m["uri"].error("no_verify is not allowed: remote SSH host keys must be checked")
-    transport = m["transport"].str(re.compile(r"^(local|ssh)$"), "transport (local|ssh)") \
+    transport = m["transport"].str(re.compile(r"^(local|ssh|netns)$"), "transport (local|ssh|netns)") \
         if "transport" in m else ("ssh" if "+ssh" in uri else "local")
+    if transport == "netns" and not uri.startswith("qemu:///"):
+        # An emulated host is a namespace on this machine; its guests run in the local libvirt.
+        raise (m.get("uri") or n).error("transport netns (a host emulated on this machine) needs a local "
+                                        "libvirt URI such as qemu:///system")
+    if transport == "netns" and "ssh" in m:
+        raise m["ssh"].error("transport netns runs on this machine; 'ssh' is for transport ssh")
     ssh = m["ssh"].str(re.compile(r"^[A-Za-z0-9._-]+@[A-Za-z0-9._-]+$"), "ssh target user@host") \
         if "ssh" in m else None
     if transport == "ssh" and not ssh:
         raise n.error("transport ssh needs 'ssh: user@host'")
     return HostSpec(name=name, uri=uri, transport=transport, ssh_target=ssh)
+
+
+def _tunnel(n: Node) -> TunnelSpec:
+    m = n.mapping({"vni", "udp_port", "underlay", "underlay_mtu"})
+    return TunnelSpec(
+        vni=m["vni"].int(1, (1 << 24) - 1, "vni") if "vni" in m else 42,
+        udp_port=m["udp_port"].int(1, 65535, "udp_port") if "udp_port" in m else 4789,
+        underlay=m["underlay"].str(IFNAME_RE, "interface name") if "underlay" in m else None,
+        underlay_mtu=m["underlay_mtu"].int(MTU_MIN + VXLAN_OVERHEAD, MTU_MAX, "underlay_mtu")
+        if "underlay_mtu" in m else 1500)
+
+
+def _check_tunnel(m: dict[str, Node], doc: Node, matrix: Matrix, tunnel: TunnelSpec,
+                  hosts: list[HostSpec]) -> None:
+    """Two-host modes: the inner MTU must fit the underlay with VXLAN's overhead, and the
+    underlay interface is the testbed's own wire on emulated hosts, the operator's on real
+    ones. Checked here so a bad tunnel is refused before anything is created."""
+    if not any(a.needs_two_hosts for a in matrix.attachments):
+        return
+    mnode = m["matrix"].mapping(MATRIX_KEYS)
+    mtu_nodes = mnode["mtus"].seq() if "mtus" in mnode else []
+    for i, mtu in enumerate(matrix.mtus):
+        if mtu + VXLAN_OVERHEAD > tunnel.underlay_mtu:
+            node = mtu_nodes[i] if mtu_nodes else m["matrix"]
+            raise node.error(
+                f"inner MTU {mtu} + {VXLAN_OVERHEAD} bytes of VXLAN-over-IPv4 overhead = "
+                f"{mtu + VXLAN_OVERHEAD} does not fit the underlay MTU {tunnel.underlay_mtu}; raise "
+                f"tunnel.underlay_mtu to at least {mtu + VXLAN_OVERHEAD} or lower the MTU")
+    tn = m.get("tunnel")
+    if any(h.emulated for h in hosts) and tunnel.underlay:
+        raise tn.mapping({"vni", "udp_port", "underlay", "underlay_mtu"})["underlay"].error(  # type: ignore[union-attr]
+            "hosts emulated on this machine (transport netns) use the testbed's own veth wire; "
+            "underlay names a real host's interface")
+    if not all(h.emulated for h in hosts) and not tunnel.underlay:
+        raise (tn or doc).error("a two-host mode on real hosts needs tunnel.underlay (the interface "
+                                "that carries the tunnel on each host)")
 
 
 def _image_path(n: Node, base: Path) -> str:
@@ -275,7 +320,7 @@ def parse(text: str, file: str = "<string>", base: Path | None = None) -> Topolo
     doc = Node(file, root, "")
     base = base or Path(file).resolve().parent
     m = doc.mapping({"name", "accelerator", "subnet", "hosts", "guests", "client", "server", "matrix",
-                     "ready_timeout", "macvtap", "offloads"},
+                     "ready_timeout", "macvtap", "offloads", "tunnel"},
                     required=("matrix",))
     host_nodes = m["hosts"].seq(1) if "hosts" in m else []
     hosts = tuple(_host(h) for h in host_nodes) or (HostSpec(name="local"),)
@@ -311,6 +356,8 @@ def parse(text: str, file: str = "<string>", base: Path | None = None) -> Topolo
         if a.needs_two_hosts and len({g.host for g in guests if g.name in (client, server)}) < 2:
             node = m["matrix"].mapping(MATRIX_KEYS)["attachments"].seq()[i]
             raise node.error(f"attachment {a.value} needs the client and server on two different hosts")
+    tunnel = _tunnel(m["tunnel"]) if "tunnel" in m else TunnelSpec()
+    _check_tunnel(m, doc, matrix, tunnel, [host_map[t.host] for t in guests if t.name in (client, server)])
     name = m["name"].str(re.compile(r"^[A-Za-z0-9._-]{1,64}$"), "topology name") if "name" in m \
         else Path(file).stem
     accel = m["accelerator"].str(re.compile(r"^(auto|kvm|tcg)$"), "accelerator (auto|kvm|tcg)") \
@@ -320,7 +367,7 @@ def parse(text: str, file: str = "<string>", base: Path | None = None) -> Topolo
     off = _offloads(m["offloads"]) if "offloads" in m else None
     return Topology(name=name, source=file, hosts=hosts, guests=guests, client=client, server=server,
                     matrix=matrix, accelerator=accel, subnet=subnet, ready_timeout_s=ready, macvtap=mv,
-                    offloads=off)
+                    offloads=off, tunnel=tunnel)
 
 
 def load(path: str | os.PathLike) -> Topology:

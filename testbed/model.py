@@ -144,8 +144,25 @@ class HostSpec:
 
     name: str
     uri: str = "qemu:///system"
-    transport: str = "local"             # local | ssh
+    transport: str = "local"             # local | ssh | netns (emulated on this machine)
     ssh_target: str | None = None        # user@host when transport is ssh
+
+    @property
+    def emulated(self) -> bool:
+        """A host emulated on this machine: its datapath lives in its own network namespace
+        and its guests run in the local libvirt."""
+        return self.transport == "netns"
+
+
+@dataclass(frozen=True)
+class TunnelSpec:
+    """The VXLAN tunnel between two hosts."""
+
+    vni: int = 42
+    udp_port: int = 4789                 # IANA's VXLAN port
+    #: each host's interface that carries the tunnel; None on emulated hosts (the testbed's wire)
+    underlay: str | None = None
+    underlay_mtu: int = 1500
 
 
 @dataclass(frozen=True)
@@ -248,6 +265,7 @@ class Topology:
     #: offloads switched on the endpoints' NICs for the whole run (guest NICs, namespace
     #: veths); None: as the drivers set them
     offloads: Offloads | None = None
+    tunnel: TunnelSpec = field(default_factory=TunnelSpec)
 
     def guest(self, name: str) -> GuestSpec:
         return next(g for g in self.guests if g.name == name)

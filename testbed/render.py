@@ -52,7 +52,7 @@ def domain_xml(p: DomainParams) -> str:
 
 @dataclass(frozen=True)
 class NicParams:
-    kind: str                  # bridge | ovs | direct
+    kind: str                  # bridge | ovs | direct | ethernet
     source: str                # bridge name, or macvtap lower device
     target: str                # host-side device name (tb- prefixed)
     mac: str
@@ -60,6 +60,8 @@ class NicParams:
     mtu: int
     queues: int = 1
     macvtap_mode: str = "bridge"
+    #: False: the virtio device offers no checksum/segmentation offload to the guest
+    checksum_offload: bool = True
 
 
 def interface_xml(p: NicParams) -> str:

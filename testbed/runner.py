@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from testbed import capabilities, cleanup, cpu, environment, images, measure, paths, proc, render, results, stats, virt
+from testbed import (capabilities, cleanup, cpu, environment, images, measure, paths, proc, render, results,
+                     stats, twohost, virt)
 from testbed.errors import CapabilityError, GuestError, ReadinessError, TestbedError
 from testbed.hostnet import attach, links, macvtap
 from testbed.model import Attachment, Backend, Cell, MacvtapSpec, Offloads, Topology
@@ -54,7 +55,7 @@ def preflight(t: Topology) -> None:
         if why:
             raise CapabilityError(f"profile {p.name}: {why}")
     for a in t.matrix.attachments:
-        why = attach.unavailable(a)
+        why = attach.unavailable(a) or (twohost.unavailable(t) if a.needs_two_hosts else None)
         if why:
             raise CapabilityError(f"attachment {a.value} requested but unavailable: {why}")
     if Attachment.MACVTAP in t.matrix.attachments and t.macvtap.lower:
@@ -91,6 +92,8 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
         accel = capabilities.choose_accelerator(t.accelerator, recipe_image.kernel) if recipe_image else None  # type: ignore[arg-type]
         env = environment.fingerprint(accel, image=recipe_image)
         writer = stack.enter_context(results.RunWriter(paths.results_dir(), run_id, t, env))
+        if len(t.hosts) > 1:
+            writer.update(hosts=host_fingerprints(t, env))
         progress(f"run {run_id}: {len(cells)} cells, accelerator {accel.value if accel else 'none (namespaces)'}")
         stack.callback(_keep_logs, state, writer.dir / "guests")
         guests: dict[str, virt.Guest] = {}
@@ -134,6 +137,9 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
                 cm = (netns_mode(attachment, tag, t.subnet, max(t.matrix.mtus), str(state / "netns"),
                                  offloads=t.offloads)
                       if attachment.is_netns else
+                      twohost.mode(attachment, backend, tag, guests[t.client], guests[t.server], t,
+                                   max(t.matrix.mtus), state)
+                      if attachment.needs_two_hosts else
                       mode(attachment, backend, tag, guests[t.client], guests[t.server], t.subnet,
                            max(t.matrix.mtus), queues=queues, macvtap_spec=t.macvtap, offloads=t.offloads))
                 with cm as path:
@@ -254,6 +260,18 @@ def _guest_offloads(agent, ifname: str, want: Offloads | None) -> tuple[tuple[st
     for name, on in (want.requested() if want else []):
         agent.run(["/usr/sbin/ethtool", "-K", ifname, name, "on" if on else "off"], check=False)
     return netns.parse_ethtool_k(agent.run(["/usr/sbin/ethtool", "-k", ifname]).stdout)
+
+
+def host_fingerprints(t: Topology, env: dict) -> dict[str, dict]:
+    """Each host's environment. A host emulated on this machine shares its kernel, QEMU and
+    CPU, so its fingerprint is this machine's, marked as emulated."""
+    out = {}
+    for h in t.hosts:
+        if not h.emulated and h.transport != "local":
+            continue   # a real remote host is refused by preflight before a run starts
+        out[h.name] = {**env, "uri": h.uri, "transport": h.transport,
+                       "emulated": "netns" if h.emulated else None}
+    return out
 
 
 def _samples_of(writer: results.RunWriter) -> list[dict]:

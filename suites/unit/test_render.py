@@ -26,6 +26,8 @@ NICS = {
     "ovs": render.NicParams("ovs", "tb-ab12-ovs", "tb-ab12-t0", "52:54:ab:12:00:00", "vhost", 1500, queues=4),
     "direct": render.NicParams("direct", "tb-ab12-lw0", "tb-ab12-m0", "52:54:ab:12:00:00", "qemu", 1500,
                                macvtap_mode="vepa"),
+    "ethernet": render.NicParams("ethernet", "", "tb-ab12-t0", "52:54:ab:12:00:00", "qemu", 1500,
+                                 checksum_offload=False),
 }
 
 

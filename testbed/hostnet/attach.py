@@ -18,8 +18,17 @@ def unavailable(attachment: Attachment) -> str | None:
         if attachment in (Attachment.NETNS_OVS, Attachment.NETNS_OVS_INTERNAL):
             return unavailable(Attachment.OVS)
         return None
-    if attachment.needs_two_hosts:
-        return f"attachment {attachment.value} needs two hosts (not implemented yet)"
+    if attachment is Attachment.BRIDGE_VXLAN:
+        ok, why = capabilities.vxlan()
+        return None if ok else why
+    if attachment is Attachment.OVS_VXLAN:
+        # Each emulated host runs its own private switch (userspace tunnelling): OVS must be
+        # installed; the host's own switch is not used.
+        try:
+            ovsd.require_binaries()
+        except CapabilityError as e:
+            return str(e)
+        return None
     if attachment is Attachment.OVS:
         ok, why = capabilities.ovs_running()
         if not ok:

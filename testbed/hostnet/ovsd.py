@@ -129,7 +129,7 @@ def _mkdir(path: Path, mode: int) -> None:
         path.mkdir(parents=True, mode=mode, exist_ok=True)
 
 
-def _require_binaries() -> None:
+def require_binaries() -> None:
     missing = [b for b in ("ovsdb-tool", "ovsdb-server", "ovsdb-client", "ovs-vswitchd",
                            "ovs-vsctl", "ovs-appctl") if not shutil.which(b)]
     if missing:
@@ -161,7 +161,7 @@ def ensure_running(*, userspace_tso: bool = True, timeout_s: float = START_TIMEO
 
     Idempotent and safe to call concurrently. Raises CapabilityError when OVS is missing and
     TestbedError (with the daemon's log tail) when a daemon does not come up."""
-    _require_binaries()
+    require_binaries()
     db = default_db()
     if _answers(db) and _vswitchd_alive(db, RUNDIR):
         return Ovs(db=db, rundir=str(RUNDIR))
@@ -253,7 +253,7 @@ def private(netns: str, workdir: str | os.PathLike, *, userspace_tso: bool = Tru
     if missing) keeps the database and logs for a post-mortem."""
     if not netns.startswith(PREFIX):
         raise TestbedError(f"refusing to run a private OVS in {netns!r}: not a {PREFIX} namespace")
-    _require_binaries()
+    require_binaries()
     work = Path(workdir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     sock = work / "db.sock"

@@ -1,0 +1,289 @@
+"""Two hosts joined by VXLAN, emulated on one machine: `ovs-vxlan` and `bridge-vxlan`.
+
+Each emulated host is a network namespace ``tb-<tag>-ha`` / ``tb-<tag>-hb`` that holds its
+whole datapath: the bridge guests' taps join and the VXLAN endpoint. A veth "wire"
+(``tb-<tag>-wa`` <-> ``tb-<tag>-wb``, one end in each namespace, underlay addresses in
+198.19.0.0/30) joins them and carries only the encapsulated traffic. The root namespace
+keeps nothing of the datapath: a guest's tap is created there by libvirt and moved into its
+host's namespace once QEMU has opened it (a tap can change namespace while in use; QEMU
+keeps its file descriptor).
+
+* ``bridge-vxlan``: a Linux bridge ``tb-<tag>-br`` plus a kernel vxlan device
+  ``tb-<tag>-vx`` (VNI, UDP port, local/remote underlay address, on the wire) as its port.
+* ``ovs-vxlan``: a private ovsdb-server + ovs-vswitchd per namespace (own database and run
+  directory, ovsd.private). The userspace datapath tunnels by itself ("userspace
+  tunneling" in the OVS docs): the VXLAN port on the integration bridge ``tb-<tag>-ovs``
+  finds its way out through OVS's own route table, so the underlay address sits on the
+  internal port of a second bridge ``tb-<tag>-ul`` whose uplink is the wire.
+
+VXLAN over IPv4 adds 50 bytes (outer Ethernet 14, IPv4 20, UDP 8, VXLAN 8): an inner MTU
+must leave that much room below the underlay MTU. config.py refuses a topology that does
+not fit before anything is created; ``df_check`` proves the underlay carries full-size
+encapsulated frames unfragmented before anything is measured.
+"""
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from testbed import PREFIX, proc
+from testbed.errors import CommandError, TestbedError
+from testbed.hostnet import ovsd
+from testbed.model import Attachment, TunnelSpec, object_name
+
+log = logging.getLogger(__name__)
+
+#: outer Ethernet (14) + IPv4 (20) + UDP (8) + VXLAN (8) header bytes
+VXLAN_OVERHEAD = 50
+UNDERLAY_NET = ipaddress.ip_network("198.19.0.0/30")
+KINDS = (Attachment.OVS_VXLAN, Attachment.BRIDGE_VXLAN)
+
+
+@dataclass(frozen=True)
+class HostSide:
+    """One emulated host's datapath."""
+
+    name: str                      # topology host name
+    netns: str
+    wire: str                      # this host's end of the veth wire
+    underlay_dev: str              # the device holding the underlay address
+    underlay_ip: str
+    bridge: str                    # where guest ports join
+    vxlan: str                     # kernel vxlan device or OVS vxlan port
+    switch: ovsd.Ovs | None = None  # ovs-vxlan: the host's private switch
+
+
+@dataclass(frozen=True)
+class Fabric:
+    kind: Attachment
+    tunnel: TunnelSpec
+    hosts: tuple[HostSide, HostSide]
+
+    @property
+    def datapath(self) -> str:
+        return "ovs-netdev-vxlan" if self.kind is Attachment.OVS_VXLAN else "linux-bridge-vxlan"
+
+    def host(self, name: str) -> HostSide:
+        return next(h for h in self.hosts if h.name == name)
+
+    def attach(self, host: HostSide, ifname: str) -> None:
+        """Move a root-namespace device (a guest's tap, a veth end) into ``host`` and make it
+        a port of its bridge. The device leaves the root namespace for good: deleting it (or
+        QEMU closing a tap) removes it from the host namespace."""
+        _check_ours(ifname)
+        _ip("link", "set", "dev", ifname, "netns", host.netns)
+        if host.switch is not None:
+            host.switch.vsctl("add-port", host.bridge, ifname)
+        else:
+            _ip("link", "set", "dev", ifname, "master", host.bridge, netns=host.netns)
+        _ip("link", "set", "dev", ifname, "up", netns=host.netns)
+
+    def detach(self, host: HostSide, ifname: str) -> None:
+        """Take a port out of OVS before its device goes, so vswitchd never polls a vanished
+        device; Linux bridge ports leave by themselves."""
+        if host.switch is not None:
+            with contextlib.suppress(CommandError):
+                host.switch.vsctl("--if-exists", "del-port", host.bridge, ifname)
+
+    def set_mtu(self, mtu: int, ports: Sequence[tuple[HostSide, str]]) -> None:
+        """The inner MTU on every hop of both hosts: guest ports, bridges, vxlan devices."""
+        if mtu + VXLAN_OVERHEAD > self.tunnel.underlay_mtu:
+            raise TestbedError(f"inner MTU {mtu} + {VXLAN_OVERHEAD} bytes of VXLAN-over-IPv4 overhead "
+                               f"exceeds the underlay MTU {self.tunnel.underlay_mtu}")
+        for h in self.hosts:
+            mine = [p for hh, p in ports if hh is h]
+            if h.switch is not None:
+                args: list[str] = []
+                for dev in [*mine, h.bridge]:
+                    args += ["--", "set", "Interface", dev, f"mtu_request={mtu}"]
+                h.switch.vsctl(*args)
+                for dev in mine:
+                    if mtu_of(dev, h.netns) != mtu:
+                        _ip("link", "set", "dev", dev, "mtu", str(mtu), netns=h.netns)
+            else:
+                # Ports first: a bridge's MTU cannot exceed its smallest port's.
+                for dev in [*mine, h.vxlan, h.bridge]:
+                    _ip("link", "set", "dev", dev, "mtu", str(mtu), netns=h.netns)
+            for dev in mine:
+                if mtu_of(dev, h.netns) != mtu:
+                    raise TestbedError(f"{dev} in {h.netns}: MTU {mtu_of(dev, h.netns)}, asked for {mtu}")
+
+    def df_check(self, inner_mtu: int) -> str | None:
+        """A don't-fragment ping across the underlay the size of a full encapsulated frame
+        (inner MTU + 50) each way; returns why it failed, or None."""
+        size = inner_mtu + VXLAN_OVERHEAD - 28   # IPv4 + ICMP headers
+        for src, dst in ((self.hosts[0], self.hosts[1]), (self.hosts[1], self.hosts[0])):
+            res = proc.run(["ping", "-n", "-M", "do", "-s", str(size), "-c", "2", "-i", "0.2", "-W", "3",
+                            dst.underlay_ip], netns=src.netns, timeout=20, check=False)
+            if res.rc != 0:
+                tail = " | ".join((res.stdout + res.stderr).strip().splitlines()[-2:])
+                return (f"underlay DF check {src.name} -> {dst.name} failed for inner MTU {inner_mtu} "
+                        f"(ping -M do -s {size}): {tail}")
+        return None
+
+
+def _check_ours(name: str) -> None:
+    if not name.startswith(PREFIX):
+        raise TestbedError(f"refusing to touch {name!r}: not a {PREFIX} object")
+
+
+def _ip(*args: str, netns: str | None = None, check: bool = True) -> proc.Completed:
+    return proc.run(["ip", *args], netns=netns, timeout=30, check=check)
+
+
+def mtu_of(dev: str, netns: str) -> int:
+    return int(json.loads(_ip("-j", "link", "show", "dev", dev, netns=netns).stdout)[0]["mtu"])
+
+
+def counters(dev: str, netns: str) -> tuple[int, int]:
+    out = proc.run(["cat", f"/sys/class/net/{dev}/statistics/rx_bytes",
+                    f"/sys/class/net/{dev}/statistics/tx_bytes"], netns=netns, timeout=10).stdout.split()
+    return int(out[0]), int(out[1])
+
+
+def _namespace(stack: contextlib.ExitStack, name: str) -> None:
+    _check_ours(name)
+    _ip("netns", "add", name)
+    stack.callback(_ip, "netns", "delete", name, check=False)
+    # Nothing in an emulated host needs IPv6; none means no RS/DAD frames on the wire.
+    for key in ("all", "default"):
+        proc.run(["sysctl", "-q", "-w", f"net.ipv6.conf.{key}.disable_ipv6=1"], netns=name, timeout=10)
+    _ip("link", "set", "lo", "up", netns=name)
+
+
+def _wire(stack: contextlib.ExitStack, a: str, ns_a: str, b: str, ns_b: str, mtu: int) -> None:
+    """The veth wire, created directly inside the two namespaces (never in the root one)."""
+    _check_ours(a)
+    _check_ours(b)
+    _ip("link", "add", a, "netns", ns_a, "mtu", str(mtu), "type", "veth",
+        "peer", "name", b, "netns", ns_b, "mtu", str(mtu))
+    # Deleted explicitly: a deleted namespace frees its devices asynchronously.
+    stack.callback(_ip, "link", "del", a, netns=ns_a, check=False)
+    for dev, ns in ((a, ns_a), (b, ns_b)):
+        _ip("link", "set", "dev", dev, "up", netns=ns)
+
+
+@contextlib.contextmanager
+def fabric(kind: Attachment, tag: str, host_names: tuple[str, str], tunnel: TunnelSpec, workdir: Path,
+           mtu: int) -> Iterator[Fabric]:
+    """Both emulated hosts, the wire and the tunnel, torn down in reverse order on exit.
+    ``mtu`` is the inner MTU the bridges start with (the largest of the matrix)."""
+    if kind not in KINDS:
+        raise TestbedError(f"{kind.value} is not a VXLAN attachment")
+    if mtu + VXLAN_OVERHEAD > tunnel.underlay_mtu:
+        raise TestbedError(f"inner MTU {mtu} + {VXLAN_OVERHEAD} bytes of VXLAN-over-IPv4 overhead "
+                           f"exceeds the underlay MTU {tunnel.underlay_mtu}")
+    ips = [str(UNDERLAY_NET.network_address + 1), str(UNDERLAY_NET.network_address + 2)]
+    plen = UNDERLAY_NET.prefixlen
+    with contextlib.ExitStack() as stack:
+        ns = [object_name(tag, "h", s) for s in ("a", "b")]
+        wires = [object_name(tag, "w", s) for s in ("a", "b")]
+        for n in ns:
+            _namespace(stack, n)
+        _wire(stack, wires[0], ns[0], wires[1], ns[1], tunnel.underlay_mtu)
+        sides = []
+        for i in (0, 1):
+            peer = ips[1 - i]
+            br, vx = object_name(tag, "br") if kind is Attachment.BRIDGE_VXLAN else object_name(tag, "ovs"), \
+                object_name(tag, "vx")
+            if kind is Attachment.BRIDGE_VXLAN:
+                _ip("addr", "add", f"{ips[i]}/{plen}", "dev", wires[i], netns=ns[i])
+                _ip("link", "add", br, "type", "bridge", netns=ns[i])
+                _ip("link", "add", vx, "mtu", str(mtu), "type", "vxlan", "id", str(tunnel.vni),
+                    "local", ips[i], "remote", peer, "dstport", str(tunnel.udp_port),
+                    "dev", wires[i], netns=ns[i])
+                _ip("link", "set", "dev", vx, "master", br, netns=ns[i])
+                _ip("link", "set", "dev", br, "mtu", str(mtu), "up", netns=ns[i])
+                _ip("link", "set", "dev", vx, "up", netns=ns[i])
+                sides.append(HostSide(host_names[i], ns[i], wires[i], wires[i], ips[i], br, vx))
+            else:
+                sw = stack.enter_context(ovsd.private(ns[i], workdir / f"ovs-{'ab'[i]}"))
+                ul = object_name(tag, "ul")
+                # Integration bridge with the VXLAN port; underlay bridge whose internal port
+                # holds the underlay address and whose uplink is the wire.
+                sw.vsctl("add-br", br, "--", "set", "Bridge", br, "datapath_type=netdev",
+                         "--", "set", "Interface", br, f"mtu_request={mtu}",
+                         "--", "add-port", br, vx, "--", "set", "Interface", vx, "type=vxlan",
+                         f"options:remote_ip={peer}", f"options:local_ip={ips[i]}",
+                         f"options:key={tunnel.vni}", f"options:dst_port={tunnel.udp_port}",
+                         "--", "add-br", ul, "--", "set", "Bridge", ul, "datapath_type=netdev",
+                         "--", "set", "Interface", ul, f"mtu_request={tunnel.underlay_mtu}",
+                         "--", "add-port", ul, wires[i])
+                # The daemons stop on exit (which removes the bridges with their datapath);
+                # deleting the bridges first keeps their logs free of vanished-device noise.
+                stack.callback(_del_brs, sw, [br, ul])
+                _ip("addr", "add", f"{ips[i]}/{plen}", "dev", ul, netns=ns[i])
+                for dev in (ul, br):
+                    _ip("link", "set", "dev", dev, "up", netns=ns[i])
+                sides.append(HostSide(host_names[i], ns[i], wires[i], ul, ips[i], br, vx, sw))
+        f = Fabric(kind, tunnel, (sides[0], sides[1]))
+        _static_neighbours(f)
+        why = f.df_check(mtu)
+        if why:
+            raise TestbedError(why)
+        yield f
+
+
+def _mac_of(dev: str, netns: str) -> str:
+    return json.loads(_ip("-j", "link", "show", "dev", dev, netns=netns).stdout)[0]["address"]
+
+
+def _static_neighbours(f: Fabric) -> None:
+    """Each host knows its peer's underlay MAC up front, in the kernel and (ovs-vxlan) in
+    OVS's tunnel neighbour cache, so the wire carries no ARP: only encapsulated frames."""
+    for me, peer in ((f.hosts[0], f.hosts[1]), (f.hosts[1], f.hosts[0])):
+        lladdr = _mac_of(peer.underlay_dev, peer.netns)
+        _ip("neigh", "replace", peer.underlay_ip, "lladdr", lladdr, "dev", me.underlay_dev,
+            "nud", "permanent", netns=me.netns)
+        if me.switch is not None:
+            proc.run(["ovs-appctl", "-t", f"{me.switch.rundir}/ovs-vswitchd.ctl", "tnl/neigh/set",
+                      me.underlay_dev, peer.underlay_ip, lladdr], timeout=20)
+
+
+def _del_brs(sw: ovsd.Ovs, brs: list[str]) -> None:
+    args: list[str] = []
+    for br in brs:
+        _check_ours(br)
+        args += ["--", "--if-exists", "del-br", br]
+    with contextlib.suppress(CommandError):
+        sw.vsctl(*args)
+
+
+@contextlib.contextmanager
+def port(f: Fabric, host: HostSide, ifname: str) -> Iterator[str]:
+    """``ifname`` attached to ``host``'s bridge for the duration; taken out of OVS on exit."""
+    f.attach(host, ifname)
+    try:
+        yield ifname
+    finally:
+        f.detach(host, ifname)
+
+
+@contextlib.contextmanager
+def capture(host: HostSide, pcap: Path, timeout_s: float = 10) -> Iterator[Path]:
+    """tcpdump on ``host``'s end of the wire for the duration (headers only). The capture has
+    started when this yields: tcpdump says "listening on" once its socket is bound."""
+    with proc.background(["tcpdump", "-n", "-U", "-s", "128", "-i", host.wire, "-w", str(pcap)],
+                         out_dir=str(pcap.parent), name=pcap.stem, netns=host.netns) as bg:
+        deadline = time.monotonic() + timeout_s
+        while "listening on" not in bg.stderr():
+            if bg.popen.poll() is not None or time.monotonic() > deadline:
+                raise TestbedError(f"tcpdump on {host.wire} in {host.netns} did not start: {bg.stderr()[-300:]}")
+            time.sleep(0.05)
+        yield pcap
+        # tcpdump -U writes each packet as it comes; give the last ones a moment to be read.
+        time.sleep(0.3)
+
+
+def read_capture(pcap: Path, udp_port: int) -> tuple[int, list[str]]:
+    """(frames captured, the ones that are not IPv4 UDP to or from ``udp_port``, as tcpdump prints them)."""
+    total = proc.run(["tcpdump", "-n", "-r", str(pcap)], timeout=60).stdout.splitlines()
+    other = proc.run(["tcpdump", "-n", "-r", str(pcap), f"not (ip and udp port {udp_port})"],
+                     timeout=60).stdout.splitlines()
+    return len(total), other

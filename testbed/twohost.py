@@ -1,0 +1,78 @@
+"""Guests on two hosts joined by VXLAN (`ovs-vxlan`, `bridge-vxlan`).
+
+Today the two hosts are emulated on this machine (hosts with ``transport: netns``): each
+host's datapath lives in its own namespace (hostnet/vxlan.py) and both guests run in the
+local libvirt. A guest's NIC under test is a bare tap (libvirt ``type='ethernet'``) that
+libvirt creates in the root namespace; once QEMU holds it, it is moved into its host's
+namespace and joins that host's bridge. Unplugging closes QEMU's descriptor, which removes
+the tap wherever it is, so nothing is left in either namespace or the root one.
+"""
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+from collections.abc import Iterator
+from pathlib import Path
+
+from testbed import measure, render, virt
+from testbed.errors import CapabilityError
+from testbed.hostnet import links, vxlan
+from testbed.model import Attachment, Backend, Topology
+
+
+def unavailable(t: Topology) -> str | None:
+    """Why this topology's two-host modes cannot run here (None: they can)."""
+    hosts = {h.name: h for h in t.hosts}
+    used = [hosts[t.guest(g).host] for g in (t.client, t.server)]
+    real = [h.name for h in used if not h.emulated]
+    if real:
+        return (f"host(s) {', '.join(real)}: two-host modes run on hosts emulated on this machine "
+                "(transport: netns); driving a real second host over qemu+ssh:// is not implemented yet")
+    return None
+
+
+def mac(tag: str, guest_index: int, nic: int) -> str:
+    t = int(tag, 16)
+    return f"52:54:{t >> 8:02x}:{t & 0xff:02x}:{guest_index:02x}:{nic:02x}"
+
+
+@contextlib.contextmanager
+def mode(attachment: Attachment, backend: Backend, tag: str, client: virt.Guest, server: virt.Guest,
+         t: Topology, max_mtu: int, workdir: Path) -> Iterator[measure.TestPath]:
+    """Both emulated hosts with their tunnel, and a NIC under test in each guest, plugged
+    into the guest's own host."""
+    why = unavailable(t)
+    if why:
+        raise CapabilityError(why)
+    # Placement comes from the topology (a guest booted elsewhere may carry another host name).
+    names = (t.guest(client.spec.name).host, t.guest(server.spec.name).host)
+    net = ipaddress.ip_network(t.subnet)
+    with contextlib.ExitStack() as stack:
+        fab = stack.enter_context(vxlan.fabric(attachment, tag, names,
+                                               t.tunnel, workdir, max_mtu))
+        eps, ports = [], []
+        for i, g in enumerate((client, server)):
+            side = fab.hosts[i]
+            target = f"tb-{tag}-t{i}"
+            m = mac(tag, i, 0)
+            # OVS's userspace datapath (3.1) cannot finish a partial checksum or segment a TSO
+            # frame it tunnels: TCP stalls while ping works (measured). Its guests therefore
+            # get a device without checksum offload. The kernel vxlan device handles both.
+            params = render.NicParams(kind="ethernet", source="", target=target, mac=m,
+                                      driver=backend.driver_name, mtu=max_mtu,
+                                      checksum_offload=side.switch is None)
+            ifname = stack.enter_context(virt.plugged_nic(g, render.interface_xml(params), m))
+            links.no_ipv6(target)   # not even a link-local address while it is in the root namespace
+            stack.enter_context(vxlan.port(fab, side, target))
+            ports.append((side, target))
+            addr = str(net.network_address + 1 + i)
+            a = g.agent
+            a.run(["/usr/sbin/sysctl", "-q", "-w", f"net.ipv6.conf.{ifname}.disable_ipv6=1"])
+            a.run(["/usr/sbin/ip", "addr", "flush", "dev", ifname])
+            a.run(["/usr/sbin/ip", "addr", "add", f"{addr}/{net.prefixlen}", "dev", ifname])
+            a.run(["/usr/sbin/ip", "link", "set", "dev", ifname, "up"])
+            eps.append(measure.Endpoint(g, ifname, addr, target))
+        netns_of = {target: side.netns for side, target in ports}
+        yield measure.TestPath(
+            eps[0], eps[1], lambda mtu: fab.set_mtu(mtu, ports),
+            read_counters=lambda ep: vxlan.counters(ep.tap, netns_of[ep.tap]))
