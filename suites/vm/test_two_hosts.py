@@ -1,0 +1,78 @@
+"""Guests on two hosts emulated on this machine, joined over VXLAN: the session guest pair
+is placed on host ha (g1, client) and hb (g2, server), and netperf TCP_STREAM and TCP_RR run
+between them over bridge-vxlan and over ovs-vxlan.
+
+Measured facts: both profiles give ok samples; the taps (inside the host namespaces) carried
+what netperf reported; a capture on the wire between the hosts saw only UDP/4789 frames; the
+guests' taps never stayed in the root namespace; host networking is as it was afterwards.
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from testbed import config, measure, proc, results, snapshot, stats, twohost
+from testbed.hostnet import attach, vxlan
+from testbed.model import Attachment, Backend, Cell, Pattern, Profile, Repetitions, object_name
+
+pytestmark = [
+    pytest.mark.vm,
+    pytest.mark.skipif(shutil.which("tcpdump") is None, reason="`tcpdump` not found (tcpdump)"),
+]
+
+TOPOLOGY = """\
+hosts:
+  - {name: ha, transport: netns}
+  - {name: hb, transport: netns}
+guests:
+  - {name: g1, host: ha}
+  - {name: g2, host: hb}
+tunnel: {underlay_mtu: 1550}
+matrix:
+  attachments: [bridge-vxlan, ovs-vxlan]
+  profiles: [{name: tcp_stream}]
+"""
+PROFILES = [Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=5),
+            Profile("tcp_rr", pattern=Pattern.RR, message_size=1, response_size=1, duration_s=5)]
+MODES = [pytest.param(a, marks=pytest.mark.attach(a.value), id=a.value)
+         for a in (Attachment.BRIDGE_VXLAN, Attachment.OVS_VXLAN)]
+
+
+@pytest.mark.parametrize("attachment", MODES)
+def test_guests_on_two_hosts(guest_pair, attachment, tmp_path):
+    why = attach.unavailable(attachment)
+    if why:
+        pytest.skip(f"attachment {attachment.value} unavailable: {why}")
+    topo = config.parse(TOPOLOGY, "two-hosts.yaml", Path.cwd())
+    gp = guest_pair
+    tag = gp.tag
+    before = snapshot.take()
+    placement = {"g1": "ha", "g2": "hb"}
+    with results.RunWriter(tmp_path / "results", "test-run", topo, {"accelerator": "test"}) as writer, \
+            twohost.mode(attachment, Backend.QEMU, tag, gp.client, gp.server, topo, 1500, tmp_path) as path:
+        # The taps live in their hosts' namespaces, not in the root one.
+        root = proc.run(["ip", "-o", "link"], timeout=10).stdout
+        assert path.client.tap not in root and path.server.tap not in root
+        ha = vxlan.HostSide("ha", object_name(tag, "h", "a"), object_name(tag, "w", "a"), "", "", "", "")
+        with vxlan.capture(ha, tmp_path / "wire.pcap") as pcap:
+            samples = {p.name: measure.measure_cell(Cell(attachment, Backend.QEMU, 1500, 1, p), path, writer,
+                                                    stats.StoppingRule(Repetitions()), 0, {}, placement)
+                       for p in PROFILES}
+    for name, ss in samples.items():
+        assert len(ss) == 1 and ss[0].status == "ok", (name, ss[0].reason)
+        assert ss[0].placement == placement
+    s = samples["tcp_stream"][0]
+    tput = s.metrics["throughput_mbps"]
+    assert tput > 0
+    dev = s.extra["device_mbps"]
+    assert 0.6 * tput < dev[path.client.tap]["from_guest"] < 1.2 * tput, dev
+    assert 0.6 * tput < dev[path.server.tap]["to_guest"] < 1.2 * tput, dev
+    rr = samples["tcp_rr"][0]
+    assert rr.metrics["transactions_per_s"] > 0
+    total, other = vxlan.read_capture(pcap, topo.tunnel.udp_port)
+    assert total > 100
+    assert other == [], other[:5]
+    assert snapshot.diff(before, snapshot.take()) == []
+    assert not [n for n in proc.run(["ip", "netns", "list"], timeout=10).stdout.split() if n.startswith(f"tb-{tag}-h")]
