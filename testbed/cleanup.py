@@ -15,6 +15,8 @@ import logging
 import os
 import re
 import shutil
+import signal
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -151,11 +153,39 @@ def remove(found: Leftovers, uri: str = "qemu:///system") -> None:
     for name in found.links:
         links.delete(name)
     for ns in found.netns:
+        # A dead run's processes inside its own namespaces (private ovsdb-server and
+        # ovs-vswitchd of an emulated host, tools) outlive it: they were started in their own
+        # sessions. Everything in a tb- namespace is the testbed's, so they are stopped first.
+        _stop_processes_in(ns)
         with contextlib.suppress(CommandError):
             proc.run(["ip", "netns", "delete", ns], timeout=20)
     for s in found.state:
         _mark_killed(paths.state_dir() / s)
         shutil.rmtree(paths.state_dir() / s, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a zombie has exited; only its parent can reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _stop_processes_in(ns: str) -> None:
+    if not ns.startswith(PREFIX):
+        return
+    try:
+        pids = [int(p) for p in proc.run(["ip", "netns", "pids", ns], timeout=10).stdout.split()]
+    except (CommandError, ValueError):
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + 3
+        while any(_running(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
 def _mark_killed(state: Path) -> None:

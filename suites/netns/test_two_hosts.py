@@ -13,6 +13,7 @@ import os
 import secrets
 import shutil
 import time
+from pathlib import Path
 from collections.abc import Iterator
 
 import pytest
@@ -123,4 +124,30 @@ def test_underlay_df_check_fails_when_the_wire_is_too_small(tmp_path):
         _ip("link", "set", "dev", f.hosts[1].wire, "mtu", "1500", netns=f.hosts[1].netns)
         why = f.df_check(1500)
         assert why and "underlay DF check" in why
+    assert ours(tag) == []
+
+
+def test_cleanup_stops_a_dead_runs_private_switches(tmp_path):
+    """After a SIGKILL the private OVS daemons of an emulated host keep running in their
+    namespace; `testbed cleanup` stops them before it deletes the namespace."""
+    from testbed import cleanup
+    from testbed.hostnet import ovsd
+    if shutil.which("ovs-vswitchd") is None:
+        pytest.skip("`ovs-vswitchd` not found (openvswitch-switch)")
+    tag = secrets.token_hex(2)
+    ns = object_name(tag, "h", "a")
+    _ip("netns", "add", ns)
+    stack = contextlib.ExitStack()
+    try:
+        sw = stack.enter_context(ovsd.private(ns, tmp_path / "ovs"))
+        pids = [int(p) for p in _ip("netns", "pids", ns).stdout.split()]
+        assert len(pids) >= 2 and ovsd.vswitchd_pids(sw.db)
+        # As a dead run leaves it: nobody will exit the context; cleanup gets the namespace.
+        cleanup.remove(cleanup.Leftovers(netns=[ns]))
+        assert not any(cleanup._running(p) for p in pids)
+        assert ns not in _ip("netns", "list").stdout.split()
+    finally:
+        with contextlib.suppress(Exception):
+            stack.close()
+        _ip("netns", "delete", ns, check=False)
     assert ours(tag) == []
