@@ -37,6 +37,12 @@ def test_default_topology_is_valid():
     assert len(t.guests) == 2 and t.matrix.profiles
 
 
+TWO = ("hosts: [{name: ha, transport: netns}, {name: hb, transport: netns}]\n"
+       "guests: [{name: g1, host: ha}, {name: g2, host: hb}]\n")
+TWO_SSH = ("hosts: [{name: ha}, {name: hb, uri: \"qemu+ssh://root@hb/system\", ssh: root@hb}]\n"
+           "guests: [{name: g1, host: ha}, {name: g2, host: hb}]\n")
+VX = "matrix: {attachments: [bridge-vxlan], mtus: [1500], profiles: [{name: a}]}\n"
+
 BAD = {
     "unknown_key": ("guests: [{name: g1}, {name: g2}]\nmatrix: {profiles: [{name: a}]}\nfoo: 1\n",
                     "foo", "unknown key"),
@@ -98,6 +104,21 @@ BAD = {
     "offloads_not_bool": ("offloads: {tso: maybe}\nguests: [{name: g1}, {name: g2}]\nmatrix: {profiles: [{name: a}]}\n",
                           "offloads.tso", "expected true or false"),
     "empty": ("", "(top level)", "empty file"),
+    "vxlan_mtu_does_not_fit": (TWO + VX, "matrix.mtus[0]", "50 bytes of VXLAN-over-IPv4 overhead"),
+    "vxlan_mtu_does_not_fit_raised_too_little": (TWO + "tunnel: {underlay_mtu: 1549}\n" + VX, "matrix.mtus[0]",
+                                                 "does not fit the underlay MTU 1549"),
+    "vxlan_vni_out_of_range": (TWO + "tunnel: {vni: 16777216, underlay_mtu: 1600}\n" + VX, "tunnel.vni",
+                               "out of range"),
+    "vxlan_unknown_tunnel_key": (TWO + "tunnel: {mtu: 1600}\n" + VX, "tunnel.mtu", "unknown key"),
+    "vxlan_underlay_on_emulated_hosts": (TWO + "tunnel: {underlay: eth1, underlay_mtu: 1600}\n" + VX,
+                                         "tunnel.underlay", "testbed's own veth wire"),
+    "vxlan_real_hosts_need_underlay": (TWO_SSH + "tunnel: {underlay_mtu: 1600}\n" + VX, "tunnel",
+                                       "needs tunnel.underlay"),
+    "vxlan_underlay_injection": (TWO_SSH + "tunnel: {underlay: \"eth1;reboot\", underlay_mtu: 1600}\n" + VX,
+                                 "tunnel.underlay", "invalid interface name"),
+    "netns_host_with_remote_uri": ("hosts: [{name: ha, transport: netns, uri: \"qemu+ssh://root@x/system\"}]\n"
+                                   "guests: [{name: g1}, {name: g2}]\nmatrix: {profiles: [{name: a}]}\n",
+                                   "hosts[0].uri", "needs a local libvirt URI"),
 }
 
 
@@ -149,7 +170,26 @@ def _cli(*args: str, env=None) -> subprocess.CompletedProcess:
                           timeout=60, env={**os.environ, **(env or {})})
 
 
-@pytest.mark.parametrize("case", ["unknown_key", "missing_image", "non_numeric_mtu", "duplicate_guest"])
+def test_two_hosts_parse_with_tunnel_defaults_and_a_raised_underlay():
+    t = config.parse(TWO + "tunnel: {underlay_mtu: 1550}\n" + VX, "two.yaml")
+    assert [h.emulated for h in t.hosts] == [True, True]
+    assert t.guest("g1").host == "ha" and t.guest("g2").host == "hb"
+    assert (t.tunnel.vni, t.tunnel.udp_port, t.tunnel.underlay, t.tunnel.underlay_mtu) == (42, 4789, None, 1550)
+    t = config.parse(TWO_SSH + "tunnel: {underlay: eth1, underlay_mtu: 9050, vni: 7, udp_port: 8472}\n"
+                     + VX.replace("[1500]", "[9000]"), "two.yaml")
+    assert t.tunnel.underlay == "eth1" and t.tunnel.udp_port == 8472
+
+
+def test_real_second_host_is_refused_as_not_implemented():
+    from testbed import twohost
+    t = config.parse(TWO_SSH + "tunnel: {underlay: eth1, underlay_mtu: 1600}\n" + VX, "two.yaml")
+    why = twohost.unavailable(t)
+    assert why and "hb" in why and "transport: netns" in why
+    assert twohost.unavailable(config.parse(TWO + "tunnel: {underlay_mtu: 1550}\n" + VX, "t.yaml")) is None
+
+
+@pytest.mark.parametrize("case", ["unknown_key", "missing_image", "non_numeric_mtu", "duplicate_guest",
+                                  "vxlan_mtu_does_not_fit"])
 def test_cli_rejects_with_one_line_and_exit_2(tmp_path, case):
     f = tmp_path / "topo.yaml"
     f.write_text(BAD[case][0])
