@@ -38,7 +38,7 @@ def mac(tag: str, guest_index: int, nic: int) -> str:
 
 @contextlib.contextmanager
 def mode(attachment: Attachment, backend: Backend, tag: str, client: virt.Guest, server: virt.Guest,
-         t: Topology, max_mtu: int, workdir: Path) -> Iterator[measure.TestPath]:
+         t: Topology, max_mtu: int, workdir: Path, *, queues: int = 1) -> Iterator[measure.TestPath]:
     """Both emulated hosts with their tunnel, and a NIC under test in each guest, plugged
     into the guest's own host."""
     why = unavailable(t)
@@ -59,7 +59,7 @@ def mode(attachment: Attachment, backend: Backend, tag: str, client: virt.Guest,
             # frame it tunnels: TCP stalls while ping works (measured). Its guests therefore
             # get a device without checksum offload. The kernel vxlan device handles both.
             params = render.NicParams(kind="ethernet", source="", target=target, mac=m,
-                                      driver=backend.driver_name, mtu=max_mtu,
+                                      driver=backend.driver_name, mtu=max_mtu, queues=queues,
                                       checksum_offload=side.switch is None)
             ifname = stack.enter_context(virt.plugged_nic(g, render.interface_xml(params), m))
             links.no_ipv6(target)   # not even a link-local address while it is in the root namespace
@@ -71,8 +71,14 @@ def mode(attachment: Attachment, backend: Backend, tag: str, client: virt.Guest,
             a.run(["/usr/sbin/ip", "addr", "flush", "dev", ifname])
             a.run(["/usr/sbin/ip", "addr", "add", f"{addr}/{net.prefixlen}", "dev", ifname])
             a.run(["/usr/sbin/ip", "link", "set", "dev", ifname, "up"])
+            if queues > 1:
+                a.run(["/usr/sbin/ethtool", "-L", ifname, "combined", str(queues)])
             eps.append(measure.Endpoint(g, ifname, addr, target))
         netns_of = {target: side.netns for side, target in ports}
+        # Registered last, so servers stop before the NICs are unplugged.
+        servers = measure.Servers()
+        stack.callback(servers.stop_all)
         yield measure.TestPath(
             eps[0], eps[1], lambda mtu: fab.set_mtu(mtu, ports),
-            read_counters=lambda ep: vxlan.counters(ep.tap, netns_of[ep.tap]))
+            read_counters=lambda ep: vxlan.counters(ep.tap, netns_of[ep.tap]),
+            servers=servers, datapath=fab.datapath)
