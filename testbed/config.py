@@ -352,10 +352,17 @@ def parse(text: str, file: str = "<string>", base: Path | None = None) -> Topolo
         if not net.subnet_of(BENCHMARK_NET):  # type: ignore[arg-type]
             raise m["subnet"].error(f"{raw} is outside 198.18.0.0/15, the range set aside for benchmarking")
         subnet = str(net)
+    placed = {g.host for g in guests if g.name in (client, server)}
     for i, a in enumerate(matrix.attachments):
-        if a.needs_two_hosts and len({g.host for g in guests if g.name in (client, server)}) < 2:
+        if a.needs_two_hosts and len(placed) < 2:
             node = m["matrix"].mapping(MATRIX_KEYS)["attachments"].seq()[i]
             raise node.error(f"attachment {a.value} needs the client and server on two different hosts")
+        if a in (Attachment.BRIDGE, Attachment.OVS) and len(placed) > 1:
+            # A bridge without an uplink joins guests of one host only; across hosts the
+            # VXLAN modes are the ones that say how the hosts are joined.
+            node = m["matrix"].mapping(MATRIX_KEYS)["attachments"].seq()[i]
+            raise node.error(f"attachment {a.value} joins guests on one host, but the client and server "
+                             f"are on {' and '.join(sorted(placed))} (use {a.value}-vxlan)")
     tunnel = _tunnel(m["tunnel"]) if "tunnel" in m else TunnelSpec()
     _check_tunnel(m, doc, matrix, tunnel, [host_map[t.host] for t in guests if t.name in (client, server)])
     name = m["name"].str(re.compile(r"^[A-Za-z0-9._-]{1,64}$"), "topology name") if "name" in m \

@@ -55,7 +55,7 @@ def preflight(t: Topology) -> None:
         if why:
             raise CapabilityError(f"profile {p.name}: {why}")
     for a in t.matrix.attachments:
-        why = attach.unavailable(a) or (twohost.unavailable(t) if a.needs_two_hosts else None)
+        why = attach.unavailable(a) or twohost.unavailable(t, a)
         if why:
             raise CapabilityError(f"attachment {a.value} requested but unavailable: {why}")
     if Attachment.MACVTAP in t.matrix.attachments and t.macvtap.lower:

@@ -20,10 +20,17 @@ from testbed.hostnet import links, vxlan
 from testbed.model import Attachment, Backend, Topology
 
 
-def unavailable(t: Topology) -> str | None:
-    """Why this topology's two-host modes cannot run here (None: they can)."""
+def unavailable(t: Topology, attachment: Attachment) -> str | None:
+    """Why this topology cannot run ``attachment`` across its hosts (None: it can, or the
+    attachment does not cross hosts here)."""
     hosts = {h.name: h for h in t.hosts}
     used = [hosts[t.guest(g).host] for g in (t.client, t.server)]
+    if attachment is Attachment.MACVTAP:
+        if used[0].name != used[1].name:
+            return "macvtap across two hosts (the underlay as lower device) is not implemented yet"
+        return None
+    if not attachment.needs_two_hosts:
+        return None
     real = [h.name for h in used if not h.emulated]
     if real:
         return (f"host(s) {', '.join(real)}: two-host modes run on hosts emulated on this machine "
@@ -41,7 +48,7 @@ def mode(attachment: Attachment, backend: Backend, tag: str, client: virt.Guest,
          t: Topology, max_mtu: int, workdir: Path, *, queues: int = 1) -> Iterator[measure.TestPath]:
     """Both emulated hosts with their tunnel, and a NIC under test in each guest, plugged
     into the guest's own host."""
-    why = unavailable(t)
+    why = unavailable(t, attachment)
     if why:
         raise CapabilityError(why)
     # Placement comes from the topology (a guest booted elsewhere may carry another host name).

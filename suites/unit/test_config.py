@@ -116,6 +116,8 @@ BAD = {
                                        "needs tunnel.underlay"),
     "vxlan_underlay_injection": (TWO_SSH + "tunnel: {underlay: \"eth1;reboot\", underlay_mtu: 1600}\n" + VX,
                                  "tunnel.underlay", "invalid interface name"),
+    "bridge_across_hosts": (TWO + "matrix: {attachments: [bridge], profiles: [{name: a}]}\n",
+                            "matrix.attachments[0]", "use bridge-vxlan"),
     "netns_host_with_remote_uri": ("hosts: [{name: ha, transport: netns, uri: \"qemu+ssh://root@x/system\"}]\n"
                                    "guests: [{name: g1}, {name: g2}]\nmatrix: {profiles: [{name: a}]}\n",
                                    "hosts[0].uri", "needs a local libvirt URI"),
@@ -183,9 +185,13 @@ def test_two_hosts_parse_with_tunnel_defaults_and_a_raised_underlay():
 def test_real_second_host_is_refused_as_not_implemented():
     from testbed import twohost
     t = config.parse(TWO_SSH + "tunnel: {underlay: eth1, underlay_mtu: 1600}\n" + VX, "two.yaml")
-    why = twohost.unavailable(t)
+    why = twohost.unavailable(t, Attachment.BRIDGE_VXLAN)
     assert why and "hb" in why and "transport: netns" in why
-    assert twohost.unavailable(config.parse(TWO + "tunnel: {underlay_mtu: 1550}\n" + VX, "t.yaml")) is None
+    assert twohost.unavailable(config.parse(TWO + "tunnel: {underlay_mtu: 1550}\n" + VX, "t.yaml"),
+                               Attachment.BRIDGE_VXLAN) is None
+    mv = config.parse(TWO + "matrix: {attachments: [macvtap], profiles: [{name: a}]}\n", "t.yaml")
+    assert "macvtap across two hosts" in twohost.unavailable(mv, Attachment.MACVTAP)
+    assert twohost.unavailable(config.default(), Attachment.MACVTAP) is None
 
 
 @pytest.mark.parametrize("case", ["unknown_key", "missing_image", "non_numeric_mtu", "duplicate_guest",
