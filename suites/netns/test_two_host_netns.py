@@ -77,7 +77,7 @@ def test_tunnel_carries_tcp_and_only_vxlan_crosses_the_wire(kind, tmp_path):
             endpoint(f, f.hosts[1], tag, 1, "198.18.77.2") as ns_b:
         # The datapath lives in the host namespaces: the root namespace has none of it.
         assert not [ln for ln in _ip("-o", "link").stdout.splitlines() if f"tb-{tag}-" in ln]
-        with vxlan.capture(f.hosts[0], tmp_path / "wire.pcap") as pcap:
+        with vxlan.capture(f.hosts[0].netns, f.hosts[0].wire, tmp_path / "wire.pcap") as pcap:
             # The full inner MTU crosses unfragmented, in both directions.
             res = proc.run(["ping", "-n", "-M", "do", "-s", "1472", "-c", "2", "-i", "0.2", "-W", "3",
                             "198.18.77.2"], netns=ns_a, timeout=20, check=False)

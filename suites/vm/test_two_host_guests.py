@@ -15,7 +15,7 @@ import pytest
 
 from testbed import config, measure, proc, results, snapshot, stats, twohost
 from testbed.hostnet import attach, vxlan
-from testbed.model import Attachment, Backend, Cell, Pattern, Profile, Repetitions, object_name
+from testbed.model import Attachment, Backend, Cell, Pattern, Profile, Repetitions
 
 pytestmark = [
     pytest.mark.vm,
@@ -55,8 +55,7 @@ def test_guests_on_two_hosts(guest_pair, attachment, tmp_path):
         # The taps live in their hosts' namespaces, not in the root one.
         root = proc.run(["ip", "-o", "link"], timeout=10).stdout
         assert path.client.tap not in root and path.server.tap not in root
-        ha = vxlan.HostSide("ha", object_name(tag, "h", "a"), object_name(tag, "w", "a"), "", "", "", "")
-        with vxlan.capture(ha, tmp_path / "wire.pcap") as pcap:
+        with vxlan.capture(*vxlan.emulated_host(tag, 0), tmp_path / "wire.pcap") as pcap:
             samples = {p.name: measure.measure_cell(Cell(attachment, Backend.QEMU, 1500, 1, p), path, writer,
                                                     stats.StoppingRule(Repetitions()), 0, {}, placement)
                        for p in PROFILES}

@@ -147,6 +147,12 @@ def counters(dev: str, netns: str) -> tuple[int, int]:
     return int(out[0]), int(out[1])
 
 
+def emulated_host(tag: str, index: int) -> tuple[str, str]:
+    """(namespace, wire end) of a run's emulated host 0 or 1."""
+    side = "ab"[index]
+    return object_name(tag, "h", side), object_name(tag, "w", side)
+
+
 def _namespace(stack: contextlib.ExitStack, name: str) -> None:
     _check_ours(name)
     _ip("netns", "add", name)
@@ -182,8 +188,7 @@ def fabric(kind: Attachment, tag: str, host_names: tuple[str, str], tunnel: Tunn
     ips = [str(UNDERLAY_NET.network_address + 1), str(UNDERLAY_NET.network_address + 2)]
     plen = UNDERLAY_NET.prefixlen
     with contextlib.ExitStack() as stack:
-        ns = [object_name(tag, "h", s) for s in ("a", "b")]
-        wires = [object_name(tag, "w", s) for s in ("a", "b")]
+        ns, wires = zip(*(emulated_host(tag, i) for i in (0, 1)))
         for n in ns:
             _namespace(stack, n)
         _wire(stack, wires[0], ns[0], wires[1], ns[1], tunnel.underlay_mtu)
@@ -266,15 +271,15 @@ def port(f: Fabric, host: HostSide, ifname: str) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def capture(host: HostSide, pcap: Path, timeout_s: float = 10) -> Iterator[Path]:
-    """tcpdump on ``host``'s end of the wire for the duration (headers only). The capture has
+def capture(netns: str, wire: str, pcap: Path, timeout_s: float = 10) -> Iterator[Path]:
+    """tcpdump on one end of the wire for the duration (headers only). The capture has
     started when this yields: tcpdump says "listening on" once its socket is bound."""
-    with proc.background(["tcpdump", "-n", "-U", "-s", "128", "-i", host.wire, "-w", str(pcap)],
-                         out_dir=str(pcap.parent), name=pcap.stem, netns=host.netns) as bg:
+    with proc.background(["tcpdump", "-n", "-U", "-s", "128", "-i", wire, "-w", str(pcap)],
+                         out_dir=str(pcap.parent), name=pcap.stem, netns=netns) as bg:
         deadline = time.monotonic() + timeout_s
         while "listening on" not in bg.stderr():
             if bg.popen.poll() is not None or time.monotonic() > deadline:
-                raise TestbedError(f"tcpdump on {host.wire} in {host.netns} did not start: {bg.stderr()[-300:]}")
+                raise TestbedError(f"tcpdump on {wire} in {netns} did not start: {bg.stderr()[-300:]}")
             time.sleep(0.05)
         yield pcap
         # tcpdump -U writes each packet as it comes; give the last ones a moment to be read.
