@@ -69,9 +69,6 @@ class Fabric:
     def datapath(self) -> str:
         return "ovs-netdev-vxlan" if self.kind is Attachment.OVS_VXLAN else "linux-bridge-vxlan"
 
-    def host(self, name: str) -> HostSide:
-        return next(h for h in self.hosts if h.name == name)
-
     def attach(self, host: HostSide, ifname: str) -> None:
         """Move a root-namespace device (a guest's tap, a veth end) into ``host`` and make it
         a port of its bridge. The device leaves the root namespace for good: deleting it (or
