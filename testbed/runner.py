@@ -138,7 +138,7 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
                                  offloads=t.offloads)
                       if attachment.is_netns else
                       twohost.mode(attachment, backend, tag, guests[t.client], guests[t.server], t,
-                                   max(t.matrix.mtus), state, queues=queues)
+                                   max(t.matrix.mtus), state, queues=queues, offloads=t.offloads)
                       if attachment.needs_two_hosts else
                       mode(attachment, backend, tag, guests[t.client], guests[t.server], t.subnet,
                            max(t.matrix.mtus), queues=queues, macvtap_spec=t.macvtap, offloads=t.offloads))

@@ -17,7 +17,7 @@ from pathlib import Path
 from testbed import measure, render, virt
 from testbed.errors import CapabilityError
 from testbed.hostnet import links, vxlan
-from testbed.model import Attachment, Backend, Topology
+from testbed.model import Attachment, Backend, Offloads, Topology
 
 
 def unavailable(t: Topology, attachment: Attachment) -> str | None:
@@ -45,7 +45,8 @@ def mac(tag: str, guest_index: int, nic: int) -> str:
 
 @contextlib.contextmanager
 def mode(attachment: Attachment, backend: Backend, tag: str, client: virt.Guest, server: virt.Guest,
-         t: Topology, max_mtu: int, workdir: Path, *, queues: int = 1) -> Iterator[measure.TestPath]:
+         t: Topology, max_mtu: int, workdir: Path, *, queues: int = 1,
+         offloads: Offloads | None = None) -> Iterator[measure.TestPath]:
     """Both emulated hosts with their tunnel, and a NIC under test in each guest, plugged
     into the guest's own host."""
     why = unavailable(t, attachment)
@@ -54,6 +55,8 @@ def mode(attachment: Attachment, backend: Backend, tag: str, client: virt.Guest,
     # Placement comes from the topology (a guest booted elsewhere may carry another host name).
     names = (t.guest(client.spec.name).host, t.guest(server.spec.name).host)
     net = ipaddress.ip_network(t.subnet)
+    from testbed.runner import _guest_offloads   # runner imports this module
+    applied: dict[str, dict[str, str]] = {}
     with contextlib.ExitStack() as stack:
         fab = stack.enter_context(vxlan.fabric(attachment, tag, names,
                                                t.tunnel, workdir, max_mtu))
@@ -80,6 +83,7 @@ def mode(attachment: Attachment, backend: Backend, tag: str, client: virt.Guest,
             a.run(["/usr/sbin/ip", "link", "set", "dev", ifname, "up"])
             if queues > 1:
                 a.run(["/usr/sbin/ethtool", "-L", ifname, "combined", str(queues)])
+            applied[g.spec.name] = dict(_guest_offloads(a, ifname, offloads))
             eps.append(measure.Endpoint(g, ifname, addr, target))
         netns_of = {target: side.netns for side, target in ports}
         # Registered last, so servers stop before the NICs are unplugged.
@@ -88,4 +92,4 @@ def mode(attachment: Attachment, backend: Backend, tag: str, client: virt.Guest,
         yield measure.TestPath(
             eps[0], eps[1], lambda mtu: fab.set_mtu(mtu, ports),
             read_counters=lambda ep: vxlan.counters(ep.tap, netns_of[ep.tap]),
-            servers=servers, datapath=fab.datapath)
+            servers=servers, datapath=fab.datapath, offloads=applied)
