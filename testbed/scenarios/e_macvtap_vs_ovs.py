@@ -38,7 +38,10 @@ def _profiles(quick: bool, secs: int) -> list[str]:
 def _topology(name: str, attachments, quick: bool, two_hosts: bool, hosts):
     secs = 3 if quick else 30
     conns = "[1]" if quick else "[1, 10, 50, 100, 250]"
-    place = ("hosts: [{name: h1}, {name: h2}]\nguests: [{name: g1, host: h1}, {name: g2, host: h2}]"
+    # Across hosts: two hosts emulated on this machine (unless --hosts names others), the
+    # underlay wide enough for MTU 9000 plus VXLAN's 50 bytes.
+    place = ("hosts: [{name: h1, transport: netns}, {name: h2, transport: netns}]\n"
+             "guests: [{name: g1, host: h1}, {name: g2, host: h2}]\ntunnel: {underlay_mtu: 9050}"
              if two_hosts else "guests: [{name: g1}, {name: g2}]")
     profiles = "\n".join(f"    - {p}" for p in _profiles(quick, secs))
     text = (f"name: {name}\n{place}\nmatrix:\n  attachments: [{', '.join(a.value for a in attachments)}]\n"
