@@ -65,6 +65,12 @@ class Servers:
             host.agent.kill(pid)
         self._running.clear()
 
+    def __enter__(self) -> Servers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_all()
+
 
 @dataclass(frozen=True)
 class TestPath:

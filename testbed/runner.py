@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from testbed import (capabilities, cleanup, cpu, environment, images, measure, paths, proc, render, results,
-                     stats, twohost, virt)
+from testbed import (capabilities, cleanup, cpu, environment, guestnic, images, measure, paths, proc, render,
+                     results, stats, twohost, virt)
 from testbed.errors import CapabilityError, GuestError, ReadinessError, TestbedError
 from testbed.hostnet import attach, links, macvtap
 from testbed.model import Attachment, Backend, Cell, MacvtapSpec, Offloads, Topology
@@ -70,12 +70,6 @@ class Outcome:
     status: str
     samples: int
     failed: int
-
-
-def _mac(tag: str, guest_index: int, nic: int) -> str:
-    # Locally administered, unicast; unique per run, guest and NIC.
-    t = int(tag, 16)
-    return f"52:54:{t >> 8:02x}:{t & 0xff:02x}:{guest_index:02x}:{nic:02x}"
 
 
 def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) -> Outcome:
@@ -180,25 +174,16 @@ def mode(attachment: Attachment, backend: Backend, tag: str, client: virt.Guest,
         applied: dict[str, dict[str, str]] = {}
         for i, g in enumerate((client, server)):
             target = f"tb-{tag}-t{i}"
-            mac = _mac(tag, i, 0)
+            mac = guestnic.mac(tag, i, 0)
             xml = render.interface_xml(seg.nic(target, mac, backend, max_mtu, queues=queues))
             ifname = stack.enter_context(virt.plugged_nic(g, xml, mac))
             links.no_ipv6(target)
             addr = str(net.network_address + 1 + i)
-            a = g.agent
-            a.run(["/usr/sbin/sysctl", "-q", "-w", f"net.ipv6.conf.{ifname}.disable_ipv6=1"])
-            a.run(["/usr/sbin/ip", "addr", "flush", "dev", ifname])
-            a.run(["/usr/sbin/ip", "addr", "add", f"{addr}/{net.prefixlen}", "dev", ifname])
-            a.run(["/usr/sbin/ip", "link", "set", "dev", ifname, "up"])
-            if queues > 1:
-                # virtio-net starts with as many queue pairs as the guest has vCPUs; ask for
-                # all of them so the cell measures the multiqueue NIC it names.
-                a.run(["/usr/sbin/ethtool", "-L", ifname, "combined", str(queues)])
-            applied[g.spec.name] = dict(_guest_offloads(a, ifname, offloads))
+            applied[g.spec.name] = guestnic.configure(g.agent, ifname, addr, net.prefixlen, queues, offloads)
             eps.append(measure.Endpoint(g, ifname, addr, target))
         taps = [e.tap for e in eps]
         # Entered last, so servers stop before the NICs are unplugged.
-        servers = stack.enter_context(_servers())
+        servers = stack.enter_context(measure.Servers())
         yield measure.TestPath(eps[0], eps[1], lambda mtu: seg.set_mtu(mtu, taps),
                                guest_sends_as_rx=attachment is not Attachment.MACVTAP, servers=servers,
                                datapath=seg.datapath, offloads=applied)
@@ -238,40 +223,10 @@ def netns_path(conn, out_dir: str) -> Iterator[measure.TestPath]:
                             f"/sys/class/net/{ep.ifname}/statistics/tx_bytes"], netns=ns).stdout.split()
             return int(out[0]), int(out[1])
 
-        with _servers() as servers:
+        with measure.Servers() as servers:
             yield measure.TestPath(eps[0], eps[1], set_mtu, guest_sends_as_rx=False, read_counters=read,
                                    servers=servers, datapath=conn.datapath,
                                    offloads={h.spec.name: dict(e.offloads) for h, e in ((ha, conn.a), (hb, conn.b))})
-
-
-@contextlib.contextmanager
-def _servers() -> Iterator[measure.Servers]:
-    servers = measure.Servers()
-    try:
-        yield servers
-    finally:
-        servers.stop_all()
-
-
-def _guest_offloads(agent, ifname: str, want: Offloads | None) -> tuple[tuple[str, str], ...]:
-    """Switch the requested offloads on a guest NIC one by one (a fixed feature must not stop
-    the others; the kernel also drags dependent features along), then read back what holds."""
-    from testbed.hostnet import netns
-    for name, on in (want.requested() if want else []):
-        agent.run(["/usr/sbin/ethtool", "-K", ifname, name, "on" if on else "off"], check=False)
-    return netns.parse_ethtool_k(agent.run(["/usr/sbin/ethtool", "-k", ifname]).stdout)
-
-
-def host_fingerprints(t: Topology, env: dict) -> dict[str, dict]:
-    """Each host's environment. A host emulated on this machine shares its kernel, QEMU and
-    CPU, so its fingerprint is this machine's, marked as emulated."""
-    out = {}
-    for h in t.hosts:
-        if not h.emulated and h.transport != "local":
-            continue   # a real remote host is refused by preflight before a run starts
-        out[h.name] = {**env, "uri": h.uri, "transport": h.transport,
-                       "emulated": "netns" if h.emulated else None}
-    return out
 
 
 def _samples_of(writer: results.RunWriter) -> list[dict]:

@@ -14,7 +14,7 @@ import ipaddress
 from collections.abc import Iterator
 from pathlib import Path
 
-from testbed import measure, render, virt
+from testbed import guestnic, measure, render, virt
 from testbed.errors import CapabilityError
 from testbed.hostnet import links, vxlan
 from testbed.model import Attachment, Backend, Offloads, Topology
@@ -38,11 +38,6 @@ def unavailable(t: Topology, attachment: Attachment) -> str | None:
     return None
 
 
-def mac(tag: str, guest_index: int, nic: int) -> str:
-    t = int(tag, 16)
-    return f"52:54:{t >> 8:02x}:{t & 0xff:02x}:{guest_index:02x}:{nic:02x}"
-
-
 @contextlib.contextmanager
 def mode(attachment: Attachment, backend: Backend, tag: str, client: virt.Guest, server: virt.Guest,
          t: Topology, max_mtu: int, workdir: Path, *, queues: int = 1,
@@ -55,7 +50,6 @@ def mode(attachment: Attachment, backend: Backend, tag: str, client: virt.Guest,
     # Placement comes from the topology (a guest booted elsewhere may carry another host name).
     names = (t.guest(client.spec.name).host, t.guest(server.spec.name).host)
     net = ipaddress.ip_network(t.subnet)
-    from testbed.runner import _guest_offloads   # runner imports this module
     applied: dict[str, dict[str, str]] = {}
     with contextlib.ExitStack() as stack:
         fab = stack.enter_context(vxlan.fabric(attachment, tag, names,
@@ -64,7 +58,7 @@ def mode(attachment: Attachment, backend: Backend, tag: str, client: virt.Guest,
         for i, g in enumerate((client, server)):
             side = fab.hosts[i]
             target = f"tb-{tag}-t{i}"
-            m = mac(tag, i, 0)
+            m = guestnic.mac(tag, i, 0)
             # OVS's userspace datapath (3.1) cannot finish a partial checksum or segment a TSO
             # frame it tunnels: TCP stalls while ping works (measured). Its guests therefore
             # get a device without checksum offload. The kernel vxlan device handles both.
@@ -76,19 +70,11 @@ def mode(attachment: Attachment, backend: Backend, tag: str, client: virt.Guest,
             stack.enter_context(vxlan.port(fab, side, target))
             ports.append((side, target))
             addr = str(net.network_address + 1 + i)
-            a = g.agent
-            a.run(["/usr/sbin/sysctl", "-q", "-w", f"net.ipv6.conf.{ifname}.disable_ipv6=1"])
-            a.run(["/usr/sbin/ip", "addr", "flush", "dev", ifname])
-            a.run(["/usr/sbin/ip", "addr", "add", f"{addr}/{net.prefixlen}", "dev", ifname])
-            a.run(["/usr/sbin/ip", "link", "set", "dev", ifname, "up"])
-            if queues > 1:
-                a.run(["/usr/sbin/ethtool", "-L", ifname, "combined", str(queues)])
-            applied[g.spec.name] = dict(_guest_offloads(a, ifname, offloads))
+            applied[g.spec.name] = guestnic.configure(g.agent, ifname, addr, net.prefixlen, queues, offloads)
             eps.append(measure.Endpoint(g, ifname, addr, target))
         netns_of = {target: side.netns for side, target in ports}
         # Registered last, so servers stop before the NICs are unplugged.
-        servers = measure.Servers()
-        stack.callback(servers.stop_all)
+        servers = stack.enter_context(measure.Servers())
         yield measure.TestPath(
             eps[0], eps[1], lambda mtu: fab.set_mtu(mtu, ports),
             read_counters=lambda ep: vxlan.counters(ep.tap, netns_of[ep.tap]),
