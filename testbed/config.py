@@ -24,7 +24,7 @@ from testbed.model import (NAME_RE, Attachment, Backend, GuestSpec, HostSpec, Ma
 BENCHMARK_NET = ipaddress.ip_network("198.18.0.0/15")
 # libvirt URIs: driver[+transport]://[user@][host][:port]/path[?query]; no quotes,
 # spaces, angle brackets or shell metacharacters.
-URI_RE = re.compile(r"^[a-z][a-z0-9]*(\+[a-z]+)?://([A-Za-z0-9._-]+@)?[A-Za-z0-9._:\[\]-]*"
+URI_RE = re.compile(r"^[a-z][a-z0-9]*(\+[a-z][a-z0-9]*)?://([A-Za-z0-9._-]+@)?[A-Za-z0-9._:\[\]-]*"
                     r"/[A-Za-z0-9._/-]*(\?[A-Za-z0-9._=&/-]*)?$")
 PROFILE_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,23}$")
 MTU_MIN, MTU_MAX = 68, 65535
@@ -136,15 +136,16 @@ def _unique(items: list[Node], names: list[str], what: str) -> None:
         seen.add(name)
 
 
-def _host(n: Node) -> HostSpec:
-    m = n.mapping({"name", "uri", "transport", "ssh"}, required=("name",))
+def _host(n: Node, base: Path) -> HostSpec:
+    m = n.mapping({"name", "uri", "transport", "ssh", "ssh_port", "known_hosts", "identity", "underlay"},
+                  required=("name",))
     name = m["name"].str(NAME_RE, "host name")
     uri = m["uri"].str(URI_RE, "libvirt URI") if "uri" in m else "qemu:///system"
     if "no_verify" in uri:
         # ssh transports must check the remote host key; libvirt's no_verify turns that off.
         raise m["uri"].error("no_verify is not allowed: remote SSH host keys must be checked")
     transport = m["transport"].str(re.compile(r"^(local|ssh|netns)$"), "transport (local|ssh|netns)") \
-        if "transport" in m else ("ssh" if "+ssh" in uri else "local")
+        if "transport" in m else ("ssh" if re.match(r"^[a-z0-9]+\+(ssh|libssh2?)://", uri) else "local")
     if transport == "netns" and not uri.startswith("qemu:///"):
         # An emulated host is a namespace on this machine; its guests run in the local libvirt.
         raise (m.get("uri") or n).error("transport netns (a host emulated on this machine) needs a local "
@@ -155,7 +156,30 @@ def _host(n: Node) -> HostSpec:
         if "ssh" in m else None
     if transport == "ssh" and not ssh:
         raise n.error("transport ssh needs 'ssh: user@host'")
-    return HostSpec(name=name, uri=uri, transport=transport, ssh_target=ssh)
+    for key in ("ssh_port", "known_hosts", "identity"):
+        if key in m and transport != "ssh":
+            raise m[key].error(f"'{key}' is for transport ssh")
+    if transport == "ssh" and not uri.startswith(("qemu+ssh://", "qemu+libssh2://")):
+        # qemu+libssh:// (libvirt 9.0 with libssh 0.10, Debian 12) stalls for good on the
+        # first large reply, a domain's XML (measured); libssh2 and the ssh binary do not.
+        raise (m.get("uri") or n).error("transport ssh needs a libvirt URI over ssh: qemu+ssh://root@hostb/system, "
+                                        "or qemu+libssh2://...?known_hosts=FILE (qemu+libssh:// stalls on "
+                                        "large replies with Debian 12's libssh)")
+    if "underlay" in m and transport == "netns":
+        raise m["underlay"].error("an emulated host's underlay is the testbed's own wire")
+    return HostSpec(name=name, uri=uri, transport=transport, ssh_target=ssh,
+                    ssh_port=m["ssh_port"].int(1, 65535, "ssh_port") if "ssh_port" in m else 22,
+                    known_hosts=_readable_file(m["known_hosts"], base) if "known_hosts" in m else None,
+                    identity=_readable_file(m["identity"], base) if "identity" in m else None,
+                    underlay=m["underlay"].str(IFNAME_RE, "interface name") if "underlay" in m else None)
+
+
+def _readable_file(n: Node, base: Path) -> str:
+    raw = n.str()
+    p = (base / raw) if not os.path.isabs(raw) else Path(raw)
+    if not p.is_file() or not os.access(p, os.R_OK):
+        raise n.error(f"not a readable file: {p}")
+    return str(p.resolve())
 
 
 def _tunnel(n: Node) -> TunnelSpec:
@@ -173,12 +197,13 @@ def _check_tunnel(m: dict[str, Node], doc: Node, matrix: Matrix, tunnel: TunnelS
     """Two-host modes: the inner MTU must fit the underlay with VXLAN's overhead, and the
     underlay interface is the testbed's own wire on emulated hosts, the operator's on real
     ones. Checked here so a bad tunnel is refused before anything is created."""
-    if not any(a.needs_two_hosts for a in matrix.attachments):
+    macvtap_across = Attachment.MACVTAP in matrix.attachments and len({h.name for h in hosts}) > 1
+    if not any(a.needs_two_hosts for a in matrix.attachments) and not macvtap_across:
         return
     mnode = m["matrix"].mapping(MATRIX_KEYS)
     mtu_nodes = mnode["mtus"].seq() if "mtus" in mnode else []
     for i, mtu in enumerate(matrix.mtus):
-        if mtu + VXLAN_OVERHEAD > tunnel.underlay_mtu:
+        if any(a.needs_two_hosts for a in matrix.attachments) and mtu + VXLAN_OVERHEAD > tunnel.underlay_mtu:
             node = mtu_nodes[i] if mtu_nodes else m["matrix"]
             raise node.error(
                 f"inner MTU {mtu} + {VXLAN_OVERHEAD} bytes of VXLAN-over-IPv4 overhead = "
@@ -189,9 +214,14 @@ def _check_tunnel(m: dict[str, Node], doc: Node, matrix: Matrix, tunnel: TunnelS
         raise tn.mapping({"vni", "udp_port", "underlay", "underlay_mtu"})["underlay"].error(  # type: ignore[union-attr]
             "hosts emulated on this machine (transport netns) use the testbed's own veth wire; "
             "underlay names a real host's interface")
-    if not all(h.emulated for h in hosts) and not tunnel.underlay:
-        raise (tn or doc).error("a two-host mode on real hosts needs tunnel.underlay (the interface "
-                                "that carries the tunnel on each host)")
+    if any(h.emulated for h in hosts) and not all(h.emulated for h in hosts):
+        raise (m.get("hosts") or doc).error(
+            "the client's and server's hosts must both be emulated (transport netns) or both real; "
+            f"got {', '.join(f'{h.name}: {h.transport}' for h in hosts)}")
+    for h in hosts:
+        if not h.emulated and not (h.underlay or tunnel.underlay):
+            raise (tn or doc).error(f"host {h.name}: a mode across real hosts needs the underlay interface "
+                                    "(tunnel.underlay, or 'underlay' on the host)")
 
 
 def _image_path(n: Node, base: Path) -> str:
@@ -323,7 +353,7 @@ def parse(text: str, file: str = "<string>", base: Path | None = None) -> Topolo
                      "ready_timeout", "macvtap", "offloads", "tunnel"},
                     required=("matrix",))
     host_nodes = m["hosts"].seq(1) if "hosts" in m else []
-    hosts = tuple(_host(h) for h in host_nodes) or (HostSpec(name="local"),)
+    hosts = tuple(_host(h, base) for h in host_nodes) or (HostSpec(name="local"),)
     _unique(host_nodes, [h.name for h in hosts], "host")
     host_map = {h.name: h for h in hosts}
     matrix = _matrix(m["matrix"])
@@ -371,6 +401,12 @@ def parse(text: str, file: str = "<string>", base: Path | None = None) -> Topolo
         if "accelerator" in m else "auto"
     ready = m["ready_timeout"].int(5, 7200, "ready_timeout") if "ready_timeout" in m else 600
     mv = _macvtap(m["macvtap"]) if "macvtap" in m else MacvtapSpec()
+    if mv.lower and Attachment.MACVTAP in matrix.attachments and len(placed) > 1:
+        # Across hosts each guest's lower device is its own host's underlay: on emulated
+        # hosts the testbed's wire end, on real ones tunnel.underlay.
+        raise m["macvtap"].mapping({"mode", "lower"})["lower"].error(
+            "macvtap with the client and server on two hosts uses each host's underlay as the lower "
+            "device; 'lower' is for guests on one host")
     off = _offloads(m["offloads"]) if "offloads" in m else None
     return Topology(name=name, source=file, hosts=hosts, guests=guests, client=client, server=server,
                     matrix=matrix, accelerator=accel, subnet=subnet, ready_timeout_s=ready, macvtap=mv,

@@ -61,3 +61,37 @@ def fingerprint(accel: Accelerator | None, *, image: Any = None, extra: dict | N
         "testbed_commit": git_commit(),
         **(extra or {}),
     }
+
+
+_REMOTE_PROBE = r"""
+echo "host=$(uname -n)"; echo "kernel=$(uname -r)"; echo "cpus=$(nproc)"
+echo "cpu_model=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
+echo "memory_kib=$(sed -n 's/^MemTotal:[[:space:]]*\([0-9]*\).*/\1/p' /proc/meminfo)"
+echo "qemu=$(qemu-system-x86_64 --version 2>/dev/null | head -1)"
+echo "libvirt=$(libvirtd --version 2>/dev/null | head -1)"
+echo "ovs=$(ovs-vsctl --version 2>/dev/null | head -1)"
+[ -c /dev/kvm ] && [ -w /dev/kvm ] && echo kvm_device=yes || echo kvm_device=no
+[ -c /dev/vhost-net ] && echo vhost_net_device=yes || echo vhost_net_device=no
+"""
+
+
+def parse_remote_probe(text: str) -> dict[str, str]:
+    """Pure: the key=value lines of _REMOTE_PROBE."""
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def remote_fingerprint(shell: Any, uri: str) -> dict:
+    """A remote host's environment, read there in one ssh round trip. Device presence is
+    what a file test can tell; whether KVM really boots there shows in the guest's domain."""
+    kv = parse_remote_probe(shell.run(["sh", "-c", _REMOTE_PROBE], timeout=60).stdout)
+    mem = kv.get("memory_kib", "")
+    return {
+        "host": kv.get("host"), "kernel": kv.get("kernel"),
+        "cpus": int(kv["cpus"]) if kv.get("cpus", "").isdigit() else None,
+        "cpu_model": kv.get("cpu_model"),
+        "memory_bytes": int(mem) * 1024 if mem.isdigit() else None,
+        "versions": {"qemu": kv.get("qemu") or None, "libvirt": kv.get("libvirt") or None,
+                     "ovs": kv.get("ovs") or None},
+        "kvm_device": kv.get("kvm_device") == "yes",
+        "vhost_net_device": kv.get("vhost_net_device") == "yes",
+    }

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import shutil
+import dataclasses
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from testbed import PREFIX, paths, proc
-from testbed.errors import ConfigError, TestbedError
+from testbed.errors import CapabilityError, ConfigError, TestbedError
 
 log = logging.getLogger(__name__)
 
@@ -162,3 +163,36 @@ def overlay(base: Image, path: Path) -> Iterator[Path]:
     finally:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
+
+
+def stage(shell, img: Image, *, root: Path | None = None) -> Image:
+    """``img`` on the host behind ``shell`` (remote.Shell): the cached folder copied there once,
+    at the same path (or under ``root``), through a tb- temporary folder renamed at the end so
+    a broken copy never looks staged; the manifest goes last. A user image must already be at
+    its path on that host."""
+    if not shell.remote:
+        return img
+    if img.kernel is None:
+        if not shell.exists(str(img.disk)):
+            raise CapabilityError(f"host {shell.host.name}: user image {img.disk} is not there "
+                                  "(copy it to the same path on that host)")
+        return img
+    folder = img.disk.parent
+    dest = (root / folder.name) if root else folder
+    staged = dataclasses.replace(img, disk=dest / img.disk.name, kernel=dest / img.kernel.name,
+                                 initrd=dest / img.initrd.name if img.initrd else None)
+    if shell.exists(str(dest / "manifest.json")):
+        return staged
+    log.info("staging image %s on host %s", folder.name, shell.host.name)
+    tmp = f"{dest.parent}/{PREFIX}stage-{folder.name}-{os.getpid()}"
+    shell.run(["mkdir", "-p", tmp])
+    try:
+        files = sorted(folder.iterdir(), key=lambda f: f.name == "manifest.json")
+        for f in files:
+            shell.put(f, f"{tmp}/{f.name}")
+        shell.run(["chmod", "-R", "a+rX", tmp])
+        shell.run(["mv", "-T", tmp, str(dest)])
+    except BaseException:
+        shell.run(["rm", "-rf", "--", tmp], check=False)
+        raise
+    return staged

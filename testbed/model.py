@@ -146,6 +146,18 @@ class HostSpec:
     uri: str = "qemu:///system"
     transport: str = "local"             # local | ssh | netns (emulated on this machine)
     ssh_target: str | None = None        # user@host when transport is ssh
+    ssh_port: int = 22
+    #: file of pinned host keys for transport ssh (None: ssh's own known_hosts files); the
+    #: key is always checked, never accepted on first use
+    known_hosts: str | None = None
+    identity: str | None = None          # private key for transport ssh (None: ssh's default)
+    #: this host's underlay interface when it differs from tunnel.underlay (real hosts)
+    underlay: str | None = None
+
+    @property
+    def remote(self) -> bool:
+        """A real host other than this machine, reached over ssh."""
+        return self.transport == "ssh"
 
     @property
     def emulated(self) -> bool:

@@ -96,7 +96,18 @@ _SNAPSHOT_KEY = pytest.StashKey[object]()
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     if os.geteuid() == 0 and not session.config.option.collectonly:
-        from testbed import snapshot
+        from testbed import cleanup, snapshot
+        # tb- objects whose owning process is dead (a session or run killed with SIGKILL, a
+        # machine image taken while one ran) would make every run-level test refuse to
+        # start. They are provably the testbed's and provably orphaned, so they go first,
+        # and the session says so; a live run's objects are left alone.
+        found = cleanup.find()
+        if not found.empty():
+            reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+            if reporter:
+                reporter.write_line(f"removing a dead run's leftovers before testing: {found.describe()}",
+                                    yellow=True)
+            cleanup.remove(found)
         session.config.stash[_SNAPSHOT_KEY] = snapshot.take()
 
 
@@ -105,8 +116,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     before = session.config.stash.get(_SNAPSHOT_KEY, None)
     if before is None:
         return
-    from testbed import snapshot
+    from testbed import cleanup, snapshot
     diff = snapshot.diff(before, snapshot.take())  # type: ignore[arg-type]
+    # Session fixtures are gone by now: any tb- object still here (a domain, a state folder,
+    # which the networking snapshot does not see) was leaked by a test or a run it started.
+    left = cleanup.find()
+    if not left.empty():
+        diff = [*diff, f"tb- objects left behind: {left.describe()}"]
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if diff:
         if reporter:
@@ -136,3 +152,25 @@ def netns_pair() -> Iterator[tuple[str, str, str]]:
             pytest.skip(f"cannot create a namespace pair: {e}")
         yield conn.a.netns, conn.b.netns, conn.b.address
 
+
+
+def run_cli(args: list[str], *, env: dict[str, str] | None = None, timeout: float = 900):
+    """`testbed ARGS` in a child process. On timeout the child gets SIGTERM, like a user's
+    Ctrl-C, and is given two minutes to tear down before the test fails: a SIGKILL would
+    leave its guests and links behind for the rest of the session."""
+    import signal
+    import subprocess
+    import sys
+    p = subprocess.Popen([sys.executable, "-m", "testbed.cli", *args], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGTERM)
+        try:
+            out, err = p.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+        pytest.fail(f"testbed {' '.join(args)} timed out after {timeout:.0f} s; stderr tail:\n{err[-2000:]}")
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)

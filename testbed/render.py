@@ -62,6 +62,9 @@ class NicParams:
     macvtap_mode: str = "bridge"
     #: False: the virtio device offers no checksum/segmentation offload to the guest
     checksum_offload: bool = True
+    #: ethernet only. False: the target exists already (a macvtap the testbed made) and
+    #: libvirt opens it as it is, neither creating nor deleting it
+    managed: bool = True
 
 
 def interface_xml(p: NicParams) -> str:

@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from testbed import (capabilities, cleanup, cpu, environment, guestnic, images, measure, paths, proc, render,
-                     results, stats, twohost, virt)
+from testbed import (capabilities, cleanup, cpu, environment, guestnic, images, measure, paths, proc, remote,
+                     render, results, stats, twohost, virt)
 from testbed.errors import CapabilityError, GuestError, ReadinessError, TestbedError
 from testbed.hostnet import attach, links, macvtap
 from testbed.model import Attachment, Backend, Cell, MacvtapSpec, Offloads, Topology
@@ -54,6 +54,10 @@ def preflight(t: Topology) -> None:
         why = get_tool(p.tool).unsupported_reason(p)
         if why:
             raise CapabilityError(f"profile {p.name}: {why}")
+    hosts = {h.name: h for h in t.hosts}
+    for h in {hosts[t.guest(g).host] for g in (t.client, t.server)}:
+        # A remote host: log in once, its key checked, before anything is created.
+        remote.shell(h).reachable()
     for a in t.matrix.attachments:
         why = attach.unavailable(a) or twohost.unavailable(t, a)
         if why:
@@ -92,11 +96,18 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
         stack.callback(_keep_logs, state, writer.dir / "guests")
         guests: dict[str, virt.Guest] = {}
         if needs_vms:
-            conn = stack.enter_context(virt.connect(host.uri))
+            # Each guest boots on its own host: that host's libvirt, and for a real remote
+            # host its shell (overlay, seed and console live there).
+            hosts = {h.name: h for h in t.hosts}
+            conns: dict[str, object] = {}
             for spec in (t.guest(t.client), t.guest(t.server)):
+                h = hosts[spec.host]
+                if h.uri not in conns:
+                    conns[h.uri] = stack.enter_context(virt.connect(h.uri))
                 img = images.user_image(spec.image) if spec.image else recipe_image
                 guests[spec.name] = stack.enter_context(
-                    virt.guest(conn, spec, img, accel, run_id, tag, state))  # type: ignore[arg-type]
+                    virt.guest(conns[h.uri], spec, img, accel, run_id, tag, state,  # type: ignore[arg-type]
+                               shell=remote.shell(h) if h.remote else None))
                 writer.count("boots")
         placement = {g.spec.name: g.spec.host for g in guests.values()}
         try:
@@ -113,8 +124,13 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
             cells = [c for c in cells if c.attachment.is_netns]
         writer.update(guests={g.spec.name: {"domain": g.name, "host": g.spec.host, "ready_s": g.ready_s}
                               for g in guests.values()})
-        pids = {name: virt.qemu_pid(g) for name, g in guests.items()}
+        # Host-side CPU is read from this machine's /proc: a guest on a remote host has its
+        # guest-side CPU only, and the run says so.
+        pids = {name: virt.qemu_pid(g) for name, g in guests.items() if g.shell is None}
         qemu_pids = {k: v for k, v in pids.items() if v}
+        far = [f"{name} on {g.spec.host}" for name, g in guests.items() if g.shell is not None]
+        if far:
+            writer.update(host_cpu_not_measured=[f"{x}: a remote host (guest-side CPU only)" for x in far])
         clock_ghz = env["cpu_mhz"] / 1000 if env.get("cpu_mhz") else None
         # What the host-side collector costs, so its share of a window can be judged: two
         # readings per sample.
@@ -133,7 +149,7 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
                       if attachment.is_netns else
                       twohost.mode(attachment, backend, tag, guests[t.client], guests[t.server], t,
                                    max(t.matrix.mtus), state, queues=queues, offloads=t.offloads)
-                      if attachment.needs_two_hosts else
+                      if twohost.across(t, attachment) else
                       mode(attachment, backend, tag, guests[t.client], guests[t.server], t.subnet,
                            max(t.matrix.mtus), queues=queues, macvtap_spec=t.macvtap, offloads=t.offloads))
                 with cm as path:
@@ -227,6 +243,23 @@ def netns_path(conn, out_dir: str) -> Iterator[measure.TestPath]:
             yield measure.TestPath(eps[0], eps[1], set_mtu, guest_sends_as_rx=False, read_counters=read,
                                    servers=servers, datapath=conn.datapath,
                                    offloads={h.spec.name: dict(e.offloads) for h, e in ((ha, conn.a), (hb, conn.b))})
+
+
+def host_fingerprints(t: Topology, env: dict) -> dict[str, dict]:
+    """Each host's environment. A host emulated on this machine shares its kernel, QEMU and
+    CPU, so its fingerprint is this machine's, marked as emulated; a remote host's is read
+    there."""
+    out = {}
+    for h in t.hosts:
+        if h.remote:
+            out[h.name] = {**environment.remote_fingerprint(remote.shell(h), h.uri),
+                           # its guests boot with the run's accelerator
+                           "accelerator": env["accelerator"], "comparable_class": env["comparable_class"],
+                           "uri": h.uri, "transport": h.transport, "emulated": None}
+            continue
+        out[h.name] = {**env, "uri": h.uri, "transport": h.transport,
+                       "emulated": "netns" if h.emulated else None}
+    return out
 
 
 def _samples_of(writer: results.RunWriter) -> list[dict]:

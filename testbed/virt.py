@@ -11,8 +11,8 @@ from pathlib import Path
 
 import libvirt
 
-from testbed import images, proc, render
-from testbed.errors import ReadinessError, TestbedError
+from testbed import images, paths, proc, remote, render
+from testbed.errors import CommandError, ReadinessError, TestbedError
 from testbed.guest import Agent
 from testbed.model import Accelerator, GuestSpec
 
@@ -67,6 +67,10 @@ def console_tail(path: Path, lines: int = 15) -> str:
         text = path.read_text(errors="replace")
     except OSError:
         return ""
+    return tail_text(text, lines)
+
+
+def tail_text(text: str, lines: int = 15) -> str:
     keep = [ln.rstrip() for ln in text.replace("\r", "\n").splitlines() if ln.strip()]
     return "\n".join(keep[-lines:])
 
@@ -79,9 +83,19 @@ class Guest:
     name: str                  # libvirt domain name (tb- prefixed)
     dom: libvirt.virDomain
     agent: Agent
-    console_log: Path
+    console_log: Path          # on the guest's host
     boot_started: float        # time.monotonic() at dom.create()
     ready_s: float | None = None
+    #: commands on the guest's host; None: this machine
+    shell: remote.Shell | None = None
+
+    def console_tail(self) -> str:
+        if self.shell is None or not self.shell.remote:
+            return console_tail(self.console_log)
+        try:
+            return tail_text(self.shell.read(str(self.console_log)))
+        except CommandError:
+            return ""
 
     def wait_ready(self, timeout: float) -> float:
         """Wait for the agent, then for cloud-init's final stage. Returns seconds since start."""
@@ -91,10 +105,10 @@ class Guest:
                 if not self.dom.isActive():
                     raise ReadinessError(f"guest {self.name} stopped while waiting for {what}",
                                          time.monotonic() - self.boot_started,
-                                         console_tail(self.console_log))
+                                         self.console_tail())
                 if time.monotonic() > deadline:
                     raise ReadinessError(f"guest {self.name} (waiting for {what})", timeout,
-                                         console_tail(self.console_log))
+                                         self.console_tail())
                 time.sleep(0.2)
         self.ready_s = time.monotonic() - self.boot_started
         return self.ready_s
@@ -118,17 +132,43 @@ def _seed_iso(files: render.SeedFiles, out: Path) -> Path:
 
 
 @contextlib.contextmanager
+def _remote_files(shell: remote.Shell, image: images.Image, seed: Path, state: Path,
+                  name: str) -> Iterator[tuple[Path, Path, Path, images.Image]]:
+    """A remote guest's files in its own tb- folder on its host (the domain's name + .d, so it
+    carries the run's tag): overlay, seed and console
+    log ((disk, seed, console, image as staged there)). On exit the console log is fetched
+    into the local state folder (the run keeps it) and the folder is removed."""
+    img = images.stage(shell, image)
+    rstate = paths.state_dir() / f"{name}.d"
+    shell.run(["mkdir", "-p", str(rstate)])
+    try:
+        disk, rseed, console = rstate / f"{name}.qcow2", rstate / seed.name, rstate / f"{name}.console.log"
+        shell.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(img.disk), str(disk)])
+        shell.put(seed, str(rseed))
+        yield disk, rseed, console, img
+    finally:
+        with contextlib.suppress(CommandError):
+            (state / f"{name}.console.log").write_text(shell.read(str(console)))
+        shell.run(["rm", "-rf", "--", str(rstate)], check=False)
+
+
+@contextlib.contextmanager
 def guest(conn: libvirt.virConnect, spec: GuestSpec, image: images.Image, accel: Accelerator,
-          run_id: str, run_tag: str, state: Path) -> Iterator[Guest]:
-    """Boot one guest from its own overlay; destroyed and its files removed on exit."""
+          run_id: str, run_tag: str, state: Path, shell: remote.Shell | None = None) -> Iterator[Guest]:
+    """Boot one guest from its own overlay, on the host behind ``conn`` (and ``shell`` for a
+    remote one); destroyed and its files removed on exit."""
     name = f"tb-{run_tag}-{spec.name}"
     state.mkdir(parents=True, exist_ok=True)
     console = state / f"{name}.console.log"
     with contextlib.ExitStack() as stack:
-        disk = stack.enter_context(images.overlay(image, state / f"{name}.qcow2"))
-        seed = _seed_iso(render.cloud_init(hostname=spec.name, run_id=run_id,
-                                           instance_id=f"{name}-{run_id}"), state / f"{name}-seed.iso")
-        stack.callback(lambda: seed.unlink(missing_ok=True))
+        local_seed = _seed_iso(render.cloud_init(hostname=spec.name, run_id=run_id,
+                                                 instance_id=f"{name}-{run_id}"), state / f"{name}-seed.iso")
+        stack.callback(lambda: local_seed.unlink(missing_ok=True))
+        seed = local_seed
+        if shell is not None and shell.remote:
+            disk, seed, console, image = stack.enter_context(_remote_files(shell, image, local_seed, state, name))
+        else:
+            disk = stack.enter_context(images.overlay(image, state / f"{name}.qcow2"))
         xml = render.domain_xml(render.DomainParams(
             name=name, run_id=run_id, domain_type=accel.domain_type, memory_mib=spec.memory_mib,
             vcpus=spec.vcpus, disk=str(disk), seed=str(seed), console_log=str(console),
@@ -139,7 +179,7 @@ def guest(conn: libvirt.virConnect, spec: GuestSpec, image: images.Image, accel:
         dom = stack.enter_context(domain(conn, xml))
         log.info("started guest %s (%s)", name, accel.value)
         yield Guest(spec=spec, name=name, dom=dom, agent=Agent(dom, name), console_log=console,
-                    boot_started=started)
+                    boot_started=started, shell=shell)
 
 
 def guest_ifname(g: Guest, mac: str) -> str | None:
@@ -162,7 +202,7 @@ def plugged_nic(g: Guest, xml: str, mac: str, timeout: float = 60) -> Iterator[s
         deadline = time.monotonic() + timeout
         while (ifname := guest_ifname(g, mac)) is None:
             if time.monotonic() > deadline:
-                raise ReadinessError(f"NIC {mac} in guest {g.name}", timeout, console_tail(g.console_log))
+                raise ReadinessError(f"NIC {mac} in guest {g.name}", timeout, g.console_tail())
             time.sleep(0.3)
         yield ifname
     finally:

@@ -113,11 +113,20 @@ BAD = {
     "vxlan_underlay_on_emulated_hosts": (TWO + "tunnel: {underlay: eth1, underlay_mtu: 1600}\n" + VX,
                                          "tunnel.underlay", "testbed's own veth wire"),
     "vxlan_real_hosts_need_underlay": (TWO_SSH + "tunnel: {underlay_mtu: 1600}\n" + VX, "tunnel",
-                                       "needs tunnel.underlay"),
+                                       "needs the underlay interface"),
     "vxlan_underlay_injection": (TWO_SSH + "tunnel: {underlay: \"eth1;reboot\", underlay_mtu: 1600}\n" + VX,
                                  "tunnel.underlay", "invalid interface name"),
     "bridge_across_hosts": (TWO + "matrix: {attachments: [bridge], profiles: [{name: a}]}\n",
                             "matrix.attachments[0]", "use bridge-vxlan"),
+    "ssh_host_over_libssh": ("hosts: [{name: ha}, {name: hb, uri: \"qemu+libssh://root@hb/system\", ssh: root@hb}]\n"
+                             "guests: [{name: g1}, {name: g2}]\nmatrix: {profiles: [{name: a}]}\n",
+                             "hosts[1].uri", "stalls on large replies"),
+    "ssh_port_on_local_host": ("hosts: [{name: ha, ssh_port: 22}]\nguests: [{name: g1}, {name: g2}]\n"
+                               "matrix: {profiles: [{name: a}]}\n", "hosts[0].ssh_port", "is for transport ssh"),
+    "mixed_emulated_and_real": ("hosts: [{name: ha, transport: netns}, {name: hb, uri: \"qemu+ssh://root@hb/system\", "
+                                "ssh: root@hb}]\nguests: [{name: g1, host: ha}, {name: g2, host: hb}]\n"
+                                "matrix: {attachments: [macvtap], profiles: [{name: a}]}\n", "hosts",
+                                "both be emulated"),
     "netns_host_with_remote_uri": ("hosts: [{name: ha, transport: netns, uri: \"qemu+ssh://root@x/system\"}]\n"
                                    "guests: [{name: g1}, {name: g2}]\nmatrix: {profiles: [{name: a}]}\n",
                                    "hosts[0].uri", "needs a local libvirt URI"),
@@ -182,16 +191,37 @@ def test_two_hosts_parse_with_tunnel_defaults_and_a_raised_underlay():
     assert t.tunnel.underlay == "eth1" and t.tunnel.udp_port == 8472
 
 
-def test_real_second_host_is_refused_as_not_implemented():
+def test_which_host_pairs_can_cross():
     from testbed import twohost
+    # This machine plus one over ssh: runs (the ssh host is checked when the run starts).
     t = config.parse(TWO_SSH + "tunnel: {underlay: eth1, underlay_mtu: 1600}\n" + VX, "two.yaml")
-    why = twohost.unavailable(t, Attachment.BRIDGE_VXLAN)
-    assert why and "hb" in why and "transport: netns" in why
+    assert twohost.unavailable(t, Attachment.BRIDGE_VXLAN) is None
     assert twohost.unavailable(config.parse(TWO + "tunnel: {underlay_mtu: 1550}\n" + VX, "t.yaml"),
                                Attachment.BRIDGE_VXLAN) is None
-    mv = config.parse(TWO + "matrix: {attachments: [macvtap], profiles: [{name: a}]}\n", "t.yaml")
-    assert "macvtap across two hosts" in twohost.unavailable(mv, Attachment.MACVTAP)
-    assert twohost.unavailable(config.default(), Attachment.MACVTAP) is None
+    # macvtap across emulated hosts: no tunnel, so no underlay MTU rule.
+    mv = config.parse(TWO + "matrix: {attachments: [macvtap], mtus: [9000], profiles: [{name: a}]}\n", "t.yaml")
+    assert twohost.across(mv, Attachment.MACVTAP) and twohost.unavailable(mv, Attachment.MACVTAP) is None
+    assert not twohost.across(config.default(), Attachment.MACVTAP)
+    # Two "real" hosts that are both this machine would share one root namespace.
+    both_local = config.parse("hosts: [{name: ha}, {name: hb}]\nguests: [{name: g1, host: ha}, {name: g2, host: hb}]\n"
+                              "tunnel: {underlay: eth1, underlay_mtu: 1600}\n" + VX, "t.yaml")
+    assert "both this machine" in twohost.unavailable(both_local, Attachment.BRIDGE_VXLAN)
+
+
+def test_ssh_host_fields(tmp_path):
+    kh = tmp_path / "known_hosts"
+    kh.write_text("[hb]:2222 ssh-ed25519 AAAA\n")
+    t = config.parse("hosts: [{name: ha, underlay: eth1}, {name: hb, uri: \"qemu+libssh2://root@hb:2222/system?"
+                     "known_hosts=/k\", ssh: root@hb, ssh_port: 2222, known_hosts: known_hosts, underlay: ens5}]\n"
+                     "guests: [{name: g1, host: ha}, {name: g2, host: hb}]\n"
+                     "matrix: {attachments: [macvtap], profiles: [{name: a}]}\n", str(tmp_path / "t.yaml"))
+    hb = t.hosts[1]
+    assert hb.remote and hb.ssh_port == 2222 and hb.known_hosts == str(kh) and hb.underlay == "ens5"
+    from testbed import remote
+    argv = remote.shell(hb).argv(["ip", "link", "show", "dev", "a b"])
+    assert argv[0] == "ssh" and "StrictHostKeyChecking=yes" in argv and "BatchMode=yes" in argv
+    assert f"UserKnownHostsFile={kh}" in argv and argv[-1] == "ip link show dev 'a b'"
+    assert remote.shell(t.hosts[0]).argv(["true"]) == ["true"]
 
 
 @pytest.mark.parametrize("case", ["unknown_key", "missing_image", "non_numeric_mtu", "duplicate_guest",
@@ -209,3 +239,10 @@ def test_cli_rejects_with_one_line_and_exit_2(tmp_path, case):
         assert "Traceback" not in p.stderr
         # Nothing created: no state folder, no result folder.
         assert not state.exists() and not (tmp_path / "res").exists()
+
+
+def test_remote_probe_parses():
+    from testbed import environment
+    kv = environment.parse_remote_probe("host=hb\nkernel=6.1.0-26-amd64\ncpus=64\ncpu_model=AMD EPYC 7B13 = x\n"
+                                        "qemu=QEMU emulator version 7.2.11\nkvm_device=yes\nnoise\n")
+    assert kv["cpus"] == "64" and kv["cpu_model"] == "AMD EPYC 7B13 = x" and "noise" not in kv

@@ -28,6 +28,9 @@ NICS = {
                                macvtap_mode="vepa"),
     "ethernet": render.NicParams("ethernet", "", "tb-ab12-t0", "52:54:ab:12:00:00", "qemu", 1500,
                                  checksum_offload=False),
+    # A macvtap the testbed made on an emulated host's wire end; libvirt only opens it.
+    "ethernet-macvtap": render.NicParams("ethernet", "", "tb-ab12-t1", "52:54:ab:12:00:01", "qemu", 1500,
+                                         managed=False),
 }
 
 

@@ -80,3 +80,76 @@ def test_guests_on_two_hosts(guest_pair, attachment, tmp_path):
     assert other == [], other[:5]
     assert snapshot.diff(before, snapshot.take()) == []
     assert not [n for n in proc.run(["ip", "netns", "list"], timeout=10).stdout.split() if n.startswith(f"tb-{tag}-h")]
+
+
+MACVTAP_TOPOLOGY = """\
+hosts:
+  - {name: ha, transport: netns}
+  - {name: hb, transport: netns}
+guests:
+  - {name: g1, host: ha}
+  - {name: g2, host: hb}
+matrix:
+  attachments: [macvtap]
+  mtus: [1500, 9000]
+  profiles: [{name: tcp_stream}]
+"""
+
+
+@pytest.mark.attach("macvtap")
+def test_macvtap_across_two_hosts(guest_pair, tmp_path):
+    """macvtap across hosts: each guest's macvtap sits on its host's end of the wire, so the
+    wire carries the guests' own frames (no tunnel), at the cell's MTU; the macvtaps end up
+    in the host namespaces and nothing is left anywhere afterwards."""
+    why = attach.unavailable(Attachment.MACVTAP)
+    if why:
+        pytest.skip(f"attachment macvtap unavailable: {why}")
+    topo = config.parse(MACVTAP_TOPOLOGY, "two-hosts-macvtap.yaml", Path.cwd())
+    assert twohost.across(topo, Attachment.MACVTAP)
+    gp = guest_pair
+    tag = gp.tag
+    before = snapshot.take()
+    placement = {"g1": "ha", "g2": "hb"}
+    ns_a, wire_a = vxlan.emulated_host(tag, 0)
+    profile = Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=4)
+    with results.RunWriter(tmp_path / "results", "test-run", topo, {"accelerator": "test"}) as writer, \
+            twohost.mode(Attachment.MACVTAP, Backend.QEMU, tag, gp.client, gp.server, topo, 9000,
+                         tmp_path) as path:
+        root = proc.run(["ip", "-o", "link"], timeout=10).stdout
+        assert path.client.tap not in root and path.server.tap not in root
+        host_a = proc.run(["ip", "-d", "-o", "link", "show", "dev", path.client.tap], netns=ns_a,
+                          timeout=10).stdout
+        assert "macvtap" in host_a and f"@{wire_a}" in host_a, host_a
+        samples = {}
+        for mtu in (9000, 1500):
+            measure.set_mtu(path, mtu)
+            with vxlan.capture(ns_a, wire_a, tmp_path / f"wire{mtu}.pcap") as pcap:
+                samples[mtu] = measure.measure_cell(Cell(Attachment.MACVTAP, Backend.QEMU, mtu, 1, profile),
+                                                    path, writer, stats.StoppingRule(Repetitions()), 0, {},
+                                                    placement)[0]
+            macs = [guestnic_mac(tag, i) for i in (0, 1)]
+            frames = proc.run(["tcpdump", "-n", "-e", "-r", str(pcap)], timeout=60).stdout.splitlines()
+            strangers = proc.run(["tcpdump", "-n", "-e", "-r", str(pcap),
+                                  f"not (ether src {macs[0]} or ether src {macs[1]})"],
+                                 timeout=60).stdout.splitlines()
+            assert len(frames) > 100 and strangers == [], strangers[:5]
+            # The guests' own TCP segments, not encapsulated. (Their sizes say nothing of the
+            # MTU: a veth wire passes the guest's TSO frames unsegmented.)
+            tcp = [ln for ln in frames if "198.18.0.1." in ln and " > 198.18.0.2." in ln]
+            assert len(tcp) > 50 and not [ln for ln in frames if "udp" in ln.lower() and ".4789" in ln]
+    for mtu, s in samples.items():
+        assert s.status == "ok", (mtu, s.reason)
+        assert s.placement == placement
+        assert s.extra["datapath"] == "macvtap-bridge-wire"
+        tput = s.metrics["throughput_mbps"]
+        dev = s.extra["device_mbps"]
+        assert 0.6 * tput < dev[path.client.tap]["from_guest"] < 1.2 * tput, dev
+    assert snapshot.diff(before, snapshot.take()) == []
+    leftovers = [n for n in proc.run(["ip", "netns", "list"], timeout=10).stdout.split()
+                 if n.startswith(f"tb-{tag}-")]
+    assert leftovers == []
+
+
+def guestnic_mac(tag: str, index: int) -> str:
+    from testbed import guestnic
+    return guestnic.mac(tag, index, 0)

@@ -167,3 +167,34 @@ def macvtap(name: str, lower: str, mode: MacvtapMode | str = MacvtapMode.BRIDGE,
         yield name
     finally:
         links.delete(name)
+
+
+@contextlib.contextmanager
+def lent_to_root(name: str, lower: str, netns: str, mode: MacvtapMode | str, mac: str) -> Iterator[str]:
+    """A macvtap on ``lower`` inside ``netns`` (an emulated host's wire end), created with the
+    guest's MAC (a macvtap delivers by destination MAC) and moved to the root namespace, where
+    libvirt can open it. It keeps its lower across the move. Deleted on exit, in whichever
+    namespace it is then."""
+    for n in (name, lower, netns):
+        if not n.startswith(PREFIX):
+            raise TestbedError(f"refusing to touch {n!r}: not a {PREFIX} object")
+    proc.run(["ip", "link", "add", "link", lower, "name", name, "address", mac, "type", "macvtap",
+              "mode", MacvtapMode(mode).kernel], netns=netns, timeout=10)
+    try:
+        # `netns <pid>`: the namespace of that process, here the root one this process runs in.
+        proc.run(["ip", "link", "set", "dev", name, "netns", str(os.getpid())], netns=netns, timeout=10)
+        links.no_ipv6(name)
+        links.up(name)
+        yield name
+    finally:
+        links.delete(name)
+        proc.run(["ip", "link", "del", name], netns=netns, timeout=10, check=False)
+
+
+def take_back(name: str, netns: str) -> None:
+    """Return a lent macvtap to its host's namespace once QEMU holds its /dev/tapN (the open
+    queue stays with the device), so the root namespace keeps nothing of the datapath."""
+    if not name.startswith(PREFIX) or not netns.startswith(PREFIX):
+        raise TestbedError(f"refusing to move {name!r} to {netns!r}: not {PREFIX} objects")
+    proc.run(["ip", "link", "set", "dev", name, "netns", netns], timeout=10)
+    proc.run(["ip", "link", "set", "dev", name, "up"], netns=netns, timeout=10)

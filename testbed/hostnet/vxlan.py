@@ -173,6 +173,18 @@ def _wire(stack: contextlib.ExitStack, a: str, ns_a: str, b: str, ns_b: str, mtu
 
 
 @contextlib.contextmanager
+def hosts_and_wire(tag: str, mtu: int) -> Iterator[tuple[tuple[str, str], tuple[str, str]]]:
+    """Two emulated hosts (namespaces) joined by the veth wire, nothing else:
+    ((namespace a, namespace b), (wire end a, wire end b)). Removed in reverse on exit."""
+    with contextlib.ExitStack() as stack:
+        ns, wires = zip(*(emulated_host(tag, i) for i in (0, 1)))
+        for n in ns:
+            _namespace(stack, n)
+        _wire(stack, wires[0], ns[0], wires[1], ns[1], mtu)
+        yield (ns[0], ns[1]), (wires[0], wires[1])
+
+
+@contextlib.contextmanager
 def fabric(kind: Attachment, tag: str, host_names: tuple[str, str], tunnel: TunnelSpec, workdir: Path,
            mtu: int) -> Iterator[Fabric]:
     """Both emulated hosts, the wire and the tunnel, torn down in reverse order on exit.
@@ -185,10 +197,7 @@ def fabric(kind: Attachment, tag: str, host_names: tuple[str, str], tunnel: Tunn
     ips = [str(UNDERLAY_NET.network_address + 1), str(UNDERLAY_NET.network_address + 2)]
     plen = UNDERLAY_NET.prefixlen
     with contextlib.ExitStack() as stack:
-        ns, wires = zip(*(emulated_host(tag, i) for i in (0, 1)))
-        for n in ns:
-            _namespace(stack, n)
-        _wire(stack, wires[0], ns[0], wires[1], ns[1], tunnel.underlay_mtu)
+        ns, wires = stack.enter_context(hosts_and_wire(tag, tunnel.underlay_mtu))
         sides = []
         for i in (0, 1):
             peer = ips[1 - i]

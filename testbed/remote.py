@@ -1,0 +1,84 @@
+"""Commands and files on a hypervisor: this machine, or a real host reached over ssh.
+
+A host is a libvirt URI plus a command transport (model.HostSpec). libvirt drives the
+remote host's domains through its own ``qemu+ssh://`` (or ``qemu+libssh://``) connection;
+everything libvirt does not do (the guest's overlay and seed, the datapath: bridge, vxlan
+device, OVS ports, the underlay checks) goes through a Shell.
+
+ssh always checks the remote host key against known_hosts (the host's pinned file when the
+topology names one, else ssh's own files) and never accepts a new key on first use:
+``StrictHostKeyChecking=yes``. It never prompts either (``BatchMode=yes``), so a missing key
+or a refused login is an error with ssh's own message, not a hang.
+"""
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from testbed import proc
+from testbed.errors import CapabilityError, CommandError
+from testbed.model import HostSpec
+
+
+@dataclass(frozen=True)
+class Shell:
+    host: HostSpec
+
+    @property
+    def remote(self) -> bool:
+        return self.host.remote
+
+    def _ssh_options(self) -> list[str]:
+        h = self.host
+        opts = ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o", "ConnectTimeout=10",
+                "-o", "ServerAliveInterval=10", "-o", "LogLevel=ERROR"]
+        if h.known_hosts:
+            opts += ["-o", f"UserKnownHostsFile={h.known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null"]
+        if h.identity:
+            opts += ["-i", h.identity, "-o", "IdentitiesOnly=yes"]
+        return opts
+
+    def argv(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` as this machine runs it: itself locally, wrapped in ssh for a remote host
+        (one quoted remote command line, so arguments keep their boundaries)."""
+        argv = [str(a) for a in argv]
+        if not self.remote:
+            return argv
+        assert self.host.ssh_target
+        return ["ssh", *self._ssh_options(), "-p", str(self.host.ssh_port), self.host.ssh_target, "--",
+                shlex.join(argv)]
+
+    def run(self, argv: Sequence[str], *, timeout: float = 60, check: bool = True,
+            input: str | None = None) -> proc.Completed:
+        return proc.run(self.argv(argv), timeout=timeout, check=check, input=input)
+
+    def put(self, local: Path, dest: str, *, timeout: float = 3600) -> None:
+        """Copy a file to ``dest`` on the host (scp, with the same host-key rules)."""
+        if not self.remote:
+            proc.run(["cp", "--", str(local), dest], timeout=timeout)
+            return
+        assert self.host.ssh_target
+        proc.run(["scp", "-q", *self._ssh_options(), "-P", str(self.host.ssh_port), str(local),
+                  f"{self.host.ssh_target}:{dest}"], timeout=timeout)
+
+    def read(self, path: str, *, timeout: float = 30) -> str:
+        return self.run(["cat", "--", path], timeout=timeout).stdout
+
+    def exists(self, path: str) -> bool:
+        return self.run(["test", "-e", path], timeout=30, check=False).rc == 0
+
+    def reachable(self) -> None:
+        """Log in once (host key checked); raises CapabilityError with ssh's reason."""
+        if not self.remote:
+            return
+        try:
+            self.run(["true"], timeout=30)
+        except CommandError as e:
+            raise CapabilityError(f"host {self.host.name}: ssh {self.host.ssh_target} (port "
+                                  f"{self.host.ssh_port}) failed: {e.stderr_tail or e}") from None
+
+
+def shell(host: HostSpec) -> Shell:
+    return Shell(host)
