@@ -241,3 +241,37 @@ def refuse_if_leftovers(uri: str = "qemu:///system") -> None:
     if not found.empty():
         raise LeftoversError(f"a dead run left testbed objects behind ({found.describe()}); "
                              "run `testbed cleanup` first")
+
+
+def find_on(shell, uri: str, include_live: bool = False) -> Leftovers:
+    """tb- objects on a remote host (remote.Shell), read over ssh and its libvirt. A run's
+    liveness is known here, where it runs: its state folder on this machine."""
+    live = set() if include_live else live_tags()
+    out = shell.run(["ip", "-o", "link", "show"], timeout=30, check=False).stdout
+    names = [ln.split(":", 2)[1].strip().split("@")[0] for ln in out.splitlines() if ln.count(":") >= 2]
+    brs = shell.run(["ovs-vsctl", "--timeout=5", "list-br"], timeout=15, check=False)
+    state = shell.run(["ls", "-1", str(paths.state_dir())], timeout=30, check=False)
+    return Leftovers(domains=_dead(_domains(uri), live), links=_dead(names, live),
+                     ovs_bridges=_dead(brs.stdout.split() if brs.rc == 0 else [], live),
+                     state=_dead(state.stdout.split() if state.rc == 0 else [], live))
+
+
+def remove_on(shell, found: Leftovers, uri: str) -> None:
+    """Remove what find_on found, on that host."""
+    remove(Leftovers(domains=found.domains), uri)
+    for br in found.ovs_bridges:
+        shell.run(["ovs-vsctl", "--timeout=10", "--if-exists", "del-br", br], timeout=20, check=False)
+    for name in found.links:
+        shell.run(["ip", "link", "del", name], timeout=20, check=False)
+    for st in found.state:
+        shell.run(["rm", "-rf", "--", str(paths.state_dir() / st)], timeout=60, check=False)
+
+
+def refuse_if_leftovers_on(hosts) -> None:
+    """The leftovers check for remote hosts (model.HostSpec with transport ssh)."""
+    from testbed import remote
+    for h in hosts:
+        found = find_on(remote.shell(h), h.uri)
+        if not found.empty():
+            raise LeftoversError(f"host {h.name}: a dead run left testbed objects behind ({found.describe()}); "
+                                 f"run `testbed cleanup --hosts TOPOLOGY` first")

@@ -80,18 +80,25 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
-    from testbed import cleanup
-    found = cleanup.find(args.uri)
-    if found.empty():
-        print("nothing to clean up")
-        return 0
-    print(f"removing: {found.describe()}")
-    cleanup.remove(found, args.uri)
-    left = cleanup.find(args.uri)
-    if not left.empty():
-        print(f"still present: {left.describe()}", file=sys.stderr)
-        return 1
-    return 0
+    from testbed import cleanup, config, remote
+    # The remote hosts of a topology are cleaned too (over ssh and their libvirt).
+    remotes = [h for h in config.load(args.hosts).hosts if h.remote] if args.hosts else []
+    rc = 0
+    for label, finder, remover in [
+            ("this host", lambda: cleanup.find(args.uri), lambda f: cleanup.remove(f, args.uri)),
+            *[(f"host {h.name}", lambda h=h: cleanup.find_on(remote.shell(h), h.uri),
+               lambda f, h=h: cleanup.remove_on(remote.shell(h), f, h.uri)) for h in remotes]]:
+        found = finder()
+        if found.empty():
+            print(f"{label}: nothing to clean up")
+            continue
+        print(f"{label}: removing: {found.describe()}")
+        remover(found)
+        left = finder()
+        if not left.empty():
+            print(f"{label}: still present: {left.describe()}", file=sys.stderr)
+            rc = 1
+    return rc
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -117,6 +124,7 @@ def parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_doctor)
     c = sub.add_parser("cleanup", help="remove tb- objects left by a dead run, and nothing else")
     c.add_argument("--uri", default="qemu:///system")
+    c.add_argument("--hosts", metavar="TOPOLOGY", help="also clean the topology's remote (ssh) hosts")
     c.set_defaults(func=cmd_cleanup)
     b = sub.add_parser("bench", help="benchmarks that print figures")
     b.add_argument("what", choices=("boot", "matrix", "chain", "fidelity"))

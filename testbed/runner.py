@@ -84,6 +84,7 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
         stack.enter_context(cleanup.host_lock(run_id))
         host = t.hosts[0]
         cleanup.refuse_if_leftovers(host.uri)
+        cleanup.refuse_if_leftovers_on([h for h in t.hosts if h.remote])
         state = stack.enter_context(cleanup.owned_state(tag, run_id))
         needs_vms = any(not c.attachment.is_netns for c in cells)
         recipe_image = images.ensure() if needs_vms else None

@@ -193,3 +193,26 @@ def test_run_across_a_remote_host(loopback, accelerator, tmp_path):
     state = Path(os.environ.get("TESTBED_STATE", "/var/lib/testbed"))
     assert not list(state.glob(f"tb-*-g2.d"))
     assert snapshot.diff(before, snapshot.take()) == []
+
+
+def test_cleanup_finds_and_removes_a_dead_runs_objects_on_a_remote_host(loopback):
+    """What a SIGKILLed run leaves on a remote host (a link, a guest folder) is found over
+    ssh and removed; a live run's objects (this module's own tag) are left alone."""
+    sh = remote.shell(loopback.host())
+    dead = f"{(int(loopback.tag, 16) + 1) % 0x10000:04x}"   # a tag no live run holds
+    link, folder = f"tb-{dead}-x", f"tb-{dead}-g9.d"
+    live_link = f"tb-{loopback.tag}-y"
+    state = Path(os.environ.get("TESTBED_STATE", "/var/lib/testbed"))
+    try:
+        for name in (link, live_link):
+            sh.run(["ip", "link", "add", name, "type", "veth", "peer", "name", f"{name}p"])
+        sh.run(["mkdir", "-p", str(state / folder)])
+        found = cleanup.find_on(sh, loopback.uri)
+        assert {link, f"{link}p"} <= set(found.links) and folder in found.state
+        assert live_link not in found.links and f"{live_link}p" not in found.links
+        cleanup.remove_on(sh, found, loopback.uri)
+        assert not links.exists(link) and not (state / folder).exists() and links.exists(live_link)
+    finally:
+        for name in (link, live_link):
+            links.delete(name)
+        shutil.rmtree(state / folder, ignore_errors=True)
