@@ -134,3 +134,23 @@ def test_bridge_vs_ovs_reports_loss_per_interval(results_root):
         assert "loss_pct" in s["metrics"]
     assert len(per["rows"]) == sum(len(s["extra"]["intervals"]) for s in ok)
     assert "Loss per one-second interval" in html
+
+
+def test_macvtap_vs_ovs_measures_both_columns_across_hosts(results_root):
+    """E's two-host rows: macvtap across the (emulated) hosts and OVS+VXLAN, both measured,
+    and the CPU finding decided from them rather than left unmeasurable."""
+    for a in (Attachment.MACVTAP, Attachment.OVS_VXLAN):
+        why = attach.unavailable(a)
+        if why:
+            pytest.skip(f"{a.value} unavailable: {why}")
+    _, rep, _, _ = scenario("macvtap-vs-ovs", results_root)
+    t = rep["tables"][0]
+    cols = t["columns"]
+    two = [r for r in t["rows"] if r[cols.index("placement")] == "two hosts"]
+    assert two
+    for r in two:
+        for col in ("macvtap", "OVS"):
+            assert float(r[cols.index(col)]) > 0, r
+    cpu = next(f for f in rep["findings"] if f["claim"].startswith("Across hosts: OVS uses"))
+    assert cpu["verdict"] in (study.Verdict.HELD, study.Verdict.NOT_HELD), cpu
+    assert "cores per Gbit/s" in cpu["evidence"]
