@@ -220,7 +220,7 @@ def _check_tunnel(m: dict[str, Node], doc: Node, matrix: Matrix, tunnel: TunnelS
             f"got {', '.join(f'{h.name}: {h.transport}' for h in hosts)}")
     for h in hosts:
         if not h.emulated and not (h.underlay or tunnel.underlay):
-            raise (tn or doc).error(f"host {h.name}: a mode across real hosts needs the underlay interface "
+            raise (tn or m.get("hosts") or doc).error(f"host {h.name}: a mode across real hosts needs the underlay interface "
                                     "(tunnel.underlay, or 'underlay' on the host)")
 
 
