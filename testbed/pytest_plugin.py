@@ -94,14 +94,37 @@ def guest_pair(accelerator) -> Iterator[GuestPair]:
 _SNAPSHOT_KEY = pytest.StashKey[object]()
 
 
+_ALONE_KEY = pytest.StashKey[bool]()
+
+
+def _alone(session: pytest.Session) -> bool:
+    """Whether this is the only test session on the host. Tests make tb- objects without
+    registering a run for each, so another live session's objects look like a dead run's:
+    a session holds a lock for its lifetime, and one that finds the lock taken neither
+    removes leftovers nor judges the host by its tb- objects."""
+    import fcntl
+    from testbed import paths
+    d = paths.state_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    fd = os.open(d / "pytest.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return False
+    session.config.add_cleanup(lambda: os.close(fd))   # closing releases the lock
+    return True
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     if os.geteuid() == 0 and not session.config.option.collectonly:
         from testbed import cleanup, snapshot
+        alone = session.config.stash[_ALONE_KEY] = _alone(session)
         # tb- objects whose owning process is dead (a session or run killed with SIGKILL, a
         # machine image taken while one ran) would make every run-level test refuse to
         # start. They are provably the testbed's and provably orphaned, so they go first,
         # and the session says so; a live run's objects are left alone.
-        found = cleanup.find()
+        found = cleanup.find() if alone else cleanup.Leftovers()
         if not found.empty():
             reporter = session.config.pluginmanager.get_plugin("terminalreporter")
             if reporter:
@@ -120,7 +143,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     diff = snapshot.diff(before, snapshot.take())  # type: ignore[arg-type]
     # Session fixtures are gone by now: any tb- object still here (a domain, a state folder,
     # which the networking snapshot does not see) was leaked by a test or a run it started.
-    left = cleanup.find()
+    left = cleanup.find() if session.config.stash.get(_ALONE_KEY, False) else cleanup.Leftovers()
     if not left.empty():
         diff = [*diff, f"tb- objects left behind: {left.describe()}"]
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")

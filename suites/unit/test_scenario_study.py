@@ -88,3 +88,21 @@ def test_report_page_shows_the_study_table_and_verdicts(tmp_path):
     for f in rep.findings:
         assert escape(f.claim, quote=False) in html and f"<strong>{f.verdict.value}</strong>" in html
     assert "the study</th>" in html and "i5 4 cores" in html
+
+
+def test_hosts_file_applies_only_where_its_placement_fits():
+    from testbed import config
+    from testbed.scenarios import session as ses
+    one = config.parse("guests: [{name: a1}, {name: a2}]\nmatrix: {attachments: [ovs], profiles: [{name: p}]}\n", "o.yaml")
+    emulated = config.parse("hosts: [{name: h1, transport: netns}, {name: h2, transport: netns}]\n"
+                            "guests: [{name: g1, host: h1}, {name: g2, host: h2}]\ntunnel: {underlay_mtu: 9050}\n"
+                            "matrix: {attachments: [ovs-vxlan], profiles: [{name: p}]}\n", "e.yaml")
+    real = config.parse("hosts: [{name: ha}, {name: hb, uri: \"qemu+ssh://root@hb/system\", ssh: root@hb}]\n"
+                        "guests: [{name: x1, host: ha}, {name: x2, host: hb}]\ntunnel: {underlay: eth1, underlay_mtu: 9050}\n"
+                        "matrix: {attachments: [macvtap], profiles: [{name: p}]}\n", "r.yaml")
+    assert ses.placed(one, real, two_hosts=False) is one                 # a two-host file leaves one-host parts alone
+    two = ses.placed(emulated, real, two_hosts=True)
+    assert [h.name for h in two.hosts] == ["ha", "hb"] and two.client == "x1" and two.tunnel.underlay == "eth1"
+    assert two.matrix == emulated.matrix
+    assert ses.placed(emulated, one, two_hosts=True) is emulated         # a one-host file leaves two-host parts alone
+    assert ses.placed(one, one, two_hosts=False).guests == one.guests

@@ -206,11 +206,7 @@ matrix:
     - {{name: tcp_rr, pattern: rr, message_size: 1, response_size: 1, duration: {secs}}}
     - {{name: udp_rr, protocol: udp, pattern: rr, message_size: 1, response_size: 1, duration: {secs}}}
 """
-    topo = config.parse(text, "<scenario ovs-analysis vxlan>")
-    if hosts is not None:
-        import dataclasses
-        topo = dataclasses.replace(topo, hosts=hosts.hosts, guests=hosts.guests, client=hosts.client,
-                                   server=hosts.server)
+    topo = ses.placed(config.parse(text, "<scenario ovs-analysis vxlan>"), hosts, two_hosts=True)
     out = runner.execute(topo, progress=progress)
     rec = results.read_run(out.run_dir).run
     return out.run_dir.name, {c["profile"]: c for c in rec["cells"]}

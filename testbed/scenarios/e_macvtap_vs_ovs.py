@@ -12,7 +12,6 @@ one-host figure. Their cells are kept apart from the one-host macvtap cells as
 """
 from __future__ import annotations
 
-import dataclasses
 import shutil
 from collections import defaultdict
 
@@ -49,11 +48,7 @@ def _topology(name: str, attachments, quick: bool, two_hosts: bool, hosts):
     profiles = "\n".join(f"    - {p}" for p in _profiles(quick, secs))
     text = (f"name: {name}\n{place}\nmatrix:\n  attachments: [{', '.join(a.value for a in attachments)}]\n"
             f"  mtus: [1492, 9000]\n  connections: {conns}\n  profiles:\n{profiles}\n")
-    topo = config.parse(text, f"<scenario {NAME}>")
-    if hosts is not None:
-        topo = dataclasses.replace(topo, hosts=hosts.hosts, guests=hosts.guests, client=hosts.client,
-                                   server=hosts.server, accelerator=hosts.accelerator)
-    return topo
+    return ses.placed(config.parse(text, f"<scenario {NAME}>"), hosts, two_hosts=two_hosts)
 
 
 def _cells(run_dir) -> dict[tuple, dict]:

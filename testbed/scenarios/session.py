@@ -122,3 +122,19 @@ def namespace(name: str) -> Iterator[str]:
         yield name
     finally:
         proc.run(["ip", "netns", "delete", name], timeout=30, check=False)
+
+
+def placed(topo: Topology, hosts: Topology | None, *, two_hosts: bool) -> Topology:
+    """``topo`` with the hosts and guests of a --hosts file, when that file places the client
+    and server the way this part of the scenario needs (one host, or two); otherwise ``topo``
+    as it is (this machine, or hosts emulated on it), so a two-host file never turns a
+    one-host part into a cross-host one or the reverse. A two-host file brings its tunnel."""
+    if hosts is None:
+        return topo
+    apart = hosts.guest(hosts.client).host != hosts.guest(hosts.server).host
+    if apart != two_hosts:
+        return topo
+    import dataclasses
+    return dataclasses.replace(topo, hosts=hosts.hosts, guests=hosts.guests, client=hosts.client,
+                               server=hosts.server, accelerator=hosts.accelerator,
+                               tunnel=hosts.tunnel if two_hosts else topo.tunnel)
