@@ -136,7 +136,7 @@ def fidelity(rounds: int = 5, duration_s: int = 5, message_size: int = 16384) ->
     from testbed import cpu, measure, runner
     from testbed.config import default
     from testbed.hostnet import netns
-    from testbed.model import Attachment, Backend, Cell, Pattern, Profile, Repetitions
+    from testbed.model import Attachment, Backend, Cell, Pattern, Profile
     profile = Profile("tcp_stream", pattern=Pattern.STREAM, message_size=message_size, duration_s=duration_s)
     cell = Cell(Attachment.NETNS_VETH, Backend.QEMU, 1500, 1, profile)
     bare: list[float] = []

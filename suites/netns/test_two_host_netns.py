@@ -13,7 +13,6 @@ import os
 import secrets
 import shutil
 import time
-from pathlib import Path
 from collections.abc import Iterator
 
 import pytest

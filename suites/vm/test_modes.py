@@ -3,7 +3,6 @@ NICs, on the session's guest pair. Each test asserts what the host and the guest
 frames on the lower device, queues the guest driver exposes, the user's device unchanged."""
 from __future__ import annotations
 
-import contextlib
 
 import pytest
 

@@ -191,7 +191,7 @@ def test_run_across_a_remote_host(loopback, accelerator, tmp_path):
     # The remote guest's console log came back with the run; its folder on hb is gone.
     assert (run_dir / "guests").is_dir() and any("g2" in f.name for f in (run_dir / "guests").iterdir())
     state = Path(os.environ.get("TESTBED_STATE", "/var/lib/testbed"))
-    assert not list(state.glob(f"tb-*-g2.d"))
+    assert not list(state.glob("tb-*-g2.d"))
     assert snapshot.diff(before, snapshot.take()) == []
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed import config, measure, proc, results, snapshot, stats, twohost
+from testbed import config, guestnic, measure, proc, results, snapshot, stats, twohost
 from testbed.hostnet import attach, vxlan
 from testbed.model import Attachment, Backend, Cell, Pattern, Profile, Repetitions
 
@@ -127,7 +127,7 @@ def test_macvtap_across_two_hosts(guest_pair, tmp_path):
                 samples[mtu] = measure.measure_cell(Cell(Attachment.MACVTAP, Backend.QEMU, mtu, 1, profile),
                                                     path, writer, stats.StoppingRule(Repetitions()), 0, {},
                                                     placement)[0]
-            macs = [guestnic_mac(tag, i) for i in (0, 1)]
+            macs = [guestnic.mac(tag, i, 0) for i in (0, 1)]
             frames = proc.run(["tcpdump", "-n", "-e", "-r", str(pcap)], timeout=60).stdout.splitlines()
             strangers = proc.run(["tcpdump", "-n", "-e", "-r", str(pcap),
                                   f"not (ether src {macs[0]} or ether src {macs[1]})"],
@@ -148,8 +148,3 @@ def test_macvtap_across_two_hosts(guest_pair, tmp_path):
     leftovers = [n for n in proc.run(["ip", "netns", "list"], timeout=10).stdout.split()
                  if n.startswith(f"tb-{tag}-")]
     assert leftovers == []
-
-
-def guestnic_mac(tag: str, index: int) -> str:
-    from testbed import guestnic
-    return guestnic.mac(tag, index, 0)

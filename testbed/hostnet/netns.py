@@ -31,7 +31,7 @@ import logging
 import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from enum import StrEnum
 
 from testbed import PREFIX, proc
