@@ -81,24 +81,28 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
     from testbed import cleanup, config, remote
+    rc = _clean("this host", lambda: cleanup.find(args.uri), lambda f: cleanup.remove(f, args.uri))
     # The remote hosts of a topology are cleaned too (over ssh and their libvirt).
-    remotes = [h for h in config.load(args.hosts).hosts if h.remote] if args.hosts else []
-    rc = 0
-    for label, finder, remover in [
-            ("this host", lambda: cleanup.find(args.uri), lambda f: cleanup.remove(f, args.uri)),
-            *[(f"host {h.name}", lambda h=h: cleanup.find_on(remote.shell(h), h.uri),
-               lambda f, h=h: cleanup.remove_on(remote.shell(h), f, h.uri)) for h in remotes]]:
-        found = finder()
-        if found.empty():
-            print(f"{label}: nothing to clean up")
-            continue
-        print(f"{label}: removing: {found.describe()}")
-        remover(found)
-        left = finder()
-        if not left.empty():
-            print(f"{label}: still present: {left.describe()}", file=sys.stderr)
-            rc = 1
+    for h in [h for h in config.load(args.hosts).hosts if h.remote] if args.hosts else []:
+        sh = remote.shell(h)
+        rc |= _clean(f"host {h.name}", lambda: cleanup.find_on(sh, h.uri),
+                     lambda f: cleanup.remove_on(sh, f, h.uri))
     return rc
+
+
+def _clean(label: str, find, remove) -> int:
+    """Find, remove, look again: 0 when nothing is left on that host."""
+    found = find()
+    if found.empty():
+        print(f"{label}: nothing to clean up")
+        return 0
+    print(f"{label}: removing: {found.describe()}")
+    remove(found)
+    left = find()
+    if not left.empty():
+        print(f"{label}: still present: {left.describe()}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -197,13 +197,14 @@ def _check_tunnel(m: dict[str, Node], doc: Node, matrix: Matrix, tunnel: TunnelS
     """Two-host modes: the inner MTU must fit the underlay with VXLAN's overhead, and the
     underlay interface is the testbed's own wire on emulated hosts, the operator's on real
     ones. Checked here so a bad tunnel is refused before anything is created."""
+    vxlan_modes = any(a.needs_two_hosts for a in matrix.attachments)
     macvtap_across = Attachment.MACVTAP in matrix.attachments and len({h.name for h in hosts}) > 1
-    if not any(a.needs_two_hosts for a in matrix.attachments) and not macvtap_across:
+    if not vxlan_modes and not macvtap_across:
         return
     mnode = m["matrix"].mapping(MATRIX_KEYS)
     mtu_nodes = mnode["mtus"].seq() if "mtus" in mnode else []
     for i, mtu in enumerate(matrix.mtus):
-        if any(a.needs_two_hosts for a in matrix.attachments) and mtu + VXLAN_OVERHEAD > tunnel.underlay_mtu:
+        if vxlan_modes and mtu + VXLAN_OVERHEAD > tunnel.underlay_mtu:
             node = mtu_nodes[i] if mtu_nodes else m["matrix"]
             raise node.error(
                 f"inner MTU {mtu} + {VXLAN_OVERHEAD} bytes of VXLAN-over-IPv4 overhead = "
@@ -220,8 +221,9 @@ def _check_tunnel(m: dict[str, Node], doc: Node, matrix: Matrix, tunnel: TunnelS
             f"got {', '.join(f'{h.name}: {h.transport}' for h in hosts)}")
     for h in hosts:
         if not h.emulated and not (h.underlay or tunnel.underlay):
-            raise (tn or m.get("hosts") or doc).error(f"host {h.name}: a mode across real hosts needs the underlay interface "
-                                    "(tunnel.underlay, or 'underlay' on the host)")
+            raise (tn or m.get("hosts") or doc).error(
+                f"host {h.name}: a mode across real hosts needs the underlay interface "
+                "(tunnel.underlay, or 'underlay' on the host)")
 
 
 def _image_path(n: Node, base: Path) -> str:

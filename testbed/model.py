@@ -282,6 +282,11 @@ class Topology:
     def guest(self, name: str) -> GuestSpec:
         return next(g for g in self.guests if g.name == name)
 
+    def host_of(self, guest: str) -> HostSpec:
+        """The host a guest is placed on."""
+        name = self.guest(guest).host
+        return next(h for h in self.hosts if h.name == name)
+
 
 def object_name(run_tag: str, kind: str, *parts: str) -> str:
     """A host object name: tb-<run tag>-<kind><parts>, kept within IFNAMSIZ (15 chars)."""

@@ -176,7 +176,6 @@ def netns_pair() -> Iterator[tuple[str, str, str]]:
         yield conn.a.netns, conn.b.netns, conn.b.address
 
 
-
 def run_cli(args: list[str], *, env: dict[str, str] | None = None, timeout: float = 900):
     """`testbed ARGS` in a child process. On timeout the child gets SIGTERM, like a user's
     Ctrl-C, and is given two minutes to tear down before the test fails: a SIGKILL would

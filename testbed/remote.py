@@ -1,7 +1,7 @@
 """Commands and files on a hypervisor: this machine, or a real host reached over ssh.
 
 A host is a libvirt URI plus a command transport (model.HostSpec). libvirt drives the
-remote host's domains through its own ``qemu+ssh://`` (or ``qemu+libssh://``) connection;
+remote host's domains through its own ``qemu+ssh://`` (or ``qemu+libssh2://``) connection;
 everything libvirt does not do (the guest's overlay and seed, the datapath: bridge, vxlan
 device, OVS ports, the underlay checks) goes through a Shell.
 

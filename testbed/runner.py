@@ -54,8 +54,7 @@ def preflight(t: Topology) -> None:
         why = get_tool(p.tool).unsupported_reason(p)
         if why:
             raise CapabilityError(f"profile {p.name}: {why}")
-    hosts = {h.name: h for h in t.hosts}
-    for h in {hosts[t.guest(g).host] for g in (t.client, t.server)}:
+    for h in {t.host_of(g) for g in (t.client, t.server)}:
         # A remote host: log in once, its key checked, before anything is created.
         remote.shell(h).reachable()
     for a in t.matrix.attachments:
@@ -99,10 +98,9 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
         if needs_vms:
             # Each guest boots on its own host: that host's libvirt, and for a real remote
             # host its shell (overlay, seed and console live there).
-            hosts = {h.name: h for h in t.hosts}
             conns: dict[str, object] = {}
             for spec in (t.guest(t.client), t.guest(t.server)):
-                h = hosts[spec.host]
+                h = t.host_of(spec.name)
                 if h.uri not in conns:
                     conns[h.uri] = stack.enter_context(virt.connect(h.uri))
                 img = images.user_image(spec.image) if spec.image else recipe_image
@@ -236,9 +234,7 @@ def netns_path(conn, out_dir: str) -> Iterator[measure.TestPath]:
 
         def read(ep: measure.Endpoint) -> tuple[int, int]:
             ns = ep.guest.agent.netns  # type: ignore[union-attr]
-            out = proc.run(["cat", f"/sys/class/net/{ep.ifname}/statistics/rx_bytes",
-                            f"/sys/class/net/{ep.ifname}/statistics/tx_bytes"], netns=ns).stdout.split()
-            return int(out[0]), int(out[1])
+            return links.counters_via(ep.ifname, lambda argv: proc.run(argv, netns=ns))
 
         with measure.Servers() as servers:
             yield measure.TestPath(eps[0], eps[1], set_mtu, guest_sends_as_rx=False, read_counters=read,

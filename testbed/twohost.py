@@ -5,8 +5,9 @@ Real hosts (this machine plus one reached over ssh, ``transport: ssh``) are join
 their own underlay interfaces (hostnet/realhost.py); each guest runs in its host's libvirt.
 
 Hosts emulated on this machine (``transport: netns``): each host's datapath lives in its own
-namespace (hostnet/vxlan.py) and both guests run in the local libvirt. A guest's NIC under test is a bare tap (libvirt ``type='ethernet'``) that
-libvirt creates in the root namespace; once QEMU holds it, it is moved into its host's
+namespace (hostnet/vxlan.py) and both guests run in the local libvirt. A guest's NIC under
+test is a bare tap (libvirt ``type='ethernet'``) that libvirt creates in the root
+namespace; once QEMU holds it, it is moved into its host's
 namespace and joins that host's bridge. Unplugging closes QEMU's descriptor, which removes
 the tap wherever it is, so nothing is left in either namespace or the root one.
 """
@@ -27,7 +28,7 @@ def across(t: Topology, attachment: Attachment) -> bool:
     """Whether ``attachment`` joins the client and server across two hosts in ``t``: the
     VXLAN modes always, macvtap when the two guests are placed on different hosts."""
     return attachment.needs_two_hosts or (
-        attachment is Attachment.MACVTAP and t.guest(t.client).host != t.guest(t.server).host)
+        attachment is Attachment.MACVTAP and t.host_of(t.client) != t.host_of(t.server))
 
 
 def unavailable(t: Topology, attachment: Attachment) -> str | None:
@@ -35,8 +36,7 @@ def unavailable(t: Topology, attachment: Attachment) -> str | None:
     attachment does not cross hosts here)."""
     if not across(t, attachment):
         return None
-    hosts = {h.name: h for h in t.hosts}
-    used = [hosts[t.guest(g).host] for g in (t.client, t.server)]
+    used = [t.host_of(g) for g in (t.client, t.server)]
     if all(h.emulated for h in used):
         return None
     if any(h.emulated for h in used):
@@ -57,8 +57,7 @@ def mode(attachment: Attachment, backend: Backend, tag: str, client: virt.Guest,
     why = unavailable(t, attachment)
     if why:
         raise CapabilityError(why)
-    hosts = {h.name: h for h in t.hosts}
-    if not hosts[t.guest(client.spec.name).host].emulated:
+    if not t.host_of(client.spec.name).emulated:
         with _real_across(attachment, backend, tag, client, server, t, max_mtu, queues=queues,
                           offloads=offloads) as path:
             yield path
@@ -132,7 +131,7 @@ def _macvtap_across(backend: Backend, tag: str, client: virt.Guest, server: virt
 
         def set_mtu(mtu: int) -> None:
             # A macvtap's MTU cannot exceed its lower's: wires first when raising, last when lowering.
-            devs = [(w, n) for w, n in zip(wires, ns)]
+            devs = list(zip(wires, ns))
             taps = [(ep.tap, netns_of[ep.tap]) for ep in eps]
             current = vxlan.mtu_of(wires[0], ns[0])
             for dev, n in ([*devs, *taps] if mtu >= current else [*taps, *devs]):
@@ -152,8 +151,7 @@ def _real_across(attachment: Attachment, backend: Backend, tag: str, client: vir
     """Guests on two real hosts (this machine and one over ssh, or two over ssh), joined
     through the hosts' underlay interfaces (hostnet/realhost.py). libvirt plugs each NIC on
     its guest's own host."""
-    hosts = {h.name: h for h in t.hosts}
-    specs = (hosts[t.guest(client.spec.name).host], hosts[t.guest(server.spec.name).host])
+    specs = (t.host_of(client.spec.name), t.host_of(server.spec.name))
     shells = (remote.shell(specs[0]), remote.shell(specs[1]))
     net = ipaddress.ip_network(t.subnet)
     applied: dict[str, dict[str, str]] = {}

@@ -22,13 +22,15 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("tcpdump") is None, reason="`tcpdump` not found (tcpdump)"),
 ]
 
-TOPOLOGY = """\
+PLACEMENT = """\
 hosts:
   - {name: ha, transport: netns}
   - {name: hb, transport: netns}
 guests:
   - {name: g1, host: ha}
   - {name: g2, host: hb}
+"""
+TOPOLOGY = PLACEMENT + """\
 tunnel: {underlay_mtu: 1550}
 matrix:
   attachments: [bridge-vxlan, ovs-vxlan]
@@ -82,13 +84,7 @@ def test_guests_on_two_hosts(guest_pair, attachment, tmp_path):
     assert not [n for n in proc.run(["ip", "netns", "list"], timeout=10).stdout.split() if n.startswith(f"tb-{tag}-h")]
 
 
-MACVTAP_TOPOLOGY = """\
-hosts:
-  - {name: ha, transport: netns}
-  - {name: hb, transport: netns}
-guests:
-  - {name: g1, host: ha}
-  - {name: g2, host: hb}
+MACVTAP_TOPOLOGY = PLACEMENT + """\
 matrix:
   attachments: [macvtap]
   mtus: [1500, 9000]

@@ -74,6 +74,14 @@ def counters(name: str) -> tuple[int, int]:
         return int(r.read()), int(t.read())
 
 
+def counters_via(name: str, run) -> tuple[int, int]:
+    """counters() of a link this process cannot open directly (in another namespace, on
+    another host): ``run(argv)`` runs a command there and returns a proc.Completed."""
+    out = run(["cat", f"/sys/class/net/{name}/statistics/rx_bytes",
+               f"/sys/class/net/{name}/statistics/tx_bytes"]).stdout.split()
+    return int(out[0]), int(out[1])
+
+
 @contextlib.contextmanager
 def bridge(name: str, mtu: int = 1500) -> Iterator[str]:
     """A Linux bridge with no uplink and no host address."""

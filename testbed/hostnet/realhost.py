@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 from testbed import render
 from testbed.errors import CapabilityError, CommandError, TestbedError
-from testbed.hostnet.vxlan import VXLAN_OVERHEAD
+from testbed.hostnet import links
+from testbed.hostnet.vxlan import VXLAN_OVERHEAD, df_ping
 from testbed.model import Attachment, Backend, HostSpec, MacvtapMode, TunnelSpec, object_name
 from testbed.remote import Shell
 
@@ -89,21 +90,16 @@ class RealFabric:
                             timeout=30)
 
     def counters(self, i: int, dev: str) -> tuple[int, int]:
-        out = self.sides[i].shell.run(["cat", f"/sys/class/net/{dev}/statistics/rx_bytes",
-                                       f"/sys/class/net/{dev}/statistics/tx_bytes"], timeout=30).stdout.split()
-        return int(out[0]), int(out[1])
+        return links.counters_via(dev, lambda argv: self.sides[i].shell.run(argv, timeout=30))
 
     def df_check(self, inner_mtu: int) -> str | None:
         """A don't-fragment ping between the underlay addresses, the size of a full
         encapsulated frame, each way; returns why it failed, or None."""
-        size = inner_mtu + self.overhead - 28
         for src, dst in ((self.sides[0], self.sides[1]), (self.sides[1], self.sides[0])):
-            res = src.shell.run(["ping", "-n", "-M", "do", "-s", str(size), "-c", "2", "-i", "0.2", "-W", "3",
-                                 dst.underlay_ip], timeout=30, check=False)
-            if res.rc != 0:
-                tail = " | ".join((res.stdout + res.stderr).strip().splitlines()[-2:])
-                return (f"underlay DF check {src.host.name} -> {dst.host.name} failed for inner MTU "
-                        f"{inner_mtu} (ping -M do -s {size}): {tail}")
+            why = df_ping(lambda argv: src.shell.run(argv, timeout=30, check=False),
+                          f"{src.host.name} -> {dst.host.name}", dst.underlay_ip, inner_mtu, self.overhead)
+            if why:
+                return why
         return None
 
 
@@ -129,7 +125,7 @@ def fabric(kind: Attachment, tag: str, hosts: tuple[HostSpec, HostSpec], shells:
         raise TestbedError(f"{kind.value} does not cross hosts")
     info = []
     for h, sh in zip(hosts, shells):
-        sh.reachable()
+        # ssh itself was proven by the run's preflight; a failure here names the underlay.
         ul = h.underlay or tunnel.underlay
         if not ul:
             raise CapabilityError(f"host {h.name}: no underlay interface (tunnel.underlay or the host's 'underlay')")

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from testbed import PREFIX, proc
 from testbed.errors import CommandError, TestbedError
-from testbed.hostnet import ovsd
+from testbed.hostnet import links, ovsd
 from testbed.model import Attachment, TunnelSpec, object_name
 
 log = logging.getLogger(__name__)
@@ -114,15 +114,24 @@ class Fabric:
     def df_check(self, inner_mtu: int) -> str | None:
         """A don't-fragment ping across the underlay the size of a full encapsulated frame
         (inner MTU + 50) each way; returns why it failed, or None."""
-        size = inner_mtu + VXLAN_OVERHEAD - 28   # IPv4 + ICMP headers
         for src, dst in ((self.hosts[0], self.hosts[1]), (self.hosts[1], self.hosts[0])):
-            res = proc.run(["ping", "-n", "-M", "do", "-s", str(size), "-c", "2", "-i", "0.2", "-W", "3",
-                            dst.underlay_ip], netns=src.netns, timeout=20, check=False)
-            if res.rc != 0:
-                tail = " | ".join((res.stdout + res.stderr).strip().splitlines()[-2:])
-                return (f"underlay DF check {src.name} -> {dst.name} failed for inner MTU {inner_mtu} "
-                        f"(ping -M do -s {size}): {tail}")
+            why = df_ping(lambda argv: proc.run(argv, netns=src.netns, timeout=20, check=False),
+                          f"{src.name} -> {dst.name}", dst.underlay_ip, inner_mtu, VXLAN_OVERHEAD)
+            if why:
+                return why
         return None
+
+
+def df_ping(run, label: str, dst_ip: str, inner_mtu: int, overhead: int) -> str | None:
+    """One don't-fragment ping to ``dst_ip`` the size of a full frame on the underlay (inner
+    MTU + encapsulation overhead), sent by ``run(argv)`` (which must not raise on failure)
+    from the sending side; returns why it failed, or None."""
+    size = inner_mtu + overhead - 28   # IPv4 + ICMP headers
+    res = run(["ping", "-n", "-M", "do", "-s", str(size), "-c", "2", "-i", "0.2", "-W", "3", dst_ip])
+    if res.rc == 0:
+        return None
+    tail = " | ".join((res.stdout + res.stderr).strip().splitlines()[-2:])
+    return f"underlay DF check {label} failed for inner MTU {inner_mtu} (ping -M do -s {size}): {tail}"
 
 
 def _check_ours(name: str) -> None:
@@ -139,9 +148,7 @@ def mtu_of(dev: str, netns: str) -> int:
 
 
 def counters(dev: str, netns: str) -> tuple[int, int]:
-    out = proc.run(["cat", f"/sys/class/net/{dev}/statistics/rx_bytes",
-                    f"/sys/class/net/{dev}/statistics/tx_bytes"], netns=netns, timeout=10).stdout.split()
-    return int(out[0]), int(out[1])
+    return links.counters_via(dev, lambda argv: proc.run(argv, netns=netns, timeout=10))
 
 
 def emulated_host(tag: str, index: int) -> tuple[str, str]:
