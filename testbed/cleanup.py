@@ -126,7 +126,10 @@ def owned_state(tag: str, run_id: str) -> Iterator[Path]:
     """The run's state folder, registered as owned by this process while it lives."""
     d = paths.state_dir() / f"{PREFIX}{tag}"
     d.mkdir(parents=True, exist_ok=False)
-    (d / "owner.json").write_text(json.dumps({"pid": os.getpid(), "run_id": run_id}))
+    # Where the run writes its results, so `testbed cleanup` from another directory can still
+    # mark a killed run's record (results go to ./results or --results, not one fixed place).
+    (d / "owner.json").write_text(json.dumps({"pid": os.getpid(), "run_id": run_id,
+                                              "results": str(paths.results_dir())}))
     try:
         yield d
     finally:
@@ -193,10 +196,11 @@ def _mark_killed(state: Path) -> None:
     Only the status and end are set: its samples are kept as they are."""
     from testbed import results
     try:
-        run_id = json.loads((state / "owner.json").read_text())["run_id"]
-    except (OSError, ValueError, KeyError):
+        owner = json.loads((state / "owner.json").read_text())
+        run_id = owner["run_id"]
+    except (OSError, ValueError, KeyError, TypeError):
         return
-    run_json = paths.results_dir() / run_id / "run.json"
+    run_json = Path(owner.get("results") or paths.results_dir()) / run_id / "run.json"
     try:
         record = json.loads(run_json.read_text())
     except (OSError, ValueError):

@@ -8,9 +8,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from testbed.errors import TestbedError
 
@@ -113,6 +115,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="testbed", description=__doc__.splitlines()[0])
     p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("--results", dest="results_root", metavar="DIR",
+                   help="where runs are written and looked up (default: ./results, or $TESTBED_RESULTS)")
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run a topology's matrix (default: the built-in topology)")
     r.add_argument("topology", nargs="?")
@@ -143,6 +147,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.results_root:
+        # Through the environment, so child processes (scenario parts, test helpers) agree.
+        os.environ["TESTBED_RESULTS"] = str(Path(args.results_root).absolute())
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     signal.signal(signal.SIGTERM, _on_signal)

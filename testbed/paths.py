@@ -1,10 +1,9 @@
 """Where the testbed keeps things on a host. Read from the environment when called, never at import."""
 from __future__ import annotations
 
+import importlib.resources
 import os
 from pathlib import Path
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def cache_dir() -> Path:
@@ -18,12 +17,22 @@ def state_dir() -> Path:
 
 
 def results_dir() -> Path:
-    return Path(os.environ.get("TESTBED_RESULTS", REPO / "results"))
+    """Run output: `--results DIR` (which sets TESTBED_RESULTS for this process and its
+    children) or ./results in the working directory. Never next to the package: an installed
+    package lives in site-packages, which is no place for measurements."""
+    return Path(os.environ.get("TESTBED_RESULTS") or Path.cwd() / "results").absolute()
+
+
+def _data(name: str) -> Path:
+    # Templates and image recipes stay top-level folders of the checkout; the package reaches
+    # them through symlinks (testbed/_templates, testbed/_images) that a wheel turns into
+    # package data, so a checkout, an editable install and `pip install .` read the same files.
+    return Path(str(importlib.resources.files("testbed") / name))
 
 
 def images_dir() -> Path:
-    return REPO / "images"
+    return _data("_images")
 
 
 def templates_dir() -> Path:
-    return REPO / "templates"
+    return _data("_templates")

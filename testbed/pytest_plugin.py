@@ -32,13 +32,22 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "attach(mode): test belongs to an attachment mode")
 
 
+def _tier_of(path: Path) -> str | None:
+    """The tier of a test file under this project's suites/<tier>/ folders; None for any other
+    file (the plugin is installed for every pytest session, not only this project's)."""
+    parts = path.parts
+    for i, part in enumerate(parts[:-1]):
+        if part == "suites" and parts[i + 1] in TIERS:
+            return parts[i + 1]
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     wanted = {m.strip() for m in config.getoption("--attach").split(",")}
     for item in items:
-        parts = Path(str(item.fspath)).parts
-        for tier in TIERS:
-            if tier in parts and not item.get_closest_marker(tier):
-                item.add_marker(getattr(pytest.mark, tier))
+        tier = _tier_of(Path(str(item.fspath)))
+        if tier and not item.get_closest_marker(tier):
+            item.add_marker(getattr(pytest.mark, tier))
         m = item.get_closest_marker("attach")
         if m and "all" not in wanted and m.args[0] not in wanted:
             item.add_marker(pytest.mark.skip(reason=f"attachment {m.args[0]} not selected (--attach)"))
@@ -116,28 +125,43 @@ def _alone(session: pytest.Session) -> bool:
     return True
 
 
-def pytest_sessionstart(session: pytest.Session) -> None:
-    if os.geteuid() == 0 and not session.config.option.collectonly:
-        from testbed import cleanup, snapshot
-        alone = session.config.stash[_ALONE_KEY] = _alone(session)
-        # tb- objects whose owning process is dead (a session or run killed with SIGKILL, a
-        # machine image taken while one ran) would make every run-level test refuse to
-        # start. They are provably the testbed's and provably orphaned, so they go first,
-        # and the session says so; a live run's objects are left alone.
-        found = cleanup.find() if alone else cleanup.Leftovers()
-        if not found.empty():
-            reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-            if reporter:
-                reporter.write_line(f"removing a dead run's leftovers before testing: {found.describe()}",
-                                    yellow=True)
-            cleanup.remove(found)
-        session.config.stash[_SNAPSHOT_KEY] = snapshot.take()
+_ROOT_TIERS = ("netns", "store", "vm", "scenarios")
+_GUARD_KEY = pytest.StashKey[bool]()
+
+
+def _host_guard_wanted(session: pytest.Session) -> bool:
+    """The host-wide checks (dead leftovers removed, networking snapshot, tb- objects at the
+    end) belong to sessions that run root tiers as root. A unit-only session, or any other
+    project's session that merely has this plugin installed, touches nothing on the host."""
+    if os.geteuid() != 0 or session.config.option.collectonly:
+        return False
+    return any(item.get_closest_marker(t) for item in session.items for t in _ROOT_TIERS)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if not _host_guard_wanted(session):
+        return
+    session.config.stash[_GUARD_KEY] = True
+    from testbed import cleanup, snapshot
+    alone = session.config.stash[_ALONE_KEY] = _alone(session)
+    # tb- objects whose owning process is dead (a session or run killed with SIGKILL, a
+    # machine image taken while one ran) would make every run-level test refuse to
+    # start. They are provably the testbed's and provably orphaned, so they go first,
+    # and the session says so; a live run's objects are left alone.
+    found = cleanup.find() if alone else cleanup.Leftovers()
+    if not found.empty():
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter:
+            reporter.write_line(f"removing a dead run's leftovers before testing: {found.describe()}",
+                                yellow=True)
+        cleanup.remove(found)
+    session.config.stash[_SNAPSHOT_KEY] = snapshot.take()
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     before = session.config.stash.get(_SNAPSHOT_KEY, None)
-    if before is None:
+    if not session.config.stash.get(_GUARD_KEY, False) or before is None:
         return
     from testbed import cleanup, snapshot
     diff = snapshot.diff(before, snapshot.take())  # type: ignore[arg-type]
