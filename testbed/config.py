@@ -70,6 +70,27 @@ MATRIX_KEYS = {"attachments", "backends", "queues", "mtus", "connections", "prof
 VXLAN_OVERHEAD = 50
 
 
+#: A topology is at most five levels deep; deeper nesting is refused while composing, long
+#: before PyYAML's recursive composer would hit Python's recursion limit.
+MAX_DEPTH = 32
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, used only to compose nodes, with a bound on nesting."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):  # type: ignore[no-untyped-def]
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f"nested more than {MAX_DEPTH} levels deep",
+                                                  self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
 class Node:
     """A YAML node plus where it came from, with typed accessors that raise ConfigError."""
 
@@ -180,8 +201,8 @@ def _show(v: Any) -> str:
     """A value quoted for a one-line message (repr: newlines and quotes escaped), capped."""
     try:
         text = repr(v)
-    except ValueError:          # an int too long to print
-        text = "a number too long to print"
+    except ValueError:          # an int too long to print (over 4300 digits)
+        text = f"<a {v.bit_length()}-bit number>"
     return one_line(text, 80)
 
 
@@ -550,7 +571,7 @@ def _macvtap(n: Node) -> MacvtapSpec:
 
 def parse(text: str, file: str = "<string>", base: Path | None = None) -> Topology:
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = yaml.compose(text, Loader=_Loader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         problem = getattr(e, "problem", None) or (str(e).splitlines() or [e.__class__.__name__])[0]
@@ -560,8 +581,9 @@ def parse(text: str, file: str = "<string>", base: Path | None = None) -> Topolo
                           mark.line + 1 if mark else None) from None
     except RecursionError:
         raise ConfigError(file, "(yaml)", "nested too deeply") from None
-    if root is None:
-        raise ConfigError(file, "(top level)", "empty file (no document)")
+    if root is None or (isinstance(root, yaml.ScalarNode) and root.tag == "tag:yaml.org,2002:null"):
+        # no document, only comments, or only document markers
+        raise ConfigError(file, "(top level)", "empty file (no topology in it)")
     try:
         return _parse(root, file, base)
     except RecursionError:
