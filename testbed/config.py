@@ -51,7 +51,7 @@ MAX_QUEUES = 256            # virtio-net's limit on queue pairs
 # ethtool would take it as an option). '.' and '..' are refused in _ifname.
 IFNAME_RE = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,14}")
 #: A topology file larger than this is refused unread (a real one is a few KB).
-MAX_FILE_BYTES = 1 << 20
+MAX_FILE_BYTES = 256 << 10
 #: Tags a topology may use: YAML's plain types. Custom tags (!env, !!python/...) are refused.
 PLAIN_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("null", "bool", "int", "float", "str", "timestamp")}
 MAP_TAG, SEQ_TAG = "tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"
@@ -73,6 +73,7 @@ VXLAN_OVERHEAD = 50
 #: A topology is at most five levels deep; deeper nesting is refused while composing, long
 #: before PyYAML's recursive composer would hit Python's recursion limit.
 MAX_DEPTH = 32
+MAX_LIST = 1000
 
 
 class _Loader(yaml.SafeLoader):
@@ -138,6 +139,9 @@ class Node:
         if not isinstance(self.node, yaml.SequenceNode):
             raise self.error(f"expected a list, got {self._kind()}")
         self._tag(SEQ_TAG)
+        if len(self.node.value) > MAX_LIST:
+            # aliases make long lists cheap to write; no list in a topology is near this
+            raise self.error(f"{len(self.node.value)} items; a list has at most {MAX_LIST}")
         items = [self.child(n, i) for i, n in enumerate(self.node.value)]
         if len(items) < min_len:
             raise self.error(f"needs at least {min_len} item(s)")
@@ -535,7 +539,8 @@ def _check_limits(m: dict[str, Node], doc: Node, matrix: Matrix) -> None:
                          f"limits.max_cells (at most {HARD_MAX_CELLS})")
     per_cell_samples = matrix.repetitions.warmup + matrix.repetitions.max_samples
     per = len(matrix.mtus) * len(matrix.connections)
-    by_profile = sum(p.duration_s for p in matrix.profiles)
+    # netperf's own confidence loop (-i max,min) runs up to max iterations per sample
+    by_profile = sum(p.duration_s * (p.iterations[0] if p.iterations else 1) for p in matrix.profiles)
     groups = sum(1 if a.is_netns else len(matrix.backends) * len(matrix.queues) for a in matrix.attachments)
     seconds = groups * per * by_profile * per_cell_samples
     if seconds > max_hours * 3600:
@@ -635,14 +640,20 @@ def _parse(root: yaml.Node, file: str, base: Path | None) -> Topology:
                                     f"network+1..+{SUBNET_ENDPOINTS}, which needs a /{SUBNET_MAX_PREFIX} or larger")
         subnet = str(net)
     placed = {g.host for g in guests if g.name in (client, server)}
+    mnode = m["matrix"].mapping(MATRIX_KEYS)
+
+    def at(i: int) -> Node:
+        # the attachment's own item, or matrix itself when the default [bridge] applies
+        return mnode["attachments"].seq()[i] if "attachments" in mnode else m["matrix"]
+
     for i, a in enumerate(matrix.attachments):
         if a.needs_two_hosts and len(placed) < 2:
-            node = m["matrix"].mapping(MATRIX_KEYS)["attachments"].seq()[i]
+            node = at(i)
             raise node.error(f"attachment {a.value} needs the client and server on two different hosts")
         if a in (Attachment.BRIDGE, Attachment.OVS) and len(placed) > 1:
             # A bridge without an uplink joins guests of one host only; across hosts the
             # VXLAN modes are the ones that say how the hosts are joined.
-            node = m["matrix"].mapping(MATRIX_KEYS)["attachments"].seq()[i]
+            node = at(i)
             raise node.error(f"attachment {a.value} joins guests on one host, but the client and server "
                              f"are on {' and '.join(sorted(placed))} (use {a.value}-vxlan)")
     tunnel = _tunnel(m["tunnel"]) if "tunnel" in m else TunnelSpec()
@@ -666,10 +677,10 @@ def _parse(root: yaml.Node, file: str, base: Path | None) -> Topology:
 
 
 def _stem(file: str) -> str:
-    """The default topology name: the file's stem when it is a safe name (it goes into
-    results and reports), else 'topology'."""
-    stem = Path(file).stem
-    return stem if re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}", stem) else "topology"
+    """The default topology name: the file's stem held to the name alphabet (it goes into
+    results and reports)."""
+    stem = re.sub(r"[^A-Za-z0-9._-]", "-", Path(file).stem).lstrip(".-")[:64]
+    return stem or "topology"
 
 
 def load(path: str | os.PathLike) -> Topology:

@@ -156,6 +156,11 @@ CORPUS: dict[str, tuple[str, str, str]] = {
                      "cannot pace"),
     "uperf_rate": (G + "matrix: {profiles: [{name: a, tool: uperf, rate_bps: 1000000}]}\n",
                    "matrix.profiles[0].rate_bps", "uperf cannot run tcp stream at a bit rate"),
+    "default_bridge_across_hosts": ("hosts: [{name: ha, transport: netns}, {name: hb, transport: netns}]\n"
+                                    "guests: [{name: g1, host: ha}, {name: g2, host: hb}]\n" + M, "matrix",
+                                    "attachment bridge joins guests on one host"),
+    "alias_bomb_list": (G + "matrix: {profiles: [&p {name: a}, " + ", ".join(["*p"] * 2000) + "]}\n",
+                        "matrix.profiles", "a list has at most 1000"),
     "subnet_32": ("subnet: 198.18.0.1/32\n" + G + M, "subnet", "too small"),
     "subnet_31": ("subnet: 198.18.0.0/31\n" + G + M, "subnet", "needs a /30 or larger"),
     "too_many_cells": (G + "matrix: {mtus: [" + ", ".join(str(1000 + i) for i in range(100)) + "], connections: ["
