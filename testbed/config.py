@@ -271,9 +271,10 @@ def _check_uri(n: Node) -> str:
     transport = scheme.partition("+")[2]
     if transport and transport not in URI_TRANSPORTS:
         raise n.error(f"libvirt transport {transport!r} is not allowed (one of: {', '.join(sorted(URI_TRANSPORTS))})")
-    authority = rest.split("/", 1)[0].rpartition("@")[2]
-    if authority.startswith("-"):
-        raise n.error(f"host {_show(authority)} begins with '-' (ssh would read it as an option)")
+    user, _, host = rest.split("/", 1)[0].rpartition("@")
+    for part, what in ((user, "user"), (host, "host")):
+        if part.startswith("-"):
+            raise n.error(f"{what} {_show(part)} begins with '-' (ssh would read it as an option)")
     query = rest.partition("?")[2]
     for param in filter(None, query.split("&")):
         key, _, value = param.partition("=")
@@ -402,13 +403,15 @@ def _check_qcow2(n: Node, path: str) -> None:
     try:
         info = json.loads(out)
         fmt, backing = info.get("format"), info.get("backing-filename")
+        # qcow2's external data file (data_file=...) names another host file the same way
+        data_file = ((info.get("format-specific") or {}).get("data") or {}).get("data-file")
     except (ValueError, AttributeError):
         raise n.error(f"qemu-img info printed no JSON for {_show(path)}") from None
     if fmt != "qcow2":
         raise n.error(f"not a qcow2 image: qemu-img reads {_show(path)} as {_show(fmt)}")
-    if backing:
-        raise n.error(f"the image has a backing file {_show(backing)}; give a standalone qcow2 "
-                      "(qemu-img convert -O qcow2)")
+    if backing or data_file:
+        raise n.error(f"the image has a {'backing' if backing else 'data'} file {_show(backing or data_file)}; "
+                      "give a standalone qcow2 (qemu-img convert -O qcow2)")
 
 
 def _guest(n: Node, hosts: dict[str, HostSpec], base: Path) -> GuestSpec:

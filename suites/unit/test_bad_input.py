@@ -106,6 +106,7 @@ CORPUS: dict[str, tuple[str, str, str]] = {
                           "URI parameter 'command' is not allowed"),
     "uri_ext_transport": ('hosts: [{name: ha, uri: "qemu+ext:///system?command=/tmp/x"}]\n' + G + M,
                           "hosts[0].uri", "transport 'ext' is not allowed"),
+    "uri_user_leading_dash": (ssh_host(uri='"qemu+ssh://-F@hb/system"'), "hosts[1].uri", "user '-F' begins with '-'"),
     "uri_host_leading_dash": (ssh_host(uri='"qemu+ssh://-oProxyJump.x/system"'), "hosts[1].uri",
                               "begins with '-'"),
     # 4. one line, whatever the key or value holds
@@ -312,6 +313,11 @@ def test_qcow2_images_pass_and_backing_files_do_not(tmp_path):
     assert t.guests[0].image == str(base)
     with pytest.raises(ConfigError, match="backing file"):
         config.parse(f"guests: [{{name: g1, image: {over}}}, {{name: g2}}]\n" + M, str(tmp_path / "t.yaml"))
+    ext, data = tmp_path / "ext.qcow2", tmp_path / "ext.raw"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-o", f"data_file={data}", str(ext), "1M"],
+                   check=True, timeout=60)
+    with pytest.raises(ConfigError, match="data file"):
+        config.parse(f"guests: [{{name: g1, image: {ext}}}, {{name: g2}}]\n" + M, str(tmp_path / "t.yaml"))
 
 
 def test_run_refuses_bad_input_while_another_run_holds_the_host(tmp_path):
