@@ -54,6 +54,16 @@ def _seeds() -> list[Any]:
                                           "response_size": 1}],
                             "repetitions": {"warmup": 1, "min": 2, "max": 3, "rsd_target": 0.1},
                             "randomize": True, "seed": 7}})
+    # a real second host over ssh (validate never connects to it)
+    docs.append({"hosts": [{"name": "ha", "underlay": "eth1"},
+                           {"name": "hb", "uri": "qemu+libssh2://root@hb:2222/system?known_hosts=/k"
+                                                 "&known_hosts_verify=normal",
+                            "ssh": "root@hb", "ssh_port": 2222, "underlay": "ens5"}],
+                 "guests": [{"name": "g1", "host": "ha"}, {"name": "g2", "host": "hb"}],
+                 "tunnel": {"vni": 7, "udp_port": 8472, "underlay_mtu": 1600},
+                 "matrix": {"attachments": ["bridge-vxlan", "ovs-vxlan", "macvtap"],
+                            "profiles": [{"name": "s", "tool": "netperf", "confidence": [99, 5],
+                                          "iterations": [5, 3]}]}})
     return docs
 
 
