@@ -275,6 +275,9 @@ def _check_uri(n: Node) -> str:
     for part, what in ((user, "user"), (host, "host")):
         if part.startswith("-"):
             raise n.error(f"{what} {_show(part)} begins with '-' (ssh would read it as an option)")
+    hostname, colon, port = host.rpartition(":") if not host.endswith("]") else (host, "", "")
+    if colon and not (port.isdigit() and 1 <= int(port) <= 65535 and hostname):
+        raise n.error(f"invalid host:port {_show(host)} in the libvirt URI (port 1..65535)")
     query = rest.partition("?")[2]
     for param in filter(None, query.split("&")):
         key, _, value = param.partition("=")

@@ -107,6 +107,8 @@ CORPUS: dict[str, tuple[str, str, str]] = {
     "uri_ext_transport": ('hosts: [{name: ha, uri: "qemu+ext:///system?command=/tmp/x"}]\n' + G + M,
                           "hosts[0].uri", "transport 'ext' is not allowed"),
     "uri_user_leading_dash": (ssh_host(uri='"qemu+ssh://-F@hb/system"'), "hosts[1].uri", "user '-F' begins with '-'"),
+    "uri_port_out_of_range": (ssh_host(uri='"qemu+ssh://root@hb:99999/system"'), "hosts[1].uri", "port 1..65535"),
+    "uri_port_empty": (ssh_host(uri='"qemu+ssh://root@hb:/system"'), "hosts[1].uri", "invalid host:port"),
     "uri_host_leading_dash": (ssh_host(uri='"qemu+ssh://-oProxyJump.x/system"'), "hosts[1].uri",
                               "begins with '-'"),
     # 4. one line, whatever the key or value holds
