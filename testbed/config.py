@@ -155,8 +155,9 @@ class Node:
         try:
             # Built from the node itself: no re-serialising, no constructor beyond the safe one.
             return yaml.constructor.SafeConstructor().construct_object(self.node, deep=True)
-        except (yaml.YAMLError, ValueError, OverflowError, TypeError) as e:
-            # e.g. an integer of more than 4300 digits (Python's int-from-text limit)
+        except Exception as e:  # noqa: BLE001 - the constructors raise anything on odd input
+            # e.g. an integer of more than 4300 digits (Python's int-from-text limit),
+            # `!!bool maybe` (KeyError), `!!timestamp zz` (AttributeError)
             raise self.error(f"unreadable value {_show(self.node.value)}: {e.__class__.__name__}") from None
 
     def str(self, pattern: re.Pattern | None = None, what: str = "") -> str:

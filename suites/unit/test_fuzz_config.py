@@ -142,10 +142,15 @@ def mutated(draw) -> str:
         text = yaml.safe_dump(doc, sort_keys=False, allow_unicode=draw(st.booleans()))
     except (yaml.YAMLError, ValueError, RecursionError):
         text = "matrix: {}\n"
-    trick = draw(st.sampled_from(["none", "none", "tag", "python_tag", "merge", "second_doc", "markers",
+    trick = draw(st.sampled_from(["none", "none", "tag", "std_tag", "std_tag", "python_tag", "merge", "second_doc", "markers",
                                   "deep", "directive", "anchor_bomb", "tab", "bom", "flow_break"]))
     if trick == "tag":
         text = text.replace(": ", ": !env ", 1)
+    elif trick == "std_tag":
+        # YAML's own tags on values they do not fit: the constructors fail in odd ways
+        tag = draw(st.sampled_from(["!!bool", "!!int", "!!float", "!!timestamp", "!!binary", "!!null", "!!str",
+                                    "!!map", "!!seq", "!!set", "!!omap", "!!pairs", "!!merge", "!!value"]))
+        text = text.replace(": ", f": {tag} ", draw(st.integers(1, 3)))
     elif trick == "python_tag":
         text = text.replace(": ", ": !!python/object/apply:os.system ", 1)
     elif trick == "merge":
