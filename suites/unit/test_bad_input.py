@@ -380,3 +380,18 @@ def test_ssh_never_reads_the_target_as_an_option(tmp_path):
     (tmp_path / "kh").write_text("")
     r = remote.shell(h).run(["true"], timeout=60, check=False)
     assert r.rc != 0 and not pwned.exists(), r
+
+
+def test_a_missing_capability_names_the_file_and_field(tmp_path):
+    """Exit 3 (a capability the host lacks) names the file and the field that asked for it."""
+    from testbed import capabilities, runner
+    from testbed.errors import CapabilityError
+    ok, _ = capabilities.vhost_net()
+    if ok:
+        pytest.skip("this host has /dev/vhost-net: backend vhost is not a missing capability here")
+    f = tmp_path / "t.yaml"
+    f.write_text(G + "matrix: {backends: [qemu, vhost], profiles: [{name: a}]}\n")
+    with pytest.raises(CapabilityError) as ei:
+        runner.preflight(config.load(f))      # preflight creates nothing
+    assert str(ei.value).startswith(f"{f}: matrix.backends[1]: backend vhost requested but unavailable")
+    assert ei.value.exit_status == 3 and "\n" not in str(ei.value)
