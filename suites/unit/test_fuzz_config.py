@@ -143,7 +143,8 @@ def mutated(draw) -> str:
     except (yaml.YAMLError, ValueError, RecursionError):
         text = "matrix: {}\n"
     trick = draw(st.sampled_from(["none", "none", "tag", "std_tag", "std_tag", "python_tag", "merge", "second_doc", "markers",
-                                  "deep", "directive", "anchor_bomb", "tab", "bom", "flow_break"]))
+                                  "deep", "directive", "anchor_bomb", "tab", "bom", "flow_break", "splice",
+                                  "splice"]))
     if trick == "tag":
         text = text.replace(": ", ": !env ", 1)
     elif trick == "std_tag":
@@ -173,6 +174,13 @@ def mutated(draw) -> str:
         text = "\ufeff" + text
     elif trick == "flow_break":
         text = text[: draw(st.integers(0, len(text)))]
+    elif trick == "splice":
+        # a few characters of YAML syntax (or anything) dropped in anywhere
+        at = draw(st.integers(0, len(text)))
+        bit = draw(st.one_of(st.sampled_from(["&a ", "*a", "!", "? ", "- ", ": ", "{", "}", "[", "]", ",", "|",
+                                              ">", "'", '"', "#", "%", "@", "`", "\t", "\n  ", "<<: *a", "~"]),
+                             st.text(max_size=4)))
+        text = text[:at] + bit + text[at:]
     return text
 
 
