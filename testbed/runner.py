@@ -58,6 +58,11 @@ def _field(t: Topology, field: str) -> Iterator[None]:
 
 def preflight(t: Topology) -> None:
     """Refuse a matrix this host cannot run, before anything is created."""
+    if t.accelerator == "kvm" and any(not a.is_netns for a in t.matrix.attachments):
+        # Without /dev/kvm no probe boot is needed to know: refused before the image is
+        # built or a state folder made (a kvm that opens is still probed in execute).
+        with _field(t, "accelerator"):
+            capabilities.require(capabilities.kvm_device(), "accelerator kvm")
     if Backend.VHOST in t.matrix.backends and any(not a.is_netns for a in t.matrix.attachments):
         with _field(t, f"matrix.backends[{t.matrix.backends.index(Backend.VHOST)}]"):
             capabilities.require(capabilities.vhost_net(), "backend vhost")

@@ -395,3 +395,15 @@ def test_a_missing_capability_names_the_file_and_field(tmp_path):
         runner.preflight(config.load(f))      # preflight creates nothing
     assert str(ei.value).startswith(f"{f}: matrix.backends[1]: backend vhost requested but unavailable")
     assert ei.value.exit_status == 3 and "\n" not in str(ei.value)
+
+
+def test_accelerator_kvm_without_dev_kvm_names_the_field(tmp_path):
+    from testbed import capabilities, runner
+    from testbed.errors import CapabilityError
+    if capabilities.kvm_device()[0]:
+        pytest.skip("this host opens /dev/kvm: accelerator kvm is decided by a probe boot at run time")
+    f = tmp_path / "t.yaml"
+    f.write_text("accelerator: kvm\n" + G + M)
+    with pytest.raises(CapabilityError) as ei:
+        runner.preflight(config.load(f))
+    assert str(ei.value).startswith(f"{f}: accelerator: accelerator kvm requested but unavailable")
