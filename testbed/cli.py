@@ -33,6 +33,8 @@ def _on_signal(signum: int, _frame: object) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from testbed import config, runner
+    # Validated in full here, before runner.execute takes the host lock: bad input is exit 2
+    # even while another run holds the host.
     if args.topology:
         topo = config.load(args.topology)
     else:

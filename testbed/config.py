@@ -7,35 +7,89 @@ wonder whether a name can inject markup or shell syntax.
 """
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
+import json
+import math
 import os
 import re
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from testbed.errors import ConfigError
+from testbed.errors import CapabilityError, CommandError, ConfigError, one_line
 from testbed.model import (NAME_RE, Attachment, Backend, GuestSpec, HostSpec, MacvtapMode, MacvtapSpec,
                            Matrix, Offloads, Pattern, Profile, Protocol, Repetitions, Tool, Topology,
                            TunnelSpec)
 
 BENCHMARK_NET = ipaddress.ip_network("198.18.0.0/15")
+# Every pattern here is applied with fullmatch: with re.match a '$' also matches before a
+# final newline, so "g1\n" would pass.
 # libvirt URIs: driver[+transport]://[user@][host][:port]/path[?query]; no quotes,
-# spaces, angle brackets or shell metacharacters.
-URI_RE = re.compile(r"^[a-z][a-z0-9]*(\+[a-z][a-z0-9]*)?://([A-Za-z0-9._-]+@)?[A-Za-z0-9._:\[\]-]*"
-                    r"/[A-Za-z0-9._/-]*(\?[A-Za-z0-9._=&/-]*)?$")
-PROFILE_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,23}$")
+# spaces, angle brackets, '%' escapes or shell metacharacters. The query is checked
+# parameter by parameter in _check_uri.
+URI_RE = re.compile(r"[a-z][a-z0-9]*(\+[a-z][a-z0-9]*)?://([A-Za-z0-9._-]+@)?[A-Za-z0-9._:\[\]-]*"
+                    r"/[A-Za-z0-9._/-]*(\?[A-Za-z0-9._=&/-]*)?")
+#: libvirt transports a topology may name. Not 'ext': its ?command= runs a local program.
+URI_TRANSPORTS = {"unix", "ssh", "libssh2", "libssh", "tls", "tcp"}
+#: libvirt URI parameters a topology may set (libvirt matches their names in any case).
+#: Not no_verify (turns host-key checking off), command/netcat (name programs to run).
+URI_PARAMS = {"keyfile", "known_hosts", "known_hosts_verify", "mode", "name", "pkipath", "proxy", "socket",
+              "sshauth", "tls_priority"}
+# ssh targets: user@host, neither part starting with '-' (ssh would read it as an option,
+# e.g. "-oProxyCommand=...") or '.'.
+SSH_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*@[A-Za-z0-9_][A-Za-z0-9._-]*")
+PROFILE_NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,23}")
 MTU_MIN, MTU_MAX = 68, 65535
 MAX_CONNECTIONS = 1024
 MAX_QUEUES = 256            # virtio-net's limit on queue pairs
-# A Linux interface name: at most 15 bytes, no '/', whitespace or ':' (alias syntax).
-IFNAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
+# A Linux interface name, the kernel's dev_valid_name(): 1..15 bytes, not '.' or '..', no
+# '/', ':' or whitespace; held here to a safe ASCII alphabet and no leading '-' (tools such as
+# ethtool would take it as an option). '.' and '..' are refused in _ifname.
+IFNAME_RE = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,14}")
+#: A topology file larger than this is refused unread (a real one is a few KB).
+MAX_FILE_BYTES = 256 << 10
+#: Tags a topology may use: YAML's plain types. Custom tags (!env, !!python/...) are refused.
+PLAIN_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("null", "bool", "int", "float", "str", "timestamp")}
+MAP_TAG, SEQ_TAG = "tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"
+#: Endpoints the runner places in `subnet`: the client at network+1, the server at network+2
+#: (runner.mode, twohost, hostnet.netns endpoints). With the network and broadcast
+#: addresses that needs 4 addresses: a /30 at most.
+SUBNET_ENDPOINTS = 2
+SUBNET_MAX_PREFIX = 32 - math.ceil(math.log2(SUBNET_ENDPOINTS + 2))
+#: Caps on a matrix, overridable with the topology's `limits` (up to the hard ceilings):
+#: a few bytes of YAML must not plan a million cells or a year of measuring.
+DEFAULT_MAX_CELLS, HARD_MAX_CELLS = 2000, 100_000
+DEFAULT_MAX_HOURS, HARD_MAX_HOURS = 48, 8760
 MATRIX_KEYS = {"attachments", "backends", "queues", "mtus", "connections", "profiles", "repetitions",
                "randomize", "seed"}
 #: outer Ethernet 14 + IPv4 20 + UDP 8 + VXLAN 8 (hostnet/vxlan.py)
 VXLAN_OVERHEAD = 50
+
+
+#: A topology is at most five levels deep; deeper nesting is refused while composing, long
+#: before PyYAML's recursive composer would hit Python's recursion limit.
+MAX_DEPTH = 32
+MAX_LIST = 1000
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, used only to compose nodes, with a bound on nesting."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):  # type: ignore[no-untyped-def]
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f"nested more than {MAX_DEPTH} levels deep",
+                                                  self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 class Node:
@@ -52,19 +106,27 @@ class Node:
         return ConfigError(self.file, self.path or "(top level)", message, self.line)
 
     def child(self, node: yaml.Node, key: str | int) -> Node:
+        if isinstance(key, str) and not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", key):
+            key = repr(key)   # a hostile key is shown quoted, never as raw text in the path
         sub = f"{self.path}[{key}]" if isinstance(key, int) else (f"{self.path}.{key}" if self.path else key)
         return Node(self.file, node, sub)
+
+    def _tag(self, want: str) -> None:
+        if self.node.tag != want:
+            raise self.error(f"tag {self.node.tag!r} is not allowed (plain YAML only)")
 
     def mapping(self, allowed: Iterable[str], required: Iterable[str] = ()) -> dict[str, Node]:
         if not isinstance(self.node, yaml.MappingNode):
             raise self.error(f"expected a mapping, got {self._kind()}")
+        self._tag(MAP_TAG)
         out: dict[str, Node] = {}
         allowed = set(allowed)
         for k, v in self.node.value:
-            key = k.value if isinstance(k, yaml.ScalarNode) else None
+            key = k.value if isinstance(k, yaml.ScalarNode) and k.tag == "tag:yaml.org,2002:str" else None
             if key not in allowed:
-                bad = self.child(k, str(key))
-                raise bad.error(f"unknown key (allowed: {', '.join(sorted(allowed))})")
+                bad = self.child(k, key) if isinstance(key, str) else Node(self.file, k, self.path)
+                what = "unknown key" if isinstance(key, str) else f"keys must be plain text, got {_describe(k)}"
+                raise bad.error(f"{what} (allowed: {', '.join(sorted(allowed))})")
             if key in out:
                 raise self.child(k, key).error("duplicate key")
             out[key] = self.child(v, key)
@@ -76,6 +138,10 @@ class Node:
     def seq(self, min_len: int = 0) -> list[Node]:
         if not isinstance(self.node, yaml.SequenceNode):
             raise self.error(f"expected a list, got {self._kind()}")
+        self._tag(SEQ_TAG)
+        if len(self.node.value) > MAX_LIST:
+            # aliases make long lists cheap to write; no list in a topology is near this
+            raise self.error(f"{len(self.node.value)} items; a list has at most {MAX_LIST}")
         items = [self.child(n, i) for i, n in enumerate(self.node.value)]
         if len(items) < min_len:
             raise self.error(f"needs at least {min_len} item(s)")
@@ -84,36 +150,45 @@ class Node:
     def scalar(self) -> Any:
         if not isinstance(self.node, yaml.ScalarNode):
             raise self.error(f"expected a single value, got {self._kind()}")
-        return yaml.safe_load(yaml.serialize(self.node))
+        if self.node.tag not in PLAIN_TAGS:
+            raise self.error(f"tag {self.node.tag!r} is not allowed (plain YAML only)")
+        try:
+            # Built from the node itself: no re-serialising, no constructor beyond the safe one.
+            return yaml.constructor.SafeConstructor().construct_object(self.node, deep=True)
+        except Exception as e:  # noqa: BLE001 - the constructors raise anything on odd input
+            # e.g. an integer of more than 4300 digits (Python's int-from-text limit),
+            # `!!bool maybe` (KeyError), `!!timestamp zz` (AttributeError)
+            raise self.error(f"unreadable value {_show(self.node.value)}: {e.__class__.__name__}") from None
 
     def str(self, pattern: re.Pattern | None = None, what: str = "") -> str:
         v = self.scalar()
         if not isinstance(v, str):
-            raise self.error(f"expected text, got {v!r}")
-        if pattern and not pattern.match(v):
-            raise self.error(f"invalid {what or 'value'} {v!r}")
+            raise self.error(f"expected text, got {_show(v)}")
+        if pattern and not pattern.fullmatch(v):
+            raise self.error(f"invalid {what or 'value'} {_show(v)}")
         return v
 
     def int(self, lo: int, hi: int, what: str = "value") -> int:
         v = self.scalar()
+        # bool is an int in Python: `true` must not pass as 1
         if isinstance(v, bool) or not isinstance(v, int):
-            raise self.error(f"{what} must be an integer, got {v!r}")
+            raise self.error(f"{what} must be an integer, got {_show(v)}")
         if not lo <= v <= hi:
-            raise self.error(f"{what} {v} out of range {lo}..{hi}")
+            raise self.error(f"{what} {_show(v)} out of range {lo}..{hi}")
         return v
 
     def float(self, lo: float, hi: float) -> float:
         v = self.scalar()
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise self.error(f"expected a number, got {v!r}")
-        if not lo <= v <= hi:
-            raise self.error(f"{v} out of range {lo}..{hi}")
+            raise self.error(f"expected a number, got {_show(v)}")
+        if not (math.isfinite(v) and lo <= v <= hi):   # NaN compares false both ways
+            raise self.error(f"{_show(v)} out of range {lo}..{hi}")
         return float(v)
 
     def bool(self) -> bool:
         v = self.scalar()
         if not isinstance(v, bool):
-            raise self.error(f"expected true or false, got {v!r}")
+            raise self.error(f"expected true or false, got {_show(v)}")
         return v
 
     def enum(self, cls: type) -> Any:
@@ -121,11 +196,29 @@ class Node:
         try:
             return cls(v)
         except ValueError:
-            raise self.error(f"unknown value {v!r} (one of: {', '.join(m.value for m in cls)})") from None
+            raise self.error(f"unknown value {_show(v)} (one of: {', '.join(m.value for m in cls)})") from None
 
     def _kind(self) -> str:
-        return {yaml.MappingNode: "a mapping", yaml.SequenceNode: "a list"}.get(
-            type(self.node), repr(self.scalar()) if isinstance(self.node, yaml.ScalarNode) else "?")
+        return _describe(self.node)
+
+
+def _show(v: Any) -> str:
+    """A value quoted for a one-line message (repr: newlines and quotes escaped), capped."""
+    try:
+        text = repr(v)
+    except ValueError:          # an int too long to print (over 4300 digits)
+        text = f"<a {v.bit_length()}-bit number>"
+    return one_line(text, 80)
+
+
+def _describe(node: yaml.Node) -> str:
+    if isinstance(node, yaml.MappingNode):
+        return "a mapping"
+    if isinstance(node, yaml.SequenceNode):
+        return "a list"
+    if node.tag == "tag:yaml.org,2002:null":
+        return "nothing (an empty value)"
+    return _show(node.value)
 
 
 def _unique(items: list[Node], names: list[str], what: str) -> None:
@@ -140,11 +233,8 @@ def _host(n: Node, base: Path) -> HostSpec:
     m = n.mapping({"name", "uri", "transport", "ssh", "ssh_port", "known_hosts", "identity", "underlay"},
                   required=("name",))
     name = m["name"].str(NAME_RE, "host name")
-    uri = m["uri"].str(URI_RE, "libvirt URI") if "uri" in m else "qemu:///system"
-    if "no_verify" in uri:
-        # ssh transports must check the remote host key; libvirt's no_verify turns that off.
-        raise m["uri"].error("no_verify is not allowed: remote SSH host keys must be checked")
-    transport = m["transport"].str(re.compile(r"^(local|ssh|netns)$"), "transport (local|ssh|netns)") \
+    uri = _check_uri(m["uri"]) if "uri" in m else "qemu:///system"
+    transport = m["transport"].str(re.compile(r"local|ssh|netns"), "transport (local|ssh|netns)") \
         if "transport" in m else ("ssh" if re.match(r"^[a-z0-9]+\+(ssh|libssh2?)://", uri) else "local")
     if transport == "netns" and not uri.startswith("qemu:///"):
         # An emulated host is a namespace on this machine; its guests run in the local libvirt.
@@ -152,8 +242,7 @@ def _host(n: Node, base: Path) -> HostSpec:
                                         "libvirt URI such as qemu:///system")
     if transport == "netns" and "ssh" in m:
         raise m["ssh"].error("transport netns runs on this machine; 'ssh' is for transport ssh")
-    ssh = m["ssh"].str(re.compile(r"^[A-Za-z0-9._-]+@[A-Za-z0-9._-]+$"), "ssh target user@host") \
-        if "ssh" in m else None
+    ssh = _ssh_target(m["ssh"]) if "ssh" in m else None
     if transport == "ssh" and not ssh:
         raise n.error("transport ssh needs 'ssh: user@host'")
     for key in ("ssh_port", "known_hosts", "identity"):
@@ -171,15 +260,78 @@ def _host(n: Node, base: Path) -> HostSpec:
                     ssh_port=m["ssh_port"].int(1, 65535, "ssh_port") if "ssh_port" in m else 22,
                     known_hosts=_readable_file(m["known_hosts"], base) if "known_hosts" in m else None,
                     identity=_readable_file(m["identity"], base) if "identity" in m else None,
-                    underlay=m["underlay"].str(IFNAME_RE, "interface name") if "underlay" in m else None)
+                    underlay=_ifname(m["underlay"]) if "underlay" in m else None)
+
+
+def _check_uri(n: Node) -> str:
+    """A libvirt URI in its plain form, whose parameters cannot turn host-key checking off
+    or run a program. libvirt matches parameter names case-insensitively (No_Verify=1 is
+    no_verify=1), so they are compared lower-cased here."""
+    uri = n.str(URI_RE, "libvirt URI")
+    scheme, _, rest = uri.partition("://")
+    transport = scheme.partition("+")[2]
+    if transport and transport not in URI_TRANSPORTS:
+        raise n.error(f"libvirt transport {transport!r} is not allowed (one of: {', '.join(sorted(URI_TRANSPORTS))})")
+    user, _, host = rest.split("/", 1)[0].rpartition("@")
+    for part, what in ((user, "user"), (host, "host")):
+        if part.startswith("-"):
+            raise n.error(f"{what} {_show(part)} begins with '-' (ssh would read it as an option)")
+    hostname, colon, port = host.rpartition(":") if not host.endswith("]") else (host, "", "")
+    if colon and not (port.isdigit() and 1 <= int(port) <= 65535 and hostname):
+        raise n.error(f"invalid host:port {_show(host)} in the libvirt URI (port 1..65535)")
+    query = rest.partition("?")[2]
+    for param in filter(None, query.split("&")):
+        key, _, value = param.partition("=")
+        key = key.lower()
+        if key == "no_verify":
+            # ssh transports must check the remote host key; no_verify turns that off.
+            raise n.error(f"{_show(param)}: no_verify is not allowed: remote SSH host keys must be checked")
+        if key == "known_hosts_verify" and value.lower() != "normal":
+            # 'ignore' skips the check, 'auto' accepts a new key on first use
+            raise n.error(f"{_show(param)}: known_hosts_verify must be 'normal': remote SSH host keys "
+                          "must be checked")
+        if key not in URI_PARAMS:
+            raise n.error(f"URI parameter {_show(key)} is not allowed (allowed: {', '.join(sorted(URI_PARAMS))})")
+    return uri
+
+
+def _ssh_target(n: Node) -> str:
+    v = n.str()
+    if v.startswith("-"):
+        raise n.error(f"ssh target {_show(v)} begins with '-': ssh would read it as an option")
+    if not SSH_RE.fullmatch(v):
+        raise n.error(f"invalid ssh target user@host {_show(v)} (letters, digits, '.', '_', '-')")
+    return v
+
+
+def _ifname(n: Node) -> str:
+    """An interface name the kernel accepts (dev_valid_name) and no tool mistakes for an option."""
+    v = n.str()
+    if v in (".", "..") or not IFNAME_RE.fullmatch(v):
+        raise n.error(f"invalid interface name {_show(v)} (1 to 15 of letters, digits, '_', '.', '-'; "
+                      "not '.' or '..', not starting with '-')")
+    return v
+
+
+def _file_path(n: Node, base: Path) -> Path:
+    raw = n.str()
+    if not raw or "\0" in raw:
+        raise n.error(f"invalid path {_show(raw)}")
+    return (base / raw) if not os.path.isabs(raw) else Path(raw)
 
 
 def _readable_file(n: Node, base: Path) -> str:
-    raw = n.str()
-    p = (base / raw) if not os.path.isabs(raw) else Path(raw)
-    if not p.is_file() or not os.access(p, os.R_OK):
-        raise n.error(f"not a readable file: {p}")
-    return str(p.resolve())
+    p = _file_path(n, base)
+    try:
+        if not p.is_file() or not os.access(p, os.R_OK):
+            raise n.error(f"not a readable file: {_show(str(p))}")
+        return str(p.resolve())
+    except (OSError, RuntimeError) as e:     # a symlink loop, a name too long
+        raise n.error(f"cannot read {_show(str(p))}: {_oserror(e)}") from None
+
+
+def _oserror(e: BaseException) -> str:
+    return getattr(e, "strerror", None) or e.__class__.__name__
 
 
 def _tunnel(n: Node) -> TunnelSpec:
@@ -187,7 +339,7 @@ def _tunnel(n: Node) -> TunnelSpec:
     return TunnelSpec(
         vni=m["vni"].int(1, (1 << 24) - 1, "vni") if "vni" in m else 42,
         udp_port=m["udp_port"].int(1, 65535, "udp_port") if "udp_port" in m else 4789,
-        underlay=m["underlay"].str(IFNAME_RE, "interface name") if "underlay" in m else None,
+        underlay=_ifname(m["underlay"]) if "underlay" in m else None,
         underlay_mtu=m["underlay_mtu"].int(MTU_MIN + VXLAN_OVERHEAD, MTU_MAX, "underlay_mtu")
         if "underlay_mtu" in m else 1500)
 
@@ -227,13 +379,43 @@ def _check_tunnel(m: dict[str, Node], doc: Node, matrix: Matrix, tunnel: TunnelS
 
 
 def _image_path(n: Node, base: Path) -> str:
-    raw = n.str()
-    p = (base / raw) if not os.path.isabs(raw) else Path(raw)
-    if not p.is_file():
-        raise n.error(f"image not found: {p}")
-    if not os.access(p, os.R_OK):
-        raise n.error(f"image not readable: {p}")
-    return str(p.resolve())
+    p = _file_path(n, base)
+    try:
+        if not p.is_file():
+            raise n.error(f"image not found: {_show(str(p))}")
+        if not os.access(p, os.R_OK):
+            raise n.error(f"image not readable: {_show(str(p))}")
+        resolved = str(p.resolve())
+    except (OSError, RuntimeError) as e:
+        raise n.error(f"cannot read image {_show(str(p))}: {_oserror(e)}") from None
+    _check_qcow2(n, resolved)
+    return resolved
+
+
+def _check_qcow2(n: Node, path: str) -> None:
+    """The image is a standalone qcow2, as qemu-img reads it (reading only: -U takes no lock,
+    nothing is created). A text file is 'raw' to QEMU and would boot nothing; a backing file
+    would let the image name any file on the host as the guest's disk."""
+    from testbed import proc
+    try:
+        out = proc.run(["qemu-img", "info", "-U", "--output=json", "--", path], timeout=60).stdout
+    except CommandError as e:
+        if e.rc == 127:
+            raise CapabilityError(f"{n.file}: {n.path}: qemu-img is needed to check the image "
+                                  "(install qemu-utils)") from None
+        raise n.error(f"qemu-img cannot read the image {_show(path)}: {one_line(e.stderr_tail)}") from None
+    try:
+        info = json.loads(out)
+        fmt, backing = info.get("format"), info.get("backing-filename")
+        # qcow2's external data file (data_file=...) names another host file the same way
+        data_file = ((info.get("format-specific") or {}).get("data") or {}).get("data-file")
+    except (ValueError, AttributeError):
+        raise n.error(f"qemu-img info printed no JSON for {_show(path)}") from None
+    if fmt != "qcow2":
+        raise n.error(f"not a qcow2 image: qemu-img reads {_show(path)} as {_show(fmt)}")
+    if backing or data_file:
+        raise n.error(f"the image has a {'backing' if backing else 'data'} file {_show(backing or data_file)}; "
+                      "give a standalone qcow2 (qemu-img convert -O qcow2)")
 
 
 def _guest(n: Node, hosts: dict[str, HostSpec], base: Path) -> GuestSpec:
@@ -270,9 +452,25 @@ def _profile(n: Node) -> Profile:
         raise (m.get("confidence") or m["iterations"]).error("confidence/iterations are netperf options")
     if p.iterations and p.iterations[0] < p.iterations[1]:
         raise m["iterations"].error(f"max {p.iterations[0]} is below min {p.iterations[1]}")
-    if p.tool is Tool.NETPERF and p.pattern is Pattern.BIDIRECTIONAL:
-        raise (m.get("pattern") or n).error("netperf has no bidirectional test; use uperf")
+    _check_tool(n, m, p)
     return p
+
+
+def _check_tool(n: Node, m: dict[str, Node], p: Profile) -> None:
+    """Each tool driver says what it can run (ToolDriver.unsupported_reason); asked here so a
+    profile no tool can run is bad input, refused with the field, before anything is created."""
+    from testbed.tools import get_tool
+    reason = get_tool(p.tool).unsupported_reason(p)
+    if not reason:
+        return
+    # Name the field that makes the difference: the rate if the profile runs without it,
+    # else the pattern, protocol or tool the user wrote.
+    if p.rate_bps is not None and not get_tool(p.tool).unsupported_reason(dataclasses.replace(p, rate_bps=None)):
+        field = m["rate_bps"]
+    else:
+        field = m.get("pattern") or m.get("protocol") or m.get("tool") or n
+    raise field.error(f"{p.tool.value} cannot run {p.protocol.value} {p.pattern.value}"
+                      f"{' at a bit rate' if field is m.get('rate_bps') else ''}: {reason}")
 
 
 def _pair(n: Node, first: tuple[int, int], second: tuple[int, int]) -> tuple[int, int]:
@@ -293,25 +491,69 @@ def _repetitions(n: Node) -> Repetitions:
     return r
 
 
+def _distinct(m: dict[str, Node], key: str, read, default: tuple) -> tuple:
+    """A matrix axis: its values, each once (a repeated value would plan the same cell twice,
+    with the same cell id; YAML aliases make that cheap to write a million times)."""
+    if key not in m:
+        return default
+    items = m[key].seq(1)
+    values = tuple(read(x) for x in items)
+    seen: set = set()
+    for node, v in zip(items, values):
+        if v in seen:
+            raise node.error(f"duplicate value {_show(getattr(v, 'value', v))} (each cell would run twice "
+                             "under one cell id)")
+        seen.add(v)
+    return values
+
+
 def _matrix(n: Node) -> Matrix:
     m = n.mapping(MATRIX_KEYS, required=("profiles",))
     profiles_nodes = m["profiles"].seq(1)
     profiles = tuple(_profile(p) for p in profiles_nodes)
     _unique(profiles_nodes, [p.name for p in profiles], "profile")
     return Matrix(
-        attachments=tuple(a.enum(Attachment) for a in m["attachments"].seq(1))
-        if "attachments" in m else (Attachment.BRIDGE,),
-        backends=tuple(b.enum(Backend) for b in m["backends"].seq(1))
-        if "backends" in m else (Backend.QEMU,),
-        mtus=tuple(x.int(MTU_MIN, MTU_MAX, "MTU") for x in m["mtus"].seq(1)) if "mtus" in m else (1500,),
-        connections=tuple(x.int(1, MAX_CONNECTIONS, "connections") for x in m["connections"].seq(1))
-        if "connections" in m else (1,),
+        attachments=_distinct(m, "attachments", lambda a: a.enum(Attachment), (Attachment.BRIDGE,)),
+        backends=_distinct(m, "backends", lambda b: b.enum(Backend), (Backend.QEMU,)),
+        mtus=_distinct(m, "mtus", lambda x: x.int(MTU_MIN, MTU_MAX, "MTU"), (1500,)),
+        connections=_distinct(m, "connections", lambda x: x.int(1, MAX_CONNECTIONS, "connections"), (1,)),
         profiles=profiles,
         repetitions=_repetitions(m["repetitions"]) if "repetitions" in m else Repetitions(),
         randomize=m["randomize"].bool() if "randomize" in m else False,
         seed=m["seed"].int(0, 2**31, "seed") if "seed" in m else 0,
-        queues=tuple(x.int(1, MAX_QUEUES, "queues") for x in m["queues"].seq(1)) if "queues" in m else (1,),
+        queues=_distinct(m, "queues", lambda x: x.int(1, MAX_QUEUES, "queues"), (1,)),
     )
+
+
+def cell_count(matrix: Matrix) -> int:
+    """How many cells runner.plan makes, without making them: namespace attachments have no
+    virtio NIC and are planned once, not per backend and queue count."""
+    per = len(matrix.mtus) * len(matrix.connections) * len(matrix.profiles)
+    return sum(per * (1 if a.is_netns else len(matrix.backends) * len(matrix.queues)) for a in matrix.attachments)
+
+
+def _check_limits(m: dict[str, Node], doc: Node, matrix: Matrix) -> None:
+    """Refuse an absurd matrix: more cells, or more measuring time at worst (every cell
+    running warmup + max samples of its profile's duration), than the caps. `limits` raises
+    the caps, up to hard ceilings."""
+    lm = m["limits"].mapping({"max_cells", "max_hours"}) if "limits" in m else {}
+    max_cells = lm["max_cells"].int(1, HARD_MAX_CELLS, "max_cells") if "max_cells" in lm else DEFAULT_MAX_CELLS
+    max_hours = lm["max_hours"].int(1, HARD_MAX_HOURS, "max_hours") if "max_hours" in lm else DEFAULT_MAX_HOURS
+    cells = cell_count(matrix)
+    node = m["matrix"]
+    if cells > max_cells:
+        raise node.error(f"{cells} cells exceed the cap of {max_cells}; trim the matrix or raise "
+                         f"limits.max_cells (at most {HARD_MAX_CELLS})")
+    per_cell_samples = matrix.repetitions.warmup + matrix.repetitions.max_samples
+    per = len(matrix.mtus) * len(matrix.connections)
+    # netperf's own confidence loop (-i max,min) runs up to max iterations per sample
+    by_profile = sum(p.duration_s * (p.iterations[0] if p.iterations else 1) for p in matrix.profiles)
+    groups = sum(1 if a.is_netns else len(matrix.backends) * len(matrix.queues) for a in matrix.attachments)
+    seconds = groups * per * by_profile * per_cell_samples
+    if seconds > max_hours * 3600:
+        raise node.error(f"the matrix may measure for up to {seconds / 3600:.1f} h ({cells} cells x up to "
+                         f"{per_cell_samples} samples), over the cap of {max_hours} h; trim it or raise "
+                         f"limits.max_hours (at most {HARD_MAX_HOURS})")
 
 
 def _offloads(n: Node) -> Offloads:
@@ -328,7 +570,7 @@ def _macvtap(n: Node) -> MacvtapSpec:
     lower: tuple[str, ...] = ()
     if "lower" in m:
         items = m["lower"].seq(1) if isinstance(m["lower"].node, yaml.SequenceNode) else [m["lower"]]
-        lower = tuple(i.str(IFNAME_RE, "interface name") for i in items)
+        lower = tuple(_ifname(i) for i in items)
         want = 2 if mode is MacvtapMode.PASSTHROUGH else 1
         if len(lower) != want:
             raise m["lower"].error(f"mode {mode.value} needs {want} lower device(s)"
@@ -341,24 +583,41 @@ def _macvtap(n: Node) -> MacvtapSpec:
 
 def parse(text: str, file: str = "<string>", base: Path | None = None) -> Topology:
     try:
-        root = yaml.compose(text)
+        root = yaml.compose(text, Loader=_Loader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        problem = getattr(e, "problem", None) or (str(e).splitlines() or [e.__class__.__name__])[0]
+        if "another document" in problem:
+            problem = "more than one YAML document (a topology is one)"
         raise ConfigError(file, "(yaml)", f"malformed YAML: {problem}",
                           mark.line + 1 if mark else None) from None
-    if root is None:
-        raise ConfigError(file, "(top level)", "empty file")
+    except RecursionError:
+        raise ConfigError(file, "(yaml)", "nested too deeply") from None
+    if root is None or (isinstance(root, yaml.ScalarNode) and root.tag == "tag:yaml.org,2002:null"):
+        # no document, only comments, or only document markers
+        raise ConfigError(file, "(top level)", "empty file (no topology in it)")
+    try:
+        return _parse(root, file, base)
+    except RecursionError:
+        raise ConfigError(file, "(top level)", "nested too deeply") from None
+
+
+def _parse(root: yaml.Node, file: str, base: Path | None) -> Topology:
     doc = Node(file, root, "")
-    base = base or Path(file).resolve().parent
+    if base is None:
+        try:
+            base = Path(file).resolve().parent
+        except (OSError, RuntimeError):
+            base = Path.cwd()
     m = doc.mapping({"name", "accelerator", "subnet", "hosts", "guests", "client", "server", "matrix",
-                     "ready_timeout", "macvtap", "offloads", "tunnel"},
+                     "ready_timeout", "macvtap", "offloads", "tunnel", "limits"},
                     required=("matrix",))
     host_nodes = m["hosts"].seq(1) if "hosts" in m else []
     hosts = tuple(_host(h, base) for h in host_nodes) or (HostSpec(name="local"),)
     _unique(host_nodes, [h.name for h in hosts], "host")
     host_map = {h.name: h for h in hosts}
     matrix = _matrix(m["matrix"])
+    _check_limits(m, doc, matrix)
     vm_modes = any(not a.is_netns for a in matrix.attachments)
     if "guests" not in m and vm_modes:
         raise doc.error("missing required key 'guests' (only netns-* attachments run without guests)")
@@ -378,28 +637,37 @@ def parse(text: str, file: str = "<string>", base: Path | None = None) -> Topolo
     if "subnet" in m:
         raw = m["subnet"].str()
         try:
-            net = ipaddress.ip_network(raw)
-        except ValueError:
-            raise m["subnet"].error(f"not an IPv4 network: {raw!r}") from None
-        if not net.subnet_of(BENCHMARK_NET):  # type: ignore[arg-type]
+            net = ipaddress.IPv4Network(raw)
+        except ValueError as e:
+            raise m["subnet"].error(f"not an IPv4 network: {_show(raw)} ({one_line(str(e), 100)})") from None
+        if not net.subnet_of(BENCHMARK_NET):
             raise m["subnet"].error(f"{raw} is outside 198.18.0.0/15, the range set aside for benchmarking")
+        if net.prefixlen > SUBNET_MAX_PREFIX:
+            raise m["subnet"].error(f"{raw} is too small: the runner places {SUBNET_ENDPOINTS} endpoints at "
+                                    f"network+1..+{SUBNET_ENDPOINTS}, which needs a /{SUBNET_MAX_PREFIX} or larger")
         subnet = str(net)
     placed = {g.host for g in guests if g.name in (client, server)}
+    mnode = m["matrix"].mapping(MATRIX_KEYS)
+
+    def at(i: int) -> Node:
+        # the attachment's own item, or matrix itself when the default [bridge] applies
+        return mnode["attachments"].seq()[i] if "attachments" in mnode else m["matrix"]
+
     for i, a in enumerate(matrix.attachments):
         if a.needs_two_hosts and len(placed) < 2:
-            node = m["matrix"].mapping(MATRIX_KEYS)["attachments"].seq()[i]
+            node = at(i)
             raise node.error(f"attachment {a.value} needs the client and server on two different hosts")
         if a in (Attachment.BRIDGE, Attachment.OVS) and len(placed) > 1:
             # A bridge without an uplink joins guests of one host only; across hosts the
             # VXLAN modes are the ones that say how the hosts are joined.
-            node = m["matrix"].mapping(MATRIX_KEYS)["attachments"].seq()[i]
+            node = at(i)
             raise node.error(f"attachment {a.value} joins guests on one host, but the client and server "
                              f"are on {' and '.join(sorted(placed))} (use {a.value}-vxlan)")
     tunnel = _tunnel(m["tunnel"]) if "tunnel" in m else TunnelSpec()
     _check_tunnel(m, doc, matrix, tunnel, [host_map[t.host] for t in guests if t.name in (client, server)])
-    name = m["name"].str(re.compile(r"^[A-Za-z0-9._-]{1,64}$"), "topology name") if "name" in m \
-        else Path(file).stem
-    accel = m["accelerator"].str(re.compile(r"^(auto|kvm|tcg)$"), "accelerator (auto|kvm|tcg)") \
+    name = m["name"].str(re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}"), "topology name") if "name" in m \
+        else _stem(file)
+    accel = m["accelerator"].str(re.compile(r"auto|kvm|tcg"), "accelerator (auto|kvm|tcg)") \
         if "accelerator" in m else "auto"
     ready = m["ready_timeout"].int(5, 7200, "ready_timeout") if "ready_timeout" in m else 600
     mv = _macvtap(m["macvtap"]) if "macvtap" in m else MacvtapSpec()
@@ -415,15 +683,42 @@ def parse(text: str, file: str = "<string>", base: Path | None = None) -> Topolo
                     offloads=off, tunnel=tunnel)
 
 
+def _stem(file: str) -> str:
+    """The default topology name: the file's stem held to the name alphabet (it goes into
+    results and reports)."""
+    stem = re.sub(r"[^A-Za-z0-9._-]", "-", Path(file).stem).lstrip(".-")[:64]
+    return stem or "topology"
+
+
 def load(path: str | os.PathLike) -> Topology:
+    """Read and parse a topology file. Anything the file system says (no such file, a
+    directory, a symlink loop, a FIFO, a huge file, bytes that are not UTF-8) is one
+    ConfigError naming the file."""
     p = Path(path)
+    file = str(p)
     try:
-        text = p.read_text()
+        st = p.stat()
+        if stat.S_ISDIR(st.st_mode):
+            raise ConfigError(file, "(file)", "cannot read: is a directory")
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(file, "(file)", "cannot read: not a regular file")
+        if st.st_size > MAX_FILE_BYTES:
+            raise ConfigError(file, "(file)", f"too large ({st.st_size} bytes; a topology is at most "
+                                              f"{MAX_FILE_BYTES} bytes)")
+        with p.open("rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
+            raise ConfigError(file, "(file)", f"too large (over {MAX_FILE_BYTES} bytes)")
+        text = data.decode("utf-8-sig")
+        base = p.resolve().parent
     except FileNotFoundError:
-        raise ConfigError(str(p), "(file)", "no such file") from None
-    except (PermissionError, IsADirectoryError, UnicodeDecodeError) as e:
-        raise ConfigError(str(p), "(file)", f"cannot read: {e.__class__.__name__}") from None
-    return parse(text, str(p), p.resolve().parent)
+        raise ConfigError(file, "(file)", "no such file") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(file, "(file)", f"cannot read: not UTF-8 text (byte {e.start})") from None
+    except (OSError, RuntimeError, ValueError) as e:
+        # a symlink loop (ELOOP), permission denied, a name too long, an embedded NUL
+        raise ConfigError(file, "(file)", f"cannot read: {_oserror(e) if isinstance(e, OSError) else e}") from None
+    return parse(text, file, base)
 
 
 DEFAULT_TOPOLOGY = """\

@@ -10,12 +10,22 @@ class TestbedError(Exception):
     exit_status = 1
 
 
+def one_line(text: str, limit: int = 300) -> str:
+    """``text`` made safe for one line of a message: control characters (newlines, escapes,
+    NUL, bidi overrides...) shown escaped as repr would, and a length cap, so a hostile key,
+    path or value can neither split an error into two lines nor flood the terminal."""
+    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+    return out if len(out) <= limit else out[:limit] + f"...({len(out) - limit} more characters)"
+
+
 class ConfigError(TestbedError):
-    """Bad user input: names the file and the field, so the user can fix it without a traceback."""
+    """Bad user input: names the file and the field, so the user can fix it without a traceback.
+    Always one line: every part is passed through one_line."""
 
     exit_status = 2
 
     def __init__(self, file: str, field: str, message: str, line: int | None = None) -> None:
+        file, field, message = one_line(file), one_line(field), one_line(message, 600)
         self.file, self.field, self.message, self.line = file, field, message, line
         where = f"{file}:{line}" if line else file
         super().__init__(f"{where}: {field}: {message}")

@@ -47,7 +47,8 @@ class Shell:
         if not self.remote:
             return argv
         assert self.host.ssh_target
-        return ["ssh", *self._ssh_options(), "-p", str(self.host.ssh_port), self.host.ssh_target, "--",
+        # '--' before the host: nothing after it is read as an option, whatever the target says.
+        return ["ssh", *self._ssh_options(), "-p", str(self.host.ssh_port), "--", self.host.ssh_target,
                 shlex.join(argv)]
 
     def run(self, argv: Sequence[str], *, timeout: float = 60, check: bool = True,
@@ -60,7 +61,7 @@ class Shell:
             proc.run(["cp", "--", str(local), dest], timeout=timeout)
             return
         assert self.host.ssh_target
-        proc.run(["scp", "-q", *self._ssh_options(), "-P", str(self.host.ssh_port), str(local),
+        proc.run(["scp", "-q", *self._ssh_options(), "-P", str(self.host.ssh_port), "--", str(local),
                   f"{self.host.ssh_target}:{dest}"], timeout=timeout)
 
     def read(self, path: str, *, timeout: float = 30) -> str:

@@ -46,21 +46,39 @@ def plan(t: Topology) -> list[Cell]:
     return cells
 
 
+@contextlib.contextmanager
+def _field(t: Topology, field: str) -> Iterator[None]:
+    """A missing capability that a field of the topology asked for names the file and that
+    field, like bad input does (exit 3 instead of 2)."""
+    try:
+        yield
+    except CapabilityError as e:
+        raise CapabilityError(f"{t.source}: {field}: {e}") from None
+
+
 def preflight(t: Topology) -> None:
     """Refuse a matrix this host cannot run, before anything is created."""
+    if t.accelerator == "kvm" and any(not a.is_netns for a in t.matrix.attachments):
+        # Without /dev/kvm no probe boot is needed to know: refused before the image is
+        # built or a state folder made (a kvm that opens is still probed in execute).
+        with _field(t, "accelerator"):
+            capabilities.require(capabilities.kvm_device(), "accelerator kvm")
     if Backend.VHOST in t.matrix.backends and any(not a.is_netns for a in t.matrix.attachments):
-        capabilities.require(capabilities.vhost_net(), "backend vhost")
-    for p in t.matrix.profiles:
+        with _field(t, f"matrix.backends[{t.matrix.backends.index(Backend.VHOST)}]"):
+            capabilities.require(capabilities.vhost_net(), "backend vhost")
+    for i, p in enumerate(t.matrix.profiles):
         why = get_tool(p.tool).unsupported_reason(p)
         if why:
-            raise CapabilityError(f"profile {p.name}: {why}")
+            raise CapabilityError(f"{t.source}: matrix.profiles[{i}]: profile {p.name}: {why}")
     for h in {t.host_of(g) for g in (t.client, t.server)}:
         # A remote host: log in once, its key checked, before anything is created.
-        remote.shell(h).reachable()
-    for a in t.matrix.attachments:
+        with _field(t, f"hosts[{t.hosts.index(h)}]"):
+            remote.shell(h).reachable()
+    for i, a in enumerate(t.matrix.attachments):
         why = attach.unavailable(a) or twohost.unavailable(t, a)
         if why:
-            raise CapabilityError(f"attachment {a.value} requested but unavailable: {why}")
+            raise CapabilityError(f"{t.source}: matrix.attachments[{i}]: attachment {a.value} requested "
+                                  f"but unavailable: {why}")
     if Attachment.MACVTAP in t.matrix.attachments and t.macvtap.lower:
         why = macvtap.check_lowers(t.macvtap.lower, t.macvtap.mode, max(t.matrix.mtus))
         if why:
@@ -87,7 +105,8 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
         state = stack.enter_context(cleanup.owned_state(tag, run_id))
         needs_vms = any(not c.attachment.is_netns for c in cells)
         recipe_image = images.ensure() if needs_vms else None
-        accel = capabilities.choose_accelerator(t.accelerator, recipe_image.kernel) if recipe_image else None  # type: ignore[arg-type]
+        with _field(t, "accelerator"):
+            accel = capabilities.choose_accelerator(t.accelerator, recipe_image.kernel) if recipe_image else None  # type: ignore[arg-type]
         env = environment.fingerprint(accel, image=recipe_image)
         writer = stack.enter_context(results.RunWriter(paths.results_dir(), run_id, t, env))
         if len(t.hosts) > 1:

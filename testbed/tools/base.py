@@ -175,7 +175,7 @@ def check_addr(addr: str) -> str:
     try:
         return str(ipaddress.ip_address(addr))
     except ValueError:
-        if _HOSTNAME_RE.match(addr) and len(addr) <= 253:
+        if _HOSTNAME_RE.fullmatch(addr) and len(addr) <= 253:
             return addr
     raise UnsupportedProfile(f"server address {addr!r} is neither an IP address nor a hostname")
 
