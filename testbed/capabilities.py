@@ -158,7 +158,8 @@ def tool_versions() -> dict[str, str | None]:
         "libvirt": _version(["libvirtd", "--version"], r"([\d.]+)\s*$"),
         "ovs": _version(["ovs-vswitchd", "--version"], r"\) ([\d.]+)"),
         "netperf": _version(["netperf", "-V"], r"version ([\d.]+)"),
-        "uperf": _version(["uperf", "-V"], r"uperf[^\d]*([\d.]+)"),
+        # its "Uperf Version x.y.z" line; the first digits after "uperf" are in an e-mail address
+        "uperf": _version(["uperf", "-V"], r"(?m)^Uperf(?:_slave)? Version (\d+(?:\.\d+)+)"),
         "iperf3": _version(["iperf3", "--version"], r"iperf ([\d.]+)"),
     }
 
