@@ -140,11 +140,14 @@ def digest(tool: SourceTool) -> str:
 
 
 def _chroot(root: Path, script: str, step: str, tool: str, timeout: float = 1800) -> str:
+    # stderr into stdout: a compiler's error and the make line around it stay in order
     try:
-        return proc.run(["chroot", str(root), "/bin/sh", "-ec", script], timeout=timeout).stdout
+        return proc.run(["chroot", str(root), "/bin/sh", "-ec", "exec 2>&1\n" + script],
+                        timeout=timeout).stdout
     except CommandError as e:
-        tail = "\n".join((e.stderr or str(e)).strip().splitlines()[-15:])
-        raise BuildError(f"source tool {tool}: {step} failed:\n{tail}") from None
+        what = "timed out" if e.timed_out else f"exited {e.rc}"
+        tail = "\n".join((e.stdout or e.stderr_tail).strip().splitlines()[-15:])
+        raise BuildError(f"source tool {tool}: {step} {what}; last lines:\n{tail}") from None
 
 
 def install(root: Path, tools: tuple[SourceTool, ...]) -> None:
@@ -168,6 +171,7 @@ def install(root: Path, tools: tuple[SourceTool, ...]) -> None:
             packages.update(_AUTORECONF_PACKAGES)
     resolv = root / "etc/resolv.conf"
     saved = resolv.read_bytes() if resolv.is_file() and not resolv.is_symlink() else None
+    made = _device_nodes(root)
     try:
         if resolv.is_symlink():
             resolv.unlink()
@@ -188,6 +192,28 @@ def install(root: Path, tools: tuple[SourceTool, ...]) -> None:
         (root / "var/lib/apt/lists/partial").mkdir(parents=True, exist_ok=True)
         if saved is not None:
             resolv.write_bytes(saved)
+        for node in made:
+            node.unlink(missing_ok=True)
+
+
+#: The nodes apt, dpkg and compilers open. An unpacked image root (debugfs rdump) has none;
+#: at boot devtmpfs covers /dev, so they are removed again after the build.
+_NODES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9),
+          "tty": (5, 0)}
+
+
+def _device_nodes(root: Path) -> list[Path]:
+    import os
+    import stat
+    made = []
+    (root / "dev").mkdir(exist_ok=True)
+    for name, (major, minor) in _NODES.items():
+        node = root / "dev" / name
+        if not node.exists() and not node.is_symlink():
+            os.mknod(node, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+            os.chmod(node, 0o666)
+            made.append(node)
+    return made
 
 
 def _has_configure(t: SourceTool) -> bool:
