@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import shlex
 import shutil
 import tarfile
@@ -184,6 +185,9 @@ def install(root: Path, tools: tuple[SourceTool, ...]) -> None:
             _build(root, t)
         added = set(_chroot(root, "dpkg-query -W -f '${Package}\\n'", "listing packages",
                             built[0].name).split()) - before
+        # A -dev package pulled in its runtime library (libssl-dev: libssl3): the tools now
+        # link against it, so it stays; only what the build alone needed goes.
+        added -= _runtime_packages(root, built)
         if added:
             _chroot(root, "DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq "
                     + " ".join(sorted(added)) + " && apt-get clean", "removing build packages", built[0].name)
@@ -214,6 +218,20 @@ def _device_nodes(root: Path) -> list[Path]:
             os.chmod(node, 0o666)
             made.append(node)
     return made
+
+
+def _runtime_packages(root: Path, tools: list[SourceTool]) -> set[str]:
+    """The packages owning the shared libraries the built tools load (ldd in the root)."""
+    libs: set[str] = set()
+    for t in tools:
+        out = proc.run(["chroot", str(root), "ldd", f"/usr/local/bin/{t.name}"], timeout=60, check=False).stdout
+        # merged /usr: ldd says /lib/..., dpkg knows the file as /usr/lib/...
+        libs.update("/usr" + m if m.startswith("/lib") else m for m in re.findall(r"=>\s+(/\S+)", out))
+    if not libs:
+        return set()
+    owners = proc.run(["chroot", str(root), "dpkg", "-S", *sorted(libs)], timeout=60, check=False).stdout
+    # "libssl3:amd64: /usr/lib/x86_64-linux-gnu/libssl.so.3"
+    return {ln.split(":")[0] for ln in owners.splitlines() if ":" in ln}
 
 
 def _has_configure(t: SourceTool) -> bool:
@@ -274,6 +292,5 @@ def versions(root: Path, tools: tuple[SourceTool, ...]) -> dict[str, str | None]
 
 def first_version(text: str) -> str | None:
     """The version on a tool's version line: "Uperf Version 1.0.8", "tbhello 0.3"."""
-    import re
     m = re.search(r"(?im)^\S*(?:\s+version)?\s+v?(\d+(?:\.\d+)+)\b", text or "")
     return m.group(1) if m else None
