@@ -267,6 +267,7 @@ def test_client_and_server_argv() -> None:
 
 @pytest.mark.parametrize("profile,kw,match", [
     (prof(Pattern.CRR, Protocol.UDP), {}, "UDP has none"),
+    (prof(Pattern.BIDIRECTIONAL, Protocol.UDP), {}, "arrived in each direction is unknown"),
     (prof(Pattern.STREAM, rate_bps=10**8), {}, "bit-rate"),
     (prof(Pattern.STREAM), dict(confidence=(99, 5)), "no confidence"),
     (Profile("p", tool=Tool.NETPERF), {}, "is for netperf"),

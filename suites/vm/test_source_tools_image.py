@@ -61,3 +61,8 @@ def test_guest_runs_the_source_built_tool(tbhello_image, accelerator):
         # the version the guest reports is the one the manifest recorded
         nv = g.agent.run(["/usr/bin/netperf", "-V"], check=False).stdout
         assert tbhello_image.tools["netperf"] in nv
+        # a server's output is read when it is stopped (uperf's slave logs its errors there)
+        pid = g.agent.spawn(["/bin/sh", "-c", "echo '** Error executing transactions'; exec sleep 600"])
+        time.sleep(1)
+        assert "** Error executing transactions" in g.agent.stop(pid)
+        assert not g.agent.alive(pid)

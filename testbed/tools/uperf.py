@@ -68,6 +68,9 @@ class UperfDriver(ToolDriver):
     def unsupported_reason(self, profile: Profile) -> str | None:
         if profile.protocol is Protocol.UDP and profile.pattern is Pattern.CRR:
             return "connect/request/response needs a connection; UDP has none"
+        if profile.protocol is Protocol.UDP and profile.pattern is Pattern.BIDIRECTIONAL:
+            return ("uperf's slave counts what it sent and received as one figure, so what "
+                    "arrived in each direction is unknown; run stream and maerts")
         if profile.rate_bps is not None:
             return ("uperf paces transactions per second, not bits; a bit-rate target is not "
                     "mapped (use iperf3)")
