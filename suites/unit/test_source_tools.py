@@ -88,3 +88,23 @@ def test_a_compiler_error_names_the_step_and_shows_its_last_lines(tmp_path) -> N
     assert "error:" in str(e.value) and "tbhello.c" in str(e.value)
     assert not Path(f"/tmp/tb-src-{tool.name}").exists()
     assert not Path(f"/usr/local/bin/{tool.name}").exists()
+
+
+def test_preflight_asks_the_images_tool_list_not_this_host() -> None:
+    import dataclasses
+
+    from testbed import config, runner
+    from testbed.errors import CapabilityError
+    from testbed.model import Profile, Tool
+    img = images.Image("x", "d", Path("/nonexistent"), None, None, "", tools={"netperf": "2.7.0"})
+    topo = config.default()
+    up = dataclasses.replace(topo, matrix=dataclasses.replace(topo.matrix, profiles=(
+        Profile("u", tool=Tool.UPERF, duration_s=2),)))
+    with pytest.raises(CapabilityError) as e:
+        runner.guest_tools_preflight(up, runner.plan(up), img)
+    assert "uperf is not in guest image x-d" in str(e.value) and e.value.exit_status == 3
+    runner.guest_tools_preflight(topo, runner.plan(topo), img)       # netperf is there
+    with_uperf = dataclasses.replace(img, tools={"netperf": "2.7.0", "uperf": "1.0.8"})
+    runner.guest_tools_preflight(up, runner.plan(up), with_uperf)
+    unknown = dataclasses.replace(img, tools=None)                    # asked of the booted guests
+    runner.guest_tools_preflight(up, runner.plan(up), unknown)
