@@ -158,7 +158,8 @@ def tool_versions() -> dict[str, str | None]:
         "libvirt": _version(["libvirtd", "--version"], r"([\d.]+)\s*$"),
         "ovs": _version(["ovs-vswitchd", "--version"], r"\) ([\d.]+)"),
         "netperf": _version(["netperf", "-V"], r"version ([\d.]+)"),
-        "uperf": _version(["uperf", "-V"], r"uperf[^\d]*([\d.]+)"),
+        # its "Uperf Version x.y.z" line; the first digits after "uperf" are in an e-mail address
+        "uperf": _version(["uperf", "-V"], r"(?m)^Uperf(?:_slave)? Version (\d+(?:\.\d+)+)"),
         "iperf3": _version(["iperf3", "--version"], r"iperf ([\d.]+)"),
     }
 
@@ -180,6 +181,10 @@ class Report:
     vxlan: Item
     versions: dict = field(default_factory=dict)
     probe_kernel: str = ""
+    #: traffic tools in the guest image, with the versions the image's own binaries report
+    #: (recorded in its manifest at build time); None: the image records none
+    guest_tools: dict | None = None
+    guest_image: str = ""
 
     @property
     def accelerator(self) -> Accelerator | None:
@@ -235,6 +240,8 @@ def ovs_running() -> tuple[bool, str]:
 
 
 def doctor() -> Report:
+    from testbed import images  # local: images imports nothing from here, keep it that way
+    img = images.ensure()
     kernel = probe_kernel()
     kvm, tcg = accelerator_probe(str(kernel))
     vh = vhost_net()
@@ -252,6 +259,8 @@ def doctor() -> Report:
         vxlan=Item(*vxlan()),
         versions=tool_versions(),
         probe_kernel=str(kernel),
+        guest_tools=img.tools,
+        guest_image=f"{img.name}-{img.digest}",
     )
 
 

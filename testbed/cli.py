@@ -80,7 +80,20 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(line("vxlan", d["vxlan"]))
         for k, v in d["versions"].items():
             print(f"{k:<10} {v or 'not installed'}")
+        tools = d.get("guest_tools")
+        print(f"{'guest':<10} image {d.get('guest_image')}: " + (
+            ", ".join(f"{k} {v or '(version not reported)'}" for k, v in tools.items())
+            if tools is not None else "tools not recorded (image built before they were)"))
     return 0 if rep.accelerator else 1
+
+
+def cmd_image(args: argparse.Namespace) -> int:
+    from testbed import images
+    img = images.ensure(images.load_recipe(args.recipe))
+    print(f"{img.name}-{img.digest}: {img.disk.parent}")
+    for k, v in (img.tools or {}).items():
+        print(f"  {k} {v or '(version not reported)'}")
+    return 0
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
@@ -136,6 +149,10 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--uri", default="qemu:///system")
     c.add_argument("--hosts", metavar="TOPOLOGY", help="also clean the topology's remote (ssh) hosts")
     c.set_defaults(func=cmd_cleanup)
+    i = sub.add_parser("image", help="build (or find cached) a guest image from a recipe")
+    i.add_argument("recipe", nargs="?", help="a recipe name under images/ or a recipe folder "
+                                             "(default: $TESTBED_IMAGE, else debian12)")
+    i.set_defaults(func=cmd_image)
     b = sub.add_parser("bench", help="benchmarks that print figures")
     b.add_argument("what", choices=("boot", "matrix", "chain", "fidelity"))
     b.add_argument("--rounds", type=int, help="boot: rounds (default 1); fidelity: alternations (default 5)")

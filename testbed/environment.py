@@ -56,7 +56,9 @@ def fingerprint(accel: Accelerator | None, *, image: Any = None, extra: dict | N
         "versions": capabilities.tool_versions(),
         "vhost_net": capabilities.vhost_net()[0],
         "image": None if image is None else {"name": image.name, "digest": image.digest,
-                                             "kernel": image.kernel_version},
+                                             "kernel": image.kernel_version,
+                                             # versions as the guest's own binaries report them
+                                             "tools": getattr(image, "tools", None)},
         "testbed": __version__,
         "testbed_commit": git_commit(),
         **(extra or {}),

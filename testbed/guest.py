@@ -96,6 +96,15 @@ class Agent:
         except (GuestError, CommandError):
             pass  # already gone, or the agent is gone with the guest
 
+    def stop(self, pid: int) -> str:
+        """Kill a process and return what it printed (the agent keeps its output)."""
+        self.kill(pid)
+        try:
+            res = self.wait(pid, ["stop"], 10)
+        except (GuestError, CommandError):
+            return ""
+        return res.stdout + res.stderr
+
     def run(self, argv: Sequence[str], timeout: float = 30, check: bool = True) -> GuestResult:
         res = self.wait(self.spawn(argv), argv, timeout)
         if check and res.rc != 0:

@@ -56,9 +56,14 @@ class Servers:
             self._running[key] = (host, pid)
         return pid
 
-    def release(self, host: Guest | NsHost, driver: ToolDriver, pid: int) -> None:
-        if pid not in {p for _, p in self._running.values()}:
-            host.agent.kill(pid)
+    def release(self, host: Guest | NsHost, driver: ToolDriver, pid: int) -> str:
+        """Stop a per-sample server; returns what it printed when the driver reads that."""
+        if pid in {p for _, p in self._running.values()}:
+            return ""
+        if driver.reads_server_output:
+            return host.agent.stop(pid)
+        host.agent.kill(pid)
+        return ""
 
     def stop_all(self) -> None:
         for host, pid in self._running.values():
@@ -170,6 +175,7 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
                               cpu_info or {}, started, results.now(), tuple(raw), placement)
 
     server_pid = None
+    server_out = ""
     port = driver.default_port  # type: ignore[attr-defined]
     servers = path.servers or Servers(reuse=False)
     try:
@@ -212,7 +218,7 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
         return failed(f"measurement could not run: {e}")
     finally:
         if server_pid is not None:
-            servers.release(srv.guest, driver, server_pid)
+            server_out = servers.release(srv.guest, driver, server_pid)
 
     parsed: list[ToolResult] = []
     for i, o in enumerate(outs):
@@ -220,7 +226,12 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
         p_out.write_text(o.stdout)
         writer.raw_path(cell.id, f"{tag}-client{i}.err").write_text(o.stderr)
         raw.append(str(p_out.relative_to(writer.dir)))
-        parsed.append(driver.parse(o.stdout, o.stderr, o.rc))
+        parsed.append(driver.parse_sample(o.stdout, o.stderr, o.rc, profile=profile,
+                                          server_output=server_out))
+    if server_out:
+        p_srv = writer.raw_path(cell.id, f"{tag}-server.out")
+        p_srv.write_text(server_out)
+        raw.append(str(p_srv.relative_to(writer.dir)))
     res = parsed[0] if len(parsed) == 1 else driver.aggregate(parsed)
     cpu_info = {
         "guest": {g: _guest_cpu(cpu.stat_delta(g_before[g], g_after[g], window)) for g in g_before},

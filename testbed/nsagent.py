@@ -55,6 +55,14 @@ class NsAgent:
         if bg is not None:
             bg.stop(grace=0.5 if signal == "KILL" else 3.0)
 
+    def stop(self, pid: int) -> str:
+        """Kill a process and return what it printed."""
+        bg = self._procs.pop(pid, None)
+        if bg is None:
+            return ""
+        bg.stop(grace=0.5)
+        return bg.stdout() + bg.stderr()
+
     def stop_all(self) -> None:
         for pid in list(self._procs):
             self.kill(pid)

@@ -85,6 +85,33 @@ def preflight(t: Topology) -> None:
             raise CapabilityError(f"{t.source}: macvtap.lower: {why}")
 
 
+def guest_tools_preflight(t: Topology, cells: list[Cell], image: images.Image) -> None:
+    """Refuse a profile whose tool the guest image lacks, before anything is measured (it
+    would fail every sample with "server did not start"). The image's recorded tool list is
+    asked, never this host; a user image records none, and its guests are asked once booted."""
+    if any(t.guest(g).image for g in (t.client, t.server)):
+        return
+    for tool in sorted({c.profile.tool.value for c in cells if not c.attachment.is_netns}):
+        if image.missing(tool):
+            names = sorted({c.profile.name for c in cells if c.profile.tool.value == tool})
+            i = next(i for i, p in enumerate(t.matrix.profiles) if p.tool.value == tool)
+            raise CapabilityError(
+                f"{t.source}: matrix.profiles[{i}].tool: "
+                f"profile {', '.join(names)}: {tool} is not in guest image {image.name}-{image.digest} "
+                f"(it has {', '.join(image.tools or {}) or 'no traffic tools'}); build one with "
+                f"source_tools (README: Guest image) and select it with TESTBED_IMAGE")
+
+
+def guest_tools_check(cells: list[Cell], guests: dict[str, virt.Guest]) -> None:
+    """For images that record no tools: ask each booted guest whether the tools are there."""
+    for tool in sorted({c.profile.tool.value for c in cells if not c.attachment.is_netns}):
+        for g in guests.values():
+            res = g.agent.run(["/bin/sh", "-c", f"command -v {tool}"], check=False, timeout=30)
+            if res.rc != 0:
+                raise CapabilityError(f"{tool} is not installed in guest {g.spec.name} "
+                                      f"(image {g.spec.image or 'testbed'})")
+
+
 @dataclass(frozen=True)
 class Outcome:
     run_dir: Path
@@ -105,6 +132,8 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
         state = stack.enter_context(cleanup.owned_state(tag, run_id))
         needs_vms = any(not c.attachment.is_netns for c in cells)
         recipe_image = images.ensure() if needs_vms else None
+        if recipe_image is not None:
+            guest_tools_preflight(t, cells, recipe_image)
         with _field(t, "accelerator"):
             accel = capabilities.choose_accelerator(t.accelerator, recipe_image.kernel) if recipe_image else None  # type: ignore[arg-type]
         env = environment.fingerprint(accel, image=recipe_image)
@@ -132,6 +161,8 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
             for g in guests.values():
                 g.wait_ready(t.ready_timeout_s)
                 progress(f"guest {g.name} ready in {g.ready_s:.1f} s")
+            if recipe_image is None or recipe_image.tools is None or any(g.spec.image for g in guests.values()):
+                guest_tools_check(cells, guests)
         except (ReadinessError, GuestError) as e:
             # No VM cell can run without its guests: each is recorded as failed with the
             # reason (and the console tail), so the run says what happened.

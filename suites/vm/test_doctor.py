@@ -35,3 +35,8 @@ def test_doctor_matches_independent_facts(accelerator):
     assert d["kvm"]["ok"] is fresh.ok, (d["kvm"], fresh)
     for tool in ("qemu", "libvirt", "netperf", "iperf3"):
         assert d["versions"][tool], tool
+    # The guest image's tools are the ones its manifest recorded from its own binaries.
+    img = images.ensure()
+    assert d["guest_tools"] == img.tools and d["guest_image"] == f"{img.name}-{img.digest}"
+    if img.tools is not None:
+        assert {"netperf", "iperf3"} <= set(img.tools)

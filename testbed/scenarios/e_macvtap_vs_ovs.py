@@ -2,8 +2,10 @@
 stream and request/response at small, medium and large payloads, 1..250 connections, with
 client and server CPU. Guests come from the runner (one boot per guest per run).
 
-uperf is the study's tool; where it is not installed netperf runs the same patterns and the
-table says so. Across hosts (emulated on this machine unless --hosts names real ones): the
+uperf is the study's tool. It runs when the guest image has it (its manifest's tool list, set
+by a recipe's source_tools; this host's uperf is irrelevant, the guests run the tool);
+otherwise netperf runs the same patterns, and the table, the environment difference and a
+caveat say which tool ran. Across hosts (emulated on this machine unless --hosts names real ones): the
 OVS column uses ovs-vxlan and the macvtap column macvtap with the guests on different hosts
 (each guest's macvtap on its host's underlay), each when ``attach.unavailable`` says it is
 available; one that is not is listed as not run with the reason, never replaced by a
@@ -12,10 +14,9 @@ one-host figure. Their cells are kept apart from the one-host macvtap cells as
 """
 from __future__ import annotations
 
-import shutil
 from collections import defaultdict
 
-from testbed import config, results, runner
+from testbed import config, images, results, runner
 from testbed.hostnet import attach
 from testbed.model import Attachment
 from testbed.scenarios import session as ses
@@ -28,16 +29,28 @@ STUDY_ENV = {"hardware": "KVM hosts (vendor lab), physical link between hosts",
 SIZES = {"small": 64, "medium": 1024, "large": 16384}
 
 
-def _profiles(quick: bool, secs: int) -> list[str]:
+def guest_tool() -> tuple[str, str | None]:
+    """(tool, why not uperf): uperf when the guest image records it, else netperf."""
+    img = images.ensure()
+    if img.tools is None:
+        return "netperf", f"guest image {img.name}-{img.digest} records no tool list (built before tools were recorded)"
+    if "uperf" not in img.tools:
+        return "netperf", (f"guest image {img.name}-{img.digest} has no uperf (build one with a "
+                           "source_tools recipe and select it with TESTBED_IMAGE)")
+    return "uperf", None
+
+
+def _profiles(quick: bool, secs: int, tool: str = "netperf") -> list[str]:
     sizes = {"large": SIZES["large"]} if quick else SIZES
     rr_sizes = {"small": 1} if quick else {"small": 1, "medium": 1024, "large": 16384}
-    out = [f"{{name: stream_{k}, pattern: stream, message_size: {v}, duration: {secs}}}" for k, v in sizes.items()]
-    out += [f"{{name: rr_{k}, pattern: rr, message_size: {v}, response_size: {v}, duration: {secs}}}"
-            for k, v in rr_sizes.items()]
+    out = [f"{{name: stream_{k}, tool: {tool}, pattern: stream, message_size: {v}, duration: {secs}}}"
+           for k, v in sizes.items()]
+    out += [f"{{name: rr_{k}, tool: {tool}, pattern: rr, message_size: {v}, response_size: {v}, "
+            f"duration: {secs}}}" for k, v in rr_sizes.items()]
     return out
 
 
-def _topology(name: str, attachments, quick: bool, two_hosts: bool, hosts):
+def _topology(name: str, attachments, quick: bool, two_hosts: bool, hosts, tool: str = "netperf"):
     secs = 3 if quick else 30
     conns = "[1]" if quick else "[1, 10, 50, 100, 250]"
     # Across hosts: two hosts emulated on this machine (unless --hosts names others), the
@@ -45,7 +58,7 @@ def _topology(name: str, attachments, quick: bool, two_hosts: bool, hosts):
     place = ("hosts: [{name: h1, transport: netns}, {name: h2, transport: netns}]\n"
              "guests: [{name: g1, host: h1}, {name: g2, host: h2}]\ntunnel: {underlay_mtu: 9050}"
              if two_hosts else "guests: [{name: g1}, {name: g2}]")
-    profiles = "\n".join(f"    - {p}" for p in _profiles(quick, secs))
+    profiles = "\n".join(f"    - {p}" for p in _profiles(quick, secs, tool))
     text = (f"name: {name}\n{place}\nmatrix:\n  attachments: [{', '.join(a.value for a in attachments)}]\n"
             f"  mtus: [1492, 9000]\n  connections: {conns}\n  profiles:\n{profiles}\n")
     return ses.placed(config.parse(text, f"<scenario {NAME}>"), hosts, two_hosts=two_hosts)
@@ -79,8 +92,10 @@ def run(quick: bool, progress, hosts=None) -> StudyReport:
         from testbed.errors import CapabilityError
         raise CapabilityError(f"scenario {NAME}: neither macvtap nor ovs is available: "
                               + "; ".join(f"{a.value}: {w}" for a, w in skipped.items()))
-    progress(f"scenario {NAME}: one host, {', '.join(a.value for a in one_host)} (guests boot first)")
-    out = runner.execute(_topology(f"scenario-{NAME}", one_host, quick, False, hosts), progress=progress)
+    tool, no_uperf = guest_tool()
+    progress(f"scenario {NAME}: one host, {', '.join(a.value for a in one_host)} with {tool} "
+             "(guests boot first)")
+    out = runner.execute(_topology(f"scenario-{NAME}", one_host, quick, False, hosts, tool), progress=progress)
     cells = _cells(out.run_dir)
     run_id, extra = out.run_dir.name, []
     vx_why = attach.unavailable(Attachment.OVS_VXLAN)
@@ -88,12 +103,13 @@ def run(quick: bool, progress, hosts=None) -> StudyReport:
     across = [a for a, why in ((Attachment.OVS_VXLAN, vx_why), (Attachment.MACVTAP, mv_why)) if why is None]
     if across:
         progress(f"scenario {NAME}: two hosts, {', '.join(a.value for a in across)}")
-        out2 = runner.execute(_topology(f"scenario-{NAME}-2h", across, quick, True, hosts), progress=progress)
+        out2 = runner.execute(_topology(f"scenario-{NAME}-2h", across, quick, True, hosts, tool),
+                              progress=progress)
         cells.update({("macvtap-across" if a == "macvtap" else a, m, c, p): v
                       for (a, m, c, p), v in _cells(out2.run_dir).items()})
         extra.append(out2.run_dir.name)
     env = results.read_run(out.run_dir).run["environment"]
-    return report(cells, env, quick, run_id, tuple(extra), skipped, vx_why, mv_why)
+    return report(cells, env, quick, run_id, tuple(extra), skipped, vx_why, mv_why, tool, no_uperf)
 
 
 def _pct(a: float | None, b: float | None) -> str:
@@ -101,8 +117,8 @@ def _pct(a: float | None, b: float | None) -> str:
 
 
 def report(cells: dict, env: dict, quick: bool, run_id: str, extra: tuple[str, ...], skipped: dict,
-           vx_why: str | None, mv_why: str | None = None) -> StudyReport:
-    tool = "netperf" if not shutil.which("uperf") else "netperf (runner default)"
+           vx_why: str | None, mv_why: str | None = None, tool: str = "netperf",
+           no_uperf: str | None = None) -> StudyReport:
     keys = sorted({(m, c, p) for (_, m, c, p) in cells})
     rows = []
     for place, mac_att, ovs_att in (("one host", "macvtap", "ovs"), ("two hosts", "macvtap-across", "ovs-vxlan")):
@@ -119,7 +135,7 @@ def report(cells: dict, env: dict, quick: bool, run_id: str, extra: tuple[str, .
                          "/".join(fmt(x.get(k)) for x in (mac,) if x for k in ("client_cpu", "server_cpu")) or "-",
                          "/".join(fmt(x.get(k)) for x in (ovs,) if x for k in ("client_cpu", "server_cpu")) or "-",
                          "; ".join(x["reason"] for x in (mac, ovs) if x and x.get("reason"))))
-    table = Table(f"Guest to guest, macvtap vs OVS ({tool}; the study used uperf)",
+    table = Table(f"Guest to guest, macvtap vs OVS ({tool} ran; the study used uperf)",
                   ("placement", "MTU", "connections", "profile", "unit", "macvtap", "OVS", "OVS vs macvtap",
                    "macvtap client/server cores", "OVS client/server cores", "failure"), tuple(rows),
                   "published: one host, macvtap ahead; OVS up to 12% behind in transactional tests, more at "
@@ -190,8 +206,8 @@ def report(cells: dict, env: dict, quick: bool, run_id: str, extra: tuple[str, .
     if env.get("accelerator") == "tcg":
         caveats.append("guests ran under TCG: these figures and verdicts are functional checks only, "
                        "never comparable with KVM")
-    if not shutil.which("uperf"):
-        caveats.append("uperf is not installed here: netperf ran the same stream and RR patterns")
+    if tool != "uperf":
+        caveats.append(f"netperf ran the same stream and RR patterns instead of uperf: {no_uperf}")
     return StudyReport(NAME, STUDY, quick, env_difference(STUDY_ENV, env, (
         ("tool", "uperf", tool), ("virtio backend", "vhost-net", "QEMU userspace virtio (runner default)"),)),
         (table,), tuple(findings), tuple(caveats), run_id=run_id, extra_runs=extra)

@@ -34,6 +34,10 @@ METRICS: Mapping[str, str] = MappingProxyType({
     "latency_p50_us": "50th percentile transaction time, us",
     "latency_p90_us": "90th percentile transaction time, us",
     "latency_p99_us": "99th percentile transaction time, us",
+    "throughput_out_mbps": "bidirectional: client-to-server payload rate, 10^6 bit/s",
+    "throughput_in_mbps": "bidirectional: server-to-client payload rate, 10^6 bit/s",
+    "latency_out_mean_us": "bidirectional: mean time of one client-to-server transaction, us",
+    "latency_in_mean_us": "bidirectional: mean time of one server-to-client transaction, us",
     "udp_sent_msgs": "UDP datagrams sent (iperf3: as counted by the receiver's sequence numbers)",
     "udp_recv_msgs": "UDP datagrams received",
     "loss_pct": "UDP datagrams lost, percent of those sent",
@@ -154,6 +158,15 @@ class ToolDriver(ABC):
     @abstractmethod
     def parse(self, stdout: str, stderr: str = "", rc: int = 0) -> ToolResult:
         """Pure: what the client printed (and its exit status) -> ToolResult."""
+
+    #: True when the server's own output says whether the run went well (uperf's slave logs
+    #: its errors only there); it is then collected when the server stops, for parse_sample.
+    reads_server_output: ClassVar[bool] = False
+
+    def parse_sample(self, stdout: str, stderr: str = "", rc: int = 0, *, profile: Profile,
+                     server_output: str = "") -> ToolResult:
+        """``parse`` with what only a measurement knows: the profile that ran, the server's output."""
+        return self.parse(stdout, stderr, rc)
 
     def aggregate(self, results: Sequence[ToolResult]) -> ToolResult:
         """Combine N concurrent instances of this tool into one result."""

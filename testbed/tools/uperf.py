@@ -1,8 +1,11 @@
 """uperf: the profile XML, argv for master and slave, and a pure parser for what uperf prints.
 
 uperf is not packaged for Debian; the parser is tested against captured real output: the
-default format, ``-a`` all statistics, ``-R`` raw timestamped samples, the pre-1.0.4 layout,
-and terminal captures where ``\\r`` repaints appear as separate lines.
+``-a -R`` output it is run with (exact byte counts, the Txn and Flowop tables, the slaves'
+rows), the default format where its sizes are cut to 8 characters (read with their unit
+suffixes, refused where the unit was cut off), the pre-1.0.4 layout, and terminal captures
+where ``\\r`` repaints appear as separate lines. The slave's own output is read too: its
+errors never reach the master's.
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ _SAFE_NAME = re.compile(r"[^a-z0-9_-]+")
 @dataclass(frozen=True)
 class Flowop:
     type: str
-    options: tuple[tuple[str, str], ...] = ()
+    options: tuple[tuple[str, str | None], ...] = ()     # None: a bare flag (tcp_nodelay)
 
 
 @dataclass(frozen=True)
@@ -60,10 +63,14 @@ class UperfDriver(ToolDriver):
     cpu_scope = "system"
     default_port = 20000
     connections_as = "streams"
+    reads_server_output = True
 
     def unsupported_reason(self, profile: Profile) -> str | None:
         if profile.protocol is Protocol.UDP and profile.pattern is Pattern.CRR:
             return "connect/request/response needs a connection; UDP has none"
+        if profile.protocol is Protocol.UDP and profile.pattern is Pattern.BIDIRECTIONAL:
+            return ("uperf's slave counts what it sent and received as one figure, so what "
+                    "arrived in each direction is unknown; run stream and maerts")
         if profile.rate_bps is not None:
             return ("uperf paces transactions per second, not bits; a bit-rate target is not "
                     "mapped (use iperf3)")
@@ -74,8 +81,12 @@ class UperfDriver(ToolDriver):
         self._check(profile)
         if not (isinstance(nthreads, int) and 0 < nthreads <= 4096):
             raise UnsupportedProfile(f"nthreads {nthreads!r} is not in 1..4096")
+        # Request/response over TCP sets TCP_NODELAY, as pbench's and crucible's uperf profiles
+        # do: otherwise Nagle holds a small request until the previous one is acknowledged.
+        nodelay = ((("tcp_nodelay", None),) if profile.pattern.is_transactional
+                   and profile.protocol is Protocol.TCP else ())
         connect = Flowop("connect", (("remotehost", check_addr(server_addr)),
-                                     ("protocol", profile.protocol.value)))
+                                     ("protocol", profile.protocol.value), *nodelay))
         disconnect = Flowop("disconnect")
         size, resp = sizes(profile)
         dur = profile.duration_s
@@ -126,27 +137,59 @@ class UperfDriver(ToolDriver):
     def parse(self, stdout: str, stderr: str = "", rc: int = 0) -> ToolResult:
         return parse(stdout, stderr, rc)
 
+    def parse_sample(self, stdout: str, stderr: str = "", rc: int = 0, *, profile: Profile,
+                     server_output: str = "") -> ToolResult:
+        return parse(stdout, stderr, rc, server_output=server_output, profile=profile)
+
 
 # -- parsing ------------------------------------------------------------------------------
+# Formats, from uperf's src/print.c and src/numbers.c:
+#   -R       "timestamp_ms:%.4f name:%s nr_bytes:%lu nr_ops:%lu", cumulative per transaction
+#   default  "%-8.8s " + size in an 8-wide field + "/%7.2f(s) = " + rate + " %10.0fop/s",
+#            repainted in place with \r. The size comes from snprintf(buf, 8, "%.2f%cB"), so it
+#            is cut to 7 characters: "602.40MB" prints as "602.40M", and "1015.23KB" as
+#            "1015.23" with its unit gone.
+#   -a       Txn and Flowop tables: count (summed over threads), average, cpu, max, min; the
+#            Run Statistics rows of every slave and the master (Data in a 10-wide field, so
+#            whole), then "Difference(%)" whose last column is the larger error percentage.
+#   slave    its error log, "** <message> <strerror>" or "** N Errors <message> ...", on its
+#            own stdout: "Error executing transactions" never reaches the master's output.
 
 _RAW_RE = re.compile(r"timestamp_ms:([\d.]+)\s+name:(\S+)\s+nr_bytes:(\d+)\s+nr_ops:(\d+)")
 _SUMMARY_RE = re.compile(
-    r"^(?P<name>[\w.-]+)\s+(?P<data>[\d.]+)\s*(?P<du>[KMGTPEZ]?B)?\s*/\s*(?P<secs>[\d.]+)\s*\(s\)"
+    r"^(?P<name>[\w.-]+)\s+(?P<data>[\d.]+)\s*(?P<du>[KMGTPEZ]?B?)\s*/\s*(?P<secs>[\d.]+)\s*\(s\)"
     r"\s*=\s*(?P<rate>[\d.]+)\s*(?P<ru>[KMGTPEZ]?b(?:/s|ps))?(?:\s+(?P<ops>[\d.]+)(?P<opu>op|txn)/s)?")
 _TIME = r"[\d.]+[num]?s"
-_AVG_RE = re.compile(rf"^(Txn\d+)\s+(\d+)\s+({_TIME})\s+({_TIME})\s+({_TIME})\s+({_TIME})\s*$")
+_ROW_RE = re.compile(rf"^(\S+)\s+(\d+)\s+({_TIME})\s+({_TIME})\s+({_TIME})\s+({_TIME})\s*$")
 _LEGACY_TXN_RE = re.compile(r"^(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$")
 _RUN_RE = re.compile(r"^(?P<host>\S+)\s+(?P<t>[\d.]+)(?P<tu>[num]?s)?\s+(?P<d>[\d.]+)(?P<du>[KMGTPEZ]?B)?"
                      r"\s+(?P<r>[\d.]+)(?P<ru>[KMGTPEZ]?b(?:/s|ps))?\s+(?P<ops>\d+)\s+(?P<err>[\d.]+)\s*$")
+_DIFF_RE = re.compile(r"^Difference\(%\)((?:\s+-?[\d.]+%){5})\s*$")
+_THREADS_RE = re.compile(r"^Starting (\d+) threads")
+_VERSION_RE = re.compile(r"^Uperf(?:_slave)? Version (\d+(?:\.\d+)+)", re.M)
 _FAIL_RE = re.compile(r"Errors detected during run|Slave aborted|\babort(?:ed)?\b|^Error \d+:|"
-                      r"^Error (?:parsing|connecting|in handshake|saying goodbye)|"
+                      r"^Error (?:parsing|connecting|in handshake|saying goodbye|starting slave)|"
                       r"^Cannot (?:stat|open|read)|^No profile found|^Zero byte file", re.I)
 _LOGGED_RE = re.compile(r"^\*\* (?:\d+ (Errors|Warnings) )?(?:\[[^\]]*\] )?(.*)")
 _WARN_RE = re.compile(r"^(?:\*\* )?(?:\[[^\]]*\] )?Warning:")
 _PREFIX = " KMGTPEZ"
 
 
+class Unparseable(ValueError):
+    """uperf printed a figure that cannot be read back faithfully."""
+
+
+def parse_version(text: str) -> str | None:
+    """The version from ``uperf -V``: its "Uperf Version 1.0.8" line, never the first digits
+    found (the same output carries a bug-report address and a licence version)."""
+    m = _VERSION_RE.search(text or "")
+    return m.group(1) if m else None
+
+
 def _bytes(value: str, unit: str | None) -> float:
+    if not unit and "." in value:
+        # "%.2fB" never prints a bare decimal: this is an 8-character field that lost its unit
+        raise Unparseable(f"size {value!r} lost its unit to uperf's 8-character field")
     return float(value) * 1024 ** _PREFIX.index(unit[0] if unit and unit != "B" else " ")
 
 
@@ -166,124 +209,273 @@ def _failure(line: str) -> bool:
     return bool(_FAIL_RE.search(line))
 
 
-def parse(stdout: str, stderr: str = "", rc: int = 0) -> ToolResult:
+def _lines(text: str) -> list[str]:
     # \r repaints (terminal captures) become separate lines; the last repaint wins below
-    lines = [ln.strip() for ln in re.split(r"[\r\n]+", stdout or "") if ln.strip()]
-    errs = [ln.strip() for ln in re.split(r"[\r\n]+", stderr or "") if ln.strip()]
+    return [ln.strip() for ln in re.split(r"[\r\n]+", text or "") if ln.strip()]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row of the Txn or Flowop table (times in seconds; count summed over threads)."""
+    name: str
+    count: int
+    avg: float
+    max: float
+    min: float
+
+
+@dataclass
+class _Output:
+    raw: dict[str, list[tuple[float, int, int]]]
+    summary: dict[str, re.Match[str]]
+    txn_rows: list[Row]
+    flowop_rows: list[Row]
+    legacy: dict[str, tuple[float, float, float]]
+    run: dict[str, re.Match[str]]
+    diff: list[float] | None
+    threads: int | None
+
+
+def _scan(lines: list[str]) -> _Output:
+    out = _Output({}, {}, [], [], {}, {}, None, None)
+    section = ""
+    for ln in lines:
+        if m := _RAW_RE.search(ln):
+            out.raw.setdefault(m.group(2), []).append((float(m.group(1)), int(m.group(3)), int(m.group(4))))
+            continue
+        if (m := _THREADS_RE.match(ln)) and out.threads is None:
+            out.threads = int(m.group(1))
+        if ln.startswith(("Txn ", "Flowop ", "Netstat", "Group ", "Section:", "Strand", "Nic ")):
+            section = ("txn" if re.match(r"Txn\s+(Count|Avg)", ln) else
+                       "flowop" if re.match(r"Flowop\s+Count", ln) else "other")
+        elif ln.startswith(("Run Statistics", "Error Statistics")):
+            section = "run"
+        elif m := _DIFF_RE.match(ln):
+            out.diff = [float(v) for v in re.findall(r"-?[\d.]+", m.group(1))]
+            section = ""
+        if m := _SUMMARY_RE.match(ln):
+            out.summary[m.group("name")] = m                       # the last repaint wins
+        elif section in ("txn", "flowop") and (m := _ROW_RE.match(ln)):
+            row = Row(m.group(1), int(m.group(2)), _secs(m.group(3)), _secs(m.group(5)), _secs(m.group(6)))
+            (out.txn_rows if section == "txn" else out.flowop_rows).append(row)
+        elif section == "txn" and (m := _LEGACY_TXN_RE.match(ln)):
+            out.legacy[f"Txn{m.group(1)}"] = (float(m.group(2)) / 1e3, float(m.group(4)) / 1e3,
+                                              float(m.group(5)) / 1e3)
+        elif section == "run" and (m := _RUN_RE.match(ln)):
+            out.run[m.group("host")] = m
+    return out
+
+
+def parse(stdout: str, stderr: str = "", rc: int = 0, *, server_output: str = "",
+          profile: Profile | None = None) -> ToolResult:
+    """What the master printed (and, when given, the slave's own output and the profile that
+    ran) -> ToolResult. Pure. Without ``profile`` the figures uperf itself prints are used
+    (no receiver-side UDP figure, no per-direction split, no completed-transaction check)."""
+    lines, errs, srv = _lines(stdout), _lines(stderr), _lines(server_output)
     bad = next((ln for ln in errs + lines if _failure(ln)), None)
     if rc != 0 or bad:
         line = bad or error_line((stderr, stdout), _FAIL_RE) or "no output"
         return ToolResult.failed(f"uperf exited {rc}: {line}" if rc else f"uperf: {line}")
+    if slave_bad := next((ln for ln in srv if _failure(ln)), None):
+        return ToolResult.failed(f"uperf server (slave) reported: {slave_bad}")
     warnings = list(dict.fromkeys(f"uperf: {ln.lstrip('* ')}" for ln in lines if _WARN_RE.match(ln)))
-
-    raw: dict[str, list[tuple[float, int, int]]] = {}
-    summary: dict[str, re.Match[str]] = {}
-    table: list[tuple[str, int, float, float, float]] = []     # name, count, avg, max, min (s)
-    legacy: dict[str, tuple[float, float, float]] = {}         # name: avg, min, max (s)
-    run: dict[str, re.Match[str]] = {}
-    section = ""
-    for ln in lines:
-        if m := _RAW_RE.search(ln):
-            raw.setdefault(m.group(2), []).append((float(m.group(1)), int(m.group(3)), int(m.group(4))))
-            continue
-        if ln.startswith(("Txn ", "Flowop ", "Netstat", "Group ", "Section:", "Strand", "Nic ")):
-            section = "txn" if re.match(r"Txn\s+(Count|Avg)", ln) else "other"
-        elif ln.startswith(("Run Statistics", "Error Statistics")):
-            section = "run"
-        elif ln.startswith("Difference"):
-            section = ""
-        if m := _SUMMARY_RE.match(ln):
-            summary[m.group("name")] = m                       # the last repaint wins
-        elif section == "txn" and (m := _AVG_RE.match(ln)):
-            table.append((m.group(1), int(m.group(2)), *(_secs(m.group(i)) for i in (3, 5, 6))))
-        elif section == "txn" and (m := _LEGACY_TXN_RE.match(ln)):
-            legacy[f"Txn{m.group(1)}"] = (float(m.group(2)) / 1e3, float(m.group(4)) / 1e3,
-                                          float(m.group(5)) / 1e3)
-        elif section == "run" and (m := _RUN_RE.match(ln)):
-            run[m.group("host")] = m
-
-    if "Total" not in raw and "Total" not in summary and not run:
+    out = _scan(lines)
+    if "Total" not in out.raw and "Total" not in out.summary and not out.run:
         # uperf prints its totals only once every strand has finished
         return ToolResult.failed("uperf output ends before its totals (run cut short?): "
                                  f"{lines[-1] if lines else 'no output'}")
+    try:
+        return _figures(out, profile, warnings)
+    except Unparseable as e:
+        return ToolResult.failed(f"uperf output is not parseable: {e}; the testbed runs uperf "
+                                 "with -R for exact figures", warnings)
+
+
+def _figures(out: _Output, profile: Profile | None, warnings: list[str]) -> ToolResult:
+    master = out.run.get("master") or out.run.get("Master")
+    slaves = {h: m for h, m in out.run.items() if h not in ("master", "Master")}
+    if bad := next((m for m in slaves.values() if float(m["err"]) > 0), None):
+        return ToolResult.failed(f"uperf counted errors: {bad.group(0)} "
+                                 "(the last column is the error percentage)", warnings)
+    if out.diff is not None and out.diff[4] > 0:
+        return ToolResult.failed(f"uperf counted errors: Difference(%) error column {out.diff[4]:.2f}%",
+                                 warnings)
     metrics: dict[str, float] = {}
     intervals: list[dict[str, float]] = []
-    main = _main_txn(raw, summary, metrics, intervals)
-    master = run.get("master") or run.get("Master")
-    if "throughput_mbps" not in metrics and master:
-        metrics["throughput_mbps"] = _bits(master["r"], master["ru"]) / 1e6
-        warnings.append("uperf printed no per-transaction figures; throughput is over the whole "
-                        "run, connection setup included")
-    if "throughput_mbps" not in metrics:
-        return ToolResult.failed(f"uperf printed no result: {error_line((stderr, stdout), _FAIL_RE) or 'no output'}")
-    slaves_err = [m for h, m in run.items() if h not in ("master", "Master") and float(m["err"]) > 0]
-    if slaves_err:
-        return ToolResult.failed(f"uperf counted errors: {slaves_err[0].group(0)} "
-                                 "(the last column is the error percentage)", warnings)
+    main, main_bytes, printed_s = _main_txn(out, intervals)
+    groups = _group_rows(out.txn_rows)
+    shape = _shape(profile)
+    nthreads = out.threads // max(len(groups), 1) if out.threads else None
+    timed = [max(rows, key=lambda r: r.count) for rows in groups]
+
+    # The time base: the transactions' own summed time per thread. uperf's interval samples
+    # and its summary end when its one-second master loop notices the end, not when traffic
+    # stopped (-9 % at 2 s, -3 % at 7 s).
+    if timed and nthreads:
+        metrics["duration_s"] = timed[0].count * timed[0].avg / nthreads
+        warnings.append("duration_s: the timed transaction's own time (count x average / threads)")
+    elif profile is not None:
+        metrics["duration_s"] = float(profile.duration_s)
+        warnings.append("duration_s: the requested duration (uperf printed no transaction table)")
+    elif printed_s:
+        metrics["duration_s"] = printed_s
+        warnings.append("duration_s: uperf's own interval, which runs past the traffic by up "
+                        "to a second (no transaction table, no profile)")
+    if main_bytes is None and master:
+        main_bytes = _bytes(master["d"], master["du"])
+        warnings.append("uperf printed no per-transaction figures; bytes are over the whole run")
+    if main_bytes is None or not metrics.get("duration_s"):
+        return ToolResult.failed("uperf printed no result: no transferred bytes or no time", warnings)
+    sent = main_bytes
+    if "Total" in out.raw:
+        metrics["bytes"] = float(out.raw["Total"][-1][1])          # exact, unlike "6.74GB"
+    elif master:
+        metrics["bytes"] = float(round(_bytes(master["d"], master["du"])))   # 3 digits only
     if master:
         metrics["operations"] = float(master["ops"])
         metrics["errors"] = 0.0
-    if "Total" in raw:
-        metrics["bytes"] = float(raw["Total"][-1][1])          # exact, unlike "6.74GB"
-    elif master:
-        metrics["bytes"] = float(round(_bytes(master["d"], master["du"])))   # 3 digits only
-    longest = max([_secs(m["t"] + (m["tu"] or "s")) for m in run.values()] + [metrics.get("duration_s", 0.0)])
-    _latency(main, table, legacy, summary, longest, metrics, warnings)
+    received = main_bytes
+    if profile is not None and profile.protocol is Protocol.UDP and not profile.pattern.is_transactional:
+        if not slaves:
+            return ToolResult.failed("uperf printed no slave row: a UDP stream's throughput is "
+                                     "what arrived, and only the receiver counts that", warnings)
+        slave_bytes = sum(_bytes(m["d"], m["du"]) for m in slaves.values())
+        if profile.pattern is Pattern.MAERTS:
+            sent, received = slave_bytes, main_bytes
+        else:
+            received = slave_bytes
+        size, _ = sizes(profile)
+        metrics["udp_sent_msgs"] = float(round(sent / size))
+        metrics["udp_recv_msgs"] = float(round(received / size))
+        metrics["loss_pct"] = 100.0 * (sent - received) / sent if sent > 0 else 0.0
+        metrics["bytes"] = float(round(received))
+    elif master and slaves and profile is not None:
+        slave_bytes = sum(_bytes(m["d"], m["du"]) for m in slaves.values())
+        master_bytes = _bytes(master["d"], master["du"])
+        if master_bytes and abs(slave_bytes - master_bytes) / master_bytes > 0.01:
+            warnings.append(f"uperf's slave counted {slave_bytes / 2**20:.2f} MiB, its master "
+                            f"{master_bytes / 2**20:.2f} MiB")
+    metrics["throughput_mbps"] = received * 8 / metrics["duration_s"] / 1e6
+    if main is not None and main in out.summary and out.summary[main]["opu"] == "txn":
+        metrics["transactions_per_s"] = float(out.summary[main]["ops"])   # pre-1.0.4 layout
+    _latency(out, timed, shape, profile, metrics, warnings, main)
+    if profile is not None and profile.pattern is Pattern.BIDIRECTIONAL:
+        _per_direction(timed, nthreads, profile, metrics, warnings)
     return ToolResult(ok=True, metrics=metrics, warnings=tuple(warnings), intervals=tuple(intervals))
 
 
-def _main_txn(raw: dict[str, list[tuple[float, int, int]]], summary: dict[str, re.Match[str]],
-              metrics: dict[str, float], intervals: list[dict[str, float]]) -> str | None:
-    """Throughput of the timed transaction (the one with the most operations), as pbench
-    computes it: the connect and disconnect phases and uperf's 1 s settling are left out."""
-    txns = {n: s for n, s in raw.items() if re.fullmatch(r"Txn\d+", n)}
+def _main_txn(out: _Output, intervals: list[dict[str, float]]) -> tuple[str | None, float | None, float | None]:
+    """(name, bytes, uperf's own seconds) of the timed transaction (the one with the most
+    operations): from the exact raw samples, else from the last repaint of its summary line."""
+    txns = {n: s for n, s in out.raw.items() if re.fullmatch(r"Txn\d+", n)}
     if txns:
         main = max(txns, key=lambda n: (txns[n][-1][2], txns[n][-1][1]))
         samples = txns[main]
-        (t0, b0, _), (t1, b1, _) = samples[0], samples[-1]
-        if t1 > t0:
-            metrics["duration_s"] = (t1 - t0) / 1e3
-            metrics["throughput_mbps"] = (b1 - b0) * 8 / metrics["duration_s"] / 1e6
         for (ta, ba, oa), (tb, bb, ob) in zip(samples, samples[1:]):
             if tb > ta:
                 dt = (tb - ta) / 1e3
                 intervals.append({"timestamp_ms": tb, "duration_s": dt, "bytes": float(bb - ba),
                                   "operations": float(ob - oa),
                                   "throughput_mbps": (bb - ba) * 8 / dt / 1e6})
-        return main
-    lines = {n: m for n, m in summary.items() if re.fullmatch(r"Txn\d+", n)}
+        return main, float(samples[-1][1]), (samples[-1][0] - samples[0][0]) / 1e3 or None
+    lines = {n: m for n, m in out.summary.items() if re.fullmatch(r"Txn\d+", n)}
     if not lines:
-        return None
-    main = max(lines, key=lambda n: (float(lines[n]["ops"] or 0) * float(lines[n]["secs"]),
-                                     _bytes(lines[n]["data"], lines[n]["du"])))
+        return None, None, None
+    main = max(lines, key=lambda n: float(lines[n]["ops"] or 0) * float(lines[n]["secs"]))
     m = lines[main]
-    metrics["duration_s"] = float(m["secs"])
-    metrics["throughput_mbps"] = _bits(m["rate"], m["ru"]) / 1e6
-    if m["opu"] == "txn":       # the pre-1.0.4 layout counts transactions, not flowops
-        metrics["transactions_per_s"] = float(m["ops"])
-    return main
+    return main, _bytes(m["data"], m["du"]), float(m["secs"])
 
 
-def _latency(main: str | None, table: list[tuple[str, int, float, float, float]],
-             legacy: dict[str, tuple[float, float, float]], summary: dict[str, re.Match[str]],
-             longest: float, metrics: dict[str, float], warnings: list[str]) -> None:
-    """Per-transaction time of the timed transaction from the Txn table. The table numbers
-    transactions from 0, the samples from 1, so the timed one is the row with most counts."""
-    if table:
-        name, count, avg, mx, mn = max(table, key=lambda row: row[1])
-        if metrics.get("duration_s"):
+def _group_rows(rows: list[Row]) -> list[list[Row]]:
+    """The Txn table lists every group's transactions in turn, each numbered from Txn0."""
+    groups: list[list[Row]] = []
+    for row in rows:
+        if row.name == "Txn0" or not groups:
+            groups.append([])
+        groups[-1].append(row)
+    return groups
+
+
+def _shape(profile: Profile | None) -> list[list[int]] | None:
+    """Flowops per transaction, per group, of the profile this driver generates for it."""
+    if profile is None:
+        return None
+    try:
+        groups = UperfDriver().groups(profile, "198.18.0.1", 1)
+    except UnsupportedProfile:
+        return None
+    return [[len(t.flowops) for t in g.transactions] for g in groups]
+
+
+def _timed_flowops(out: _Output, shape: list[list[int]] | None, group: int) -> list[Row] | None:
+    """The Flowop table rows of one group's timed transaction, found through the profile's shape."""
+    if not shape or group >= len(shape):
+        return None
+    offset = sum(sum(g) for g in shape[:group])
+    counts = shape[group]
+    timed = 0 if len(counts) == 1 else 1        # alone (CRR), or between connect and disconnect
+    start = offset + sum(counts[:timed])
+    rows = out.flowop_rows[start:start + counts[timed]]
+    return rows if len(rows) == counts[timed] else None
+
+
+def _latency(out: _Output, timed: list[Row], shape: list[list[int]] | None, profile: Profile | None,
+             metrics: dict[str, float], warnings: list[str], main: str | None) -> None:
+    """Per-transaction time of the timed transaction from the Txn table."""
+    if timed:
+        row = timed[0]
+        name, count, avg, mx, mn = row.name, row.count, row.avg, row.max, row.min
+        ops = _timed_flowops(out, shape, 0)
+        if profile is not None and profile.pattern.is_transactional and ops:
+            # An iteration cut short at the end (a read interrupted when time ran out) counts in
+            # the Txn row but not in the Flowop rows: only complete ones are transactions.
+            count = min(count, *(r.count for r in ops))
+            floor = sum(r.min for r in ops)
+            if mn < floor * 0.999:
+                warnings.append(f"uperf's minimum {name} time {mn * 1e6:.2f} us is below the sum "
+                                f"of its flowops' minima ({floor * 1e6:.2f} us): it is an "
+                                "interrupted last iteration; left out")
+                mn = float("nan")
+        if metrics.get("duration_s") and profile is not None and profile.pattern is not Pattern.BIDIRECTIONAL:
             metrics["transactions_per_s"] = count / metrics["duration_s"]
-    elif main in legacy and main in summary:
-        name, (avg, mn, mx) = main, legacy[main]
+        elif metrics.get("duration_s") and profile is None:
+            metrics["transactions_per_s"] = count / metrics["duration_s"]
+    elif main in out.legacy and main in out.summary:
+        name, (avg, mn, mx) = main, out.legacy[main]
     else:
         return
+    if profile is not None and profile.pattern is Pattern.BIDIRECTIONAL:
+        return                      # per direction below: one group's row is half the story
     metrics["latency_mean_us"] = avg * 1e6
-    if mn <= avg:
-        metrics["latency_min_us"] = mn * 1e6
-    else:
-        warnings.append(f"uperf printed a minimum {name} time above its average; left out")
+    if mn == mn:                    # not NaN
+        if mn <= avg:
+            metrics["latency_min_us"] = mn * 1e6
+        else:
+            warnings.append(f"uperf printed a minimum {name} time above its average; left out")
+    longest = max([_secs(m["t"] + (m["tu"] or "s")) for m in out.run.values()] + [metrics.get("duration_s", 0.0)])
     if avg <= mx <= max(longest, avg):
         metrics["latency_max_us"] = mx * 1e6
     else:
         warnings.append(f"uperf printed an impossible maximum {name} time ({mx:.0f} s in a "
                         f"{longest:.0f} s run, a counter wrap); left out")
+
+
+def _per_direction(timed: list[Row], nthreads: int | None, profile: Profile,
+                   metrics: dict[str, float], warnings: list[str]) -> None:
+    """A bidirectional run is two groups: 0 writes (client to server), 1 reads. Each
+    direction's rate is its own transactions' payload over their own time."""
+    if len(timed) != 2 or not nthreads:
+        warnings.append("uperf printed no per-group transaction table; no per-direction figures")
+        return
+    size, _ = sizes(profile)
+    total = 0.0
+    for row, side in zip(timed, ("out", "in")):
+        secs = row.count * row.avg / nthreads
+        if secs <= 0:
+            continue
+        mbps = row.count * STREAM_BATCH * size * 8 / secs / 1e6
+        metrics[f"throughput_{side}_mbps"] = mbps
+        metrics[f"latency_{side}_mean_us"] = row.avg * 1e6
+        total += mbps
+    if total:
+        metrics["throughput_mbps"] = total
