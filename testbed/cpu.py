@@ -136,7 +136,7 @@ def parse_guest_reading(text: str) -> GuestReading:
 def guest_reading(agent) -> GuestReading:
     """One agent command prints both files, so the stat and the clock it is divided by are
     taken together, inside the guest: agent round trips (tens of ms under TCG) fall outside."""
-    return parse_guest_reading(agent.run(["cat", "/proc/uptime", "/proc/stat"], timeout=30).stdout)
+    return parse_guest_reading(agent.run(["/usr/bin/cat", "/proc/uptime", "/proc/stat"], timeout=30).stdout)
 
 
 def guest_delta(before: GuestReading, after: GuestReading) -> tuple[dict[str, dict[str, float]], float]:
