@@ -123,11 +123,12 @@ def test_vhost_workers_found_both_ways(model):
             p.wait()
     d = cpu.host_delta(r1, r2)
     g = d["per_guest"]["g"]
-    # Two CPUs are shared by two (or three) spinning tasks: each gets a good share.
-    assert g["vhost"] > 0.2, g
-    assert g["vcpu"] > 0.2, g
-    # The emulator is only the helper's idle main thread.
-    assert g["emulator"] < 0.05, g
+    # Two spinning threads share two CPUs with whatever else runs here: each gets a share.
+    assert g["vhost"] > 0.05, g
+    assert g["vcpu"] > 0.05, g
+    # The emulator is only the helper's main thread, asleep in join(): the vhost worker's
+    # run time is not in it.
+    assert g["emulator"] < 0.2 * g["vhost"], g
     assert d["vhost_model"]["g"] == {"threads": "thread", "kthread": "kthread"}[model]
     assert d["invariant"]["holds"], d["invariant"]
     assert abs(d["unattributed"] - (d["host"]["busy"] - d["attributed"])) < 1e-3

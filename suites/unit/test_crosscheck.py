@@ -74,3 +74,12 @@ def test_receiving_side_and_direction():
     assert w.towards(True) == (18, 2)      # a tap delivers to its guest as tx
     assert w.towards(False) == (9, 1)      # a macvtap or the endpoint's own device: rx
     assert w.both() == (27, 3)
+
+
+def test_window_record_states_each_interval_and_the_coverage():
+    from testbed import measure
+    w = measure.window_record(10.0, 10, 10.5, {"g1": 9.0, "g2": 10.2})
+    assert w["tool_s"] == 10.0 and w["host_s"] == 10.5 and w["guest_s"] == {"g1": 9.0, "g2": 10.2}
+    assert w["coverage"] == {"host": 1.0, "g1": 0.9, "g2": 1.0}
+    assert w["excess_s"]["host"] == 0.5
+    assert measure.window_record(None, 10, 10.5, {})["coverage"] == {"host": None}
