@@ -2,7 +2,12 @@
 each sample with the tool and the CPU collectors over the same window.
 
 A tool that failed, timed out or printed nothing gives a failed sample with its reason,
-never a zero or a guess.
+never a zero or a guess. So does one that exited 0 with a zero result or measured over less
+than 0.9 of the requested duration (tools.base.vet), a wire cross-check that fails
+(testbed.crosscheck), and host CPU that does not add up (attributed above busy).
+Each sample states its windows: the tool's own interval, the guest collectors' (the
+guest's clock) and the host's (the monotonic clock), and how much of the tool's interval
+each covered.
 """
 from __future__ import annotations
 
