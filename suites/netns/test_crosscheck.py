@@ -31,7 +31,7 @@ TCP = Profile(name="tcp_stream", message_size=16384, duration_s=2)
 UDP = Profile(name="udp_stream", protocol=Protocol.UDP, message_size=1472, duration_s=2)
 
 
-def run_and_count(conn: netns.Connection, profile: Profile, out_dir: str):
+def run_and_count(conn: netns.Connection, profile: Profile, out_dir: str, extra: tuple[str, ...] = ()):
     """netperf from a to b; the receiving endpoint's own device (b's veth end, rx) read
     just before the client starts and just after it ends."""
     drv = NetperfDriver()
@@ -40,7 +40,7 @@ def run_and_count(conn: netns.Connection, profile: Profile, out_dir: str):
         netns.wait_listening(conn.b.netns, 12865, server)
         read = lambda: links.wire_via(conn.b.ifname, lambda argv: proc.run(argv, netns=conn.b.netns))  # noqa: E731
         before = read()
-        res = proc.run(drv.client_argv(profile, conn.b.address, port=12865), netns=conn.a.netns,
+        res = proc.run([*drv.client_argv(profile, conn.b.address, port=12865), *extra], netns=conn.a.netns,
                        timeout=profile.duration_s + 30, check=False)
         after = read()
     result = vet(drv.parse(res.stdout, res.stderr, res.rc), profile)
@@ -92,3 +92,17 @@ def test_tbf_that_drops_on_the_sender(tmp_path, profile):
     assert abs(c.ratio - c.expected_ratio) / c.expected_ratio < crosscheck.TOLERANCE, c
     # ~50 Mbit/s through the shaper: the payload is what arrived, not what was offered
     assert m["throughput_mbps"] < 60
+
+
+def test_udp_datagrams_the_receiver_did_not_read(tmp_path):
+    """A tiny receive socket buffer on netserver (-S): datagrams reach b's device and are
+    dropped at the socket, so the wire carries more than netperf counted as received. The
+    datagrams sent but not read explain the gap; without them the check would fail."""
+    with netns.veth_pair(secrets.token_hex(2)) as conn:
+        m, wire = run_and_count(conn, UDP, str(tmp_path), ("-S", "4096"))
+    assert m["udp_sent_msgs"] > 1.05 * m["udp_recv_msgs"], m
+    c = check(UDP, m, wire)
+    assert c.verdict == "ok" and c.explained_extra_bytes > 0, c
+    assert c.ratio < c.expected_ratio * (1 - crosscheck.TOLERANCE), c
+    blind = check(UDP, {k: v for k, v in m.items() if k != "udp_sent_msgs"}, wire)
+    assert blind.verdict == "fail" and "unread" in blind.reason
