@@ -246,7 +246,8 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
     for g, lv in cpu_info.get("libvirt", {}).items():
         if lv.get("status") == "disagree":
             warnings.append(f"{g}: attributed QEMU CPU {lv['attributed_cores']} cores, libvirt reports "
-                            f"{lv['libvirt_cores']} for the domain (gap {lv['gap']:.1%} > "
+                            f"{lv['libvirt_cores']} for the domain (gap "
+                            f"{'-' if lv['gap'] is None else format(lv['gap'], '.1%')} > "
                             f"{cpu.LIBVIRT_AGREEMENT:.0%})")
     extra.update({
         "warnings": warnings, "datapath": path.datapath,
