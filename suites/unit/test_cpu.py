@@ -148,3 +148,28 @@ def test_kernel_config_flag():
                                      "CONFIG_HAVE_IRQ_TIME_ACCOUNTING=y\n", "CONFIG_IRQ_TIME_ACCOUNTING")
     k = cpu.kernel()
     assert k["release"] and k["irq_time_accounting_source"]
+
+
+def _reading(at, vcpu, busy_ticks, libvirt):
+    # one CPU, cumulative ticks: as much idle as busy
+    stat = cpu.parse_proc_stat(f"cpu  {busy_ticks} 0 0 {busy_ticks} 0 0 0 0\n"
+                               f"cpu0 {busy_ticks} 0 0 {busy_ticks} 0 0 0 0\n")
+    return cpu.HostReading(at, {"g": {"vcpu": vcpu}}, {"ovs-vswitchd": 0.0, "ksoftirqd": 0.0}, stat,
+                           {"g": "none"}, {"g": libvirt})
+
+
+def test_libvirt_figure_and_the_invariant_from_two_readings():
+    hz = cpu.USER_HZ
+    # one CPU, 1 s: 0.5 s busy; QEMU's threads ran 0.4 s, libvirt says 0.4 s (agree)
+    d = cpu.host_delta(_reading(0.0, 0.0, 0, 10.0), _reading(1.0, 0.4, hz // 2, 10.4))
+    assert d["libvirt"]["g"]["status"] == "agree" and d["invariant"]["holds"]
+    assert d["unattributed"] == 0.1 and d["attributed"] == 0.4
+    # libvirt 10 % apart: a disagreement, with both figures
+    d = cpu.host_delta(_reading(0.0, 0.0, 0, 10.0), _reading(1.0, 0.4, hz // 2, 10.44))
+    assert d["libvirt"]["g"] == {"attributed_cores": 0.4, "libvirt_cores": 0.44, "gap": 0.0909,
+                                 "status": "disagree"}
+    # threads that ran longer than the host was busy: the invariant fails
+    d = cpu.host_delta(_reading(0.0, 0.0, 0, "libvirt getCPUStats: no cgroup"),
+                       _reading(1.0, 0.6, hz // 2, "libvirt getCPUStats: no cgroup"))
+    assert not d["invariant"]["holds"] and d["unattributed"] < 0
+    assert d["libvirt"]["g"]["status"] == "unavailable"
