@@ -5,7 +5,8 @@ Pure arithmetic on a run's samples:
 - CPU cost per unit of traffic, per cell: mean cores / mean traffic over the cell's
   successful samples (a ratio of means; a mean of ratios overweights the slow samples).
   ``basis="host"`` counts the whole host's busy cores; ``basis="qemu"`` only the virtual
-  path: per-guest QEMU threads and vhost workers plus ovs-vswitchd. Both include the sender
+  path: per-guest QEMU threads and vhost workers plus ovs-vswitchd (attributed), plus the
+  host's softirq share, which no thread carries. Both include the sender
   *and* the receiver guest of the measured pair, so each planned VM is charged both ends of
   a path: conservative, since a VM talking off-host costs this host only one end.
 - Per mode, the most expensive matching cell is used (after the optional MTU/connections
@@ -131,6 +132,11 @@ def unit_costs(rec: RunRecord, kind: str, basis: str = "host", *, mtu: int | Non
         for s in samples:
             value = (s.get("metrics") or {}).get(metric)
             cores = getattr(sample_cores(s.get("cpu")), basis)
+            if basis == "qemu" and cores is not None:
+                # Softirq work done outside any attributed thread (on interrupt exit, at
+                # local_bh_enable, in ksoftirqd) is the virtual path's too: the host's
+                # softirq share is added, so the basis is attributed + host softirq.
+                cores += _softirq(s.get("cpu"))
             if s.get("status") == "ok" and isinstance(value, (int, float)) and cores is not None:
                 pairs.append((value / 1000.0 if kind == "stream" else float(value), cores))
         traffic = sum(p[0] for p in pairs) / len(pairs) if pairs else 0.0
@@ -249,8 +255,14 @@ def to_dict(p: Plan) -> dict[str, Any]:
     return {**dataclasses.asdict(p), "banner": TCG_BANNER if p.tcg else None}
 
 
+def _softirq(cpu: Mapping[str, Any] | None) -> float:
+    v = ((cpu or {}).get("host") or {}).get("softirq")
+    return float(v) if isinstance(v, (int, float)) else 0.0
+
+
 def render_text(p: Plan) -> str:
-    basis = "host busy cores" if p.basis == "host" else "QEMU + vhost + ovs-vswitchd cores"
+    basis = ("host busy cores" if p.basis == "host"
+             else "attributed (QEMU + vhost + ovs-vswitchd) + host softirq cores")
     lines = [f"run {p.run_id} ({p.accelerator}); per VM: {p.demand.kind} {p.demand.per_vm:g} "
              f"{p.demand.unit}; CPU basis: {basis}",
              f"cores: {p.host_cores:g} less {p.headroom:.0%} headroom = "

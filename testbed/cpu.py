@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psutil
 
@@ -50,12 +50,15 @@ def stat_delta(before: Mapping[str, Mapping[str, int]], after: Mapping[str, Mapp
 
 
 def classify_qemu_thread(comm: str) -> str:
-    """vCPU threads are named 'CPU n/KVM' or 'CPU n/TCG'; IO threads 'IO ...'; the rest is
-    the emulator (main loop, workers)."""
+    """vCPU threads are named 'CPU n/KVM' or 'CPU n/TCG'; IO threads 'IO ...'; vhost
+    workers 'vhost-<pid>' (inside QEMU's thread group since Linux 6.4); the rest is the
+    emulator (main loop, workers)."""
     if comm.startswith("CPU ") and "/" in comm:
         return "vcpu"
     if comm.startswith("IO ") or comm.startswith("iothread"):
         return "iothread"
+    if comm.startswith("vhost-"):
+        return "vhost"
     return "emulator"
 
 
@@ -117,27 +120,75 @@ def _proc_seconds(pid: int) -> float:
 
 
 @dataclass(frozen=True)
+class GuestReading:
+    """A guest's /proc/stat and the guest's own clock (/proc/uptime) from the same read."""
+
+    uptime: float
+    stat: Mapping[str, Mapping[str, int]]
+
+
+def parse_guest_reading(text: str) -> GuestReading:
+    """Pure: the output of `cat /proc/uptime /proc/stat` -> GuestReading."""
+    first = text.split("\n", 1)[0].split()
+    return GuestReading(float(first[0]), parse_proc_stat(text))
+
+
+def guest_reading(agent) -> GuestReading:
+    """One agent command prints both files, so the stat and the clock it is divided by are
+    taken together, inside the guest: agent round trips (tens of ms under TCG) fall outside."""
+    return parse_guest_reading(agent.run(["/usr/bin/cat", "/proc/uptime", "/proc/stat"], timeout=30).stdout)
+
+
+def guest_delta(before: GuestReading, after: GuestReading) -> tuple[dict[str, dict[str, float]], float]:
+    """(cores used per CPU line, interval in seconds), the interval the guest's own clock."""
+    secs = after.uptime - before.uptime
+    return stat_delta(before.stat, after.stat, secs), secs
+
+
+@dataclass(frozen=True)
 class HostReading:
-    at: float
+    at: float                                      # monotonic clock when /proc/stat was read
     per_guest: Mapping[str, Mapping[str, float]]   # guest -> {vcpu, emulator, iothread, vhost}
     named: Mapping[str, float]                     # ovs-vswitchd, ksoftirqd
     host: Mapping[str, Mapping[str, int]]          # /proc/stat
+    #: guest -> how its vhost workers were found: "thread" (in QEMU's thread group, Linux
+    #: >= 6.4), "kthread" (kernel threads vhost-<qemu pid>, before 6.4), or "none"
+    vhost_model: Mapping[str, str] = field(default_factory=dict)
+    #: guest -> CPU seconds libvirt reports for the domain (virDomainGetCPUStats total),
+    #: or the reason it could not
+    libvirt: Mapping[str, float | str] = field(default_factory=dict)
 
 
-def host_reading(qemu_pids: Mapping[str, int]) -> HostReading:
+def host_reading(qemu_pids: Mapping[str, int], domains: Mapping[str, object] | None = None) -> HostReading:
     per_guest: dict[str, dict[str, float]] = {}
+    models: dict[str, str] = {}
     named_pids = _procs_named(("vhost-", "ovs-vswitchd", "ksoftirqd"))
     for guest, pid in qemu_pids.items():
         t = _thread_times(pid)
-        # vhost-net workers are kernel threads named vhost-<qemu pid>
-        t["vhost"] = sum(_proc_seconds(v) for v in named_pids.get("vhost-", [])
-                         if _comm(v) == f"vhost-{pid}")
+        in_group = "vhost" in t
+        # Before 6.4 the vhost-net workers are kernel threads named vhost-<qemu pid>.
+        kthreads = [v for v in named_pids.get("vhost-", []) if v != pid and _comm(v) == f"vhost-{pid}"]
+        t["vhost"] = t.get("vhost", 0.0) + sum(_proc_seconds(v) for v in kthreads)
+        models[guest] = "+".join(m for m, found in (("thread", in_group), ("kthread", bool(kthreads)))
+                                 if found) or "none"
         per_guest[guest] = t
     named = {"ovs-vswitchd": sum(_proc_seconds(p) for p in named_pids.get("ovs-vswitchd", [])),
              "ksoftirqd": sum(_proc_seconds(p) for p in named_pids.get("ksoftirqd", []))}
+    virt = {g: domain_cpu_seconds(d) for g, d in (domains or {}).items() if g in qemu_pids}
     with open("/proc/stat") as f:
+        at = time.monotonic()
         host = parse_proc_stat(f.read())
-    return HostReading(time.monotonic(), per_guest, named, host)
+    return HostReading(at, per_guest, named, host, models, virt)
+
+
+def domain_cpu_seconds(dom) -> float | str:
+    """libvirt's CPU time of the whole domain (its cgroup: every QEMU thread and the vhost
+    workers attached to it), or why it is not available."""
+    try:
+        stats = dom.getCPUStats(True)
+        return stats[0]["cpu_time"] / 1e9
+    except Exception as e:   # libvirt.libvirtError, or no cgroup accounting on this host
+        return f"libvirt getCPUStats: {str(e).strip() or type(e).__name__}"
 
 
 def _comm(pid: int) -> str:
@@ -148,17 +199,74 @@ def _comm(pid: int) -> str:
         return ""
 
 
+#: Largest relative gap between the attributed QEMU total and libvirt's domain figure that
+#: counts as agreement; beyond it the sample carries a warning with both figures.
+LIBVIRT_AGREEMENT = 0.02
+#: attributed <= busy * (1 + this) + one tick per CPU over the window, or the sample fails
+INVARIANT_SLACK = 0.01
+
+
 def host_delta(before: HostReading, after: HostReading) -> dict:
     secs = after.at - before.at
-    guests = {g: {k: round((after.per_guest[g].get(k, 0.0) - v) / secs, 4)
-                  for k, v in before.per_guest[g].items()}
+    guests = {g: {k: round((after.per_guest[g].get(k, 0.0) - before.per_guest[g].get(k, 0.0)) / secs, 4)
+                  for k in set(before.per_guest[g]) | set(after.per_guest[g])}
               for g in before.per_guest if g in after.per_guest}
     for g, d in guests.items():
         d["total"] = round(sum(d.values()), 4)
     named = {k: round((after.named[k] - v) / secs, 4) for k, v in before.named.items()}
     whole = stat_delta(before.host, after.host, secs)
+    host = whole.get("cpu", {})
+    attributed = round(sum(d["total"] for d in guests.values()) + sum(named.values()), 4)
+    busy = host.get("busy", 0.0)
+    ncpus = len(whole) - 1 if len(whole) > 1 else 1
+    limit = busy * (1 + INVARIANT_SLACK) + ncpus / USER_HZ / secs
+    libvirt_check = {}
+    for g, v in after.libvirt.items():
+        b = before.libvirt.get(g)
+        if isinstance(v, str) or isinstance(b, str) or b is None or g not in guests:
+            libvirt_check[g] = {"status": "unavailable", "reason": v if isinstance(v, str) else b}
+            continue
+        lv = (v - b) / secs
+        ours = guests[g]["total"]
+        gap = abs(ours - lv) / lv if lv > 0 else (0.0 if ours == 0 else float("inf"))
+        libvirt_check[g] = {"attributed_cores": ours, "libvirt_cores": round(lv, 4),
+                            "gap": round(gap, 4) if gap != float("inf") else None,
+                            "status": "agree" if gap <= LIBVIRT_AGREEMENT else "disagree"}
     return {"window_s": round(secs, 3), "per_guest": guests, "named": named,
-            "host": whole.get("cpu", {}), "host_per_cpu": {k: v for k, v in whole.items() if k != "cpu"}}
+            "host": host, "host_per_cpu": {k: v for k, v in whole.items() if k != "cpu"},
+            "attributed": attributed, "unattributed": round(busy - attributed, 4),
+            "irq": host.get("irq"), "softirq": host.get("softirq"),
+            "invariant": {"attributed": attributed, "busy": busy, "limit": round(limit, 4),
+                          "holds": attributed <= limit},
+            "vhost_model": dict(after.vhost_model), "libvirt": libvirt_check}
+
+
+def kernel() -> dict:
+    """The kernel release, and whether it accounts irq time separately
+    (CONFIG_IRQ_TIME_ACCOUNTING), with where that was read."""
+    release = os.uname().release
+    return {"release": release, **irq_time_accounting(release)}
+
+
+def irq_time_accounting(release: str) -> dict:
+    """Read from /proc/config.gz, else /boot/config-<release>; else unknown, said so (the
+    /proc/stat behaviour cannot tell it apart from an idle irq column)."""
+    import gzip
+    for path, opener in (("/proc/config.gz", gzip.open), (f"/boot/config-{release}", open)):
+        try:
+            with opener(path, "rt") as f:
+                text = f.read()
+        except OSError:
+            continue
+        return {"irq_time_accounting": parse_config_flag(text, "CONFIG_IRQ_TIME_ACCOUNTING"),
+                "irq_time_accounting_source": path}
+    return {"irq_time_accounting": None,
+            "irq_time_accounting_source": "unknown: no /proc/config.gz or /boot/config-" + release}
+
+
+def parse_config_flag(text: str, name: str) -> bool:
+    """Pure: whether a kernel config sets `name`=y."""
+    return any(line.strip() == f"{name}=y" for line in text.splitlines())
 
 
 def collector_cost(qemu_pids: Mapping[str, int], rounds: int = 20) -> float:

@@ -2,7 +2,12 @@
 each sample with the tool and the CPU collectors over the same window.
 
 A tool that failed, timed out or printed nothing gives a failed sample with its reason,
-never a zero or a guess.
+never a zero or a guess. So does one that exited 0 with a zero result or measured over less
+than 0.9 of the requested duration (tools.base.vet), a wire cross-check that fails
+(testbed.crosscheck), and host CPU that does not add up (attributed above busy).
+Each sample states its windows: the tool's own interval, the guest collectors' (the
+guest's clock) and the host's (the monotonic clock), and how much of the tool's interval
+each covered.
 """
 from __future__ import annotations
 
@@ -11,13 +16,13 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from testbed import cpu, results, stats
+from testbed import cpu, crosscheck, results, stats
 from testbed.errors import CommandError, GuestError, TestbedError
 from testbed.hostnet import links
 from testbed.guest import Agent
 from testbed.model import Cell, Pattern, Profile, Tool
 from testbed.tools import get_tool
-from testbed.tools.base import ToolDriver, ToolResult
+from testbed.tools.base import ToolDriver, ToolResult, sizes, vet
 from testbed.nsagent import NsHost
 from testbed.virt import Guest
 
@@ -85,8 +90,8 @@ class TestPath:
     #: A tap counts what the guest sends as rx (QEMU writes into it); a macvtap counts it
     #: as tx (it transmits towards its lower device), and so does a namespace's own device.
     guest_sends_as_rx: bool = True
-    #: (rx_bytes, tx_bytes) of an endpoint's device; default: the host-side tap in the root namespace
-    read_counters: Callable[[Endpoint], tuple[int, int]] = field(default=lambda ep: links.counters(ep.tap))
+    #: byte and packet counters of an endpoint's device; default: the host-side tap in the root namespace
+    read_counters: Callable[[Endpoint], crosscheck.Wire] = field(default=lambda ep: links.wire(ep.tap))
     #: servers kept across samples; None: one server per sample, stopped after it
     servers: Servers | None = None
     #: what forwards between the endpoints: linux-bridge, ovs-netdev, ovs-system, macvtap-<mode>, veth, ...
@@ -94,7 +99,7 @@ class TestPath:
     #: per endpoint, the offload states its NIC reports (ethtool -k), after the run's requests
     offloads: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
-    def counters(self) -> dict[str, tuple[int, int]]:
+    def counters(self) -> dict[str, crosscheck.Wire]:
         return {ep.tap: self.read_counters(ep) for ep in (self.client, self.server)}
 
 
@@ -169,10 +174,14 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
     started = results.now()
     raw: list[str] = []
     tag = f"{'warmup' if warmup else 'rep'}{rep}"
+    domains = {ep.guest.spec.name: ep.guest.dom for ep in (cli, srv)
+               if isinstance(ep.guest, Guest) and ep.guest.spec.name in qemu_pids}
 
-    def failed(reason: str, cpu_info: Mapping | None = None) -> results.Sample:
+    def failed(reason: str, cpu_info: Mapping | None = None, extra: Mapping | None = None,
+               check: Mapping | None = None) -> results.Sample:
         return results.Sample(writer.run_id, cell.as_dict(), rep, warmup, "failed", reason, {},
-                              cpu_info or {}, started, results.now(), tuple(raw), placement)
+                              cpu_info or {}, started, results.now(), tuple(raw), placement,
+                              extra or {}, check or {})
 
     server_pid = None
     server_out = ""
@@ -182,12 +191,12 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
         server_pid = servers.start(srv.guest, driver, profile, port)
     except (CommandError, GuestError, TestbedError) as e:
         return failed(f"server did not start: {e}")
+    runs = driver.runs(profile)
     try:
         argv, nproc = client_plan(driver, cell, srv.address, port, cli.guest.agent)
-        g_before = {ep.guest.spec.name: cpu.parse_proc_stat(ep.guest.agent.read_file("/proc/stat"))
-                    for ep in (cli, srv)}
+        g_before = {ep.guest.spec.name: cpu.guest_reading(ep.guest.agent) for ep in (cli, srv)}
         taps_before = path.counters()
-        h_before = cpu.host_reading(qemu_pids)
+        h_before = cpu.host_reading(qemu_pids, domains)
         t0 = time.monotonic()
         pids = [cli.guest.agent.spawn(argv) for _ in range(nproc)]
         skew_s = time.monotonic() - t0
@@ -196,8 +205,8 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
             try:
                 # The first wait sleeps through the test's own duration: no agent polls
                 # inside the guests while they are being measured.
-                outs.append(cli.guest.agent.wait(pid, argv, profile.duration_s + SAMPLE_MARGIN_S,
-                                                 expected_s=profile.duration_s if i == 0 else 0.0))
+                outs.append(cli.guest.agent.wait(pid, argv, profile.duration_s * runs + SAMPLE_MARGIN_S,
+                                                 expected_s=profile.duration_s * runs if i == 0 else 0.0))
                 ends.append(time.monotonic())
             except CommandError as e:
                 for rest in pids[i + 1:]:
@@ -210,10 +219,9 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
             # say) report rates over different intervals; their sum is no concurrent rate.
             return failed(f"{len(pids)} instances out of step: they ended {end_skew:.1f} s apart "
                           f"in a {profile.duration_s} s test, so their sum is not a concurrent rate")
-        h_after = cpu.host_reading(qemu_pids)
+        h_after = cpu.host_reading(qemu_pids, domains)
         taps_after = path.counters()
-        g_after = {ep.guest.spec.name: cpu.parse_proc_stat(ep.guest.agent.read_file("/proc/stat"))
-                   for ep in (cli, srv)}
+        g_after = {ep.guest.spec.name: cpu.guest_reading(ep.guest.agent) for ep in (cli, srv)}
     except (CommandError, GuestError) as e:
         return failed(f"measurement could not run: {e}")
     finally:
@@ -226,33 +234,94 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
         p_out.write_text(o.stdout)
         writer.raw_path(cell.id, f"{tag}-client{i}.err").write_text(o.stderr)
         raw.append(str(p_out.relative_to(writer.dir)))
-        parsed.append(driver.parse_sample(o.stdout, o.stderr, o.rc, profile=profile,
-                                          server_output=server_out))
+        parsed.append(vet(driver.parse_sample(o.stdout, o.stderr, o.rc, profile=profile,
+                                              server_output=server_out), profile))
     if server_out:
         p_srv = writer.raw_path(cell.id, f"{tag}-server.out")
         p_srv.write_text(server_out)
         raw.append(str(p_srv.relative_to(writer.dir)))
     res = parsed[0] if len(parsed) == 1 else driver.aggregate(parsed)
-    cpu_info = {
-        "guest": {g: _guest_cpu(cpu.stat_delta(g_before[g], g_after[g], window)) for g in g_before},
-        **cpu.host_delta(h_before, h_after),
-    }
+    guest_cpu, guest_s = {}, {}
+    for g in g_before:
+        delta, guest_s[g] = cpu.guest_delta(g_before[g], g_after[g])
+        guest_cpu[g] = _guest_cpu(delta)
+    cpu_info = {"guest": guest_cpu, **cpu.host_delta(h_before, h_after)}
+    tool_s = res.metrics.get("duration_s")
+    extra = {"window": window_record(tool_s, profile.duration_s * runs, cpu_info["window_s"], guest_s),
+             "kernel": _kernel()}
+    deltas = {tap: taps_after[tap] - taps_before[tap] for tap in taps_before}
     if not res.ok:
-        return failed(res.reason or "tool failed without a reason", cpu_info)
-    wire = {tap: ((taps_after[tap][0] - taps_before[tap][0]) * 8 / window / 1e6,
-                  (taps_after[tap][1] - taps_before[tap][1]) * 8 / window / 1e6) for tap in taps_before}
-    extra = {"warnings": list(res.warnings), "datapath": path.datapath,
-             "offloads": {k: dict(v) for k, v in path.offloads.items()},
-             "instances": len(pids), "start_skew_s": round(skew_s, 4),
-             # seen from the host through the agent's polling, so an upper bound
-             "end_skew_s": round(end_skew, 3),
-             # per host-side device: Mbit/s the guest sent and received over the window
-             "device_mbps": {k: {"from_guest": round(v[0] if path.guest_sends_as_rx else v[1], 3),
-                                 "to_guest": round(v[1] if path.guest_sends_as_rx else v[0], 3)}
-                             for k, v in wire.items()}}
+        return failed(res.reason or "tool failed without a reason", cpu_info, extra)
+    check = wire_check(cell, path, dict(res.metrics), deltas)
+    warnings = list(res.warnings)
+    for g, lv in cpu_info.get("libvirt", {}).items():
+        if lv.get("status") == "disagree":
+            warnings.append(f"{g}: attributed QEMU CPU {lv['attributed_cores']} cores, libvirt reports "
+                            f"{lv['libvirt_cores']} for the domain (gap "
+                            f"{'-' if lv['gap'] is None else format(lv['gap'], '.1%')} > "
+                            f"{cpu.LIBVIRT_AGREEMENT:.0%})")
+    extra.update({
+        "warnings": warnings, "datapath": path.datapath,
+        "offloads": {k: dict(v) for k, v in path.offloads.items()},
+        "instances": len(pids), "start_skew_s": round(skew_s, 4),
+        # seen from the host through the agent's polling, so an upper bound
+        "end_skew_s": round(end_skew, 3),
+        # per host-side device: Mbit/s the guest sent and received over the window
+        "device_mbps": {k: {"from_guest": round(_mbps(d.towards(not path.guest_sends_as_rx)[0], window), 3),
+                            "to_guest": round(_mbps(d.towards(path.guest_sends_as_rx)[0], window), 3)}
+                        for k, d in deltas.items()}})
+    inv = cpu_info["invariant"]
+    if not inv["holds"]:
+        return failed(f"host CPU does not add up: attributed {inv['attributed']} cores > busy "
+                      f"{inv['busy']} cores (limit {inv['limit']})", cpu_info, extra, check.as_dict())
+    if check.verdict == "fail":
+        return failed(f"wire cross-check: {check.reason}", cpu_info, extra, check.as_dict())
     metrics = {**res.metrics, **derived(dict(res.metrics), cpu_info, clock_ghz)}
     return results.Sample(writer.run_id, cell.as_dict(), rep, warmup, "ok", None, metrics,
-                          cpu_info, started, results.now(), tuple(raw), placement, extra)
+                          cpu_info, started, results.now(), tuple(raw), placement, extra,
+                          check.as_dict())
+
+
+def _mbps(nbytes: int, secs: float) -> float:
+    return nbytes * 8 / secs / 1e6 if secs > 0 else 0.0
+
+
+_KERNEL: dict = {}
+
+
+def _kernel() -> dict:
+    # read once per process: the kernel does not change under a run
+    if not _KERNEL:
+        _KERNEL.update(cpu.kernel())
+    return dict(_KERNEL)
+
+
+def window_record(tool_s: float | None, requested_s: float, host_s: float,
+                  guest_s: Mapping[str, float]) -> dict:
+    """Pure: the sample's intervals, each collector's own, and how much of the tool's
+    interval each covered (1.0: the collector's window encloses it; the readings are taken
+    before the client starts and after it ends, so it can only be longer)."""
+    def cover(secs: float) -> float | None:
+        return round(min(1.0, secs / tool_s), 4) if tool_s else None
+    return {"tool_s": tool_s, "requested_s": requested_s, "host_s": round(host_s, 4),
+            "guest_s": {g: round(v, 4) for g, v in guest_s.items()},
+            "coverage": {"host": cover(host_s), **{g: cover(v) for g, v in guest_s.items()}},
+            "excess_s": {"host": round(host_s - tool_s, 4) if tool_s else None,
+                         **{g: (round(v - tool_s, 4) if tool_s else None) for g, v in guest_s.items()}}}
+
+
+def wire_check(cell: Cell, path: TestPath, metrics: Mapping[str, float],
+               deltas: Mapping[str, crosscheck.Wire]) -> crosscheck.Check:
+    """The cross-check on the receiving endpoint's device (both directions at the client's
+    for request/response): see testbed.crosscheck."""
+    p = cell.profile
+    end = crosscheck.receiving_end(p.pattern)
+    ep = path.server if end == "server" else path.client
+    d = deltas[ep.tap]
+    wire_bytes, packets = d.towards(path.guest_sends_as_rx) if end else d.both()
+    return crosscheck.check(p.protocol, p.pattern, metrics, wire_bytes, packets, mtu=cell.mtu,
+                            message_size=sizes(p)[0], device=ep.tap,
+                            direction="to-endpoint" if end else "both")
 
 
 def _guest_cpu(delta: Mapping[str, Mapping[str, float]]) -> dict:

@@ -48,6 +48,9 @@ class CellStats:
     host_cores: float | None
     guest_cores: float | None
     qemu_cores: float | None
+    #: the wire cross-check, means over the ok samples: payload / wire bytes, and expected
+    wire_ratio: float | None = None
+    wire_expected: float | None = None
 
     @property
     def gbit_per_host_core(self) -> float | None:
@@ -114,7 +117,9 @@ def cell_stats(rec: RunRecord) -> tuple[CellStats, ...]:
             p50=_metric_mean(ok, "latency_p50_us"), p90=_metric_mean(ok, "latency_p90_us"),
             p99=_metric_mean(ok, "latency_p99_us"),
             host_cores=_mean(c.host for c in cores), guest_cores=_mean(c.guest for c in cores),
-            qemu_cores=_mean(c.qemu for c in cores)))
+            qemu_cores=_mean(c.qemu for c in cores),
+            wire_ratio=_mean((s.get("crosscheck") or {}).get("ratio") for s in ok),
+            wire_expected=_mean((s.get("crosscheck") or {}).get("expected_ratio") for s in ok)))
     return tuple(out)
 
 

@@ -63,10 +63,14 @@ class Sample:
     raw: tuple[str, ...] = ()
     placement: Mapping[str, str] = field(default_factory=dict)   # guest -> host
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: the wire cross-check (testbed.crosscheck): tool_bytes, wire_bytes, wire_packets,
+    #: expected_ratio, ratio, verdict, and the device and direction counted
+    crosscheck: Mapping[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         d = asdict(self)
         d["metrics"], d["cpu"], d["cell"] = dict(self.metrics), dict(self.cpu), dict(self.cell)
+        d["crosscheck"] = dict(self.crosscheck)
         return json.dumps(d, sort_keys=True)
 
 

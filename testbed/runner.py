@@ -282,9 +282,9 @@ def netns_path(conn, out_dir: str) -> Iterator[measure.TestPath]:
                 if links.exists(br):
                     links.set_mtu(br, mtu)
 
-        def read(ep: measure.Endpoint) -> tuple[int, int]:
+        def read(ep: measure.Endpoint) -> links.Wire:
             ns = ep.guest.agent.netns  # type: ignore[union-attr]
-            return links.counters_via(ep.ifname, lambda argv: proc.run(argv, netns=ns))
+            return links.wire_via(ep.ifname, lambda argv: proc.run(argv, netns=ns))
 
         with measure.Servers() as servers:
             yield measure.TestPath(eps[0], eps[1], set_mtu, guest_sends_as_rx=False, read_counters=read,

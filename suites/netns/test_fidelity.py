@@ -22,3 +22,13 @@ def test_fidelity_alternates_and_both_measure():
     # failed sample read as a number) would be far off; noise on a busy host is not.
     assert 0.5 < r["ratio"] < 2.0, r
     assert 0 < r["collector_fraction_of_core"] < 0.05
+    # The wire ratio on veth and, where they run, through a bridge and OVS: each within the
+    # cross-check's tolerance of the ratio headers explain.
+    from testbed import crosscheck
+    assert "veth" in r["wire"]
+    for name, w in r["wire"].items():
+        if "unavailable" in w:
+            continue
+        assert set(w["verdicts"]) == {"ok"}, (name, w)
+        assert abs(w["ratio"] - w["expected"]) <= crosscheck.TOLERANCE * w["expected"], (name, w)
+    assert r["coverage"]["host"]["min_coverage"] == 1.0

@@ -72,6 +72,21 @@ def test_netns_run_fills_every_field(tmp_path):
         host = s["cpu"]["host"]
         assert 0 < host["busy"] <= os.cpu_count() + 0.05
         assert host["softirq"] >= 0
+        # The wire cross-check on the receiving endpoint's device: a stream's ratio is the
+        # one headers explain, within the tolerance; request/response carries at least its payload.
+        c = s["crosscheck"]
+        assert c["verdict"] == "ok" and c["wire_bytes"] >= c["tool_bytes"] > 0, c
+        if s["cell"]["profile"] == "tcp_stream":
+            assert abs(c["ratio"] - c["expected_ratio"]) <= 0.03 * c["expected_ratio"], c
+        # Host CPU adds up: what nobody is charged with is stated, never negative, and the
+        # invariant was checked on the sample.
+        assert s["cpu"]["invariant"]["holds"] and s["cpu"]["unattributed"] >= 0, s["cpu"]["invariant"]
+        assert s["cpu"]["irq"] is not None and s["cpu"]["softirq"] is not None
+        # One window per sample, stated: the collectors enclose the tool's own interval.
+        w = s["extra"]["window"]
+        assert w["tool_s"] >= 0.9 * 2 and set(w["guest_s"]) == {"ns-a", "ns-b"}
+        assert w["coverage"] == {"host": 1.0, "ns-a": 1.0, "ns-b": 1.0}, w
+        assert s["extra"]["kernel"]["irq_time_accounting_source"]
     tag = run_dir.name.rsplit("-", 1)[1]
     found = cleanup.find(include_live=True)
     assert [n for g in found.__dict__.values() for n in g if n.startswith(f"tb-{tag}")] == []

@@ -324,3 +324,26 @@ def test_real_netperf_without_server_fails(netns_pair) -> None:
                                         port=12899), netns=client, timeout=60, check=False)
     result = NETPERF.parse(done.stdout, done.stderr, done.rc)
     assert not result.ok and "are you sure there is a netserver listening" in (result.reason or "")
+
+
+def test_vet_fails_zero_results_and_short_intervals():
+    """A run that exited 0 but moved nothing, or measured over less than 0.9 of what was
+    asked, is a failed sample naming the figures."""
+    from testbed.model import Pattern as P, Profile as Pr
+    from testbed.tools.base import ToolResult as TR, vet
+    stream, rr = Pr("s", duration_s=10), Pr("r", pattern=P.RR, duration_s=10)
+    zero = vet(TR(ok=True, metrics={"throughput_mbps": 0.0, "duration_s": 10.0}), stream)
+    assert not zero.ok and "throughput_mbps 0" in zero.reason
+    assert not vet(TR(ok=True, metrics={"transactions_per_s": 0.0, "duration_s": 10.0}), rr).ok
+    short = vet(TR(ok=True, metrics={"throughput_mbps": 5.0, "duration_s": 8.5}), stream)
+    assert not short.ok and "8.50 s" in short.reason and "10 s" in short.reason
+    assert vet(TR(ok=True, metrics={"throughput_mbps": 5.0, "duration_s": 9.2}), stream).ok
+
+
+def test_timeout_counts_confidence_iterations():
+    from testbed.model import Profile as Pr
+    from testbed.tools.netperf import NetperfDriver
+    d = NetperfDriver()
+    assert d.runs(Pr("s")) == 1
+    assert d.runs(Pr("s", confidence=(99, 5), iterations=(15, 3))) == 15
+    assert d.runs(Pr("s", confidence=(99, 5))) == 10

@@ -50,6 +50,10 @@ def test_cell_measures(guest_pair, writer, cell):
         tput = s.metrics["throughput_mbps"]
         assert 0.6 * tput < dev[path.client.tap]["from_guest"] < 1.1 * tput, dev
         assert 0.6 * tput < dev[path.server.tap]["to_guest"] < 1.1 * tput, dev
+        # The wire cross-check on the receiving guest's tap: the ratio headers explain.
+        c = s.crosscheck
+        assert c["verdict"] == "ok" and c["device"] == path.server.tap, c
+        assert abs(c["ratio"] - c["expected_ratio"]) <= 0.03 * c["expected_ratio"], c
     else:
         assert s.metrics["latency_p99_us"] >= s.metrics["latency_p50_us"] > 0
     # Guest CPU was measured in both guests over the window; the client did work.
@@ -67,5 +71,10 @@ def test_cell_measures(guest_pair, writer, cell):
     attributed = sum(g["total"] for g in per_guest.values()) + sum(s.cpu["named"].values())
     tick = 2 / cpu.USER_HZ / s.cpu["window_s"]
     assert attributed <= s.cpu["host"]["busy"] + tick, (attributed, s.cpu["host"])
+    assert s.cpu["invariant"]["holds"] and s.cpu["unattributed"] >= 0, s.cpu["invariant"]
+    # libvirt's own figure for each domain agrees with the threads attributed to it.
+    for g in ("g1", "g2"):
+        lv = s.cpu["libvirt"][g]
+        assert lv["status"] in ("agree", "unavailable"), lv
     # The raw tool output is kept beside the sample.
     assert (writer.dir / s.raw[0]).read_text().strip()

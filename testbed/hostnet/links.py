@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pyroute2 import IPRoute, NetlinkError
 
 from testbed import PREFIX
+from testbed.crosscheck import Wire
 from testbed.errors import TestbedError
 
 
@@ -80,6 +81,24 @@ def counters_via(name: str, run) -> tuple[int, int]:
     out = run(["cat", f"/sys/class/net/{name}/statistics/rx_bytes",
                f"/sys/class/net/{name}/statistics/tx_bytes"]).stdout.split()
     return int(out[0]), int(out[1])
+
+
+_WIRE = ("rx_bytes", "tx_bytes", "rx_packets", "tx_packets")
+
+
+def wire(name: str) -> Wire:
+    """Byte and packet counters of a link, for the wire cross-check (testbed.crosscheck)."""
+    vals = []
+    for k in _WIRE:
+        with open(f"/sys/class/net/{name}/statistics/{k}") as f:
+            vals.append(int(f.read()))
+    return Wire(*vals)
+
+
+def wire_via(name: str, run) -> Wire:
+    """wire() of a link in another namespace or on another host, read by one command."""
+    out = run(["cat", *(f"/sys/class/net/{name}/statistics/{k}" for k in _WIRE)]).stdout.split()
+    return Wire(*(int(x) for x in out[:4]))
 
 
 @contextlib.contextmanager

@@ -89,8 +89,8 @@ class RealFabric:
                 s.shell.run(["ovs-vsctl", "--timeout=20", "set", "Interface", s.bridge, f"mtu_request={mtu}"],
                             timeout=30)
 
-    def counters(self, i: int, dev: str) -> tuple[int, int]:
-        return links.counters_via(dev, lambda argv: self.sides[i].shell.run(argv, timeout=30))
+    def counters(self, i: int, dev: str) -> links.Wire:
+        return links.wire_via(dev, lambda argv: self.sides[i].shell.run(argv, timeout=30))
 
     def df_check(self, inner_mtu: int) -> str | None:
         """A don't-fragment ping between the underlay addresses, the size of a full

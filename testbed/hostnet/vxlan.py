@@ -147,8 +147,8 @@ def mtu_of(dev: str, netns: str) -> int:
     return int(json.loads(_ip("-j", "link", "show", "dev", dev, netns=netns).stdout)[0]["mtu"])
 
 
-def counters(dev: str, netns: str) -> tuple[int, int]:
-    return links.counters_via(dev, lambda argv: proc.run(argv, netns=netns, timeout=10))
+def counters(dev: str, netns: str) -> links.Wire:
+    return links.wire_via(dev, lambda argv: proc.run(argv, netns=netns, timeout=10))
 
 
 def emulated_host(tag: str, index: int) -> tuple[str, str]:

@@ -172,6 +172,11 @@ class ToolDriver(ABC):
         """Combine N concurrent instances of this tool into one result."""
         return aggregate(results, cpu_scope=self.cpu_scope)
 
+    def runs(self, profile: Profile) -> int:
+        """How many times the client runs the test back to back (netperf's confidence
+        iterations): the per-sample timeout counts them all."""
+        return 1
+
     def _check(self, profile: Profile) -> None:
         if profile.tool is not self.name:
             raise UnsupportedProfile(f"profile {profile.name!r} is for {profile.tool.value}, "
@@ -213,6 +218,31 @@ def no_confidence(tool: str, confidence: object, iterations: object) -> None:
     if confidence is not None or iterations is not None:
         raise UnsupportedProfile(f"{tool} has no confidence-interval iterations; repeat the "
                                  "sample instead (testbed.stats)")
+
+
+# -- what every sample must show before its figures count ------------------------------
+
+#: A tool interval shorter than this share of the requested duration fails the sample.
+MIN_INTERVAL_SHARE = 0.9
+
+
+def vet(result: ToolResult, profile: Profile) -> ToolResult:
+    """A run that exited 0 but moved nothing, or measured over a much shorter interval than
+    asked for (a peer that went away, a test cut short), fails with its figures."""
+    if not result.ok:
+        return result
+    m = result.metrics
+    key = "transactions_per_s" if profile.pattern.is_transactional else "throughput_mbps"
+    if key in m and m[key] <= 0:
+        extra = f" ({w})" if (w := next((w for w in result.warnings if "0 of" in w), None)) else ""
+        return ToolResult.failed(f"{profile.tool.value} exited 0 but reported {key} {m[key]:g}{extra}",
+                                 result.warnings)
+    secs = m.get("duration_s")
+    if secs is not None and secs < MIN_INTERVAL_SHARE * profile.duration_s:
+        return ToolResult.failed(f"{profile.tool.value} measured over {secs:.2f} s, less than "
+                                 f"{MIN_INTERVAL_SHARE:g} of the requested {profile.duration_s} s",
+                                 result.warnings)
+    return result
 
 
 # -- combining concurrent instances -------------------------------------------------------

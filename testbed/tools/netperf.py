@@ -132,6 +132,13 @@ class NetperfDriver(ToolDriver):
     def parse(self, stdout: str, stderr: str = "", rc: int = 0) -> ToolResult:
         return parse(stdout, stderr, rc)
 
+    def runs(self, profile: Profile) -> int:
+        # -i max,min: up to max back-to-back runs of the test; -I alone lets netperf run up
+        # to 10 (its default maximum when a confidence interval is asked for).
+        if profile.iterations is not None:
+            return profile.iterations[0]
+        return 10 if profile.confidence is not None else 1
+
 
 def parse(stdout: str, stderr: str = "", rc: int = 0) -> ToolResult:
     lines = [ln.rstrip() for ln in (stdout or "").splitlines()]
