@@ -125,15 +125,31 @@ def cmd_export_csv(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- capacity
 
 def cmd_capacity(args: argparse.Namespace) -> int:
-    from testbed import capacity, compare
-    p = capacity.plan(compare.load(args.run, _results_root(args)),
-                      capacity.parse_demand(args.profile), host_cores=args.host_cores,
+    from testbed import capacity, capacity_model, compare
+    rec = compare.load(args.run, _results_root(args))
+    demand = capacity.parse_demand(args.profile)
+    if capacity_model.has_pairs_data(rec):
+        q = capacity_model.plan(
+            rec, demand, host_cores=args.host_cores, headroom=args.headroom,
+            link_gbit=args.link_gbit, memory_reserve_mib=args.memory_reserve_mib,
+            host_memory_mib=args.host_memory_mib, overcommit=args.overcommit,
+            memory_mib=args.memory_mib, extrapolate=args.extrapolate, mtu=args.mtu,
+            connections=args.connections)
+        if args.json:
+            print(json.dumps(capacity_model.to_dict(q, capacity.TCG_BANNER), indent=2, default=str))
+        else:
+            sys.stdout.write(capacity_model.render_text(q, capacity.TCG_BANNER))
+        if q.tcg:
+            print(f"testbed capacity: {capacity.TCG_BANNER}", file=sys.stderr)
+        return 0
+    p = capacity.plan(rec, demand, host_cores=args.host_cores,
                       headroom=args.headroom, link_gbit=args.link_gbit, basis=args.basis,
                       mtu=args.mtu, connections=args.connections)
     if args.json:
-        print(json.dumps(capacity.to_dict(p), indent=2, default=str))
+        print(json.dumps({**capacity.to_dict(p), "note": capacity_model.ONE_PAIR_NOTE},
+                         indent=2, default=str))
     else:
-        sys.stdout.write(capacity.render_text(p))
+        sys.stdout.write(capacity.render_text(p) + capacity_model.ONE_PAIR_NOTE + "\n")
     if p.tcg:
         print(f"testbed capacity: {capacity.TCG_BANNER}", file=sys.stderr)
     return 0
@@ -192,6 +208,16 @@ def add_commands(subparsers: Any) -> None:
                    help="CPU counted: host busy cores, or QEMU+vhost+ovs-vswitchd (default host)")
     k.add_argument("--mtu", type=int, default=None, help="only cells at this MTU")
     k.add_argument("--connections", type=int, default=None, help="only cells with this many")
+    k.add_argument("--memory-reserve-mib", type=_positive, default=2048.0, metavar="MIB",
+                   help="host memory kept for the host itself (default 2048)")
+    k.add_argument("--host-memory-mib", type=_positive, default=None, metavar="MIB",
+                   help="memory of the planned host (default: the run's recorded memory)")
+    k.add_argument("--memory-mib", type=int, default=None, metavar="MIB",
+                   help="memory per planned VM (default: the run's largest guest)")
+    k.add_argument("--overcommit", type=_positive, default=1.0, metavar="R",
+                   help="vCPUs per host thread (default 1, no overcommit)")
+    k.add_argument("--extrapolate", action="store_true",
+                   help="allow answers beyond 2x the largest measured number of pairs")
     k.add_argument("--json", action="store_true")
     _common(k)
     k.set_defaults(func=cmd_capacity)
