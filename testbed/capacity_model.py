@@ -318,16 +318,22 @@ def _largest(fits: Any, cap: int = 1_000_000) -> int | None:
     return lo
 
 
+def choose_series(pts: Sequence[PairsPoint]) -> tuple[str, tuple[PairsPoint, ...]]:
+    """A mode's most expensive series (host cores per unit), so a plan never rests on the
+    cheapest corner of the matrix."""
+    series = max(sorted({p.series for p in pts}),
+                 key=lambda s: sum(p.host_cores / p.aggregate for p in pts if p.series == s)
+                 / sum(1 for p in pts if p.series == s))
+    return series, tuple(p for p in pts if p.series == series)
+
+
 def plan_mode(mode: str, pts: Sequence[PairsPoint], idle: Sequence[IdleReading], per_vm: float,
               host: Host, *, memory_mib: int, vcpus: int, link_per_unit: float,
               extrapolate: bool = False) -> ModePlan:
     """How many VMs of ``per_vm`` fit. Each planned VM is charged one guest's idle cost and
     memory and one measured pair's traffic cost (both ends of its path: conservative), and the
     contention of as many pairs as VMs."""
-    series = max({p.series for p in pts},
-                 key=lambda s: sum(p.host_cores / p.aggregate for p in pts if p.series == s)
-                 / sum(1 for p in pts if p.series == s))
-    mine = tuple(p for p in pts if p.series == series)
+    series, mine = choose_series(pts)
     model = fit_model(mine, idle)
     usable = host.cores * (1 - host.headroom)
     rss = [r for i in idle for r in i.qemu_rss_mib]
@@ -385,13 +391,16 @@ def render_mode(mp: ModePlan, unit: str) -> list[str]:
              + f"; R^2 {_g(m.r2)}, adjusted {_g(m.adj_r2)}",
              f"  {m.note}",
              f"  knee: {'N=' + str(mp.knee) if mp.knee else 'none'} ({mp.knee_why})"]
-    header = ("source", "N", "guests", unit, "cores", "fit", "residual", "per pair", "p99 us", "")
+    header = ("source", "N", "guests", unit, "cores", "fit", "residual", "softirq", "per pair",
+              "p99 us", "")
     rows = []
-    extra = {p.cell_id: p for p in mp.points}
-    for r in m.residuals:
-        p = extra.get(r.source)
+    # Residuals are the idle readings first, then the points in order.
+    sources = [None] * (len(m.residuals) - len(mp.points)) + list(mp.points)
+    for r, p in zip(m.residuals, sources):
+        res = r.residual if abs(r.residual) > 1e-9 * max(1.0, abs(r.measured)) else 0.0
         rows.append((r.source, str(r.pairs), str(r.guests), _g(r.traffic), _g(r.measured),
-                     _g(r.fitted), f"{r.residual:+.3g}", _g(p.per_pair) if p else "-",
+                     _g(r.fitted), f"{res:+.3g}", _g(p.softirq_cores) if p else "-",
+                     _g(p.per_pair) if p else "-",
                      _g(p.p99_us) if p else "-", "saturated" if p and p.saturated else ""))
     widths = [max(len(x[i]) for x in (header, *rows)) for i in range(len(header))]
     lines += ["  " + "  ".join(v.ljust(w) for v, w in zip(x, widths)).rstrip()

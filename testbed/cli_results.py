@@ -101,7 +101,8 @@ def cmd_report(args: argparse.Namespace) -> int:
                                     for r in records):
         records.insert(0, baseline)     # its environment and numbers belong on the page too
     rep = report.build(records, generated=results.now(), baseline=baseline,
-                       threshold=args.threshold, test=args.test)
+                       threshold=args.threshold, test=args.test,
+                       capacity_profile=args.capacity_profile)
     _write(args.output, report.render(rep))
     print(f"wrote {args.output}: {len(records)} runs, {len(rep.plots)} plots", file=sys.stderr)
     if args.csv:
@@ -191,6 +192,8 @@ def add_commands(subparsers: Any) -> None:
     r.add_argument("--csv", metavar="FILE", help="also write every sample as CSV")
     r.add_argument("--threshold", type=_fraction, default=0.05)
     r.add_argument("--test", choices=("welch", "mannwhitney"), default="welch")
+    r.add_argument("--capacity-profile", metavar="SPEC", default=None,
+                   help="add the capacity table at this per-VM profile (stream:2gbit, rr:5ktps)")
     _common(r)
     r.set_defaults(func=cmd_report)
 

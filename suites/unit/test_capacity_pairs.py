@@ -171,3 +171,23 @@ def test_tcg_keeps_its_banner_and_json_has_the_residuals(tmp_path, capsys):
     assert doc["banner"].startswith("!! TCG") and "TCG run" in err
     res = doc["modes"][0]["model"]["residuals"]
     assert res and all("residual" in r for r in res)
+
+
+def test_the_report_has_one_capacity_plot_per_mode_and_the_table(tmp_path):
+    import base64
+
+    from testbed import report
+    rec = compare.load(write(tmp_path, "rep", [
+        (att, n, [(2000.0 * n, busy(n, 2.0 * n), None)]) for att in ("bridge", "ovs")
+        for n in (1, 2)], idle=idle_readings(), memory_mib=16384))
+    old = compare.load(write(tmp_path, "old", [("bridge", 1, [(2000.0, 1.0, None)])]))
+    rep = report.build([rec, old], generated=now(), capacity_profile="stream:1gbit")
+    titles = [p.title for p in rep.plots if p.title.startswith("Capacity")]
+    assert titles == ["Capacity, bridge/qemu (mtu1500-conn1-q1-tcp_stream), run rep",
+                      "Capacity, ovs/qemu (mtu1500-conn1-q1-tcp_stream), run rep"]
+    png = next(p for p in rep.plots if p.title.startswith("Capacity")).png_base64
+    assert base64.b64decode(png).startswith(b"\x89PNG")
+    assert [(c.run_id, c.mode, c.vms, c.limit) for c in rep.capacity] == [
+        ("rep", "bridge/qemu", 3, "memory"), ("rep", "ovs/qemu", 3, "memory")]
+    html = report.render(rep)
+    assert "Capacity at stream:1gbit per VM" in html and "<b>memory</b>" in html
