@@ -76,6 +76,12 @@ class PairsPoint:
         return sum(rates) / len(rates) if rates else self.aggregate / self.pairs
 
     @property
+    def pair_cores(self) -> float | None:
+        """A pair's own QEMU + vhost cores, the mean over the pairs that recorded them."""
+        vals = [p.cpu_cores for p in self.pair_results if p.cpu_cores is not None]
+        return sum(vals) / len(vals) if vals else None
+
+    @property
     def p99_us(self) -> float | None:
         vals = [p.p99_us for p in self.pair_results if p.p99_us is not None]
         return max(vals) if vals else None
@@ -176,7 +182,11 @@ class Residual:
 
 @dataclass(frozen=True)
 class CostModel:
-    """host busy cores = idle x guests + unit x traffic [+ contention x traffic x (N - 1)]."""
+    """host busy cores = base + idle x guests + unit x traffic [+ contention x traffic x (N-1)].
+
+    ``base`` (the host's own load with no guests) is fitted only where idle readings at two or
+    more guest counts can tell it from the per-guest cost; elsewhere it is 0 and the host's own
+    load is charged to the guests (conservative)."""
 
     idle_cores_per_vm: float
     cores_per_unit: float
@@ -186,10 +196,11 @@ class CostModel:
     adj_r2: float | None
     residuals: tuple[Residual, ...]
     note: str
+    base_cores: float = 0.0
 
     def cores(self, vms: int, per_vm: float) -> float:
         traffic = vms * per_vm
-        return (self.idle_cores_per_vm * vms + self.cores_per_unit * traffic
+        return (self.base_cores + self.idle_cores_per_vm * vms + self.cores_per_unit * traffic
                 + self.contention * traffic * max(0, vms - 1))
 
 
@@ -198,52 +209,58 @@ def _lsq(rows: Sequence[Sequence[float]], y: Sequence[float]) -> tuple[list[floa
     import numpy as np
     from scipy.optimize import lsq_linear
     a, b = np.asarray(rows, dtype=float), np.asarray(y, dtype=float)
-    res = lsq_linear(a, b, bounds=(0.0, np.inf))
+    res = lsq_linear(a, b, bounds=(0.0, np.inf), method="bvls")   # exact on small problems
     return [float(x) for x in res.x], float(np.sum((a @ res.x - b) ** 2))
 
 
 def fit_model(pts: Sequence[PairsPoint], idle: Sequence[IdleReading]) -> CostModel:
-    """Fit one mode's cost from its points and idle readings, choosing the terms by F-test."""
+    """Fit one mode's cost from its points and idle readings, choosing the terms by rule."""
     from scipy.stats import f as f_dist
     data = [("idle", 0, r.guests, 0.0, r.host_busy_cores) for r in idle] + \
            [(p.cell_id, p.pairs, 2 * p.pairs, p.aggregate, p.host_cores) for p in pts]
     y = [d[4] for d in data]
-    base = [[d[2], d[3]] for d in data]
-    coef, rss = _lsq(base, y)
-    full = [[d[2], d[3], d[3] * max(0, d[1] - 1)] for d in data]
-    n_values = {p.pairs for p in pts}
-    p_value, kept = None, [*coef, 0.0]
     notes = []
+    with_base = len({r.guests for r in idle}) >= 2
     if not idle:
         notes.append("no idle reading: the idle cost is fitted from loaded points only")
-    # The contention term is kept only where the data can test it: three or more N, a spare
-    # degree of freedom, and an F-test that rejects "no contention" at alpha.
-    if len(n_values) >= 3 and len(data) > 3:
-        coef_f, rss_f = _lsq(full, y)
-        dof = len(data) - 3
+    elif not with_base:
+        notes.append("idle readings at one guest count: host base load charged to the guests")
+
+    def columns(d: tuple, contention: bool) -> list[float]:
+        cols = [1.0] if with_base else []
+        cols += [d[2], d[3]]
+        return cols + ([d[3] * max(0, d[1] - 1)] if contention else [])
+
+    coef, rss = _lsq([columns(d, False) for d in data], y)
+    kept, k, p_value = [*coef, 0.0], len(coef), None
+    # The contention term is tried only where the data can test it (points at three or more
+    # N, a spare degree of freedom) and kept only if an F-test rejects "no contention".
+    if len({p.pairs for p in pts}) >= 3 and len(data) > k + 1:
+        coef_f, rss_f = _lsq([columns(d, True) for d in data], y)
+        dof = len(data) - k - 1
         if rss_f > 0 and rss - rss_f > 1e-12 * max(1.0, rss):
             p_value = float(f_dist.sf((rss - rss_f) / (rss_f / dof), 1, dof))
-        elif rss - rss_f > 1e-12:          # the full model fits exactly: contention explains it
-            p_value = 0.0
-        else:
-            p_value = 1.0
-        if p_value < F_TEST_ALPHA and coef_f[2] > 0:
-            kept, rss = coef_f, rss_f
+        else:       # no better, or exact while the simpler model is not
+            p_value = 0.0 if rss - rss_f > 1e-12 else 1.0
+        if p_value < F_TEST_ALPHA and coef_f[-1] > 0:
+            kept, rss, k = coef_f, rss_f, k + 1
             notes.append(f"contention term kept (F-test p={p_value:.3g} < {F_TEST_ALPHA})")
         else:
             notes.append(f"contention term dropped (F-test p={p_value:.3g})")
     else:
         notes.append("contention not testable: needs points at 3 or more N")
+    if not with_base:
+        kept = [0.0, *kept]
+    base, idle_c, unit, cont = kept
     mean = sum(y) / len(y)
     tss = sum((v - mean) ** 2 for v in y)
-    k = 3 if kept[2] else 2
     r2 = 1 - rss / tss if tss > 0 else None
-    adj = (1 - (1 - r2) * (len(y) - 1) / (len(y) - k - 1)
-           if r2 is not None and len(y) - k - 1 > 0 else None)
-    fitted = [kept[0] * d[2] + kept[1] * d[3] + kept[2] * d[3] * max(0, d[1] - 1) for d in data]
-    return CostModel(kept[0], kept[1], kept[2], p_value, r2, adj,
+    adj = (1 - (1 - r2) * (len(y) - 1) / (len(y) - k)
+           if r2 is not None and len(y) - k > 0 else None)
+    fitted = [base + idle_c * d[2] + unit * d[3] + cont * d[3] * max(0, d[1] - 1) for d in data]
+    return CostModel(idle_c, unit, cont, p_value, r2, adj,
                      tuple(Residual(d[0], d[1], d[2], d[3], d[4], f) for d, f in zip(data, fitted)),
-                     "; ".join(notes))
+                     "; ".join(notes), base)
 
 
 # --------------------------------------------------------------------------- knee, saturation
@@ -385,14 +402,15 @@ def _g(v: float | None, digits: int = 4) -> str:
 
 def render_mode(mp: ModePlan, unit: str) -> list[str]:
     m = mp.model
-    lines = [f"{mp.mode} ({mp.series}): cores = {m.idle_cores_per_vm:.4g} x guests + "
+    lines = [f"{mp.mode} ({mp.series}): cores = "
+             + (f"{m.base_cores:.4g} + " if m.base_cores else "") + f"{m.idle_cores_per_vm:.4g} x guests + "
              f"{m.cores_per_unit:.4g} x {unit}"
              + (f" + {m.contention:.4g} x {unit} x (N-1)" if m.contention else "")
              + f"; R^2 {_g(m.r2)}, adjusted {_g(m.adj_r2)}",
              f"  {m.note}",
              f"  knee: {'N=' + str(mp.knee) if mp.knee else 'none'} ({mp.knee_why})"]
     header = ("source", "N", "guests", unit, "cores", "fit", "residual", "softirq", "per pair",
-              "p99 us", "")
+              "pair cores", "p99 us", "")
     rows = []
     # Residuals are the idle readings first, then the points in order.
     sources = [None] * (len(m.residuals) - len(mp.points)) + list(mp.points)
@@ -400,7 +418,7 @@ def render_mode(mp: ModePlan, unit: str) -> list[str]:
         res = r.residual if abs(r.residual) > 1e-9 * max(1.0, abs(r.measured)) else 0.0
         rows.append((r.source, str(r.pairs), str(r.guests), _g(r.traffic), _g(r.measured),
                      _g(r.fitted), f"{res:+.3g}", _g(p.softirq_cores) if p else "-",
-                     _g(p.per_pair) if p else "-",
+                     _g(p.per_pair) if p else "-", _g(p.pair_cores) if p else "-",
                      _g(p.p99_us) if p else "-", "saturated" if p and p.saturated else ""))
     widths = [max(len(x[i]) for x in (header, *rows)) for i in range(len(header))]
     lines += ["  " + "  ".join(v.ljust(w) for v, w in zip(x, widths)).rstrip()
@@ -439,6 +457,8 @@ def plan(rec: RunRecord, demand: Any, *, host_cores: float | None = None,
         raise CapacityError(f"run {rid} records no cpus; pass --host-cores")
     if not 0 <= headroom < 1:
         raise CapacityError(f"--headroom {headroom}: expected a fraction in [0, 1)")
+    if memory_mib is not None and memory_mib <= 0:
+        raise CapacityError(f"--memory-mib {memory_mib}: expected a positive number of MiB")
     if overcommit <= 0:
         raise CapacityError(f"--overcommit {overcommit}: expected a positive ratio")
     mem = host_memory_mib if host_memory_mib is not None else (
@@ -448,7 +468,8 @@ def plan(rec: RunRecord, demand: Any, *, host_cores: float | None = None,
     guests = (rec.run.get("topology") or {}).get("guests") or ()
     guest_mem = memory_mib or max((int(g.get("memory_mib") or 1024) for g in guests), default=1024)
     vcpus = max((int(g.get("vcpus") or 1) for g in guests), default=1)
-    host = Host(float(cores), int(env.get("cpus") or cores), float(mem), headroom,
+    # Recorded cpus are logical threads; a planned host given in cores is taken as that many.
+    host = Host(float(cores), int(cores), float(mem), headroom,
                 memory_reserve_mib, overcommit, link_gbit)
     pts = points(rec, demand.kind, mtu=mtu, connections=connections)
     if not pts:

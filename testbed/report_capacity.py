@@ -55,7 +55,7 @@ def _mode_plot(run_id: str, mode: str, kind: str, pts: Sequence[cm.PairsPoint],
     def cpu(ax: Any) -> None:
         ax.plot([p.pairs for p in mine], [p.host_cores for p in mine], "o", color="C1",
                 alpha=0.5, label="measured")
-        ax.plot(ns, [model.idle_cores_per_vm * 2 * n + model.cores_per_unit * agg[n]
+        ax.plot(ns, [model.base_cores + model.idle_cores_per_vm * 2 * n + model.cores_per_unit * agg[n]
                      + model.contention * agg[n] * (n - 1) for n in ns], "-", color="C2",
                 label=f"fit: {model.idle_cores_per_vm:.3g}/guest + {model.cores_per_unit:.3g}"
                       f"/{'Gbit/s' if kind == 'stream' else 'tps'}")

@@ -76,6 +76,18 @@ def test_the_fit_recovers_known_idle_and_per_unit_costs(tmp_path):
     assert {r.source for r in m.residuals} >= {"idle", "bridge-qemu-mtu1500-conn1-tcp_stream-p4"}
 
 
+def test_a_host_base_load_is_fitted_apart_when_idle_readings_allow(tmp_path):
+    idle = [{**r, "host_busy_cores": r["host_busy_cores"] + 0.2} for r in idle_readings((0, 2, 4))]
+    cells = [("bridge", n, [(2000.0 * n, busy(n, 2.0 * n) + 0.2, None)]) for n in (1, 2)]
+    (mp,) = plan(write(tmp_path, "base", cells, idle=idle)).modes
+    m = mp.model
+    assert (m.base_cores, m.idle_cores_per_vm, m.cores_per_unit) == (
+        pytest.approx(0.2), pytest.approx(IDLE), pytest.approx(UNIT))
+    # One idle guest count cannot separate them: no base, the note says so.
+    (mp,) = plan(write(tmp_path, "one", cells, idle=idle[1:2])).modes
+    assert mp.model.base_cores == 0 and "charged to the guests" in mp.model.note
+
+
 def test_contention_is_kept_only_when_the_f_test_supports_it(tmp_path):
     rnd = random.Random(7)
     cells = [("bridge", n, [(2000.0 * n, busy(n, 2.0 * n, 0.05) + rnd.gauss(0, 0.005), None)
