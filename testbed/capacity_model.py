@@ -18,6 +18,8 @@ Per sample (``samples.jsonl``):
 
 Per run (``run.json``):
 
+- ``environment.link_gbit``: the uplink's measured capacity, when the run measured it (the
+  default for ``--link-gbit``; else 10 Gbit/s).
 - ``idle``: a list of idle readings, each of N booted guests with no traffic, averaged over a
   window: ``guests``, ``window_s``, ``host_busy_cores``, ``host_memory_used_mib``,
   ``qemu_rss_mib`` (guest -> MiB), ``memory_mib`` (the guests' configured memory), and
@@ -444,7 +446,7 @@ class PairsPlan:
 
 
 def plan(rec: RunRecord, demand: Any, *, host_cores: float | None = None,
-         headroom: float = 0.2, link_gbit: float = 10.0, memory_reserve_mib: float = 2048.0,
+         headroom: float = 0.2, link_gbit: float | None = None, memory_reserve_mib: float = 2048.0,
          host_memory_mib: float | None = None, overcommit: float = 1.0,
          memory_mib: int | None = None, extrapolate: bool = False, mtu: int | None = None,
          connections: int | None = None) -> PairsPlan:
@@ -468,6 +470,8 @@ def plan(rec: RunRecord, demand: Any, *, host_cores: float | None = None,
     guests = (rec.run.get("topology") or {}).get("guests") or ()
     guest_mem = memory_mib or max((int(g.get("memory_mib") or 1024) for g in guests), default=1024)
     vcpus = max((int(g.get("vcpus") or 1) for g in guests), default=1)
+    if link_gbit is None:       # measured and recorded by the run, else a 10 Gbit/s uplink
+        link_gbit = _num(env.get("link_gbit")) or 10.0
     # Recorded cpus are logical threads; a planned host given in cores is taken as that many.
     host = Host(float(cores), int(cores), float(mem), headroom,
                 memory_reserve_mib, overcommit, link_gbit)

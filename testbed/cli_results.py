@@ -144,7 +144,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
             print(f"testbed capacity: {capacity.TCG_BANNER}", file=sys.stderr)
         return 0
     p = capacity.plan(rec, demand, host_cores=args.host_cores,
-                      headroom=args.headroom, link_gbit=args.link_gbit, basis=args.basis,
+                      headroom=args.headroom,
+                      link_gbit=10.0 if args.link_gbit is None else args.link_gbit, basis=args.basis,
                       mtu=args.mtu, connections=args.connections)
     if args.json:
         print(json.dumps({**capacity.to_dict(p), "note": capacity_model.ONE_PAIR_NOTE},
@@ -205,8 +206,8 @@ def add_commands(subparsers: Any) -> None:
                    help="fraction of cores and link kept free (default 0.2)")
     k.add_argument("--host-cores", type=_positive, default=None, metavar="N",
                    help="cores on the planned host (default: the run's recorded cpus)")
-    k.add_argument("--link-gbit", type=_positive, default=10.0, metavar="G",
-                   help="uplink capacity in Gbit/s (default 10)")
+    k.add_argument("--link-gbit", type=_positive, default=None, metavar="G",
+                   help="uplink capacity in Gbit/s (default: measured by the run, else 10)")
     k.add_argument("--basis", choices=("host", "qemu"), default="host",
                    help="CPU counted: host busy cores, or QEMU+vhost+ovs-vswitchd (default host)")
     k.add_argument("--mtu", type=int, default=None, help="only cells at this MTU")

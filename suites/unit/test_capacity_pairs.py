@@ -150,6 +150,10 @@ def test_refuses_to_extrapolate_beyond_twice_the_largest_n(tmp_path):
     assert any("extrapolated to 16 VMs, 4x the largest measured N=4" in w for w in mp.warnings)
     (mp,) = plan(path, extrapolate=True, link_gbit=100, overcommit=4).modes
     assert (mp.vms, mp.limit) == (36, "cpu")                       # 12.8 / 0.35
+    # A link the run measured is the default; a given one overrides it.
+    measured = linear_run(tmp_path, run_id="linked", link_gbit=100.0)
+    (mp,) = plan(measured, extrapolate=True, overcommit=4).modes
+    assert mp.by["link"] == 75 and plan(measured, link_gbit=10).modes[0].by["link"] == 7
 
 
 def test_old_single_pair_runs_still_plan_with_a_note(tmp_path, capsys):
