@@ -381,6 +381,10 @@ def plan_mode(mode: str, pts: Sequence[PairsPoint], idle: Sequence[IdleReading],
                             f"measured N={max_n} ({limit} would allow {vms}); measure more "
                             f"pairs or pass --extrapolate")
             vms, limit = reach, "evidence"
+    top = max(p.per_pair for p in mine)
+    if per_vm > top:
+        warnings.append(f"per-VM demand {per_vm:g} is above the {top:.4g} per pair measured: "
+                        f"traffic cost extrapolated")
     kn, why = knee(mine)
     sat = saturated_at(mine)
     if sat:

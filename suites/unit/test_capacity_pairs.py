@@ -73,6 +73,9 @@ def test_the_fit_recovers_known_idle_and_per_unit_costs(tmp_path):
     assert m.cores_per_unit == pytest.approx(UNIT, rel=1e-6)
     assert m.contention == 0 and "dropped" in m.note          # exact data: no contention
     assert all(abs(r.residual) < 1e-6 for r in m.residuals)
+    assert not any("extrapolated" in w for w in mp.warnings)
+    (mp,) = plan(linear_run(tmp_path, run_id="fast"), "stream:3gbit").modes
+    assert any("above the 2 per pair measured" in w for w in mp.warnings)
     assert {r.source for r in m.residuals} >= {"idle", "bridge-qemu-mtu1500-conn1-tcp_stream-p4"}
 
 
