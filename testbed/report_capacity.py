@@ -87,8 +87,11 @@ def table(records: Sequence[RunRecord], profile: str | None) -> tuple[CapacityRo
     """The capacity table at ``profile`` (e.g. stream:2gbit) with default host options."""
     if not profile:
         return ()
-    from testbed.capacity import parse_demand
-    demand = parse_demand(profile)
+    from testbed.capacity import CapacityError, parse_demand
+    try:
+        demand = parse_demand(profile)
+    except CapacityError as e:      # the report's option has its own name
+        raise CapacityError(str(e).replace("--profile", "--capacity-profile", 1)) from None
     rows = []
     for rec in records:
         if not cm.has_pairs_data(rec) or not cm.points(rec, demand.kind):
