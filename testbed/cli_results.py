@@ -126,20 +126,20 @@ def cmd_export_csv(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- capacity
 
 def cmd_capacity(args: argparse.Namespace) -> int:
-    from testbed import capacity, capacity_model, compare
+    from testbed import capacity, capacity_model, capacity_plan, compare
     rec = compare.load(args.run, _results_root(args))
     demand = capacity.parse_demand(args.profile)
     if capacity_model.has_pairs_data(rec):
-        q = capacity_model.plan(
+        q = capacity_plan.plan(
             rec, demand, host_cores=args.host_cores, headroom=args.headroom,
             link_gbit=args.link_gbit, memory_reserve_mib=args.memory_reserve_mib,
             host_memory_mib=args.host_memory_mib, overcommit=args.overcommit,
             memory_mib=args.memory_mib, extrapolate=args.extrapolate, mtu=args.mtu,
             connections=args.connections)
         if args.json:
-            print(json.dumps(capacity_model.to_dict(q, capacity.TCG_BANNER), indent=2, default=str))
+            print(json.dumps(capacity_plan.to_dict(q, capacity.TCG_BANNER), indent=2, default=str))
         else:
-            sys.stdout.write(capacity_model.render_text(q, capacity.TCG_BANNER))
+            sys.stdout.write(capacity_plan.render_text(q, capacity.TCG_BANNER))
         if q.tcg:
             print(f"testbed capacity: {capacity.TCG_BANNER}", file=sys.stderr)
         return 0
@@ -148,10 +148,10 @@ def cmd_capacity(args: argparse.Namespace) -> int:
                       link_gbit=10.0 if args.link_gbit is None else args.link_gbit, basis=args.basis,
                       mtu=args.mtu, connections=args.connections)
     if args.json:
-        print(json.dumps({**capacity.to_dict(p), "note": capacity_model.ONE_PAIR_NOTE},
+        print(json.dumps({**capacity.to_dict(p), "note": capacity_plan.ONE_PAIR_NOTE},
                          indent=2, default=str))
     else:
-        sys.stdout.write(capacity.render_text(p) + capacity_model.ONE_PAIR_NOTE + "\n")
+        sys.stdout.write(capacity.render_text(p) + capacity_plan.ONE_PAIR_NOTE + "\n")
     if p.tcg:
         print(f"testbed capacity: {capacity.TCG_BANNER}", file=sys.stderr)
     return 0

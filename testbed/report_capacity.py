@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from testbed import capacity_model as cm
+from testbed import capacity_plan
 from testbed.results import RunRecord
 
 
@@ -96,7 +97,7 @@ def table(records: Sequence[RunRecord], profile: str | None) -> tuple[CapacityRo
     for rec in records:
         if not cm.has_pairs_data(rec) or not cm.points(rec, demand.kind):
             continue
-        p = cm.plan(rec, demand)
+        p = capacity_plan.plan(rec, demand)
         for mp in p.modes:
             m = mp.model
             rows.append(CapacityRow(
@@ -104,7 +105,7 @@ def table(records: Sequence[RunRecord], profile: str | None) -> tuple[CapacityRo
                 f"{m.idle_cores_per_vm:.3g}/guest + {m.cores_per_unit:.3g}/unit"
                 + (f" + {m.contention:.3g}/unit/(N-1)" if m.contention else ""),
                 mp.vms, mp.limit, tuple("-" if mp.by[k] is None else str(mp.by[k])
-                                        for k in cm.LIMITS),
+                                        for k in capacity_plan.LIMITS),
                 f"N={mp.knee}" if mp.knee else "-",
                 ",".join(f"N={n}" for n in mp.saturated) or "-", mp.warnings))
     return tuple(rows)

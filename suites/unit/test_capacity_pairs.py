@@ -1,4 +1,4 @@
-"""testbed.capacity_model: the fitted cost model from N pairs at once, on synthetic run records."""
+"""testbed.capacity_model and capacity_plan: the fitted cost model from N pairs at once, on synthetic run records."""
 from __future__ import annotations
 
 import argparse
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed import capacity_model, cli_results, compare
+from testbed import capacity_model, capacity_plan, cli_results, compare
 from testbed.capacity import parse_demand
 from testbed.model import Attachment, Backend, Cell, GuestSpec, HostSpec, Matrix, Profile, Topology
 from testbed.results import RunWriter, Sample, now
@@ -62,8 +62,8 @@ def linear_run(tmp_path: Path, ns=(1, 2, 4), **kw) -> Path:
                  idle=kw.pop("idle", idle_readings()), **kw)
 
 
-def plan(path: Path, spec: str = "stream:1gbit", **kw) -> capacity_model.PairsPlan:
-    return capacity_model.plan(compare.load(path), parse_demand(spec), **kw)
+def plan(path: Path, spec: str = "stream:1gbit", **kw) -> capacity_plan.PairsPlan:
+    return capacity_plan.plan(compare.load(path), parse_demand(spec), **kw)
 
 
 def test_the_fit_recovers_known_idle_and_per_unit_costs(tmp_path):
