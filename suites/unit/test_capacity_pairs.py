@@ -10,12 +10,14 @@ import pytest
 
 from testbed import capacity_model, capacity_plan, cli_results, compare
 from testbed.capacity import parse_demand
-from testbed.model import Attachment, Backend, Cell, GuestSpec, HostSpec, Matrix, Profile, Topology
+from testbed.model import (Attachment, Backend, Cell, GuestSpec, HostSpec, Matrix, Pattern,
+                           Profile, Topology)
 from testbed.results import RunWriter, Sample, now
 
 pytestmark = pytest.mark.unit
 
 STREAM = Profile("tcp_stream", message_size=16384)
+RR = Profile("tcp_rr", pattern=Pattern.RR, message_size=1, response_size=1)
 IDLE, UNIT = 0.05, 0.3          # cores per idle guest, cores per Gbit/s
 
 
@@ -24,10 +26,10 @@ def busy(n: int, gbit: float, contention: float = 0.0) -> float:
 
 
 def write(root: Path, run_id: str, cells: list[tuple], *, memory_mib: int = 1024,
-          idle: list[dict] | None = None, **env) -> Path:
-    """cells: (attachment, pairs, [(aggregate Mbit/s, host busy, per-pair extras | None)])."""
+          idle: list[dict] | None = None, profile: Profile = STREAM, **env) -> Path:
+    """cells: (attachment, pairs, [(aggregate Mbit/s or tps, host busy, per-pair extras)])."""
     atts = tuple(dict.fromkeys(Attachment(a) for a, _, _ in cells))
-    matrix = Matrix(atts, (Backend.QEMU,), (1500,), (1,), (STREAM,))
+    matrix = Matrix(atts, (Backend.QEMU,), (1500,), (1,), (profile,))
     topo = Topology("t", "<test>", (HostSpec("local"),),
                     (GuestSpec("g1", "local", memory_mib), GuestSpec("g2", "local", memory_mib)),
                     "g1", "g2", matrix)
@@ -37,12 +39,13 @@ def write(root: Path, run_id: str, cells: list[tuple], *, memory_mib: int = 1024
         if idle is not None:
             w.update(idle=idle)
         for att, n, samples in cells:
-            c = Cell(Attachment(att), Backend.QEMU, 1500, 1, STREAM)
+            c = Cell(Attachment(att), Backend.QEMU, 1500, 1, profile)
+            metric = "throughput_mbps" if profile is STREAM else "transactions_per_s"
             cell = {**c.as_dict(), "pairs": n, "id": f"{c.id}-p{n}"}
             for rep, (mbps, host, pairs) in enumerate(samples):
                 extra = {"pairs": pairs} if pairs is not None else {}
                 w.add_sample(Sample(run_id, cell, rep, False, "ok", None,
-                                    {"throughput_mbps": mbps, "latency_p99_us": 100.0},
+                                    {metric: mbps, "latency_p99_us": 100.0},
                                     {"host": {"busy": host, "softirq": 0.1}}, now(), now(),
                                     extra=extra))
             w.add_cell(c, "ok", None, None, {})
@@ -133,6 +136,17 @@ def test_a_pair_short_of_its_target_marks_the_cell_saturated(tmp_path):
     assert mp.saturated == (2,)
     assert any("saturated at N=2" in w for w in mp.warnings)
     assert mp.knee is None                  # per-pair 1.9 vs 2.0 Gbit/s: within 10 %
+
+
+def test_transactions_plan_with_their_own_unit_and_wire_cost(tmp_path):
+    # 5000 tps a pair; 20 us of host CPU per transaction, 0.05 cores per idle guest.
+    cells = [("bridge", n, [(5000.0 * n, IDLE * 2 * n + 2e-5 * 5000 * n, None)]) for n in (1, 2, 4)]
+    path = write(tmp_path, "rr", cells, idle=idle_readings(), profile=RR)
+    (mp,) = plan(path, "rr:2000tps", extrapolate=True).modes
+    assert mp.model.cores_per_unit == pytest.approx(2e-5)
+    assert mp.by["cpu"] == 142                 # 12.8 / (0.05 + 0.04); 16 vCPUs bind first
+    assert (mp.vms, mp.limit) == (16, "vcpu")
+    assert mp.by["link"] == int(8 / (2000 * 8 * 91 / 1e9))
 
 
 def test_the_knee_is_where_per_pair_rate_drops_more_than_10_percent(tmp_path):
