@@ -101,7 +101,8 @@ def cmd_report(args: argparse.Namespace) -> int:
                                     for r in records):
         records.insert(0, baseline)     # its environment and numbers belong on the page too
     rep = report.build(records, generated=results.now(), baseline=baseline,
-                       threshold=args.threshold, test=args.test)
+                       threshold=args.threshold, test=args.test,
+                       capacity_profile=args.capacity_profile)
     _write(args.output, report.render(rep))
     print(f"wrote {args.output}: {len(records)} runs, {len(rep.plots)} plots", file=sys.stderr)
     if args.csv:
@@ -125,15 +126,32 @@ def cmd_export_csv(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- capacity
 
 def cmd_capacity(args: argparse.Namespace) -> int:
-    from testbed import capacity, compare
-    p = capacity.plan(compare.load(args.run, _results_root(args)),
-                      capacity.parse_demand(args.profile), host_cores=args.host_cores,
-                      headroom=args.headroom, link_gbit=args.link_gbit, basis=args.basis,
+    from testbed import capacity, capacity_model, capacity_plan, compare
+    rec = compare.load(args.run, _results_root(args))
+    demand = capacity.parse_demand(args.profile)
+    if capacity_model.has_pairs_data(rec):
+        q = capacity_plan.plan(
+            rec, demand, host_cores=args.host_cores, headroom=args.headroom,
+            link_gbit=args.link_gbit, memory_reserve_mib=args.memory_reserve_mib,
+            host_memory_mib=args.host_memory_mib, overcommit=args.overcommit,
+            memory_mib=args.memory_mib, extrapolate=args.extrapolate, mtu=args.mtu,
+            connections=args.connections)
+        if args.json:
+            print(json.dumps(capacity_plan.to_dict(q, capacity.TCG_BANNER), indent=2, default=str))
+        else:
+            sys.stdout.write(capacity_plan.render_text(q, capacity.TCG_BANNER))
+        if q.tcg:
+            print(f"testbed capacity: {capacity.TCG_BANNER}", file=sys.stderr)
+        return 0
+    p = capacity.plan(rec, demand, host_cores=args.host_cores,
+                      headroom=args.headroom,
+                      link_gbit=10.0 if args.link_gbit is None else args.link_gbit, basis=args.basis,
                       mtu=args.mtu, connections=args.connections)
     if args.json:
-        print(json.dumps(capacity.to_dict(p), indent=2, default=str))
+        print(json.dumps({**capacity.to_dict(p), "note": capacity_plan.ONE_PAIR_NOTE},
+                         indent=2, default=str))
     else:
-        sys.stdout.write(capacity.render_text(p))
+        sys.stdout.write(capacity.render_text(p) + capacity_plan.ONE_PAIR_NOTE + "\n")
     if p.tcg:
         print(f"testbed capacity: {capacity.TCG_BANNER}", file=sys.stderr)
     return 0
@@ -175,6 +193,8 @@ def add_commands(subparsers: Any) -> None:
     r.add_argument("--csv", metavar="FILE", help="also write every sample as CSV")
     r.add_argument("--threshold", type=_fraction, default=0.05)
     r.add_argument("--test", choices=("welch", "mannwhitney"), default="welch")
+    r.add_argument("--capacity-profile", metavar="SPEC", default=None,
+                   help="add the capacity table at this per-VM profile (stream:2gbit, rr:5ktps)")
     _common(r)
     r.set_defaults(func=cmd_report)
 
@@ -186,12 +206,22 @@ def add_commands(subparsers: Any) -> None:
                    help="fraction of cores and link kept free (default 0.2)")
     k.add_argument("--host-cores", type=_positive, default=None, metavar="N",
                    help="cores on the planned host (default: the run's recorded cpus)")
-    k.add_argument("--link-gbit", type=_positive, default=10.0, metavar="G",
-                   help="uplink capacity in Gbit/s (default 10)")
+    k.add_argument("--link-gbit", type=_positive, default=None, metavar="G",
+                   help="uplink capacity in Gbit/s (default: measured by the run, else 10)")
     k.add_argument("--basis", choices=("host", "qemu"), default="host",
                    help="CPU counted: host busy cores, or QEMU+vhost+ovs-vswitchd (default host)")
     k.add_argument("--mtu", type=int, default=None, help="only cells at this MTU")
     k.add_argument("--connections", type=int, default=None, help="only cells with this many")
+    k.add_argument("--memory-reserve-mib", type=_positive, default=2048.0, metavar="MIB",
+                   help="host memory kept for the host itself (default 2048)")
+    k.add_argument("--host-memory-mib", type=_positive, default=None, metavar="MIB",
+                   help="memory of the planned host (default: the run's recorded memory)")
+    k.add_argument("--memory-mib", type=int, default=None, metavar="MIB",
+                   help="memory per planned VM (default: the run's largest guest)")
+    k.add_argument("--overcommit", type=_positive, default=1.0, metavar="R",
+                   help="vCPUs per host thread (default 1, no overcommit)")
+    k.add_argument("--extrapolate", action="store_true",
+                   help="allow answers beyond 2x the largest measured number of pairs")
     k.add_argument("--json", action="store_true")
     _common(k)
     k.set_defaults(func=cmd_capacity)

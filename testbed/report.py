@@ -333,6 +333,8 @@ class Report:
     baseline: str | None
     comparisons: tuple[RunComparison, ...]
     plots: tuple[Plot, ...]
+    capacity: tuple[Any, ...] = ()          # report_capacity.CapacityRow
+    capacity_profile: str | None = None
 
     @property
     def any_tcg(self) -> bool:
@@ -345,12 +347,15 @@ class Report:
 
 
 def build(records: Sequence[RunRecord], *, generated: str, baseline: RunRecord | None = None,
-          threshold: float = 0.05, test: str = "welch") -> Report:
+          threshold: float = 0.05, test: str = "welch",
+          capacity_profile: str | None = None) -> Report:
+    from testbed import report_capacity
     views = tuple(run_view(r) for r in records)
     cells = [c for v in views for c in v.cells]
     runs = [v.run_id for v in views]
     plots = tuple(p for p in (throughput_plot(cells, runs), latency_plot(cells, runs),
                               cpu_plot(cells, runs)) if p is not None)
+    plots += report_capacity.plots(records)
     comparisons = ()
     if baseline is not None:
         base_id = baseline.run.get("run_id")
@@ -359,7 +364,9 @@ def build(records: Sequence[RunRecord], *, generated: str, baseline: RunRecord |
     return Report(title="Network testbed report: " + ", ".join(v.run_id for v in views),
                   generated=generated, runs=views,
                   baseline=None if baseline is None else str(baseline.run.get("run_id")),
-                  comparisons=comparisons, plots=plots)
+                  comparisons=comparisons, plots=plots,
+                  capacity=report_capacity.table(records, capacity_profile),
+                  capacity_profile=capacity_profile)
 
 
 def _num(v: float | None, digits: int = 4) -> str:
