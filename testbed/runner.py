@@ -112,7 +112,8 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
         try:
             for g in guests.values():
                 g.wait_ready(t.ready_timeout_s)
-                progress(f"guest {g.name} ready in {g.ready_s:.1f} s")
+                progress(f"guest {g.name} ready in {g.ready_s:.1f} s ({g.boot}"
+                         + (f": {g.boot_reason})" if g.boot_reason else ")"))
         except (ReadinessError, GuestError) as e:
             # No VM cell can run without its guests: each is recorded as failed with the
             # reason (and the console tail), so the run says what happened.
@@ -121,8 +122,7 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
                 if not cell.attachment.is_netns:
                     measure.fail_cell(cell, writer, f"guest not ready: {e}", placement)
             cells = [c for c in cells if c.attachment.is_netns]
-        writer.update(guests={g.spec.name: {"domain": g.name, "host": g.spec.host, "ready_s": g.ready_s}
-                              for g in guests.values()})
+        writer.update(guests={g.spec.name: g.record() for g in guests.values()})
         # Host-side CPU is read from this machine's /proc: a guest on a remote host has its
         # guest-side CPU only, and the run says so.
         pids = {name: virt.qemu_pid(g) for name, g in guests.items() if g.shell is None}
