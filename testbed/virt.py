@@ -209,6 +209,14 @@ class Guest:
                                  "snapshot removed", 0, self.console_tail()) from None
         finally:
             image.unlink(missing_ok=True)
+        # Back from the snapshot, like every later restore: the clock stood still meanwhile.
+        deadline = time.monotonic() + 60
+        while not self._agent_up():
+            if time.monotonic() > deadline or not self.dom.isActive():
+                raise ReadinessError(f"guest {self.name} (agent after restore from its new snapshot)", 60,
+                                     self.console_tail())
+            time.sleep(0.1)
+        self._refresh()
         log.info("guest %s: snapshot %s saved in %.1f s", self.name, key.digest, self.snapshot_saved_s)
 
     def _agent_up(self) -> bool:
