@@ -51,19 +51,18 @@ def destroy(dom: libvirt.virDomain) -> None:
 
 @contextlib.contextmanager
 def restored_domain(conn: libvirt.virConnect, image: Path, name: str) -> Iterator[libvirt.virDomain]:
-    """A domain restored from a save image (transient: destroying it forgets it)."""
+    """A domain restored from a save image (transient: destroying it forgets it). Destroyed
+    by its name on the way out, also when the restore failed or was interrupted half-way
+    (a Ctrl-C arrives after the call returns, and the domain is ours by its name)."""
     try:
-        conn.restoreFlags(str(image), None, libvirt.VIR_DOMAIN_SAVE_RUNNING)
-    except libvirt.libvirtError as e:
-        # A restore that died half-way may have left the domain; it is ours, by its name.
+        try:
+            conn.restoreFlags(str(image), None, libvirt.VIR_DOMAIN_SAVE_RUNNING)
+        except libvirt.libvirtError as e:
+            raise TestbedError(f"restore of {name} failed: {e.get_error_message()}") from None
+        yield conn.lookupByName(name)
+    finally:
         with contextlib.suppress(libvirt.libvirtError):
             destroy(conn.lookupByName(name))
-        raise TestbedError(f"restore of {name} failed: {e.get_error_message()}") from None
-    dom = conn.lookupByName(name)
-    try:
-        yield dom
-    finally:
-        destroy(dom)
 
 
 @contextlib.contextmanager
