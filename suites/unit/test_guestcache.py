@@ -127,3 +127,22 @@ def test_partial_snapshot_is_not_used_and_prunable_once_its_writer_died(tmp_path
     dead = b.tmp.with_name(f"tb-snap-{KEY.folder_name}-999999999-zz")
     b.tmp.rename(dead)
     assert guestcache.writer_dead(dead)
+
+
+def test_cache_list_and_prune(tmp_path, monkeypatch, capsys):
+    from testbed import cli
+    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path))
+    foreign = tmp_path / "images" / "someone-else-0123456789abcdef"
+    foreign.mkdir(parents=True)
+    stale = tmp_path / "images" / "debian12-0000000000000000"
+    stale.mkdir()
+    made = _commit(KEY)
+    dead = tmp_path / "snapshots" / f"tb-snap-{KEY.folder_name}-999999999-zz"
+    dead.mkdir()
+    assert cli.main(["cache", "list"]) == 0
+    out = capsys.readouterr().out
+    assert KEY.folder_name in out and "someone-else" in out and "foreign" in out and "stale" in out
+    assert "partial" in out
+    assert cli.main(["cache", "prune", "--images"]) == 0
+    assert not made.folder.exists() and not dead.exists() and not stale.exists()
+    assert foreign.exists(), "an image of a recipe this checkout does not have was pruned"
