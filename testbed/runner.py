@@ -108,6 +108,8 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
                     virt.guest(conns[h.uri], spec, img, accel, run_id, tag, state,  # type: ignore[arg-type]
                                shell=remote.shell(h) if h.remote else None))
                 writer.count("boots")
+                if guests[spec.name].boot == "restored":
+                    writer.count("restores")
         placement = {g.spec.name: g.spec.host for g in guests.values()}
         try:
             for g in guests.values():
