@@ -171,12 +171,15 @@ class Guest:
         a guest has right after a restore under TCG. Then a second sets the clock from the
         host: its lag is one exec start-up (tests check the skew). The agent's own
         guest-set-time is not used: it also runs hwclock, measured at 3-9 s here."""
-        res = self.agent.run(["/bin/sh", "-c", f"cat > /dev/urandom && test -e {BOOT_FINISHED}"],
-                             stdin=os.urandom(512), check=False, timeout=30)
-        if res.rc != 0:
-            raise GuestError(f"guest {self.name}: after restore: rc {res.rc} {res.stderr.strip()[:200]}")
-        now = time.time_ns()
-        self.agent.run(["/bin/date", "-u", "-s", f"@{now // 10**9}.{now % 10**9:09d}"], timeout=30)
+        try:
+            res = self.agent.run(["/bin/sh", "-c", f"cat > /dev/urandom && test -e {BOOT_FINISHED}"],
+                                 stdin=os.urandom(512), check=False, timeout=30)
+            if res.rc != 0:
+                raise GuestError(f"guest {self.name}: after restore: rc {res.rc} {res.stderr.strip()[:200]}")
+            now = time.time_ns()
+            self.agent.run(["/bin/date", "-u", "-s", f"@{now // 10**9}.{now % 10**9:09d}"], timeout=30)
+        except CommandError as e:
+            raise GuestError(f"guest {self.name}: after restore: {e}") from None
         return True
 
     def _save_snapshot(self) -> None:
@@ -202,13 +205,14 @@ class Guest:
                                      self.console_tail()) from None
             return
         # The domain is stopped now: its overlay becomes the frozen layer.
-        shutil.move(disk, builder.disk)
-        snap = builder.commit(self.name, uuid, time.monotonic() - started, replace=replace)
-        self.snapshot_saved_s = round(snap.save_s, 2)
-        self.snapshot_key = key.digest
-        _overlay_file(snap.disk, disk)
         image = state / f"{self.name}.save"
+        snap = None
         try:
+            shutil.move(disk, builder.disk)
+            snap = builder.commit(self.name, uuid, time.monotonic() - started, replace=replace)
+            self.snapshot_saved_s = round(snap.save_s, 2)
+            self.snapshot_key = key.digest
+            _overlay_file(snap.disk, disk)
             xml = guestcache.restore_xml(guestcache.read_image_xml(snap.state), name=self.name, uuid=uuid,
                                          run_id=self.run_id, disk=str(disk), seed=str(snap.seed),
                                          console_log=str(self.console_log))
@@ -216,9 +220,11 @@ class Guest:
             self.dom.undefine()     # the restored domain is transient, like every restored one
             conn.restoreFlags(str(image), None, libvirt.VIR_DOMAIN_SAVE_RUNNING)
             self.dom = self.agent.dom = conn.lookupByName(self.name)
-        except (TestbedError, libvirt.libvirtError) as e:
+        except (TestbedError, OSError, libvirt.libvirtError) as e:
             msg = e.get_error_message() if isinstance(e, libvirt.libvirtError) else str(e)
-            guestcache.remove(snap)
+            builder.discard()
+            if snap is not None:
+                guestcache.remove(snap)
             raise ReadinessError(f"guest {self.name}: restore from its new snapshot failed ({msg}); "
                                  "snapshot removed", 0, self.console_tail()) from None
         finally:
