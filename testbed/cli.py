@@ -127,8 +127,14 @@ def cmd_cache(args: argparse.Namespace) -> int:
             print(f"partial   {p.name}")
         return 0
     current = {p.name.rsplit("-", 1)[-1] for p, st in imgs if st == "current"}
+    # The cache is shared by every checkout and run on this host: what a domain runs on now
+    # (its disk's backing chain names the folder) stays.
+    in_use = _domain_xml_text()
     removed = 0
     for s in snaps:
+        if str(s.folder) in in_use:
+            print(f"kept snapshot {s.folder.name}: in use by a running domain")
+            continue
         if not args.stale or s.key.image_digest not in current:
             guestcache.remove(s)
             print(f"removed snapshot {s.folder.name}")
@@ -140,12 +146,26 @@ def cmd_cache(args: argparse.Namespace) -> int:
             removed += 1
     if args.images:
         for p, st in imgs:
-            if st == "stale":
+            if st == "stale" and str(p) in in_use:
+                print(f"kept image {p.name}: in use by a running domain")
+            elif st == "stale":
                 shutil.rmtree(p, ignore_errors=True)
                 print(f"removed image {p.name}")
                 removed += 1
     print(f"{removed} removed")
     return 0
+
+
+def _domain_xml_text() -> str:
+    import libvirt
+    try:
+        conn = libvirt.open("qemu:///system")
+    except libvirt.libvirtError:
+        return ""
+    try:
+        return "\n".join(d.XMLDesc(0) for d in conn.listAllDomains())
+    finally:
+        conn.close()
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
