@@ -24,7 +24,7 @@ from pathlib import Path
 import libvirt
 from pyroute2 import IPRoute
 
-from testbed import PREFIX, paths, proc
+from testbed import PREFIX, guestcache, paths, proc
 from testbed.errors import CommandError, LeftoversError
 from testbed.hostnet import links
 
@@ -38,9 +38,13 @@ class Leftovers:
     netns: list[str] = field(default_factory=list)
     ovs_bridges: list[str] = field(default_factory=list)
     state: list[str] = field(default_factory=list)
+    #: guest snapshots whose writer died half-way (tb-snap-* in the cache); finished
+    #: snapshots and images are never cleanup's business (`testbed cache prune`)
+    partial_snapshots: list[str] = field(default_factory=list)
 
     def empty(self) -> bool:
-        return not any((self.domains, self.links, self.netns, self.ovs_bridges, self.state))
+        return not any((self.domains, self.links, self.netns, self.ovs_bridges, self.state,
+                        self.partial_snapshots))
 
     def describe(self) -> str:
         parts = [f"{k}: {', '.join(v)}" for k, v in self.__dict__.items() if v]
@@ -118,6 +122,7 @@ def find(uri: str = "qemu:///system", include_live: bool = False) -> Leftovers:
         netns=_dead([p.name for p in netns_dir.iterdir()] if netns_dir.is_dir() else [], live),
         ovs_bridges=_dead(_ovs_bridges(), live),
         state=_dead([p.name for p in state.iterdir()] if state.is_dir() else [], live),
+        partial_snapshots=[str(p) for p in guestcache.partial() if guestcache.writer_dead(p)],
     )
 
 
@@ -165,6 +170,8 @@ def remove(found: Leftovers, uri: str = "qemu:///system") -> None:
     for s in found.state:
         _mark_killed(paths.state_dir() / s)
         shutil.rmtree(paths.state_dir() / s, ignore_errors=True)
+    for p in found.partial_snapshots:
+        shutil.rmtree(p, ignore_errors=True)
 
 
 def _running(pid: int) -> bool:

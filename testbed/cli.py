@@ -122,6 +122,69 @@ def _clean(label: str, find, remove) -> int:
     return 0
 
 
+def cmd_cache(args: argparse.Namespace) -> int:
+    """Images and guest snapshots under the cache folder. prune removes snapshots (all, or
+    those not matching this host and recipe with --stale), images other than the current
+    recipe's, and partial snapshots whose writer died."""
+    import shutil
+    import time
+    from testbed import guestcache, images, paths
+    snaps = guestcache.all_snapshots()
+    imgs = images.cached_images()
+    if args.action == "list":
+        print(f"cache: {paths.cache_dir()}")
+        for p, current in imgs:
+            size = sum(f.stat().st_size for f in p.iterdir() if f.is_file())
+            print(f"image     {p.name:<40} {size / 2**20:8.0f} MiB  {current}")
+        for s in snaps:
+            age = time.strftime("%Y-%m-%d %H:%M", time.gmtime(s.created))
+            print(f"snapshot  {s.folder.name:<40} {s.size_bytes() / 2**20:8.0f} MiB  "
+                  f"{s.key.memory_mib} MiB x {s.key.vcpus} vCPU, {s.key.accelerator}, image {s.key.image_digest}, {age}")
+        for p in guestcache.partial():
+            print(f"partial   {p.name}")
+        return 0
+    current = {p.name.rsplit("-", 1)[-1] for p, st in imgs if st == "current"}
+    # The cache is shared by every checkout and run on this host: what a domain runs on now
+    # (its disk's backing chain names the folder) stays.
+    in_use = _domain_xml_text()
+    removed = 0
+    for s in snaps:
+        if str(s.folder) in in_use:
+            print(f"kept snapshot {s.folder.name}: in use by a running domain")
+            continue
+        if not args.stale or s.key.image_digest not in current:
+            guestcache.remove(s)
+            print(f"removed snapshot {s.folder.name}")
+            removed += 1
+    for p in guestcache.partial():
+        if guestcache.writer_dead(p):
+            shutil.rmtree(p, ignore_errors=True)
+            print(f"removed partial {p.name}")
+            removed += 1
+    if args.images:
+        for p, st in imgs:
+            if st == "stale" and str(p) in in_use:
+                print(f"kept image {p.name}: in use by a running domain")
+            elif st == "stale":
+                shutil.rmtree(p, ignore_errors=True)
+                print(f"removed image {p.name}")
+                removed += 1
+    print(f"{removed} removed")
+    return 0
+
+
+def _domain_xml_text() -> str:
+    import libvirt
+    try:
+        conn = libvirt.open("qemu:///system")
+    except libvirt.libvirtError:
+        return ""
+    try:
+        return "\n".join(d.XMLDesc(0) for d in conn.listAllDomains())
+    finally:
+        conn.close()
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from testbed import bench
     return bench.main(args.what, args)
@@ -153,6 +216,11 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("recipe", nargs="?", help="a recipe name under images/ or a recipe folder "
                                              "(default: $TESTBED_IMAGE, else debian12)")
     i.set_defaults(func=cmd_image)
+    k = sub.add_parser("cache", help="show or remove cached images and guest snapshots")
+    k.add_argument("action", choices=("list", "prune"))
+    k.add_argument("--stale", action="store_true", help="prune: only snapshots of images no longer current")
+    k.add_argument("--images", action="store_true", help="prune: also images other than the current recipe's")
+    k.set_defaults(func=cmd_cache)
     b = sub.add_parser("bench", help="benchmarks that print figures")
     b.add_argument("what", choices=("boot", "matrix", "chain", "fidelity"))
     b.add_argument("--rounds", type=int, help="boot: rounds (default 1); fidelity: alternations (default 5)")

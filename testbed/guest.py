@@ -50,11 +50,14 @@ class Agent:
         except GuestError:
             return False
 
-    def spawn(self, argv: Sequence[str]) -> int:
-        """Start a process in the guest; returns its pid. Output is kept by the agent."""
+    def spawn(self, argv: Sequence[str], stdin: bytes | None = None) -> int:
+        """Start a process in the guest; returns its pid. Output is kept by the agent;
+        ``stdin`` is fed to the process by the agent."""
+        args = {"path": argv[0], "arg": list(argv[1:]), "capture-output": True}
+        if stdin is not None:
+            args["input-data"] = base64.b64encode(stdin).decode()
         try:
-            ret = self.command("guest-exec", {"path": argv[0], "arg": list(argv[1:]),
-                                              "capture-output": True})
+            ret = self.command("guest-exec", args)
         except GuestError as e:
             # The agent reports a missing binary as a failed exec: say which.
             raise CommandError([f"{self.name}:", *argv], 127, str(e)) from None
@@ -105,8 +108,9 @@ class Agent:
             return ""
         return res.stdout + res.stderr
 
-    def run(self, argv: Sequence[str], timeout: float = 30, check: bool = True) -> GuestResult:
-        res = self.wait(self.spawn(argv), argv, timeout)
+    def run(self, argv: Sequence[str], timeout: float = 30, check: bool = True,
+            stdin: bytes | None = None) -> GuestResult:
+        res = self.wait(self.spawn(argv, stdin), argv, timeout)
         if check and res.rc != 0:
             raise CommandError([f"{self.name}:", *argv], res.rc, res.stderr or res.stdout,
                                stdout=res.stdout)

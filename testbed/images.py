@@ -295,3 +295,20 @@ def stage(shell, img: Image, *, root: Path | None = None) -> Image:
         shell.run(["rm", "-rf", "--", tmp], check=False)
         raise
     return staged
+
+
+def cached_images() -> list[tuple[Path, str]]:
+    """Image folders in the cache, each as current (its recipe's digest now), stale (a
+    recipe of this checkout, other digest) or foreign (no recipe here: never pruned)."""
+    d = paths.cache_dir() / "images"
+    recipes = {}
+    for f in sorted(paths.images_dir().glob("*/recipe.yaml")):
+        with contextlib.suppress(ConfigError, KeyError, TypeError, yaml.YAMLError):
+            r = load_recipe(f.parent.name)
+            recipes[r.name] = r.digest()
+    out = []
+    for p in sorted(d.iterdir()) if d.is_dir() else ():
+        name, _, digest = p.name.rpartition("-")
+        if p.is_dir() and not p.name.startswith(PREFIX):
+            out.append((p, "foreign" if name not in recipes else "current" if digest == recipes[name] else "stale"))
+    return out

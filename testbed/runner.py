@@ -156,11 +156,14 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
                     virt.guest(conns[h.uri], spec, img, accel, run_id, tag, state,  # type: ignore[arg-type]
                                shell=remote.shell(h) if h.remote else None))
                 writer.count("boots")
+                if guests[spec.name].boot == "restored":
+                    writer.count("restores")
         placement = {g.spec.name: g.spec.host for g in guests.values()}
         try:
             for g in guests.values():
                 g.wait_ready(t.ready_timeout_s)
-                progress(f"guest {g.name} ready in {g.ready_s:.1f} s")
+                progress(f"guest {g.name} ready in {g.ready_s:.1f} s ({g.boot}"
+                         + (f": {g.boot_reason})" if g.boot_reason else ")"))
             if recipe_image is None or recipe_image.tools is None or any(g.spec.image for g in guests.values()):
                 guest_tools_check(cells, guests)
         except (ReadinessError, GuestError) as e:
@@ -171,8 +174,7 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
                 if not cell.attachment.is_netns:
                     measure.fail_cell(cell, writer, f"guest not ready: {e}", placement)
             cells = [c for c in cells if c.attachment.is_netns]
-        writer.update(guests={g.spec.name: {"domain": g.name, "host": g.spec.host, "ready_s": g.ready_s}
-                              for g in guests.values()})
+        writer.update(guests={g.spec.name: g.record() for g in guests.values()})
         # Host-side CPU is read from this machine's /proc: a guest on a remote host has its
         # guest-side CPU only, and the run says so.
         pids = {name: virt.qemu_pid(g) for name, g in guests.items() if g.shell is None}

@@ -4,15 +4,18 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
+import shutil
 import time
+import uuid as uuid_mod
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import libvirt
 
-from testbed import images, paths, proc, remote, render
-from testbed.errors import CommandError, ReadinessError, TestbedError
+from testbed import guestcache, images, paths, proc, remote, render
+from testbed.errors import CommandError, GuestError, ReadinessError, TestbedError
 from testbed.guest import Agent
 from testbed.model import Accelerator, GuestSpec
 
@@ -44,6 +47,22 @@ def destroy(dom: libvirt.virDomain) -> None:
             dom.destroy()
     with contextlib.suppress(libvirt.libvirtError):
         dom.undefine()
+
+
+@contextlib.contextmanager
+def restored_domain(conn: libvirt.virConnect, image: Path, name: str) -> Iterator[libvirt.virDomain]:
+    """A domain restored from a save image (transient: destroying it forgets it). Destroyed
+    by its name on the way out, also when the restore failed or was interrupted half-way
+    (a Ctrl-C arrives after the call returns, and the domain is ours by its name)."""
+    try:
+        try:
+            conn.restoreFlags(str(image), None, libvirt.VIR_DOMAIN_SAVE_RUNNING)
+        except libvirt.libvirtError as e:
+            raise TestbedError(f"restore of {name} failed: {e.get_error_message()}") from None
+        yield conn.lookupByName(name)
+    finally:
+        with contextlib.suppress(libvirt.libvirtError):
+            destroy(conn.lookupByName(name))
 
 
 @contextlib.contextmanager
@@ -88,6 +107,25 @@ class Guest:
     ready_s: float | None = None
     #: commands on the guest's host; None: this machine
     shell: remote.Shell | None = None
+    #: restored from a cached snapshot, or booted cold
+    boot: str = "cold"
+    #: the snapshot key (guestcache.Key.digest) this guest was restored from or saved to
+    snapshot_key: str | None = None
+    #: why a guest booted cold (no snapshot yet, key changed, restore failed, remote host)
+    boot_reason: str | None = None
+    #: a cold guest whose state is to be cached once ready: (key, conn, disk, seed, state)
+    save_to: tuple | None = None
+    snapshot_saved_s: float | None = None
+    run_id: str = ""
+    #: restored: seconds the restore itself took (copy of the image, restoreFlags)
+    restore_s: float | None = None
+
+    def record(self) -> dict:
+        """What the run record says about this guest's boot."""
+        return {"domain": self.name, "host": self.spec.host, "ready_s": self.ready_s, "boot": self.boot,
+                "snapshot_key": self.snapshot_key, "boot_reason": self.boot_reason,
+                "snapshot_saved_s": self.snapshot_saved_s,
+                "restore_s": None if self.restore_s is None else round(self.restore_s, 2)}
 
     def console_tail(self) -> str:
         if self.shell is None or not self.shell.remote:
@@ -98,9 +136,15 @@ class Guest:
             return ""
 
     def wait_ready(self, timeout: float) -> float:
-        """Wait for the agent, then for cloud-init's final stage. Returns seconds since start."""
+        """Wait for the agent, then for cloud-init's final stage (a restored guest: its clock
+        set and fresh entropy given). Returns seconds since start. A cold guest that is to be
+        cached is then saved and brought back from its own snapshot."""
         deadline = self.boot_started + timeout
-        for what, check in (("guest agent", self._agent_up), ("cloud-init final", self._cloud_init_done)):
+        waited_from = time.monotonic()
+        steps = ((("guest agent", self._agent_up), ("clock, entropy and a command", self._refresh))
+                 if self.boot == "restored" else
+                 (("guest agent", self._agent_up), ("cloud-init final", self._cloud_init_done)))
+        for what, check in steps:
             while not check():
                 if not self.dom.isActive():
                     raise ReadinessError(f"guest {self.name} stopped while waiting for {what}",
@@ -111,7 +155,89 @@ class Guest:
                                          self.console_tail())
                 time.sleep(0.2)
         self.ready_s = time.monotonic() - self.boot_started
+        if self.restore_s is not None:
+            # Restores are made one after the other before any is waited for: the time a
+            # restored guest sat running while another was being restored is not its own.
+            self.ready_s = self.restore_s + (time.monotonic() - waited_from)
+        if self.save_to is not None:
+            self._save_snapshot()
         return self.ready_s
+
+    def _refresh(self) -> bool:
+        """After a restore the guest's clock stands where it was saved, and its random state
+        is the snapshot's, shared by every restore. A first command mixes fresh host
+        randomness into the guest's pool (the virtio-rng device feeds it too) and confirms
+        the guest runs commands and finished its boot; it also outlasts the few busy seconds
+        a guest has right after a restore under TCG. Then a second sets the clock from the
+        host: its lag is one exec start-up (tests check the skew). The agent's own
+        guest-set-time is not used: it also runs hwclock, measured at 3-9 s here."""
+        try:
+            res = self.agent.run(["/bin/sh", "-c", f"cat > /dev/urandom && test -e {BOOT_FINISHED}"],
+                                 stdin=os.urandom(512), check=False, timeout=30)
+            if res.rc != 0:
+                raise GuestError(f"guest {self.name}: after restore: rc {res.rc} {res.stderr.strip()[:200]}")
+            now = time.time_ns()
+            self.agent.run(["/bin/date", "-u", "-s", f"@{now // 10**9}.{now % 10**9:09d}"], timeout=30)
+        except CommandError as e:
+            raise GuestError(f"guest {self.name}: after restore: {e}") from None
+        return True
+
+    def _save_snapshot(self) -> None:
+        """Save this cold-booted, ready guest into the snapshot cache (before any NIC under
+        test is plugged), then restore it from there so it runs on in this run exactly as
+        later runs will: on its own overlay over the frozen layer. A snapshot that cannot be
+        made is recorded as the reason, and the guest runs on as it is."""
+        key, conn, disk, seed, state, replace = self.save_to
+        self.save_to = None
+        builder = guestcache.Builder(key)
+        started = time.monotonic()
+        try:
+            shutil.copy2(seed, builder.seed)
+            uuid = self.dom.UUIDString()
+            self.dom.saveFlags(str(builder.state), None, libvirt.VIR_DOMAIN_SAVE_RUNNING)
+        except (OSError, libvirt.libvirtError) as e:
+            builder.discard()
+            msg = e.get_error_message() if isinstance(e, libvirt.libvirtError) else str(e)
+            self.boot_reason = f"{self.boot_reason}; snapshot not saved: {msg}"
+            log.warning("guest %s: snapshot not saved: %s", self.name, msg)
+            if not self.dom.isActive():
+                raise ReadinessError(f"guest {self.name} stopped while saving its snapshot", 0,
+                                     self.console_tail()) from None
+            return
+        # The domain is stopped now: its overlay becomes the frozen layer.
+        image = state / f"{self.name}.save"
+        snap = None
+        try:
+            shutil.move(disk, builder.disk)
+            snap = builder.commit(self.name, uuid, time.monotonic() - started, replace=replace)
+            self.snapshot_saved_s = round(snap.save_s, 2)
+            self.snapshot_key = key.digest
+            _overlay_file(snap.disk, disk)
+            xml = guestcache.restore_xml(guestcache.read_image_xml(snap.state), name=self.name, uuid=uuid,
+                                         run_id=self.run_id, disk=str(disk), seed=str(snap.seed),
+                                         console_log=str(self.console_log))
+            guestcache.write_image(snap.state, image, xml)
+            self.dom.undefine()     # the restored domain is transient, like every restored one
+            conn.restoreFlags(str(image), None, libvirt.VIR_DOMAIN_SAVE_RUNNING)
+            self.dom = self.agent.dom = conn.lookupByName(self.name)
+        except (TestbedError, OSError, libvirt.libvirtError) as e:
+            msg = e.get_error_message() if isinstance(e, libvirt.libvirtError) else str(e)
+            builder.discard()
+            if snap is not None:
+                guestcache.remove(snap)
+            raise ReadinessError(f"guest {self.name}: restore from its new snapshot failed ({msg}); "
+                                 "snapshot removed", 0, self.console_tail()) from None
+        finally:
+            image.unlink(missing_ok=True)
+        # Back from the snapshot, like every later restore: the clock stood still meanwhile.
+        deadline = time.monotonic() + 60
+        while not self._agent_up():
+            if time.monotonic() > deadline or not self.dom.isActive():
+                raise ReadinessError(f"guest {self.name} (agent after restore from its new snapshot)", 60,
+                                     self.console_tail())
+            time.sleep(0.1)
+        self._refresh()
+        log.info("guest %s: snapshot %s saved in %.1f s", self.name, key.digest, self.snapshot_saved_s)
 
     def _agent_up(self) -> bool:
         return self.agent.ping()
@@ -152,14 +278,56 @@ def _remote_files(shell: remote.Shell, image: images.Image, seed: Path, state: P
         shell.run(["rm", "-rf", "--", str(rstate)], check=False)
 
 
+def _overlay_file(backing: Path, path: Path) -> None:
+    proc.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(backing), str(path)],
+             timeout=60)
+
+
+def snapshot_key(conn: libvirt.virConnect, spec: GuestSpec, image: images.Image,
+                 accel: Accelerator) -> guestcache.Key:
+    return guestcache.key_for(conn, spec.name, image_digest=image.digest, memory_mib=spec.memory_mib,
+                              vcpus=spec.vcpus, accelerator=accel.value, domain_type=accel.domain_type,
+                              kernel_cmdline=image.cmdline)
+
+
 @contextlib.contextmanager
 def guest(conn: libvirt.virConnect, spec: GuestSpec, image: images.Image, accel: Accelerator,
-          run_id: str, run_tag: str, state: Path, shell: remote.Shell | None = None) -> Iterator[Guest]:
-    """Boot one guest from its own overlay, on the host behind ``conn`` (and ``shell`` for a
-    remote one); destroyed and its files removed on exit."""
+          run_id: str, run_tag: str, state: Path, shell: remote.Shell | None = None,
+          snapshots: str = "use") -> Iterator[Guest]:
+    """One guest on the host behind ``conn`` (and ``shell`` for a remote one), on its own
+    overlay; destroyed and its files removed on exit. Restored from its cached snapshot
+    when one matches (on this machine, the testbed's own image); otherwise booted cold, with
+    the reason recorded, and its snapshot saved once it is ready. ``snapshots``: "use", "off"
+    (cold, nothing saved), or "renew" (cold, and the snapshot made again)."""
     name = f"tb-{run_tag}-{spec.name}"
     state.mkdir(parents=True, exist_ok=True)
     console = state / f"{name}.console.log"
+    key, why = None, None
+    if snapshots == "off":
+        why = "snapshots off"
+    elif shell is not None and shell.remote:
+        why = "remote host: snapshots are kept on this machine only"
+    elif image.kernel is None:
+        why = "user image: not snapshotted"
+    else:
+        try:
+            key = snapshot_key(conn, spec, image, accel)
+        except libvirt.libvirtError as e:
+            why = f"snapshot key unknown: {e.get_error_message()}"
+    snap = None
+    if key is not None and snapshots == "renew":
+        why = "snapshot renewed"
+    elif key is not None:
+        snap, why = guestcache.lookup(key)
+    if snap is not None:
+        try:
+            with _restored(conn, snap, name, run_id, state, console) as g:
+                g.spec, g.shell = spec, shell
+                yield g
+            return
+        except _RestoreFailed as e:
+            why = f"restore from snapshot {key.digest} failed: {e}"  # type: ignore[union-attr]
+            log.warning("guest %s: %s; booting cold", name, why)
     with contextlib.ExitStack() as stack:
         local_seed = _seed_iso(render.cloud_init(hostname=spec.name, run_id=run_id,
                                                  instance_id=f"{name}-{run_id}"), state / f"{name}-seed.iso")
@@ -177,9 +345,46 @@ def guest(conn: libvirt.virConnect, spec: GuestSpec, image: images.Image, accel:
         (state / f"{name}.xml").write_text(xml)
         started = time.monotonic()
         dom = stack.enter_context(domain(conn, xml))
-        log.info("started guest %s (%s)", name, accel.value)
+        log.info("started guest %s (%s, cold: %s)", name, accel.value, why)
         yield Guest(spec=spec, name=name, dom=dom, agent=Agent(dom, name), console_log=console,
-                    boot_started=started, shell=shell)
+                    boot_started=started, shell=shell, boot="cold", boot_reason=why, run_id=run_id,
+                    snapshot_key=key.digest if key else None,
+                    save_to=(key, conn, disk, local_seed, state, snapshots == "renew") if key else None)
+
+
+class _RestoreFailed(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _restored(conn: libvirt.virConnect, snap: guestcache.Snapshot, name: str, run_id: str, state: Path,
+              console: Path) -> Iterator[Guest]:
+    """A guest restored from ``snap`` under this run's name and a new UUID, writing into its
+    own overlay over the snapshot's frozen layer. Raises _RestoreFailed (before yielding)
+    when the restore does not succeed, having removed what it made."""
+    disk, image = state / f"{name}.qcow2", state / f"{name}.save"
+    with contextlib.ExitStack() as stack:
+        stack.callback(lambda: disk.unlink(missing_ok=True))
+        try:
+            _overlay_file(snap.disk, disk)
+            xml = guestcache.restore_xml(guestcache.read_image_xml(snap.state), name=name,
+                                         uuid=str(uuid_mod.uuid4()), run_id=run_id, disk=str(disk),
+                                         seed=str(snap.seed), console_log=str(console))
+            (state / f"{name}.xml").write_text(xml)
+            # The per-restore copy of the image (libvirt takes the XML from it) goes as soon
+            # as QEMU has read it; making it counts as restore time.
+            started = time.monotonic()
+            guestcache.write_image(snap.state, image, xml)
+            try:
+                dom = stack.enter_context(restored_domain(conn, image, name))
+            finally:
+                image.unlink(missing_ok=True)
+        except (TestbedError, OSError) as e:
+            raise _RestoreFailed(str(e)) from None
+        log.info("restored guest %s from snapshot %s", name, snap.key.digest)
+        yield Guest(spec=None, name=name, dom=dom, agent=Agent(dom, name),  # type: ignore[arg-type]
+                    console_log=console, boot_started=started, boot="restored",
+                    snapshot_key=snap.key.digest, run_id=run_id, restore_s=time.monotonic() - started)
 
 
 def guest_ifname(g: Guest, mac: str) -> str | None:

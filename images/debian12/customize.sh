@@ -23,7 +23,8 @@ for u in apt-daily.timer apt-daily-upgrade.timer man-db.timer e2scrub_all.timer 
          systemd-timesyncd.service systemd-networkd-wait-online.service \
          sysstat.service sysstat-collect.timer sysstat-summary.timer \
          getty@tty1.service systemd-pstore.service netperf.service \
-         cloud-init-hotplugd.socket getty-static.service systemd-binfmt.service; do
+         cloud-init-hotplugd.socket getty-static.service systemd-binfmt.service \
+         cloud-config.service; do
   chroot "$root" systemctl mask "$u" >/dev/null 2>&1 || true
 done
 # Keep the image small.

@@ -1,0 +1,148 @@
+"""Snapshot cache of booted guests: the restore XML, the save image rewrite, keys and the
+cache layout. The XML is the one libvirt stored in a real save image on this machine
+(saveImageGetXMLDesc of a testbed guest)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import struct
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from testbed import guestcache
+from testbed.errors import TestbedError
+
+SAVED = (Path(__file__).parent / "fixtures" / "libvirt-save-image-domain.xml").read_text()
+
+
+def _restore(**kw) -> ET.Element:
+    args = dict(name="tb-abcd-g1", uuid="11111111-2222-3333-4444-555555555555", run_id="R1",
+                disk="/var/lib/testbed/tb-abcd/tb-abcd-g1.qcow2", seed="/var/cache/testbed/snapshots/s/seed.iso",
+                console_log="/var/lib/testbed/tb-abcd/tb-abcd-g1.console.log")
+    args.update(kw)
+    return ET.fromstring(guestcache.restore_xml(SAVED, **args))
+
+
+def test_restore_xml_replaces_what_is_the_guests_own():
+    x = _restore()
+    assert x.findtext("name") == "tb-abcd-g1"
+    assert x.findtext("uuid") == "11111111-2222-3333-4444-555555555555"
+    assert "tb-abcd-g1" in x.findtext("title") and "R1" in x.findtext("title")
+    assert x.find(".//{https://testbed.invalid/xmlns/1}run").text == "R1"
+    src = {d.find("target").get("dev"): d.find("source").get("file") for d in x.iter("disk")}
+    assert src == {"vda": "/var/lib/testbed/tb-abcd/tb-abcd-g1.qcow2",
+                   "vdb": "/var/cache/testbed/snapshots/s/seed.iso"}
+    assert {l.get("file") for l in x.iter("log")} == {"/var/lib/testbed/tb-abcd/tb-abcd-g1.console.log"}
+    text = ET.tostring(x, encoding="unicode")
+    assert "tb-7f21" not in text and "14e0e872" not in text
+
+
+def test_restore_xml_keeps_devices_and_machine():
+    before, after = ET.fromstring(SAVED), _restore()
+    addrs = lambda e: sorted(ET.tostring(a, encoding="unicode") for a in e.iter("address"))  # noqa: E731
+    assert addrs(before) == addrs(after) and addrs(after)
+    assert before.find("os/type").get("machine") == after.find("os/type").get("machine")
+
+
+def _image(path: Path, xml: str, stream: bytes, data_len: int = 8192) -> None:
+    cookie = b"<qemuDomainSaveCookie/>"
+    data = xml.encode() + b"\0"
+    off = len(data)
+    data = (data + cookie + b"\0").ljust(data_len, b"\0")
+    path.write_bytes(struct.pack("<16s5I14I", b"LibvirtQemudSave", 2, data_len, 1, 0, off, *[0] * 14)
+                     + data + stream)
+
+
+def test_write_image_rewrites_xml_and_keeps_stream_and_cookie(tmp_path):
+    src, dst = tmp_path / "a.save", tmp_path / "b.save"
+    stream = os.urandom(300_000)
+    _image(src, SAVED, stream, data_len=len(SAVED) + 4096)
+    assert guestcache.read_image_xml(src) == SAVED
+    new = guestcache.restore_xml(SAVED, name="tb-beef-g1", uuid="u", run_id="r", disk="d", seed="s",
+                                 console_log="c")
+    guestcache.write_image(src, dst, new)
+    assert guestcache.read_image_xml(dst) == new
+    b = dst.read_bytes()
+    magic, version, data_len, running, compressed, cookie_off, *_ = struct.unpack("<16s5I14I", b[:92])
+    assert (magic, version, running, compressed) == (b"LibvirtQemudSave", 2, 1, 0)
+    assert b[92 + cookie_off:].startswith(b"<qemuDomainSaveCookie/>\0")
+    assert b[92 + data_len:] == stream
+    assert len(b) == src.stat().st_size
+
+
+def test_write_image_refuses_what_is_not_a_save_image(tmp_path):
+    bad = tmp_path / "x"
+    bad.write_bytes(b"\0" * 200)
+    with pytest.raises(TestbedError, match="not an uncompressed libvirt save image"):
+        guestcache.write_image(bad, tmp_path / "y", "<domain/>")
+    small = tmp_path / "s"
+    _image(small, "<domain/>", b"x", data_len=64)
+    with pytest.raises(TestbedError, match="exceeds"):
+        guestcache.write_image(small, tmp_path / "y", "<domain>" + "x" * 100 + "</domain>")
+
+
+KEY = guestcache.Key(slot="g1", image_digest="d1", memory_mib=1024, vcpus=1, hotplug_slots=4,
+                     accelerator="tcg", machine="pc-q35-7.2", qemu_version=7002022, libvirt_version=9000000,
+                     host_cpu="cpu", templates="t", kernel_cmdline="root=/dev/vda")
+
+
+def _commit(key: guestcache.Key) -> guestcache.Snapshot:
+    b = guestcache.Builder(key)
+    for f in (b.state, b.disk, b.seed):
+        f.write_bytes(b"x")
+    return b.commit("tb-abcd-g1", "uuid", 1.0)
+
+
+def test_every_key_field_changes_the_digest():
+    for f in dataclasses.fields(KEY):
+        v = getattr(KEY, f.name)
+        other = dataclasses.replace(KEY, **{f.name: v + 1 if isinstance(v, int) else v + "x"})
+        assert other.digest != KEY.digest, f.name
+
+
+def test_cache_lookup_names_what_changed(tmp_path, monkeypatch):
+    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path))
+    snap, why = guestcache.lookup(KEY)
+    assert snap is None and "no snapshot of guest g1" in why
+    made = _commit(KEY)
+    assert made.folder == tmp_path / "snapshots" / KEY.folder_name
+    assert not list((tmp_path / "snapshots").glob("tb-*")), "temporary folder left"
+    assert oct(made.disk.stat().st_mode & 0o777) == oct(0o444)
+    snap, why = guestcache.lookup(KEY)
+    assert snap == made and why == ""
+    snap, why = guestcache.lookup(dataclasses.replace(KEY, memory_mib=2048))
+    assert snap is None and "memory_mib 1024 -> 2048" in why
+    assert json.loads((made.folder / "manifest.json").read_text())["method"] == guestcache.METHOD
+
+
+def test_partial_snapshot_is_not_used_and_prunable_once_its_writer_died(tmp_path, monkeypatch):
+    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path))
+    b = guestcache.Builder(KEY)
+    assert guestcache.lookup(KEY)[0] is None
+    assert guestcache.partial() == [b.tmp]
+    assert not guestcache.writer_dead(b.tmp)       # this process writes it
+    dead = b.tmp.with_name(f"tb-snap-{KEY.folder_name}-999999999-zz")
+    b.tmp.rename(dead)
+    assert guestcache.writer_dead(dead)
+
+
+def test_cache_list_and_prune(tmp_path, monkeypatch, capsys):
+    from testbed import cli
+    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path))
+    foreign = tmp_path / "images" / "someone-else-0123456789abcdef"
+    foreign.mkdir(parents=True)
+    stale = tmp_path / "images" / "debian12-0000000000000000"
+    stale.mkdir()
+    made = _commit(KEY)
+    dead = tmp_path / "snapshots" / f"tb-snap-{KEY.folder_name}-999999999-zz"
+    dead.mkdir()
+    assert cli.main(["cache", "list"]) == 0
+    out = capsys.readouterr().out
+    assert KEY.folder_name in out and "someone-else" in out and "foreign" in out and "stale" in out
+    assert "partial" in out
+    assert cli.main(["cache", "prune", "--images"]) == 0
+    assert not made.folder.exists() and not dead.exists() and not stale.exists()
+    assert foreign.exists(), "an image of a recipe this checkout does not have was pruned"

@@ -1,0 +1,147 @@
+"""Guests restored from the snapshot cache: a restored pair measures like a cold-booted one,
+a changed spec boots cold and says why, and a run killed mid-restore leaves nothing but the
+cache behind once `testbed cleanup` has run.
+
+The session pair (pytest_plugin.guest_pair) goes through the same boot path: restored when
+its snapshot matches, otherwise booted cold and its snapshot saved (after which it runs on
+from that snapshot too)."""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from testbed import cleanup, guestcache, images, measure, paths, results, runner, stats, virt
+from testbed.config import default
+from testbed.model import Attachment, Backend, Cell, GuestSpec, Pattern, Profile, Repetitions
+
+STREAM = Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=5)
+CELL = Cell(Attachment.BRIDGE, Backend.QEMU, 1500, 1, STREAM)
+
+
+@pytest.fixture
+def writer(tmp_path):
+    with results.RunWriter(tmp_path, "snapshot-run", default(), {"accelerator": "test"}) as w:
+        yield w
+
+
+def _throughput(client, server, tag, writer) -> float:
+    with runner.mode(Attachment.BRIDGE, Backend.QEMU, tag, client, server, "198.18.0.0/24", 1500) as path:
+        [s] = measure.measure_cell(CELL, path, writer, stats.StoppingRule(Repetitions()), 0, {}, {})
+    assert s.status == "ok", s.reason
+    return s.metrics["throughput_mbps"]
+
+
+def _snapshot_of(gp, slot: str) -> guestcache.Snapshot:
+    with virt.connect("qemu:///system") as conn:
+        key = virt.snapshot_key(conn, GuestSpec(slot, "local"), images.ensure(), gp.accelerator)
+    snap, why = guestcache.lookup(key)
+    assert snap is not None, why
+    return snap
+
+
+def test_session_pair_runs_from_its_snapshots(guest_pair):
+    for g in (guest_pair.client, guest_pair.server):
+        assert g.snapshot_key, g.boot_reason
+        assert g.boot == "restored" or g.snapshot_saved_s is not None, g.boot_reason
+        # the clock was set from the host on restore (a cold guest keeps its own, synced at boot)
+        guest_now = int(g.agent.run(["/bin/date", "+%s"]).stdout)
+        assert abs(guest_now - time.time()) < 5
+
+
+def test_restored_pair_measures_like_a_cold_pair(guest_pair, writer):
+    gp = guest_pair
+    restored = _throughput(gp.client, gp.server, gp.tag, writer)
+    run_id, tag = results.new_run_id()
+    with contextlib.ExitStack() as stack:
+        state = stack.enter_context(cleanup.owned_state(tag, run_id))
+        conn = stack.enter_context(virt.connect("qemu:///system"))
+        cold = [stack.enter_context(virt.guest(conn, GuestSpec(n, "local"), images.ensure(), gp.accelerator,
+                                               run_id, tag, state, snapshots="off")) for n in ("g1", "g2")]
+        for g in cold:
+            g.wait_ready(900)
+            assert g.boot == "cold" and g.boot_reason == "snapshots off"
+        cold_mbps = _throughput(cold[0], cold[1], tag, writer)
+    # TCG: functional figures; same order of magnitude is the claim, not equality.
+    assert restored > 0 and cold_mbps > 0
+    assert 0.1 < restored / cold_mbps < 10, (restored, cold_mbps)
+
+
+def test_changed_memory_boots_cold_and_says_why(guest_pair):
+    _snapshot_of(guest_pair, "g1")
+    run_id, tag = results.new_run_id()
+    with cleanup.owned_state(tag, run_id) as state, virt.connect("qemu:///system") as conn:
+        with virt.guest(conn, GuestSpec("g1", "local", memory_mib=1536), images.ensure(),
+                        guest_pair.accelerator, run_id, tag, state) as g:
+            assert g.boot == "cold"
+            assert "memory_mib 1024 -> 1536" in g.boot_reason
+            assert g.record()["boot"] == "cold" and g.record()["boot_reason"] == g.boot_reason
+    # left before it was ready: nothing was saved under the new key
+    with virt.connect("qemu:///system") as conn:
+        key = virt.snapshot_key(conn, GuestSpec("g1", "local", memory_mib=1536), images.ensure(),
+                                guest_pair.accelerator)
+    assert guestcache.lookup(key)[0] is None
+
+
+CHILD = """
+import sys, time
+from testbed import cleanup, images, capabilities, results, virt
+from testbed.model import Accelerator, GuestSpec
+run_id, tag = results.new_run_id()
+with cleanup.owned_state(tag, run_id) as state, virt.connect("qemu:///system") as conn:
+    print(tag, flush=True)
+    with virt.guest(conn, GuestSpec("g1", "local"), images.ensure(), Accelerator(sys.argv[1]), run_id, tag, state) as g:
+        print(g.boot, flush=True)
+        time.sleep(600)
+"""
+
+
+def _files(snap: guestcache.Snapshot) -> dict:
+    return {f.name: (f.stat().st_size, f.stat().st_mtime_ns) for f in snap.folder.iterdir()}
+
+
+def test_sigkill_mid_restore_then_cleanup_leaves_only_the_cache(guest_pair):
+    snap = _snapshot_of(guest_pair, "g1")
+    before = _files(snap)
+    env = {**os.environ, "PYTHONPATH": str(paths.REPO)}
+    child = subprocess.Popen([sys.executable, "-c", CHILD, guest_pair.accelerator.value], stdout=subprocess.PIPE,
+                             text=True, env=env)
+    try:
+        tag = child.stdout.readline().strip()
+        assert tag, "child printed no tag"
+        # Kill as soon as the restore is under way: its copy of the save image is there.
+        image = paths.state_dir() / f"tb-{tag}" / f"tb-{tag}-g1.save"
+        deadline = time.monotonic() + 120
+        while not image.exists() and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert image.exists(), "restore never started"
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            child.kill()
+    time.sleep(1)
+    # What `testbed cleanup` does, restricted to this test's run (other sessions may run).
+    mine = lambda names: [n for n in names if n.startswith(f"tb-{tag}")]  # noqa: E731
+    # libvirtd may still be finishing the restore it was asked for: wait for it to settle.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        found = cleanup.find()
+        cleanup.remove(cleanup.Leftovers(domains=mine(found.domains), links=mine(found.links),
+                                         state=mine(found.state)))
+        left = cleanup.find(include_live=True)
+        if not any(mine(getattr(left, f)) for f in ("domains", "links", "netns", "ovs_bridges", "state")):
+            break
+        time.sleep(1)
+    left = cleanup.find(include_live=True)
+    for f in ("domains", "links", "netns", "ovs_bridges", "state"):
+        assert not mine(getattr(left, f)), (f, getattr(left, f))
+    with virt.connect("qemu:///system") as conn:
+        assert not [d.name() for d in conn.listAllDomains() if d.name().startswith(f"tb-{tag}")]
+    assert _files(snap) == before, "the cache was touched"
+    assert guestcache.lookup(snap.key)[0] == snap
