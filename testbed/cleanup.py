@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import libvirt
+from testbed.lazy import libvirt
 from pyroute2 import IPRoute
 
 from testbed import PREFIX, guestcache, paths, proc

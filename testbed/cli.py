@@ -174,7 +174,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
 
 def _domain_xml_text() -> str:
-    import libvirt
+    from testbed.lazy import libvirt
     try:
         conn = libvirt.open("qemu:///system")
     except libvirt.libvirtError:

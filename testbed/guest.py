@@ -11,8 +11,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import libvirt
-import libvirt_qemu
+from testbed.lazy import libvirt
+from testbed.lazy import libvirt_qemu
 
 from testbed.errors import CommandError, GuestError
 

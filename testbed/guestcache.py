@@ -31,7 +31,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import libvirt
+from testbed.lazy import libvirt
 
 from testbed import PREFIX, paths, render
 from testbed.errors import TestbedError

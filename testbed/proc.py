@@ -53,6 +53,8 @@ def run(argv: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT, check: bool = 
         raise CommandError(full, None, err, timed_out=True, stdout=out) from None
     except FileNotFoundError as e:
         raise CommandError(full, 127, f"{e.filename}: not found") from None
+    except PermissionError as e:     # like a shell: 126, found but not executable by this user
+        raise CommandError(full, 126, f"{e.filename}: permission denied") from None
     done = Completed(tuple(full), p.returncode, p.stdout, p.stderr, time.monotonic() - start)
     if check and p.returncode != 0:
         raise CommandError(full, p.returncode, p.stderr or p.stdout, stdout=p.stdout)
@@ -118,6 +120,8 @@ def start(argv: Sequence[str], *, out_dir: str, name: str, netns: str | None = N
                                      env={**os.environ, **env} if env else None)
         except FileNotFoundError as e:
             raise CommandError(full, 127, f"{e.filename}: not found") from None
+        except PermissionError as e:
+            raise CommandError(full, 126, f"{e.filename}: permission denied") from None
     return Background(tuple(full), popen, out_path, err_path)
 
 

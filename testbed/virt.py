@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import libvirt
+from testbed.lazy import libvirt
 
 from testbed import guestcache, images, paths, proc, remote, render
 from testbed.errors import CommandError, GuestError, ReadinessError, TestbedError
@@ -23,8 +23,6 @@ log = logging.getLogger(__name__)
 
 BOOT_FINISHED = "/var/lib/cloud/instance/boot-finished"
 
-# libvirt prints every error to stderr by default; we raise them as exceptions instead.
-libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
 
 
 @contextlib.contextmanager

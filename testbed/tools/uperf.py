@@ -12,15 +12,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
 import jinja2
 
+from testbed import paths
 from testbed.model import Pattern, Profile, Protocol, Tool
 from testbed.tools.base import (ToolDriver, ToolResult, UnsupportedProfile, check_addr,
                                 check_port, error_line, no_confidence, sizes)
-
-TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
 
 # Writes (reads) per transaction iteration. uperf reads the clock and updates its statistics
 # once per iteration; batching 16 operations, as pbench-uperf's stream profiles do (16 writes
@@ -52,7 +50,7 @@ class Group:
 @lru_cache(maxsize=1)
 def _env() -> jinja2.Environment:
     # trim/lstrip blocks: control lines leave no blank lines, so one element per line
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(paths.templates_dir())),
                               undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                               autoescape=jinja2.select_autoescape(["xml", "xml.j2"]),
                               trim_blocks=True, lstrip_blocks=True)
