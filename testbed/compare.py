@@ -11,13 +11,23 @@ set of attachment modes. ``force`` overrides a CPU model or attachment mismatch,
 accelerator mismatch: TCG figures are functional checks, orders of magnitude away from KVM,
 and no flag makes such a comparison meaningful. Use `testbed report` to look at both.
 
-Exit statuses (``RunComparison.exit_status``): 2 refused; 1 a cell regressed, or has no
-successful sample in NEW, or is missing from NEW; 0 otherwise. Failed samples are left out
-of the statistics and listed.
+Cells are matched by id and definition hash (model.Cell.hash): a cell whose id matches but
+whose definition changed (tool, sizes, duration, offloads, guest size, placement, variant)
+is REDEFINED, never compared as the same cell. A cell needs ``min_samples`` (5) ok samples
+a side to carry a verdict, else it is INSUFFICIENT. The p-values of every cell's deciding
+metrics form one family, adjusted with Benjamini-Hochberg at ``q`` (0.05); a regression
+needs the adjusted significance and an effect beyond the threshold. A cell whose failure
+rate rose is BROKEN, whatever its surviving samples say.
+
+Exit statuses (``RunComparison.exit_status``): 2 refused; 1 a cell regressed, broke, was
+redefined or is missing from NEW; 5 no cell failed but some could not be decided
+(insufficient, inconclusive, no baseline): a gate must not read "could not tell" as "fine";
+0 otherwise. Failed samples are left out of the statistics and listed.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -38,6 +48,10 @@ INFO_KEYS = ("kernel", "cpus", "cpu_mhz", "memory_bytes", "host", "vhost_net", "
 
 class RunNotFound(TestbedError):
     exit_status = 2
+
+
+#: exit status when nothing failed but some cells could not be decided
+UNDECIDED_STATUS = 5
 
 
 # --------------------------------------------------------------------------- loading
@@ -79,12 +93,39 @@ def primary_metric(run: Mapping[str, Any], profile: str) -> str:
     return "transactions_per_s" if is_transactional(run, profile) else "throughput_mbps"
 
 
-def measured(rec: RunRecord) -> dict[str, list[Mapping[str, Any]]]:
-    """Cell id -> its measured (non-warmup) samples, ok and failed, in the order taken."""
+def measured(rec: RunRecord, variant: str | None = None) -> dict[str, list[Mapping[str, Any]]]:
+    """Cell id -> its measured (non-warmup) samples, ok and failed, in the order taken.
+    With ``variant``, only that variant's samples, keyed by the id without the variant."""
     out: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for s in rec.samples:
-        if not s.get("warmup"):
-            out[str((s.get("cell") or {}).get("id"))].append(s)
+        cell = s.get("cell") or {}
+        if s.get("warmup"):
+            continue
+        if variant is None:
+            out[str(cell.get("id"))].append(s)
+        elif (cell.get("context") or {}).get("variant") == variant:
+            out[str(cell.get("id")).removesuffix(f"-v{variant}")].append(s)
+    return out
+
+
+def definition_differences(base: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """(what, base, new) for the topology and profile settings that differ: the run-wide
+    half of a cell's definition, listed beside the environment's differences."""
+    tb, tn = base.get("topology") or {}, new.get("topology") or {}
+    out: list[tuple[str, str, str]] = []
+    pb = {p.get("name"): p for p in (tb.get("matrix") or {}).get("profiles") or ()}
+    pn = {p.get("name"): p for p in (tn.get("matrix") or {}).get("profiles") or ()}
+    for name in sorted(set(pb) & set(pn)):
+        for k in sorted(set(pb[name]) | set(pn[name])):
+            if pb[name].get(k) != pn[name].get(k):
+                out.append((f"profile {name}.{k}", str(pb[name].get(k)), str(pn[name].get(k))))
+    for k in ("offloads", "guests", "accelerator"):
+        if tb.get(k) != tn.get(k):
+            out.append((f"topology.{k}", json.dumps(tb.get(k), sort_keys=True),
+                        json.dumps(tn.get(k), sort_keys=True)))
+    rb, rn = (tb.get("matrix") or {}).get("repetitions"), (tn.get("matrix") or {}).get("repetitions")
+    if rb != rn:
+        out.append(("matrix.repetitions", json.dumps(rb, sort_keys=True), json.dumps(rn, sort_keys=True)))
     return out
 
 
@@ -94,6 +135,8 @@ class Severity(StrEnum):
     FORBIDDEN = "forbidden"   # never compared, whatever the flags
     MISMATCH = "mismatch"     # refused unless --force
     CHANGED = "changed"       # what the nightly is testing (kernel, QEMU, OVS); shown only
+    #: a topology or profile setting differs: the cells it touches are REDEFINED, not compared
+    DEFINITION = "definition"
 
 
 @dataclass(frozen=True)
@@ -129,6 +172,8 @@ def differences(base: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[Differ
         add(f"versions.{tool}", vb.get(tool), vn.get(tool), Severity.CHANGED)
     add("image", (eb.get("image") or {}).get("digest"), (en.get("image") or {}).get("digest"),
         Severity.CHANGED)
+    for what, b, n in definition_differences(base, new):
+        out.append(Difference(what, b, n, Severity.DEFINITION))
     return tuple(out)
 
 
@@ -145,14 +190,25 @@ class CellVerdict(StrEnum):
     #: gate, because a nightly must not pass by measuring less
     BASE_ONLY = "base-only"
     NEW_ONLY = "new-only"
+    #: fewer than min_samples ok samples on a side: no verdict
+    INSUFFICIENT = "insufficient"
+    #: same id, different definition hash: not the same test, so not compared; BASE's cell
+    #: is missing from NEW, which fails the gate
+    REDEFINED = "redefined"
 
     @property
     def fails_gate(self) -> bool:
-        return self in (CellVerdict.REGRESSED, CellVerdict.BROKEN, CellVerdict.BASE_ONLY)
+        return self in (CellVerdict.REGRESSED, CellVerdict.BROKEN, CellVerdict.BASE_ONLY,
+                        CellVerdict.REDEFINED)
+
+    @property
+    def undecided(self) -> bool:
+        return self in (CellVerdict.INSUFFICIENT, CellVerdict.INCONCLUSIVE,
+                        CellVerdict.NO_BASELINE)
 
 
-_WORST = (stats.Verdict.REGRESSED, stats.Verdict.INCONCLUSIVE, stats.Verdict.IMPROVED,
-          stats.Verdict.UNCHANGED)
+_WORST = (stats.Verdict.REGRESSED, stats.Verdict.INCONCLUSIVE, stats.Verdict.INSUFFICIENT,
+          stats.Verdict.IMPROVED, stats.Verdict.UNCHANGED)
 
 
 @dataclass(frozen=True)
@@ -178,6 +234,8 @@ class CellResult:
     new_failed: int
     failures: tuple[str, ...]       # "NEW rep 1: <reason>", failed samples never vanish silently
     note: str = ""
+    base_hash: str = ""             # definition hash(es) of the cell's samples on each side
+    new_hash: str = ""
 
 
 def _values(samples: Iterable[Mapping[str, Any]], metric: str) -> list[float]:
@@ -185,8 +243,13 @@ def _values(samples: Iterable[Mapping[str, Any]], metric: str) -> list[float]:
             if s.get("status") == "ok" and isinstance((s.get("metrics") or {}).get(metric), (int, float))]
 
 
+def _hashes(samples: Iterable[Mapping[str, Any]]) -> set[str]:
+    return {str((s.get("cell") or {}).get("hash")) for s in samples}
+
+
 def _cell(run: Mapping[str, Any], cid: str, base: list, new: list, *, threshold: float,
-          alpha: float, test: str) -> CellResult:
+          alpha: float, test: str, min_samples: int) -> CellResult:
+    """A cell's result before the false-discovery adjustment (see :func:`_finish`)."""
     cell = (new or base)[0].get("cell") or {}
     ok_b = [s for s in base if s.get("status") == "ok"]
     ok_n = [s for s in new if s.get("status") == "ok"]
@@ -196,17 +259,29 @@ def _cell(run: Mapping[str, Any], cid: str, base: list, new: list, *, threshold:
     ident = dict(cell_id=cid, attachment=str(cell.get("attachment")), backend=str(cell.get("backend")),
                  mtu=int(cell.get("mtu") or 0), connections=int(cell.get("connections") or 0),
                  profile=str(cell.get("profile")), base_ok=len(ok_b), base_failed=len(base) - len(ok_b),
-                 new_ok=len(ok_n), new_failed=len(new) - len(ok_n), failures=failures)
+                 new_ok=len(ok_n), new_failed=len(new) - len(ok_n), failures=failures,
+                 base_hash=",".join(sorted(_hashes(base))) if base else "",
+                 new_hash=",".join(sorted(_hashes(new))) if new else "")
     if not base:
         return CellResult(**ident, verdict=CellVerdict.NEW_ONLY, metrics=(), note="cell not in BASE")
     if not new:
         return CellResult(**ident, verdict=CellVerdict.BASE_ONLY, metrics=(), note="cell not in NEW")
+    if _hashes(base) != _hashes(new):
+        return CellResult(**ident, verdict=CellVerdict.REDEFINED, metrics=(),
+                          note=f"definition changed: hash {ident['base_hash']} -> "
+                               f"{ident['new_hash']}; not the same test, not compared")
     if not ok_b:
         return CellResult(**ident, verdict=CellVerdict.NO_BASELINE, metrics=(),
                           note="no successful samples in BASE")
-    if not ok_n:
+    rate_b, rate_n = (len(base) - len(ok_b)) / len(base), (len(new) - len(ok_n)) / len(new)
+    if not ok_n or rate_n > rate_b:
         return CellResult(**ident, verdict=CellVerdict.BROKEN, metrics=(),
-                          note=f"no successful samples in NEW; BASE had {len(ok_b)}")
+                          note=f"failure rate rose: BASE {len(base) - len(ok_b)}/{len(base)}, "
+                               f"NEW {len(new) - len(ok_n)}/{len(new)}")
+    if len(ok_b) < min_samples or len(ok_n) < min_samples:
+        return CellResult(**ident, verdict=CellVerdict.INSUFFICIENT, metrics=(),
+                          note=f"insufficient: {len(ok_b)} BASE and {len(ok_n)} NEW ok samples, "
+                               f"{min_samples} needed a side (repetitions: gate)")
     profile = ident["profile"]
     primary, rr = primary_metric(run, profile), is_transactional(run, profile)
     results_: list[MetricResult] = []
@@ -215,13 +290,34 @@ def _cell(run: Mapping[str, Any], cid: str, base: list, new: list, *, threshold:
         vb, vn = _values(ok_b, metric), _values(ok_n, metric)
         if vb and vn:
             results_.append(MetricResult(metric, decides, stats.compare(
-                vb, vn, higher_is_better=higher, threshold=threshold, alpha=alpha, test=test)))
-    deciding = [m.comparison.verdict for m in results_ if m.decides]
-    if not any(m.metric == primary for m in results_):
-        return CellResult(**ident, verdict=CellVerdict.INCONCLUSIVE, metrics=tuple(results_),
-                          note=f"{primary} missing from the successful samples")
-    worst = next(v for v in _WORST if v in deciding)
-    return CellResult(**ident, verdict=CellVerdict(worst.value), metrics=tuple(results_))
+                vb, vn, higher_is_better=higher, threshold=threshold, alpha=alpha, test=test,
+                min_samples=min_samples)))
+    return CellResult(**ident, verdict=CellVerdict.INCONCLUSIVE, metrics=tuple(results_),
+                      note="" if any(m.metric == primary for m in results_)
+                      else f"{primary} missing from the successful samples")
+
+
+def _finish(cells: list[CellResult], q: float) -> tuple[CellResult, ...]:
+    """Benjamini-Hochberg across every cell's deciding metrics, then each cell's verdict:
+    the worst of its deciding metrics. Informational metrics are adjusted in their own
+    family so that they neither dilute nor are diluted by the gate's."""
+    for decides in (True, False):
+        slots = [(i, j) for i, c in enumerate(cells) for j, m in enumerate(c.metrics)
+                 if m.decides is decides]
+        adjusted = stats.adjust([cells[i].metrics[j].comparison for i, j in slots], q)
+        for (i, j), comp in zip(slots, adjusted):
+            ms = list(cells[i].metrics)
+            ms[j] = dataclasses.replace(ms[j], comparison=comp)
+            cells[i] = dataclasses.replace(cells[i], metrics=tuple(ms))
+    out = []
+    for c in cells:
+        if c.metrics or c.verdict is CellVerdict.INCONCLUSIVE:
+            deciding = [m.comparison.verdict for m in c.metrics if m.decides]
+            if not c.note and deciding:
+                worst = next(v for v in _WORST if v in deciding)
+                c = dataclasses.replace(c, verdict=CellVerdict(worst.value))
+        out.append(c)
+    return tuple(out)
 
 
 # --------------------------------------------------------------------------- runs
@@ -254,14 +350,24 @@ class RunComparison:
     alpha: float
     cells: tuple[CellResult, ...]
     warnings: tuple[str, ...] = ()
+    q: float = stats.FDR_Q
+    min_samples: int = stats.MIN_SAMPLES
 
     @property
     def failing(self) -> tuple[CellResult, ...]:
         return tuple(c for c in self.cells if c.verdict.fails_gate)
 
     @property
+    def undecided(self) -> tuple[CellResult, ...]:
+        return tuple(c for c in self.cells if c.verdict.undecided)
+
+    @property
     def exit_status(self) -> int:
-        return 2 if self.refused else 1 if self.failing else 0
+        if self.refused:
+            return 2
+        if self.failing:
+            return 1
+        return UNDECIDED_STATUS if self.undecided or not self.cells else 0
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -271,8 +377,12 @@ class RunComparison:
 
 
 def compare_runs(base: RunRecord, new: RunRecord, *, threshold: float = 0.05,
-                 alpha: float = 0.05, test: str = "welch", force: bool = False) -> RunComparison:
-    diffs = differences(base.run, new.run)
+                 alpha: float = 0.05, test: str = "auto", force: bool = False,
+                 q: float = stats.FDR_Q, min_samples: int = stats.MIN_SAMPLES,
+                 variants: tuple[str, str] | None = None) -> RunComparison:
+    """Compare NEW with BASE; with ``variants`` (A, B), ``base`` and ``new`` are one run and
+    its variant A samples are BASE, its variant B samples NEW."""
+    diffs = differences(base.run, new.run) if variants is None else ()
     forbidden = [d for d in diffs if d.severity is Severity.FORBIDDEN]
     mismatch = [d for d in diffs if d.severity is Severity.MISMATCH]
     refused = None
@@ -287,10 +397,16 @@ def compare_runs(base: RunRecord, new: RunRecord, *, threshold: float = 0.05,
     accel = {environment(base.run).get("accelerator"), environment(new.run).get("accelerator")}
     cells: tuple[CellResult, ...] = ()
     if refused is None:
-        mb, mn = measured(base), measured(new)
-        cells = tuple(_cell(new.run if cid in mn else base.run, cid, mb.get(cid, []),
-                            mn.get(cid, []), threshold=threshold, alpha=alpha, test=test)
-                      for cid in sorted(set(mb) | set(mn)))
+        if variants is None:
+            mb, mn = measured(base), measured(new)
+        else:
+            mb, mn = measured(base, variants[0]), measured(new, variants[1])
+            mb = {k: [_no_variant(s) for s in v] for k, v in mb.items()}
+            mn = {k: [_no_variant(s) for s in v] for k, v in mn.items()}
+        cells = _finish([_cell(new.run if cid in mn else base.run, cid, mb.get(cid, []),
+                               mn.get(cid, []), threshold=threshold, alpha=alpha, test=test,
+                               min_samples=min_samples)
+                         for cid in sorted(set(mb) | set(mn))], q)
     warnings = tuple(f"{side} run {rec.run.get('run_id')} ended {rec.run.get('status')}: "
                      f"cells it did not reach are missing"
                      for side, rec in (("BASE", base), ("NEW", new))
@@ -298,7 +414,18 @@ def compare_runs(base: RunRecord, new: RunRecord, *, threshold: float = 0.05,
     return RunComparison(run_info(base), run_info(new), diffs, refused,
                          forced=bool(force and mismatch and not forbidden), tcg=accel == {"tcg"},
                          test=test, threshold=threshold, alpha=alpha, cells=cells,
-                         warnings=warnings)
+                         warnings=warnings, q=q, min_samples=min_samples)
+
+
+def _no_variant(s: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A variant's sample as if it came from a run of its own: the variant leaves the
+    definition, so A's and B's cells hash alike when nothing else differs."""
+    cell = dict(s.get("cell") or {})
+    ctx = {k: v for k, v in (cell.get("context") or {}).items() if k != "variant"}
+    base_id = str(cell.get("id")).removesuffix(f"-v{(cell.get('context') or {}).get('variant')}")
+    cell.update(id=base_id, hash=str(cell.get("hash_without_variant") or cell.get("hash")))
+    cell["context"] = ctx
+    return {**s, "cell": cell}
 
 
 # --------------------------------------------------------------------------- output

@@ -21,7 +21,7 @@ from testbed import (capabilities, cleanup, cpu, environment, guestnic, images, 
                      render, results, stats, twohost, virt)
 from testbed.errors import CapabilityError, GuestError, ReadinessError, TestbedError
 from testbed.hostnet import attach, links, macvtap
-from testbed.model import Attachment, Backend, Cell, MacvtapSpec, Offloads, Topology
+from testbed.model import Attachment, Backend, Cell, MacvtapSpec, Offloads, Topology, context_of
 from testbed.tools import get_tool
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,8 @@ def plan(t: Topology) -> list[Cell]:
     m = t.matrix
     # Namespaces have no virtio NIC: their cells are planned once, labelled with the first
     # backend and queue count.
-    cells = [Cell(a, b, mtu, c, p, q) for a, b, q, mtu, c, p in
+    ctx = context_of(results.topology_dict(t))     # in each cell's definition hash
+    cells = [Cell(a, b, mtu, c, p, q, ctx) for a, b, q, mtu, c, p in
              itertools.product(m.attachments, m.backends, m.queues, m.mtus, m.connections, m.profiles)
              if not (a.is_netns and (b is not m.backends[0] or q != m.queues[0]))]
     if m.randomize:
