@@ -417,6 +417,20 @@ def compare_runs(base: RunRecord, new: RunRecord, *, threshold: float = 0.05,
                          warnings=warnings, q=q, min_samples=min_samples)
 
 
+def variants_of(rec: RunRecord) -> tuple[str, ...]:
+    return tuple(sorted({str((s.get("cell") or {}).get("context", {}).get("variant"))
+                         for s in rec.samples
+                         if (s.get("cell") or {}).get("context", {}).get("variant")}))
+
+
+def require_variants(rec: RunRecord, names: Iterable[str]) -> None:
+    have = variants_of(rec)
+    for v in names:
+        if v not in have:
+            raise RunNotFound(f"{rec.dir}: no variant {v!r} in this run (it has: "
+                              f"{', '.join(have) or 'no variants'})")
+
+
 def _no_variant(s: Mapping[str, Any]) -> Mapping[str, Any]:
     """A variant's sample as if it came from a run of its own: the variant leaves the
     definition, so A's and B's cells hash alike when nothing else differs."""
@@ -461,24 +475,28 @@ def render_text(rc: RunComparison) -> str:
         return "\n".join(lines) + "\n"
     if rc.forced:
         lines.append("!! --force: compared despite the mismatches above")
-    header = ("cell", "verdict", "metric", "base", "new", "delta", "p", "metric verdict")
+    header = ("cell", "verdict", "metric", "base", "new", "delta", "test", "p", "p adj",
+              "metric verdict")
     rows: list[tuple[str, ...]] = []
     for c in rc.cells:
         first = (c.cell_id, c.verdict.value.upper())
         if not c.metrics:
-            rows.append((*first, "-", "-", "-", "-", "-", "-"))
+            rows.append((*first, "-", "-", "-", "-", "-", "-", "-", "-"))
         for i, m in enumerate(c.metrics):
             cm = m.comparison
             rows.append((*(first if i == 0 else ("", "")), m.metric,
                          f"{fmt(cm.base.mean)} (n={cm.base.n})", f"{fmt(cm.new.mean)} (n={cm.new.n})",
                          "-" if cm.delta_pct is None else f"{cm.delta_pct:+.1f}%",
-                         fmt(cm.p_value, 2), cm.verdict.value + ("" if m.decides else " (info)")))
+                         cm.test or "-", fmt(cm.p_value, 2), fmt(cm.p_adjusted, 2),
+                         cm.verdict.value + ("" if m.decides else " (info)")))
     widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
     for r in (header, *rows):
         lines.append("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
     notes = [f"  {c.cell_id}: ok samples BASE {c.base_ok}/{c.base_ok + c.base_failed}, NEW "
              f"{c.new_ok}/{c.new_ok + c.new_failed}" + (f"; {c.note}" if c.note else "")
              for c in rc.cells if c.base_failed or c.new_failed or c.note]
+    notes += [f"  {c.cell_id} {m.metric}: {m.comparison.note}" for c in rc.cells
+              for m in c.metrics if m.comparison.note and m.decides]
     if notes:
         lines.append("notes:")
         lines.extend(notes)
@@ -488,7 +506,44 @@ def render_text(rc: RunComparison) -> str:
         lines.extend(f"  {f}" for f in failures)
     summary = ", ".join(f"{n} {v}" for v, n in sorted(rc.counts().items()))
     lines.append(f"{len(rc.cells)} cells: {summary or 'none'}; test {rc.test}, threshold "
-                 f"{rc.threshold:.0%}, alpha {rc.alpha}")
+                 f"{rc.threshold:.0%}, alpha {rc.alpha}, Benjamini-Hochberg q {rc.q}, "
+                 f"at least {rc.min_samples} ok samples a side")
     if rc.failing:
         lines.append("GATE FAILED: " + ", ".join(f"{c.cell_id} {c.verdict.value}" for c in rc.failing))
+    elif rc.undecided or not rc.cells:
+        lines.append(f"GATE UNDECIDED (exit {UNDECIDED_STATUS}): "
+                     + (", ".join(f"{c.cell_id} {c.verdict.value}" for c in rc.undecided)
+                        or "no cells"))
     return "\n".join(lines) + "\n"
+
+
+def render_junit(rc: RunComparison) -> str:
+    """JUnit XML: one testcase per cell; failure for a cell that fails the gate, skipped for
+    one that could not be decided, so a CI system shows the gate cell by cell."""
+    from xml.etree import ElementTree as ET
+    root = ET.Element("testsuites")
+    name = (f"testbed compare {rc.base.run_id} {rc.new.run_id}" if rc.base.run_id != rc.new.run_id
+            else f"testbed compare {rc.base.run_id}")
+    suite = ET.SubElement(root, "testsuite", name=name, tests=str(len(rc.cells)),
+                          failures=str(len(rc.failing)), skipped=str(len(rc.undecided)),
+                          errors="1" if rc.refused else "0")
+    if rc.refused:
+        case = ET.SubElement(suite, "testcase", classname="testbed.compare", name="environments")
+        ET.SubElement(case, "error", message="refused").text = rc.refused
+    for c in rc.cells:
+        case = ET.SubElement(suite, "testcase", classname=f"testbed.compare.{c.attachment}",
+                             name=c.cell_id)
+        detail = "; ".join(
+            f"{m.metric} {m.comparison.verdict.value} "
+            + ("" if m.comparison.delta_pct is None else f"{m.comparison.delta_pct:+.1f}% ")
+            + f"p_adj={fmt(m.comparison.p_adjusted, 2)}" for m in c.metrics if m.decides)
+        text = "; ".join(filter(None, [c.note, detail]))
+        if c.verdict.fails_gate:
+            ET.SubElement(case, "failure", message=c.verdict.value).text = text
+        elif c.verdict.undecided:
+            ET.SubElement(case, "skipped", message=f"{c.verdict.value}: {text}")
+        ET.SubElement(case, "system-out").text = (
+            f"verdict {c.verdict.value}; ok samples BASE {c.base_ok}/{c.base_ok + c.base_failed}, "
+            f"NEW {c.new_ok}/{c.new_ok + c.new_failed}; hash {c.new_hash or c.base_hash}")
+    ET.indent(root)
+    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
