@@ -1,4 +1,4 @@
-"""Subcommands that read results: index, compare, report, capacity, export-csv.
+"""Subcommands that read results: index, compare, history, report, capacity, export-csv.
 
 ``add_commands(subparsers)`` registers them on the `testbed` parser; each sets ``func`` to a
 function that takes the parsed args and returns the exit status. Errors are TestbedErrors,
@@ -103,6 +103,26 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return rc.exit_status
 
 
+# --------------------------------------------------------------------------- history
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from testbed import history, report, store
+    root = _results_root(args)
+    with store.open(args.db or str(root / "index.sqlite")) as st:
+        found = history.series(st, cell=args.cell, metric=args.metric, threshold=args.threshold)
+    if args.json:
+        import dataclasses
+        print(json.dumps([dataclasses.asdict(s) | {"newest_regresses": s.newest_regresses}
+                          for s in found], indent=2))
+    else:
+        sys.stdout.write(history.render_text(found))
+    if args.output:
+        rep = report.build([], generated=results.now(), history=found)
+        _write(args.output, report.render(rep))
+        print(f"wrote {args.output}: {len(found)} series", file=sys.stderr)
+    return 1 if any(s.newest_regresses for s in found) else 0
+
+
 # --------------------------------------------------------------------------- report
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -197,13 +217,34 @@ def add_commands(subparsers: Any) -> None:
     _common(c)
     c.set_defaults(func=cmd_compare)
 
+    h = subparsers.add_parser(
+        "history", help="each cell's metric over the indexed runs, with change points; "
+                        "exit 1 when the newest run starts a regression",
+        description="Reads the results index (testbed index), per cell in run order; runs "
+                    "with incomparable environments start a new series. Change points: "
+                    "ruptures PELT, counted beyond --threshold. Exit status: 1 when the "
+                    "newest run of a series starts a regression, else 0; 2 bad input.")
+    h.add_argument("--db", metavar="PATH|URL",
+                   help="SQLite file or postgresql:// URL (default: <results>/index.sqlite)")
+    h.add_argument("--cell", metavar="ID", help="only this cell id")
+    h.add_argument("--metric", metavar="M",
+                   help="metric (default: each cell's primary: throughput_mbps or "
+                        "transactions_per_s)")
+    h.add_argument("--threshold", type=_fraction, default=0.05,
+                   help="smallest relative step counted as a change (default 0.05)")
+    h.add_argument("-o", "--output", metavar="FILE", help="also write an HTML report with plots")
+    h.add_argument("--json", action="store_true")
+    _common(h)
+    h.set_defaults(func=cmd_history)
+
     r = subparsers.add_parser("report", help="self-contained HTML report (and CSV) of runs")
     r.add_argument("runs", nargs="+", metavar="RUN")
     r.add_argument("-o", "--output", required=True, metavar="FILE", help="HTML file to write")
     r.add_argument("--baseline", metavar="RUN", help="compare every RUN with this run")
     r.add_argument("--csv", metavar="FILE", help="also write every sample as CSV")
     r.add_argument("--threshold", type=_fraction, default=0.05)
-    r.add_argument("--test", choices=("welch", "mannwhitney"), default="welch")
+    r.add_argument("--test", choices=("auto", "welch", "permutation", "bootstrap", "mannwhitney"),
+                   default="auto")
     _common(r)
     r.set_defaults(func=cmd_report)
 

@@ -282,7 +282,31 @@ def _pair(n: Node, first: tuple[int, int], second: tuple[int, int]) -> tuple[int
     return items[0].int(*first), items[1].int(*second)
 
 
+#: `repetitions: gate`: enough samples for `testbed compare` to carry a verdict (it needs 5
+#: ok samples a side), more when the spread stays above 3 %
+GATE_REPETITIONS = Repetitions(warmup=1, min_samples=5, max_samples=10, rsd_target=0.03)
+
+
+def not_gateable(t: Topology) -> str | None:
+    """Why a topology's runs cannot pass a `testbed compare` gate, or None."""
+    r, need = t.matrix.repetitions, stats_min_samples()
+    if r.max_samples < need:
+        return (f"{t.source}: at most {r.max_samples} sample(s) per cell; `testbed compare` "
+                f"needs {need} a side for a verdict. Use `repetitions: gate` (warm-up 1, "
+                f"min 5, max 10, rsd target 0.03) for a nightly gate.")
+    return None
+
+
+def stats_min_samples() -> int:
+    from testbed.stats import MIN_SAMPLES
+    return MIN_SAMPLES
+
+
 def _repetitions(n: Node) -> Repetitions:
+    if isinstance(n.node, yaml.ScalarNode):
+        if n.node.value != "gate":
+            raise n.error("expected a mapping {warmup, min, max, rsd_target} or the preset 'gate'")
+        return GATE_REPETITIONS
     m = n.mapping({"warmup", "min", "max", "rsd_target"})
     r = Repetitions(warmup=m["warmup"].int(0, 100, "warmup") if "warmup" in m else 0,
                     min_samples=m["min"].int(1, 1000, "min") if "min" in m else 1,

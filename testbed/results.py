@@ -169,7 +169,7 @@ def read_run(path: Path) -> RunRecord:
     return upgrade(RunRecord(path, run, tuple(samples)))
 
 
-def _v1_hash(cell: Mapping[str, Any], topology: Mapping[str, Any]) -> str:
+def cell_hash(cell: Mapping[str, Any], topology: Mapping[str, Any]) -> str:
     profiles = {p.get("name"): p for p in (topology.get("matrix") or {}).get("profiles") or ()}
     return definition_hash(definition(cell, profiles.get(cell.get("profile")) or
                                       {"name": cell.get("profile"), "tool": cell.get("tool")},
@@ -189,7 +189,7 @@ def upgrade(rec: RunRecord) -> RunRecord:
     topo = rec.run.get("topology") or {}
 
     def cell(c: Mapping[str, Any]) -> dict:
-        return {**c, "hash": c.get("hash") or _v1_hash(c, topo)}
+        return {**c, "hash": c.get("hash") or cell_hash(c, topo)}
 
     run = {**rec.run, "format_version": FORMAT_VERSION, "upgraded_from": version,
            "cells": [cell(c) for c in rec.run.get("cells") or ()]}

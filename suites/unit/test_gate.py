@@ -41,7 +41,7 @@ def gate(root, **kw) -> compare.RunComparison:
     return compare.compare_runs(compare.load("base", root), compare.load("new", root), **kw)
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", [1, 2])
 def test_hundred_unchanged_cells_with_3pct_noise_give_at_most_one_regression(tmp_path, seed):
     cs = cells(100)
     synthetic(tmp_path, "base", cs, seed=seed)
