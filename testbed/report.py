@@ -315,9 +315,20 @@ def bars_plot(cells: Sequence[CellStats], runs: Sequence[str]) -> Plot | None:
                    "host busy cores (lower is better).", runs)
 
 
+def _axis(cells: Sequence[CellStats]) -> str | None:
+    """The x axis for lines: connections if they vary, else MTU if it varies, else none."""
+    return next((a for a in ("connections", "mtu") if _varies(cells, a)), None)
+
+
+def _other(axis: str) -> Callable[[CellStats], str]:
+    return (lambda c: f"{c.mode} mtu{c.mtu}") if axis == "connections" else \
+        (lambda c: f"{c.mode} conn{c.connections}")
+
+
 def throughput_plot(cells: Sequence[CellStats], runs: Sequence[str]) -> Plot | None:
     stream = [c for c in cells if not c.transactional and c.throughput]
-    if not stream or not _varies(stream, "connections"):
+    axis = _axis(stream)
+    if not stream or axis is None:
         return None
     panels = []
     for profile in sorted({c.profile for c in stream}):
@@ -327,9 +338,10 @@ def throughput_plot(cells: Sequence[CellStats], runs: Sequence[str]) -> Plot | N
                 t = c.throughput
                 err = None if t.ci_low is None or t.ci_high is None else \
                     ((t.mean - t.ci_low) / 1000, (t.ci_high - t.mean) / 1000)
-                pts.append(Point(f"{c.mode} mtu{c.mtu}", c.run_id, c.connections, t.mean / 1000, err))
-        panels.append(_line_panel(profile, pts, "connections", "Gbit/s", runs))
-    return _figure(panels, "Throughput against connections",
+                pts.append(Point(_other(axis)(c), c.run_id, getattr(c, axis), t.mean / 1000, err))
+        panels.append(_line_panel(profile, pts, axis if axis == "connections" else "MTU",
+                                  "Gbit/s", runs))
+    return _figure(panels, f"Throughput against {axis if axis == 'connections' else 'MTU'}",
                    "Mean per cell; error bars are the 95 % confidence interval where a cell has "
                    "2 or more samples.", runs)
 
@@ -356,23 +368,25 @@ def latency_plot(cells: Sequence[CellStats], runs: Sequence[str]) -> Plot | None
 
 def cpu_plot(cells: Sequence[CellStats], runs: Sequence[str]) -> Plot | None:
     have = [c for c in cells if c.host_cores is not None or c.guest_cores is not None]
-    if not have or not _varies(have, "connections"):
+    axis = _axis(have)
+    if not have or axis is None:
         return None
-    conns = lambda c: c.connections  # noqa: E731
+    conns = lambda c: getattr(c, axis)  # noqa: E731
+    xlabel = axis if axis == "connections" else "MTU"
     panels = []
     for mode in sorted({c.mode for c in have}):
         these = [c for c in have if c.mode == mode]
         for what in ("host", "guest"):
-            pts = _points(these, lambda c: f"{c.profile} mtu{c.mtu}", conns,
-                          lambda c, w=what: getattr(c, f"{w}_cores"))
-            panels.append(_line_panel(f"{mode}: {what} CPU", pts, "connections",
+            pts = _points(these, lambda c: f"{c.profile} " + _other(axis)(c).split(" ", 1)[1],
+                          conns, lambda c, w=what: getattr(c, f"{w}_cores"))
+            panels.append(_line_panel(f"{mode}: {what} CPU", pts, xlabel,
                                       f"{what} cores busy", runs))
     for profile in sorted({c.profile for c in have}):
         these = [c for c in have if c.profile == profile]
         rr = these[0].transactional
-        pts = _points(these, lambda c: f"{c.mode} mtu{c.mtu}", conns,
+        pts = _points(these, _other(axis), conns,
                       (lambda c: c.host_us_per_tx) if rr else (lambda c: c.gbit_per_host_core))
-        panels.append(_line_panel(f"{profile}: efficiency", pts, "connections",
+        panels.append(_line_panel(f"{profile}: efficiency", pts, xlabel,
                                   "host CPU µs per transaction" if rr else "Gbit/s per host core",
                                   runs))
     return _figure(panels, "CPU cost and efficiency per mode",
