@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from testbed.errors import ConfigError
-from testbed.model import (NAME_RE, Attachment, Backend, GuestSpec, HostSpec, MacvtapMode, MacvtapSpec,
+from testbed.model import (NAME_RE, Variant, Attachment, Backend, GuestSpec, HostSpec, MacvtapMode, MacvtapSpec,
                            Matrix, Offloads, Pattern, Profile, Protocol, Repetitions, Tool, Topology,
                            TunnelSpec)
 
@@ -33,6 +33,7 @@ MAX_QUEUES = 256            # virtio-net's limit on queue pairs
 # A Linux interface name: at most 15 bytes, no '/', whitespace or ':' (alias syntax).
 IFNAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
 MATRIX_KEYS = {"attachments", "backends", "queues", "mtus", "connections", "profiles", "repetitions",
+               "variants",
                "randomize", "seed"}
 #: outer Ethernet 14 + IPv4 20 + UDP 8 + VXLAN 8 (hostnet/vxlan.py)
 VXLAN_OVERHEAD = 50
@@ -317,7 +318,73 @@ def _repetitions(n: Node) -> Repetitions:
     return r
 
 
-def _matrix(n: Node) -> Matrix:
+#: virtio-net ring sizes QEMU accepts (powers of two, 256..1024)
+RING_SIZES = (256, 512, 1024)
+
+
+def _emulator(n: Node) -> str:
+    """An emulator path that exists and answers `--version` as QEMU: tried here, so an
+    unusable variant is bad input before anything is created."""
+    from testbed import proc
+    from testbed.errors import CommandError
+    path = n.str()
+    if not os.path.isabs(path):
+        raise n.error(f"emulator must be an absolute path, got {path!r}")
+    if not os.path.isfile(path) or not os.access(path, os.X_OK):
+        raise n.error(f"emulator {path} does not exist or is not executable")
+    try:
+        out = proc.run([path, "--version"], timeout=20)
+    except CommandError as e:
+        raise n.error(f"emulator {path} --version failed: {str(e).splitlines()[0]}") from None
+    if not out.stdout.startswith("QEMU emulator version"):
+        raise n.error(f"emulator {path} is not a QEMU (its --version says "
+                      f"{(out.stdout.splitlines() or [''])[0][:60]!r})")
+    return path
+
+
+def _machine(n: Node, emulator: str | None) -> str:
+    """A machine type the emulator lists in `-machine help` (tried, not assumed)."""
+    from testbed import proc
+    from testbed.errors import CommandError
+    name = n.str(re.compile(r"^[a-z0-9][a-z0-9.-]{0,40}$"), "machine type")
+    binary = emulator or "/usr/bin/qemu-system-x86_64"
+    try:
+        listed = proc.run([binary, "-machine", "help"], timeout=20).stdout
+    except CommandError:
+        return name     # no QEMU here: the run's preflight says so (exit 3)
+    known = {line.split()[0] for line in listed.splitlines()[1:] if line.strip()}
+    if name not in known:
+        raise n.error(f"machine type {name!r} not offered by {binary}")
+    return name
+
+
+def _variant(n: Node, base: Path) -> Variant:
+    m = n.mapping({"name", "emulator", "machine", "image", "nic"}, required=("name",))
+    emulator = _emulator(m["emulator"]) if "emulator" in m else None
+    nic: dict[str, str] = {}
+    if "nic" in m:
+        opts = m["nic"].mapping({"queues", "rx_queue_size", "tx_queue_size", "event_idx"})
+        for k, v in opts.items():
+            if k == "queues":
+                nic[k] = str(v.int(1, MAX_QUEUES, "queues"))
+            elif k == "event_idx":
+                nic[k] = "on" if v.bool() else "off"
+            else:
+                size = v.int(1, 1024, k)
+                if size not in RING_SIZES:
+                    raise v.error(f"{k} must be one of {', '.join(map(str, RING_SIZES))}")
+                nic[k] = str(size)
+    v = Variant(name=m["name"].str(NAME_RE, "variant name"), emulator=emulator,
+                machine=_machine(m["machine"], emulator) if "machine" in m else None,
+                image=_image_path(m["image"], base) if "image" in m else None,
+                nic=tuple(sorted(nic.items())))
+    if len(v.name) > 4:
+        raise m["name"].error(f"variant name {v.name!r} longer than 4 characters (it goes "
+                              f"into guest and cell names)")
+    return v
+
+
+def _matrix(n: Node, base: Path | None = None) -> Matrix:
     m = n.mapping(MATRIX_KEYS, required=("profiles",))
     profiles_nodes = m["profiles"].seq(1)
     profiles = tuple(_profile(p) for p in profiles_nodes)
@@ -335,7 +402,15 @@ def _matrix(n: Node) -> Matrix:
         randomize=m["randomize"].bool() if "randomize" in m else False,
         seed=m["seed"].int(0, 2**31, "seed") if "seed" in m else 0,
         queues=tuple(x.int(1, MAX_QUEUES, "queues") for x in m["queues"].seq(1)) if "queues" in m else (1,),
+        variants=_variants(m["variants"], base or Path.cwd()) if "variants" in m else (),
     )
+
+
+def _variants(n: Node, base: Path) -> tuple[Variant, ...]:
+    nodes = n.seq(2)
+    out = tuple(_variant(x, base) for x in nodes)
+    _unique(nodes, [v.name for v in out], "variant")
+    return out
 
 
 def _offloads(n: Node) -> Offloads:
@@ -382,7 +457,7 @@ def parse(text: str, file: str = "<string>", base: Path | None = None) -> Topolo
     hosts = tuple(_host(h, base) for h in host_nodes) or (HostSpec(name="local"),)
     _unique(host_nodes, [h.name for h in hosts], "host")
     host_map = {h.name: h for h in hosts}
-    matrix = _matrix(m["matrix"])
+    matrix = _matrix(m["matrix"], base)
     vm_modes = any(not a.is_netns for a in matrix.attachments)
     if "guests" not in m and vm_modes:
         raise doc.error("missing required key 'guests' (only netns-* attachments run without guests)")

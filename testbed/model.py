@@ -267,6 +267,27 @@ class Repetitions:
 
 
 @dataclass(frozen=True)
+class Variant:
+    """An alternative the testbed can switch without rebooting the host (`matrix.variants`):
+    None leaves a setting as the testbed's default."""
+
+    name: str
+    emulator: str | None = None          # QEMU binary (libvirt <emulator>)
+    machine: str | None = None           # machine type: pc, q35, pc-q35-7.2 ...
+    image: str | None = None             # guest qcow2 image (its kernel comes with it)
+    #: extra virtio-net driver options for the NIC under test: queues, rx_queue_size,
+    #: tx_queue_size, event_idx, as sorted (key, value) pairs
+    nic: tuple[tuple[str, str], ...] = ()
+
+    def label(self) -> str:
+        parts = [f"emulator={self.emulator}" if self.emulator else "",
+                 f"machine={self.machine}" if self.machine else "",
+                 f"image={self.image}" if self.image else "",
+                 *(f"{k}={v}" for k, v in self.nic)]
+        return ",".join(p for p in parts if p) or "default"
+
+
+@dataclass(frozen=True)
 class Matrix:
     attachments: tuple[Attachment, ...]
     backends: tuple[Backend, ...]
@@ -277,6 +298,8 @@ class Matrix:
     randomize: bool = False
     seed: int = 0
     queues: tuple[int, ...] = (1,)
+    #: A/B alternatives measured interleaved in one run (empty: no variants axis)
+    variants: tuple[Variant, ...] = ()
 
 
 class MacvtapMode(StrEnum):
