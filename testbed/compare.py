@@ -435,7 +435,7 @@ def _no_variant(s: Mapping[str, Any]) -> Mapping[str, Any]:
     """A variant's sample as if it came from a run of its own: the variant leaves the
     definition, so A's and B's cells hash alike when nothing else differs."""
     cell = dict(s.get("cell") or {})
-    ctx = {k: v for k, v in (cell.get("context") or {}).items() if k != "variant"}
+    ctx = {k: v for k, v in (cell.get("context") or {}).items() if not k.startswith("variant")}
     base_id = str(cell.get("id")).removesuffix(f"-v{(cell.get('context') or {}).get('variant')}")
     cell.update(id=base_id, hash=str(cell.get("hash_without_variant") or cell.get("hash")))
     cell["context"] = ctx

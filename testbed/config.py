@@ -389,7 +389,7 @@ def _matrix(n: Node, base: Path | None = None) -> Matrix:
     profiles_nodes = m["profiles"].seq(1)
     profiles = tuple(_profile(p) for p in profiles_nodes)
     _unique(profiles_nodes, [p.name for p in profiles], "profile")
-    return Matrix(
+    mx = Matrix(
         attachments=tuple(a.enum(Attachment) for a in m["attachments"].seq(1))
         if "attachments" in m else (Attachment.BRIDGE,),
         backends=tuple(b.enum(Backend) for b in m["backends"].seq(1))
@@ -404,10 +404,16 @@ def _matrix(n: Node, base: Path | None = None) -> Matrix:
         queues=tuple(x.int(1, MAX_QUEUES, "queues") for x in m["queues"].seq(1)) if "queues" in m else (1,),
         variants=_variants(m["variants"], base or Path.cwd()) if "variants" in m else (),
     )
+    if mx.variants and any(a not in (Attachment.BRIDGE, Attachment.OVS) for a in mx.attachments):
+        raise m["variants"].error("variants run on the bridge and ovs attachments only (their "
+                                  "guest pairs share one segment)")
+    return mx
 
 
 def _variants(n: Node, base: Path) -> tuple[Variant, ...]:
     nodes = n.seq(2)
+    if len(nodes) > 4:
+        raise n.error("at most 4 variants (each boots its own guest pair)")
     out = tuple(_variant(x, base) for x in nodes)
     _unique(nodes, [v.name for v in out], "variant")
     return out

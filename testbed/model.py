@@ -160,7 +160,7 @@ class Cell:
             d["hash"] = self.hash
             if "variant" in d.get("context", {}):
                 # what `compare --variants A B` matches A's and B's cells by
-                ctx = tuple(kv for kv in self.context if kv[0] != "variant")
+                ctx = tuple(kv for kv in self.context if not kv[0].startswith("variant"))
                 d["hash_without_variant"] = Cell(self.attachment, self.backend, self.mtu,
                                                  self.connections, self.profile, self.queues,
                                                  ctx).hash

@@ -154,7 +154,8 @@ def _remote_files(shell: remote.Shell, image: images.Image, seed: Path, state: P
 
 @contextlib.contextmanager
 def guest(conn: libvirt.virConnect, spec: GuestSpec, image: images.Image, accel: Accelerator,
-          run_id: str, run_tag: str, state: Path, shell: remote.Shell | None = None) -> Iterator[Guest]:
+          run_id: str, run_tag: str, state: Path, shell: remote.Shell | None = None,
+          emulator: str | None = None, machine: str | None = None) -> Iterator[Guest]:
     """Boot one guest from its own overlay, on the host behind ``conn`` (and ``shell`` for a
     remote one); destroyed and its files removed on exit."""
     name = f"tb-{run_tag}-{spec.name}"
@@ -173,7 +174,10 @@ def guest(conn: libvirt.virConnect, spec: GuestSpec, image: images.Image, accel:
             name=name, run_id=run_id, domain_type=accel.domain_type, memory_mib=spec.memory_mib,
             vcpus=spec.vcpus, disk=str(disk), seed=str(seed), console_log=str(console),
             kernel=str(image.kernel) if image.kernel else None,
-            initrd=str(image.initrd) if image.initrd else None, cmdline=image.cmdline))
+            initrd=str(image.initrd) if image.initrd else None, cmdline=image.cmdline,
+            # a variant's QEMU binary and machine type (matrix.variants); else the defaults
+            **({"emulator": emulator} if emulator else {}),
+            **({"machine": machine} if machine else {})))
         (state / f"{name}.xml").write_text(xml)
         started = time.monotonic()
         dom = stack.enter_context(domain(conn, xml))
