@@ -49,8 +49,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     html = report.write_run_report(results.read_run(out.run_dir), results.now())
     if (why := config.not_gateable(topo)):
         print(f"NOT GATEABLE: {why}", file=sys.stderr)
-    print(out.run_dir)
     print(html)
+    print(out.run_dir)      # the last line stays the run directory, for scripts
     return 0 if out.failed == 0 else 1
 
 
