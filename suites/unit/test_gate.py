@@ -11,7 +11,7 @@ from testbed import compare
 from testbed.model import Attachment, Backend, Cell
 from testbed.results import Sample, now
 
-from test_compare import STREAM, cpu, run_cli, stream_metrics, write_run
+from test_compare import STREAM, cpu, run_cli, stream_metrics, write_run  # noqa: F401
 
 pytestmark = pytest.mark.unit
 
@@ -131,3 +131,35 @@ def test_junit_marks_insufficient_cells_skipped(tmp_path, capsys):
     suite = ET.parse(junit).getroot().find("testsuite")
     assert all(tc.find("skipped") is not None for tc in suite.findall("testcase"))
     assert suite.get("skipped") == "2"
+
+
+def test_variants_in_one_run_compare_like_two_runs(tmp_path, capsys):
+    """`compare RUN --variants a b` gives the verdicts and exit status of two runs."""
+    from testbed import variants
+    from testbed.model import Variant
+    cs = cells(4)
+    vs = (Variant("a"), Variant("b", machine="pc"))
+    rng = np.random.default_rng(5)
+    values = {c.id: ([2000 * rng.normal(1, 0.02) for _ in range(5)],
+                     [2000 * (0.8 if i == 0 else 1.0) * rng.normal(1, 0.02) for _ in range(5)])
+              for i, c in enumerate(cs)}
+    ab = {}
+    for vc in variants.expand(cs, vs):
+        base_id = vc.id.removesuffix(f"-v{variants.variant_of(vc)}")
+        side = 0 if variants.variant_of(vc) == "a" else 1
+        ab[vc] = [(stream_metrics(v), cpu(1.6, 1.4, 1.6)) for v in values[base_id][side]]
+    write_run(tmp_path, "ab", ab)
+    write_run(tmp_path, "base", {c: [(stream_metrics(v), cpu(1.6, 1.4, 1.6)) for v in values[c.id][0]]
+                                 for c in cs})
+    write_run(tmp_path, "new", {c: [(stream_metrics(v), cpu(1.6, 1.4, 1.6)) for v in values[c.id][1]]
+                                for c in cs})
+    two = gate(tmp_path)
+    rec = compare.load("ab", tmp_path)
+    one = compare.compare_runs(rec, rec, variants=("a", "b"))
+    assert [(c.cell_id, c.verdict) for c in one.cells] == [(c.cell_id, c.verdict) for c in two.cells]
+    assert one.cells[0].verdict is compare.CellVerdict.REGRESSED
+    assert one.exit_status == two.exit_status == 1
+    code, out, _ = run_cli(["compare", "ab", "--variants", "a", "b", "--results", str(tmp_path)], capsys)
+    assert code == 1 and "REGRESSED" in out
+    code, _, err = run_cli(["compare", "ab", "--variants", "a", "c", "--results", str(tmp_path)], capsys)
+    assert code == 2 and "no variant 'c'" in err
