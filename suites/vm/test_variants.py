@@ -71,6 +71,7 @@ def test_two_variants_interleave_and_compare(accelerator, tmp_path, wrapper):
     assert any(str(wrapper) in x.read_text() for x in xml)
     c = _cli(tmp_path, "compare", str(run_dir), "--variants", "a", "b", "--junit",
              str(tmp_path / "ab.xml"), timeout=300)
+    print(c.stdout)         # the verdict table, for the log (-s)
     rec = compare.load(run_dir)
     expected = compare.compare_runs(rec, rec, variants=("a", "b"))
     assert c.returncode == expected.exit_status and c.returncode in (0, 1, 5), c.stdout + c.stderr
