@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from testbed import guestnic, images, measure, proc, render, results, stats, virt
 from testbed.errors import CommandError, GuestError, ReadinessError, TestbedError
 from testbed.hostnet import attach, links
-from testbed.model import Attachment, Backend, Cell, GuestSpec, Topology, Variant
+from testbed.model import Attachment, Backend, Cell, Topology, Variant
 
 #: attachments a variant pair can share a segment on
 SUPPORTED = (Attachment.BRIDGE, Attachment.OVS)

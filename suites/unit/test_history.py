@@ -43,7 +43,7 @@ def test_a_step_in_one_cell_of_twelve_runs_is_found_at_its_run(tmp_path, capsys)
     html = tmp_path / "history.html"
     code, out, _ = run_cli(["history", "--results", str(tmp_path), "-o", str(html)], capsys)
     assert code == 0
-    assert f"<- CHANGE" in out and ids[7] in out.split("<- CHANGE")[0].splitlines()[-1]
+    assert "<- CHANGE" in out and ids[7] in out.split("<- CHANGE")[0].splitlines()[-1]
     page = html.read_text()
     assert "History and change points" in page and ids[7] in page and "regression" in page
 
