@@ -201,6 +201,8 @@ class Comparison:
     quantum: float | None = None
     #: bootstrap test only: 95 % interval of new.mean / base.mean
     ratio_ci: tuple[float, float] | None = None
+    #: why this test was chosen; the start of ``note`` whenever the verdict is taken again
+    test_note: str = ""
 
 
 def quantum_of(arr: np.ndarray) -> float | None:
@@ -269,7 +271,7 @@ def decide(c: Comparison, p: float | None) -> Comparison:
     """``c`` with its verdict taken again at significance ``p`` (an adjusted p)."""
     if c.verdict is Verdict.INSUFFICIENT or (c.p_value is None and c.test is not None):
         return c
-    notes = [n for n in (c.note,) if n]
+    notes = [c.test_note] if c.test_note else []
     if c.delta == 0.0:
         v = Verdict.UNCHANGED
     elif c.quantum is not None and abs(c.delta) <= c.quantum:
@@ -347,7 +349,7 @@ def compare(base: Sequence[float], new: Sequence[float], *, higher_is_better: bo
     if not math.isfinite(p):
         return dataclasses.replace(c, test=used, note=f"{used} test gave p={p}")
     c = dataclasses.replace(c, p_value=p, test=used, ratio_ci=ci,
-                            note=f"{used}: {why}" if why else "")
+                            test_note=f"{used}: {why}" if why else "")
     return decide(c, p)
 
 

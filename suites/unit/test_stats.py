@@ -331,3 +331,10 @@ def test_randomized_order_is_a_deterministic_permutation():
 def test_randomized_order_accepts_tuples_and_empty():
     assert randomized_order((), seed=1) == []
     assert sorted(randomized_order((3, 1, 2), seed=1)) == [1, 2, 3]
+
+
+def test_notes_are_not_repeated_when_the_verdict_is_taken_again():
+    c = compare([100.0, 60.0, 140.0, 90.0, 110.0], [70.0, 40.0, 100.0, 130.0, 60.0],
+                higher_is_better=True)
+    (again,) = adjust([c])
+    assert again.note.count("not significant") == 1
