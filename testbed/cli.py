@@ -49,7 +49,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     from testbed import store
     with store.open(args.db) as st:
         st.index_run(out.run_dir)
-    print(out.run_dir)
+    from testbed import report, results
+    html = report.write_run_report(results.read_run(out.run_dir), results.now())
+    if (why := config.not_gateable(topo)):
+        print(f"NOT GATEABLE: {why}", file=sys.stderr)
+    print(html)
+    print(out.run_dir)      # the last line stays the run directory, for scripts
     return 0 if out.failed == 0 else 1
 
 

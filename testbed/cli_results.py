@@ -1,4 +1,4 @@
-"""Subcommands that read results: index, compare, report, capacity, export-csv.
+"""Subcommands that read results: index, compare, history, report, capacity, export-csv.
 
 ``add_commands(subparsers)`` registers them on the `testbed` parser; each sets ``func`` to a
 function that takes the parsed args and returns the exit status. Errors are TestbedErrors,
@@ -71,9 +71,22 @@ def cmd_index(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from testbed import compare
     root = _results_root(args)
-    rc = compare.compare_runs(compare.load(args.base, root), compare.load(args.new, root),
-                              threshold=args.threshold, alpha=args.alpha, test=args.test,
-                              force=args.force)
+    if args.variants:
+        if args.new is not None:
+            raise compare.RunNotFound("compare --variants A B takes one RUN, not BASE and NEW")
+        run = compare.load(args.base, root)
+        compare.require_variants(run, args.variants)
+        base = new = run
+    else:
+        if args.new is None:
+            raise compare.RunNotFound("compare needs BASE and NEW (or RUN --variants A B)")
+        base, new = compare.load(args.base, root), compare.load(args.new, root)
+    rc = compare.compare_runs(base, new, threshold=args.threshold, alpha=args.alpha,
+                              test=args.test, force=args.force, q=args.fdr,
+                              min_samples=args.min_samples,
+                              variants=tuple(args.variants) if args.variants else None)
+    if args.junit:
+        _write(args.junit, compare.render_junit(rc))
     if args.json:
         print(json.dumps(compare.to_dict(rc), indent=2, default=str))
     else:
@@ -88,6 +101,26 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print("testbed compare: WARNING: --force compared runs from different environments",
               file=sys.stderr)
     return rc.exit_status
+
+
+# --------------------------------------------------------------------------- history
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from testbed import history, report, store
+    root = _results_root(args)
+    with store.open(args.db or str(root / "index.sqlite")) as st:
+        found = history.series(st, cell=args.cell, metric=args.metric, threshold=args.threshold)
+    if args.json:
+        import dataclasses
+        print(json.dumps([dataclasses.asdict(s) | {"newest_regresses": s.newest_regresses}
+                          for s in found], indent=2))
+    else:
+        sys.stdout.write(history.render_text(found))
+    if args.output:
+        rep = report.build([], generated=results.now(), history=found)
+        _write(args.output, report.render(rep))
+        print(f"wrote {args.output}: {len(found)} series", file=sys.stderr)
+    return 1 if any(s.newest_regresses for s in found) else 0
 
 
 # --------------------------------------------------------------------------- report
@@ -170,21 +203,57 @@ def add_commands(subparsers: Any) -> None:
     i.set_defaults(func=cmd_index)
 
     c = subparsers.add_parser(
-        "compare", help="compare NEW against BASE per cell; exit 1 on a regression, 2 if refused",
-        description="Exit status: 0 no cell failed the gate; 1 a cell regressed, broke (no "
-                    "successful sample) or went missing in NEW; 2 the environments differ. "
-                    "--force overrides a CPU model or attachment mismatch, never TCG vs KVM.")
-    c.add_argument("base", metavar="BASE", help="baseline run directory or id")
-    c.add_argument("new", metavar="NEW", help="new run directory or id")
+        "compare", help="compare NEW against BASE per cell; exit 1 on a regression, 5 if "
+                        "undecided, 2 if refused",
+        description="Exit status: 0 every cell unchanged or improved; 1 a cell regressed, broke "
+                    "(its failure rate rose), was redefined or went missing in NEW; 5 nothing "
+                    "failed but some cell is insufficient (fewer than --min-samples ok samples "
+                    "a side), inconclusive or without baseline; 2 the environments differ or "
+                    "bad input. --force overrides a CPU model or attachment mismatch, never "
+                    "TCG vs KVM.")
+    c.add_argument("base", metavar="BASE", help="baseline run directory or id (with --variants: "
+                                                "the run)")
+    c.add_argument("new", metavar="NEW", nargs="?", help="new run directory or id")
+    c.add_argument("--variants", nargs=2, metavar=("A", "B"),
+                   help="compare variant B against variant A within one run")
+    c.add_argument("--junit", metavar="FILE", help="also write JUnit XML, one testcase per cell")
+    c.add_argument("--fdr", type=_fraction, default=0.05, metavar="Q",
+                   help="Benjamini-Hochberg false-discovery rate across all cells and deciding "
+                        "metrics (default 0.05)")
+    c.add_argument("--min-samples", type=int, default=5, metavar="N",
+                   help="ok samples a side needed for a verdict (default 5)")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.add_argument("--force", action="store_true",
                    help="compare despite a CPU model or attachment mismatch (never TCG vs KVM)")
     c.add_argument("--threshold", type=_fraction, default=0.05,
                    help="relative change that counts (default 0.05)")
-    c.add_argument("--alpha", type=_fraction, default=0.05, help="significance level (default 0.05)")
-    c.add_argument("--test", choices=("welch", "mannwhitney"), default="welch")
+    c.add_argument("--alpha", type=_fraction, default=0.05,
+                   help="per-test significance level (default 0.05); the gate decides at --fdr")
+    c.add_argument("--test", choices=("auto", "welch", "permutation", "bootstrap", "mannwhitney"),
+                   default="auto", help="auto: Welch, or the permutation test where normality "
+                                        "is doubtful (default)")
     _common(c)
     c.set_defaults(func=cmd_compare)
+
+    h = subparsers.add_parser(
+        "history", help="each cell's metric over the indexed runs, with change points; "
+                        "exit 1 when the newest run starts a regression",
+        description="Reads the results index (testbed index), per cell in run order; runs "
+                    "with incomparable environments start a new series. Change points: "
+                    "ruptures PELT, counted beyond --threshold. Exit status: 1 when the "
+                    "newest run of a series starts a regression, else 0; 2 bad input.")
+    h.add_argument("--db", metavar="PATH|URL",
+                   help="SQLite file or postgresql:// URL (default: <results>/index.sqlite)")
+    h.add_argument("--cell", metavar="ID", help="only this cell id")
+    h.add_argument("--metric", metavar="M",
+                   help="metric (default: each cell's primary: throughput_mbps or "
+                        "transactions_per_s)")
+    h.add_argument("--threshold", type=_fraction, default=0.05,
+                   help="smallest relative step counted as a change (default 0.05)")
+    h.add_argument("-o", "--output", metavar="FILE", help="also write an HTML report with plots")
+    h.add_argument("--json", action="store_true")
+    _common(h)
+    h.set_defaults(func=cmd_history)
 
     r = subparsers.add_parser("report", help="self-contained HTML report (and CSV) of runs")
     r.add_argument("runs", nargs="+", metavar="RUN")
@@ -192,7 +261,8 @@ def add_commands(subparsers: Any) -> None:
     r.add_argument("--baseline", metavar="RUN", help="compare every RUN with this run")
     r.add_argument("--csv", metavar="FILE", help="also write every sample as CSV")
     r.add_argument("--threshold", type=_fraction, default=0.05)
-    r.add_argument("--test", choices=("welch", "mannwhitney"), default="welch")
+    r.add_argument("--test", choices=("auto", "welch", "permutation", "bootstrap", "mannwhitney"),
+                   default="auto")
     r.add_argument("--capacity-profile", metavar="SPEC", default=None,
                    help="add the capacity table at this per-VM profile (stream:2gbit, rr:5ktps)")
     _common(r)

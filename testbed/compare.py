@@ -11,13 +11,23 @@ set of attachment modes. ``force`` overrides a CPU model or attachment mismatch,
 accelerator mismatch: TCG figures are functional checks, orders of magnitude away from KVM,
 and no flag makes such a comparison meaningful. Use `testbed report` to look at both.
 
-Exit statuses (``RunComparison.exit_status``): 2 refused; 1 a cell regressed, or has no
-successful sample in NEW, or is missing from NEW; 0 otherwise. Failed samples are left out
-of the statistics and listed.
+Cells are matched by id and definition hash (model.Cell.hash): a cell whose id matches but
+whose definition changed (tool, sizes, duration, offloads, guest size, placement, variant)
+is REDEFINED, never compared as the same cell. A cell needs ``min_samples`` (5) ok samples
+a side to carry a verdict, else it is INSUFFICIENT. The p-values of every cell's deciding
+metrics form one family, adjusted with Benjamini-Hochberg at ``q`` (0.05); a regression
+needs the adjusted significance and an effect beyond the threshold. A cell whose failure
+rate rose is BROKEN, whatever its surviving samples say.
+
+Exit statuses (``RunComparison.exit_status``): 2 refused; 1 a cell regressed, broke, was
+redefined or is missing from NEW; 5 no cell failed but some could not be decided
+(insufficient, inconclusive, no baseline): a gate must not read "could not tell" as "fine";
+0 otherwise. Failed samples are left out of the statistics and listed.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -38,6 +48,10 @@ INFO_KEYS = ("kernel", "cpus", "cpu_mhz", "memory_bytes", "host", "vhost_net", "
 
 class RunNotFound(TestbedError):
     exit_status = 2
+
+
+#: exit status when nothing failed but some cells could not be decided
+UNDECIDED_STATUS = 5
 
 
 # --------------------------------------------------------------------------- loading
@@ -79,12 +93,39 @@ def primary_metric(run: Mapping[str, Any], profile: str) -> str:
     return "transactions_per_s" if is_transactional(run, profile) else "throughput_mbps"
 
 
-def measured(rec: RunRecord) -> dict[str, list[Mapping[str, Any]]]:
-    """Cell id -> its measured (non-warmup) samples, ok and failed, in the order taken."""
+def measured(rec: RunRecord, variant: str | None = None) -> dict[str, list[Mapping[str, Any]]]:
+    """Cell id -> its measured (non-warmup) samples, ok and failed, in the order taken.
+    With ``variant``, only that variant's samples, keyed by the id without the variant."""
     out: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for s in rec.samples:
-        if not s.get("warmup"):
-            out[str((s.get("cell") or {}).get("id"))].append(s)
+        cell = s.get("cell") or {}
+        if s.get("warmup"):
+            continue
+        if variant is None:
+            out[str(cell.get("id"))].append(s)
+        elif (cell.get("context") or {}).get("variant") == variant:
+            out[str(cell.get("id")).removesuffix(f"-v{variant}")].append(s)
+    return out
+
+
+def definition_differences(base: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """(what, base, new) for the topology and profile settings that differ: the run-wide
+    half of a cell's definition, listed beside the environment's differences."""
+    tb, tn = base.get("topology") or {}, new.get("topology") or {}
+    out: list[tuple[str, str, str]] = []
+    pb = {p.get("name"): p for p in (tb.get("matrix") or {}).get("profiles") or ()}
+    pn = {p.get("name"): p for p in (tn.get("matrix") or {}).get("profiles") or ()}
+    for name in sorted(set(pb) & set(pn)):
+        for k in sorted(set(pb[name]) | set(pn[name])):
+            if pb[name].get(k) != pn[name].get(k):
+                out.append((f"profile {name}.{k}", str(pb[name].get(k)), str(pn[name].get(k))))
+    for k in ("offloads", "guests", "accelerator"):
+        if tb.get(k) != tn.get(k):
+            out.append((f"topology.{k}", json.dumps(tb.get(k), sort_keys=True),
+                        json.dumps(tn.get(k), sort_keys=True)))
+    rb, rn = (tb.get("matrix") or {}).get("repetitions"), (tn.get("matrix") or {}).get("repetitions")
+    if rb != rn:
+        out.append(("matrix.repetitions", json.dumps(rb, sort_keys=True), json.dumps(rn, sort_keys=True)))
     return out
 
 
@@ -94,6 +135,8 @@ class Severity(StrEnum):
     FORBIDDEN = "forbidden"   # never compared, whatever the flags
     MISMATCH = "mismatch"     # refused unless --force
     CHANGED = "changed"       # what the nightly is testing (kernel, QEMU, OVS); shown only
+    #: a topology or profile setting differs: the cells it touches are REDEFINED, not compared
+    DEFINITION = "definition"
 
 
 @dataclass(frozen=True)
@@ -129,6 +172,8 @@ def differences(base: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[Differ
         add(f"versions.{tool}", vb.get(tool), vn.get(tool), Severity.CHANGED)
     add("image", (eb.get("image") or {}).get("digest"), (en.get("image") or {}).get("digest"),
         Severity.CHANGED)
+    for what, b, n in definition_differences(base, new):
+        out.append(Difference(what, b, n, Severity.DEFINITION))
     return tuple(out)
 
 
@@ -145,14 +190,25 @@ class CellVerdict(StrEnum):
     #: gate, because a nightly must not pass by measuring less
     BASE_ONLY = "base-only"
     NEW_ONLY = "new-only"
+    #: fewer than min_samples ok samples on a side: no verdict
+    INSUFFICIENT = "insufficient"
+    #: same id, different definition hash: not the same test, so not compared; BASE's cell
+    #: is missing from NEW, which fails the gate
+    REDEFINED = "redefined"
 
     @property
     def fails_gate(self) -> bool:
-        return self in (CellVerdict.REGRESSED, CellVerdict.BROKEN, CellVerdict.BASE_ONLY)
+        return self in (CellVerdict.REGRESSED, CellVerdict.BROKEN, CellVerdict.BASE_ONLY,
+                        CellVerdict.REDEFINED)
+
+    @property
+    def undecided(self) -> bool:
+        return self in (CellVerdict.INSUFFICIENT, CellVerdict.INCONCLUSIVE,
+                        CellVerdict.NO_BASELINE)
 
 
-_WORST = (stats.Verdict.REGRESSED, stats.Verdict.INCONCLUSIVE, stats.Verdict.IMPROVED,
-          stats.Verdict.UNCHANGED)
+_WORST = (stats.Verdict.REGRESSED, stats.Verdict.INCONCLUSIVE, stats.Verdict.INSUFFICIENT,
+          stats.Verdict.IMPROVED, stats.Verdict.UNCHANGED)
 
 
 @dataclass(frozen=True)
@@ -178,6 +234,8 @@ class CellResult:
     new_failed: int
     failures: tuple[str, ...]       # "NEW rep 1: <reason>", failed samples never vanish silently
     note: str = ""
+    base_hash: str = ""             # definition hash(es) of the cell's samples on each side
+    new_hash: str = ""
 
 
 def _values(samples: Iterable[Mapping[str, Any]], metric: str) -> list[float]:
@@ -185,8 +243,13 @@ def _values(samples: Iterable[Mapping[str, Any]], metric: str) -> list[float]:
             if s.get("status") == "ok" and isinstance((s.get("metrics") or {}).get(metric), (int, float))]
 
 
+def _hashes(samples: Iterable[Mapping[str, Any]]) -> set[str]:
+    return {str((s.get("cell") or {}).get("hash")) for s in samples}
+
+
 def _cell(run: Mapping[str, Any], cid: str, base: list, new: list, *, threshold: float,
-          alpha: float, test: str) -> CellResult:
+          alpha: float, test: str, min_samples: int) -> CellResult:
+    """A cell's result before the false-discovery adjustment (see :func:`_finish`)."""
     cell = (new or base)[0].get("cell") or {}
     ok_b = [s for s in base if s.get("status") == "ok"]
     ok_n = [s for s in new if s.get("status") == "ok"]
@@ -196,17 +259,29 @@ def _cell(run: Mapping[str, Any], cid: str, base: list, new: list, *, threshold:
     ident = dict(cell_id=cid, attachment=str(cell.get("attachment")), backend=str(cell.get("backend")),
                  mtu=int(cell.get("mtu") or 0), connections=int(cell.get("connections") or 0),
                  profile=str(cell.get("profile")), base_ok=len(ok_b), base_failed=len(base) - len(ok_b),
-                 new_ok=len(ok_n), new_failed=len(new) - len(ok_n), failures=failures)
+                 new_ok=len(ok_n), new_failed=len(new) - len(ok_n), failures=failures,
+                 base_hash=",".join(sorted(_hashes(base))) if base else "",
+                 new_hash=",".join(sorted(_hashes(new))) if new else "")
     if not base:
         return CellResult(**ident, verdict=CellVerdict.NEW_ONLY, metrics=(), note="cell not in BASE")
     if not new:
         return CellResult(**ident, verdict=CellVerdict.BASE_ONLY, metrics=(), note="cell not in NEW")
+    if _hashes(base) != _hashes(new):
+        return CellResult(**ident, verdict=CellVerdict.REDEFINED, metrics=(),
+                          note=f"definition changed: hash {ident['base_hash']} -> "
+                               f"{ident['new_hash']}; not the same test, not compared")
     if not ok_b:
         return CellResult(**ident, verdict=CellVerdict.NO_BASELINE, metrics=(),
                           note="no successful samples in BASE")
-    if not ok_n:
+    rate_b, rate_n = (len(base) - len(ok_b)) / len(base), (len(new) - len(ok_n)) / len(new)
+    if not ok_n or rate_n > rate_b:
         return CellResult(**ident, verdict=CellVerdict.BROKEN, metrics=(),
-                          note=f"no successful samples in NEW; BASE had {len(ok_b)}")
+                          note=f"failure rate rose: BASE {len(base) - len(ok_b)}/{len(base)}, "
+                               f"NEW {len(new) - len(ok_n)}/{len(new)}")
+    if len(ok_b) < min_samples or len(ok_n) < min_samples:
+        return CellResult(**ident, verdict=CellVerdict.INSUFFICIENT, metrics=(),
+                          note=f"insufficient: {len(ok_b)} BASE and {len(ok_n)} NEW ok samples, "
+                               f"{min_samples} needed a side (repetitions: gate)")
     profile = ident["profile"]
     primary, rr = primary_metric(run, profile), is_transactional(run, profile)
     results_: list[MetricResult] = []
@@ -215,13 +290,34 @@ def _cell(run: Mapping[str, Any], cid: str, base: list, new: list, *, threshold:
         vb, vn = _values(ok_b, metric), _values(ok_n, metric)
         if vb and vn:
             results_.append(MetricResult(metric, decides, stats.compare(
-                vb, vn, higher_is_better=higher, threshold=threshold, alpha=alpha, test=test)))
-    deciding = [m.comparison.verdict for m in results_ if m.decides]
-    if not any(m.metric == primary for m in results_):
-        return CellResult(**ident, verdict=CellVerdict.INCONCLUSIVE, metrics=tuple(results_),
-                          note=f"{primary} missing from the successful samples")
-    worst = next(v for v in _WORST if v in deciding)
-    return CellResult(**ident, verdict=CellVerdict(worst.value), metrics=tuple(results_))
+                vb, vn, higher_is_better=higher, threshold=threshold, alpha=alpha, test=test,
+                min_samples=min_samples)))
+    return CellResult(**ident, verdict=CellVerdict.INCONCLUSIVE, metrics=tuple(results_),
+                      note="" if any(m.metric == primary for m in results_)
+                      else f"{primary} missing from the successful samples")
+
+
+def _finish(cells: list[CellResult], q: float) -> tuple[CellResult, ...]:
+    """Benjamini-Hochberg across every cell's deciding metrics, then each cell's verdict:
+    the worst of its deciding metrics. Informational metrics are adjusted in their own
+    family so that they neither dilute nor are diluted by the gate's."""
+    for decides in (True, False):
+        slots = [(i, j) for i, c in enumerate(cells) for j, m in enumerate(c.metrics)
+                 if m.decides is decides]
+        adjusted = stats.adjust([cells[i].metrics[j].comparison for i, j in slots], q)
+        for (i, j), comp in zip(slots, adjusted):
+            ms = list(cells[i].metrics)
+            ms[j] = dataclasses.replace(ms[j], comparison=comp)
+            cells[i] = dataclasses.replace(cells[i], metrics=tuple(ms))
+    out = []
+    for c in cells:
+        if c.metrics or c.verdict is CellVerdict.INCONCLUSIVE:
+            deciding = [m.comparison.verdict for m in c.metrics if m.decides]
+            if not c.note and deciding:
+                worst = next(v for v in _WORST if v in deciding)
+                c = dataclasses.replace(c, verdict=CellVerdict(worst.value))
+        out.append(c)
+    return tuple(out)
 
 
 # --------------------------------------------------------------------------- runs
@@ -254,14 +350,24 @@ class RunComparison:
     alpha: float
     cells: tuple[CellResult, ...]
     warnings: tuple[str, ...] = ()
+    q: float = stats.FDR_Q
+    min_samples: int = stats.MIN_SAMPLES
 
     @property
     def failing(self) -> tuple[CellResult, ...]:
         return tuple(c for c in self.cells if c.verdict.fails_gate)
 
     @property
+    def undecided(self) -> tuple[CellResult, ...]:
+        return tuple(c for c in self.cells if c.verdict.undecided)
+
+    @property
     def exit_status(self) -> int:
-        return 2 if self.refused else 1 if self.failing else 0
+        if self.refused:
+            return 2
+        if self.failing:
+            return 1
+        return UNDECIDED_STATUS if self.undecided or not self.cells else 0
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -271,8 +377,12 @@ class RunComparison:
 
 
 def compare_runs(base: RunRecord, new: RunRecord, *, threshold: float = 0.05,
-                 alpha: float = 0.05, test: str = "welch", force: bool = False) -> RunComparison:
-    diffs = differences(base.run, new.run)
+                 alpha: float = 0.05, test: str = "auto", force: bool = False,
+                 q: float = stats.FDR_Q, min_samples: int = stats.MIN_SAMPLES,
+                 variants: tuple[str, str] | None = None) -> RunComparison:
+    """Compare NEW with BASE; with ``variants`` (A, B), ``base`` and ``new`` are one run and
+    its variant A samples are BASE, its variant B samples NEW."""
+    diffs = differences(base.run, new.run) if variants is None else ()
     forbidden = [d for d in diffs if d.severity is Severity.FORBIDDEN]
     mismatch = [d for d in diffs if d.severity is Severity.MISMATCH]
     refused = None
@@ -287,10 +397,16 @@ def compare_runs(base: RunRecord, new: RunRecord, *, threshold: float = 0.05,
     accel = {environment(base.run).get("accelerator"), environment(new.run).get("accelerator")}
     cells: tuple[CellResult, ...] = ()
     if refused is None:
-        mb, mn = measured(base), measured(new)
-        cells = tuple(_cell(new.run if cid in mn else base.run, cid, mb.get(cid, []),
-                            mn.get(cid, []), threshold=threshold, alpha=alpha, test=test)
-                      for cid in sorted(set(mb) | set(mn)))
+        if variants is None:
+            mb, mn = measured(base), measured(new)
+        else:
+            mb, mn = measured(base, variants[0]), measured(new, variants[1])
+            mb = {k: [_no_variant(s) for s in v] for k, v in mb.items()}
+            mn = {k: [_no_variant(s) for s in v] for k, v in mn.items()}
+        cells = _finish([_cell(new.run if cid in mn else base.run, cid, mb.get(cid, []),
+                               mn.get(cid, []), threshold=threshold, alpha=alpha, test=test,
+                               min_samples=min_samples)
+                         for cid in sorted(set(mb) | set(mn))], q)
     warnings = tuple(f"{side} run {rec.run.get('run_id')} ended {rec.run.get('status')}: "
                      f"cells it did not reach are missing"
                      for side, rec in (("BASE", base), ("NEW", new))
@@ -298,7 +414,32 @@ def compare_runs(base: RunRecord, new: RunRecord, *, threshold: float = 0.05,
     return RunComparison(run_info(base), run_info(new), diffs, refused,
                          forced=bool(force and mismatch and not forbidden), tcg=accel == {"tcg"},
                          test=test, threshold=threshold, alpha=alpha, cells=cells,
-                         warnings=warnings)
+                         warnings=warnings, q=q, min_samples=min_samples)
+
+
+def variants_of(rec: RunRecord) -> tuple[str, ...]:
+    return tuple(sorted({str((s.get("cell") or {}).get("context", {}).get("variant"))
+                         for s in rec.samples
+                         if (s.get("cell") or {}).get("context", {}).get("variant")}))
+
+
+def require_variants(rec: RunRecord, names: Iterable[str]) -> None:
+    have = variants_of(rec)
+    for v in names:
+        if v not in have:
+            raise RunNotFound(f"{rec.dir}: no variant {v!r} in this run (it has: "
+                              f"{', '.join(have) or 'no variants'})")
+
+
+def _no_variant(s: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A variant's sample as if it came from a run of its own: the variant leaves the
+    definition, so A's and B's cells hash alike when nothing else differs."""
+    cell = dict(s.get("cell") or {})
+    ctx = {k: v for k, v in (cell.get("context") or {}).items() if not k.startswith("variant")}
+    base_id = str(cell.get("id")).removesuffix(f"-v{(cell.get('context') or {}).get('variant')}")
+    cell.update(id=base_id, hash=str(cell.get("hash_without_variant") or cell.get("hash")))
+    cell["context"] = ctx
+    return {**s, "cell": cell}
 
 
 # --------------------------------------------------------------------------- output
@@ -334,24 +475,28 @@ def render_text(rc: RunComparison) -> str:
         return "\n".join(lines) + "\n"
     if rc.forced:
         lines.append("!! --force: compared despite the mismatches above")
-    header = ("cell", "verdict", "metric", "base", "new", "delta", "p", "metric verdict")
+    header = ("cell", "verdict", "metric", "base", "new", "delta", "test", "p", "p adj",
+              "metric verdict")
     rows: list[tuple[str, ...]] = []
     for c in rc.cells:
         first = (c.cell_id, c.verdict.value.upper())
         if not c.metrics:
-            rows.append((*first, "-", "-", "-", "-", "-", "-"))
+            rows.append((*first, "-", "-", "-", "-", "-", "-", "-", "-"))
         for i, m in enumerate(c.metrics):
             cm = m.comparison
             rows.append((*(first if i == 0 else ("", "")), m.metric,
                          f"{fmt(cm.base.mean)} (n={cm.base.n})", f"{fmt(cm.new.mean)} (n={cm.new.n})",
                          "-" if cm.delta_pct is None else f"{cm.delta_pct:+.1f}%",
-                         fmt(cm.p_value, 2), cm.verdict.value + ("" if m.decides else " (info)")))
+                         cm.test or "-", fmt(cm.p_value, 2), fmt(cm.p_adjusted, 2),
+                         cm.verdict.value + ("" if m.decides else " (info)")))
     widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
     for r in (header, *rows):
         lines.append("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
     notes = [f"  {c.cell_id}: ok samples BASE {c.base_ok}/{c.base_ok + c.base_failed}, NEW "
              f"{c.new_ok}/{c.new_ok + c.new_failed}" + (f"; {c.note}" if c.note else "")
              for c in rc.cells if c.base_failed or c.new_failed or c.note]
+    notes += [f"  {c.cell_id} {m.metric}: {m.comparison.note}" for c in rc.cells
+              for m in c.metrics if m.comparison.note and m.decides]
     if notes:
         lines.append("notes:")
         lines.extend(notes)
@@ -361,7 +506,44 @@ def render_text(rc: RunComparison) -> str:
         lines.extend(f"  {f}" for f in failures)
     summary = ", ".join(f"{n} {v}" for v, n in sorted(rc.counts().items()))
     lines.append(f"{len(rc.cells)} cells: {summary or 'none'}; test {rc.test}, threshold "
-                 f"{rc.threshold:.0%}, alpha {rc.alpha}")
+                 f"{rc.threshold:.0%}, alpha {rc.alpha}, Benjamini-Hochberg q {rc.q}, "
+                 f"at least {rc.min_samples} ok samples a side")
     if rc.failing:
         lines.append("GATE FAILED: " + ", ".join(f"{c.cell_id} {c.verdict.value}" for c in rc.failing))
+    elif rc.undecided or not rc.cells:
+        lines.append(f"GATE UNDECIDED (exit {UNDECIDED_STATUS}): "
+                     + (", ".join(f"{c.cell_id} {c.verdict.value}" for c in rc.undecided)
+                        or "no cells"))
     return "\n".join(lines) + "\n"
+
+
+def render_junit(rc: RunComparison) -> str:
+    """JUnit XML: one testcase per cell; failure for a cell that fails the gate, skipped for
+    one that could not be decided, so a CI system shows the gate cell by cell."""
+    from xml.etree import ElementTree as ET
+    root = ET.Element("testsuites")
+    name = (f"testbed compare {rc.base.run_id} {rc.new.run_id}" if rc.base.run_id != rc.new.run_id
+            else f"testbed compare {rc.base.run_id}")
+    suite = ET.SubElement(root, "testsuite", name=name, tests=str(len(rc.cells)),
+                          failures=str(len(rc.failing)), skipped=str(len(rc.undecided)),
+                          errors="1" if rc.refused else "0")
+    if rc.refused:
+        case = ET.SubElement(suite, "testcase", classname="testbed.compare", name="environments")
+        ET.SubElement(case, "error", message="refused").text = rc.refused
+    for c in rc.cells:
+        case = ET.SubElement(suite, "testcase", classname=f"testbed.compare.{c.attachment}",
+                             name=c.cell_id)
+        detail = "; ".join(
+            f"{m.metric} {m.comparison.verdict.value} "
+            + ("" if m.comparison.delta_pct is None else f"{m.comparison.delta_pct:+.1f}% ")
+            + f"p_adj={fmt(m.comparison.p_adjusted, 2)}" for m in c.metrics if m.decides)
+        text = "; ".join(filter(None, [c.note, detail]))
+        if c.verdict.fails_gate:
+            ET.SubElement(case, "failure", message=c.verdict.value).text = text
+        elif c.verdict.undecided:
+            ET.SubElement(case, "skipped", message=f"{c.verdict.value}: {text}")
+        ET.SubElement(case, "system-out").text = (
+            f"verdict {c.verdict.value}; ok samples BASE {c.base_ok}/{c.base_ok + c.base_failed}, "
+            f"NEW {c.new_ok}/{c.new_ok + c.new_failed}; hash {c.new_hash or c.base_hash}")
+    ET.indent(root)
+    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from testbed.errors import CapabilityError, CommandError, ConfigError, one_line
-from testbed.model import (NAME_RE, Attachment, Backend, GuestSpec, HostSpec, MacvtapMode, MacvtapSpec,
+from testbed.model import (NAME_RE, Variant, Attachment, Backend, GuestSpec, HostSpec, MacvtapMode, MacvtapSpec,
                            Matrix, Offloads, Pattern, Profile, Protocol, Repetitions, Tool, Topology,
                            TunnelSpec)
 
@@ -65,6 +65,7 @@ SUBNET_MAX_PREFIX = 32 - math.ceil(math.log2(SUBNET_ENDPOINTS + 2))
 DEFAULT_MAX_CELLS, HARD_MAX_CELLS = 2000, 100_000
 DEFAULT_MAX_HOURS, HARD_MAX_HOURS = 48, 8760
 MATRIX_KEYS = {"attachments", "backends", "queues", "mtus", "connections", "profiles", "repetitions",
+               "variants",
                "randomize", "seed"}
 #: outer Ethernet 14 + IPv4 20 + UDP 8 + VXLAN 8 (hostnet/vxlan.py)
 VXLAN_OVERHEAD = 50
@@ -480,7 +481,31 @@ def _pair(n: Node, first: tuple[int, int], second: tuple[int, int]) -> tuple[int
     return items[0].int(*first), items[1].int(*second)
 
 
+#: `repetitions: gate`: enough samples for `testbed compare` to carry a verdict (it needs 5
+#: ok samples a side), more when the spread stays above 3 %
+GATE_REPETITIONS = Repetitions(warmup=1, min_samples=5, max_samples=10, rsd_target=0.03)
+
+
+def not_gateable(t: Topology) -> str | None:
+    """Why a topology's runs cannot pass a `testbed compare` gate, or None."""
+    r, need = t.matrix.repetitions, stats_min_samples()
+    if r.max_samples < need:
+        return (f"{t.source}: at most {r.max_samples} sample(s) per cell; `testbed compare` "
+                f"needs {need} a side for a verdict. Use `repetitions: gate` (warm-up 1, "
+                f"min 5, max 10, rsd target 0.03) for a nightly gate.")
+    return None
+
+
+def stats_min_samples() -> int:
+    from testbed.stats import MIN_SAMPLES
+    return MIN_SAMPLES
+
+
 def _repetitions(n: Node) -> Repetitions:
+    if isinstance(n.node, yaml.ScalarNode):
+        if n.node.value != "gate":
+            raise n.error("expected a mapping {warmup, min, max, rsd_target} or the preset 'gate'")
+        return GATE_REPETITIONS
     m = n.mapping({"warmup", "min", "max", "rsd_target"})
     r = Repetitions(warmup=m["warmup"].int(0, 100, "warmup") if "warmup" in m else 0,
                     min_samples=m["min"].int(1, 1000, "min") if "min" in m else 1,
@@ -507,12 +532,78 @@ def _distinct(m: dict[str, Node], key: str, read, default: tuple) -> tuple:
     return values
 
 
-def _matrix(n: Node) -> Matrix:
+#: virtio-net ring sizes QEMU accepts (powers of two, 256..1024)
+RING_SIZES = (256, 512, 1024)
+
+
+def _emulator(n: Node) -> str:
+    """An emulator path that exists and answers `--version` as QEMU: tried here, so an
+    unusable variant is bad input before anything is created."""
+    from testbed import proc
+    from testbed.errors import CommandError
+    path = n.str()
+    if not os.path.isabs(path):
+        raise n.error(f"emulator must be an absolute path, got {_show(path)}")
+    if "\0" in path or not os.path.isfile(path) or not os.access(path, os.X_OK):
+        raise n.error(f"emulator {_show(path)} does not exist or is not executable")
+    try:
+        out = proc.run([path, "--version"], timeout=20)
+    except CommandError as e:
+        raise n.error(f"emulator {_show(path)} --version failed: {one_line(str(e))}") from None
+    if not out.stdout.startswith("QEMU emulator version"):
+        raise n.error(f"emulator {_show(path)} is not a QEMU (its --version says "
+                      f"{_show((out.stdout.splitlines() or [''])[0][:60])})")
+    return path
+
+
+def _machine(n: Node, emulator: str | None) -> str:
+    """A machine type the emulator lists in `-machine help` (tried, not assumed)."""
+    from testbed import proc
+    from testbed.errors import CommandError
+    name = n.str(re.compile(r"^[a-z0-9][a-z0-9.-]{0,40}$"), "machine type")
+    binary = emulator or "/usr/bin/qemu-system-x86_64"
+    try:
+        listed = proc.run([binary, "-machine", "help"], timeout=20).stdout
+    except CommandError:
+        return name     # no QEMU here: the run's preflight says so (exit 3)
+    known = {line.split()[0] for line in listed.splitlines()[1:] if line.strip()}
+    if name not in known:
+        raise n.error(f"machine type {name!r} not offered by {_show(binary)}")
+    return name
+
+
+def _variant(n: Node, base: Path) -> Variant:
+    m = n.mapping({"name", "emulator", "machine", "image", "nic"}, required=("name",))
+    emulator = _emulator(m["emulator"]) if "emulator" in m else None
+    nic: dict[str, str] = {}
+    if "nic" in m:
+        opts = m["nic"].mapping({"queues", "rx_queue_size", "tx_queue_size", "event_idx"})
+        for k, v in opts.items():
+            if k == "queues":
+                nic[k] = str(v.int(1, MAX_QUEUES, "queues"))
+            elif k == "event_idx":
+                nic[k] = "on" if v.bool() else "off"
+            else:
+                size = v.int(1, 1024, k)
+                if size not in RING_SIZES:
+                    raise v.error(f"{k} must be one of {', '.join(map(str, RING_SIZES))}")
+                nic[k] = str(size)
+    v = Variant(name=m["name"].str(NAME_RE, "variant name"), emulator=emulator,
+                machine=_machine(m["machine"], emulator) if "machine" in m else None,
+                image=_image_path(m["image"], base) if "image" in m else None,
+                nic=tuple(sorted(nic.items())))
+    if len(v.name) > 4:
+        raise m["name"].error(f"variant name {v.name!r} longer than 4 characters (it goes "
+                              f"into guest and cell names)")
+    return v
+
+
+def _matrix(n: Node, base: Path | None = None) -> Matrix:
     m = n.mapping(MATRIX_KEYS, required=("profiles",))
     profiles_nodes = m["profiles"].seq(1)
     profiles = tuple(_profile(p) for p in profiles_nodes)
     _unique(profiles_nodes, [p.name for p in profiles], "profile")
-    return Matrix(
+    mx = Matrix(
         attachments=_distinct(m, "attachments", lambda a: a.enum(Attachment), (Attachment.BRIDGE,)),
         backends=_distinct(m, "backends", lambda b: b.enum(Backend), (Backend.QEMU,)),
         mtus=_distinct(m, "mtus", lambda x: x.int(MTU_MIN, MTU_MAX, "MTU"), (1500,)),
@@ -522,7 +613,21 @@ def _matrix(n: Node) -> Matrix:
         randomize=m["randomize"].bool() if "randomize" in m else False,
         seed=m["seed"].int(0, 2**31, "seed") if "seed" in m else 0,
         queues=_distinct(m, "queues", lambda x: x.int(1, MAX_QUEUES, "queues"), (1,)),
+        variants=_variants(m["variants"], base or Path.cwd()) if "variants" in m else (),
     )
+    if mx.variants and any(a not in (Attachment.BRIDGE, Attachment.OVS) for a in mx.attachments):
+        raise m["variants"].error("variants run on the bridge and ovs attachments only (their "
+                                  "guest pairs share one segment)")
+    return mx
+
+
+def _variants(n: Node, base: Path) -> tuple[Variant, ...]:
+    nodes = n.seq(2)
+    if len(nodes) > 4:
+        raise n.error("at most 4 variants (each boots its own guest pair)")
+    out = tuple(_variant(x, base) for x in nodes)
+    _unique(nodes, [v.name for v in out], "variant")
+    return out
 
 
 def cell_count(matrix: Matrix) -> int:
@@ -616,7 +721,7 @@ def _parse(root: yaml.Node, file: str, base: Path | None) -> Topology:
     hosts = tuple(_host(h, base) for h in host_nodes) or (HostSpec(name="local"),)
     _unique(host_nodes, [h.name for h in hosts], "host")
     host_map = {h.name: h for h in hosts}
-    matrix = _matrix(m["matrix"])
+    matrix = _matrix(m["matrix"], base)
     _check_limits(m, doc, matrix)
     vm_modes = any(not a.is_netns for a in matrix.attachments)
     if "guests" not in m and vm_modes:

@@ -1,8 +1,11 @@
 """Frozen, typed records that flow through the testbed. No dicts passed around as records."""
 from __future__ import annotations
 
+import hashlib
+import json
 import re
-from dataclasses import dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 
 from testbed import PREFIX
@@ -124,18 +127,85 @@ class Cell:
     profile: Profile
     #: virtio-net queue pairs of the NIC under test (multiqueue); 1 = single queue
     queues: int = 1
+    #: run-wide settings that change the measurement but are not matrix axes (offloads,
+    #: guest size and image, placement, variant), as sorted (key, value) pairs: see
+    #: :func:`context_of`. Part of the definition hash, not of the readable id.
+    context: tuple[tuple[str, str], ...] = ()
 
     @property
     def id(self) -> str:
         # Single-queue ids keep the short form, e.g. ovs-qemu-mtu9000-conn8-tcp_rr.
         q = f"-q{self.queues}" if self.queues > 1 else ""
+        v = dict(self.context).get("variant")
         return (f"{self.attachment.value}-{self.backend.value}{q}-mtu{self.mtu}"
-                f"-conn{self.connections}-{self.profile.name}")
+                f"-conn{self.connections}-{self.profile.name}" + (f"-v{v}" if v else ""))
 
-    def as_dict(self) -> dict:
-        return {"attachment": self.attachment.value, "backend": self.backend.value,
-                "queues": self.queues, "mtu": self.mtu, "connections": self.connections,
-                "profile": self.profile.name, "tool": self.profile.tool.value, "id": self.id}
+    def definition(self) -> dict:
+        """Everything that changes what this cell measures, as plain JSON values."""
+        return definition(self.as_dict(hashed=False),
+                          json.loads(json.dumps(asdict(self.profile), default=str)),
+                          dict(self.context))
+
+    @property
+    def hash(self) -> str:
+        return definition_hash(self.definition())
+
+    def as_dict(self, hashed: bool = True) -> dict:
+        d = {"attachment": self.attachment.value, "backend": self.backend.value,
+             "queues": self.queues, "mtu": self.mtu, "connections": self.connections,
+             "profile": self.profile.name, "tool": self.profile.tool.value, "id": self.id}
+        if self.context:
+            d["context"] = dict(self.context)
+        if hashed:
+            d["hash"] = self.hash
+            if "variant" in d.get("context", {}):
+                # what `compare --variants A B` matches A's and B's cells by
+                ctx = tuple(kv for kv in self.context if not kv[0].startswith("variant"))
+                d["hash_without_variant"] = Cell(self.attachment, self.backend, self.mtu,
+                                                 self.connections, self.profile, self.queues,
+                                                 ctx).hash
+        return d
+
+
+#: the Cell fields that are matrix axes (the rest of its definition is the profile and context)
+_AXES = ("attachment", "backend", "queues", "mtu", "connections")
+
+
+def definition(cell: Mapping, profile: Mapping, context: Mapping) -> dict:
+    """A cell's full definition from its dict forms (a sample's ``cell``, the topology's
+    profile entry, the run context), so that a cell written today and one upgraded from an
+    older results file hash alike when they measured the same thing."""
+    return {"axes": {k: cell.get(k, 1 if k == "queues" else None) for k in _AXES},
+            "profile": dict(profile), "context": {str(k): str(v) for k, v in context.items()}}
+
+
+def definition_hash(defn: Mapping) -> str:
+    """12 hex digits of SHA-256 over the canonical JSON of a definition."""
+    text = json.dumps(defn, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def context_of(topology: Mapping, variant: str | None = None) -> tuple[tuple[str, str], ...]:
+    """The run-wide settings of a topology (in its JSON dict form, as run.json holds it)
+    that change a measurement: requested offloads, both guests' size and image, their
+    placement, and the variant the cell ran under. Only set values are listed, so a
+    topology that leaves them all at their defaults has an empty context."""
+    out: dict[str, str] = {}
+    off = topology.get("offloads")
+    if off:
+        out["offloads"] = ",".join(f"{k}-{'on' if v else 'off'}" for k, v in sorted(off.items())
+                                   if v is not None) or "default"
+    guests = {g.get("name"): g for g in topology.get("guests") or ()}
+    for role in ("client", "server"):
+        g = guests.get(topology.get(role)) or {}
+        if g:
+            out[f"{role}.size"] = f"{g.get('vcpus')}vcpu-{g.get('memory_mib')}MiB"
+            out[f"{role}.host"] = str(g.get("host"))
+            if g.get("image"):
+                out[f"{role}.image"] = str(g["image"])
+    if variant:
+        out["variant"] = variant
+    return tuple(sorted(out.items()))
 
 
 @dataclass(frozen=True)
@@ -197,6 +267,27 @@ class Repetitions:
 
 
 @dataclass(frozen=True)
+class Variant:
+    """An alternative the testbed can switch without rebooting the host (`matrix.variants`):
+    None leaves a setting as the testbed's default."""
+
+    name: str
+    emulator: str | None = None          # QEMU binary (libvirt <emulator>)
+    machine: str | None = None           # machine type: pc, q35, pc-q35-7.2 ...
+    image: str | None = None             # guest qcow2 image (its kernel comes with it)
+    #: extra virtio-net driver options for the NIC under test: queues, rx_queue_size,
+    #: tx_queue_size, event_idx, as sorted (key, value) pairs
+    nic: tuple[tuple[str, str], ...] = ()
+
+    def label(self) -> str:
+        parts = [f"emulator={self.emulator}" if self.emulator else "",
+                 f"machine={self.machine}" if self.machine else "",
+                 f"image={self.image}" if self.image else "",
+                 *(f"{k}={v}" for k, v in self.nic)]
+        return ",".join(p for p in parts if p) or "default"
+
+
+@dataclass(frozen=True)
 class Matrix:
     attachments: tuple[Attachment, ...]
     backends: tuple[Backend, ...]
@@ -207,6 +298,8 @@ class Matrix:
     randomize: bool = False
     seed: int = 0
     queues: tuple[int, ...] = (1,)
+    #: A/B alternatives measured interleaved in one run (empty: no variants axis)
+    variants: tuple[Variant, ...] = ()
 
 
 class MacvtapMode(StrEnum):

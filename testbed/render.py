@@ -44,6 +44,9 @@ class DomainParams:
     cmdline: str
     emulator: str = "/usr/bin/qemu-system-x86_64"
     hotplug_slots: int = 4
+    #: machine type; q35 (and pc-q35-*) get PCIe root ports for hot-plug, pc (i440fx)
+    #: hot-plugs into its PCI root bus
+    machine: str = "q35"
 
 
 def domain_xml(p: DomainParams) -> str:
@@ -65,6 +68,8 @@ class NicParams:
     #: ethernet only. False: the target exists already (a macvtap the testbed made) and
     #: libvirt opens it as it is, neither creating nor deleting it
     managed: bool = True
+    #: extra <driver> attributes from a variant (rx_queue_size, tx_queue_size, event_idx)
+    driver_options: tuple[tuple[str, str], ...] = ()
 
 
 def interface_xml(p: NicParams) -> str:

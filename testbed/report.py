@@ -257,9 +257,83 @@ def _line_panel(title: str, points: Sequence[Point], xlabel: str, ylabel: str,
     return Panel(title, xlabel, ylabel, draw, log_x=xlabel == "connections")
 
 
+def _varies(cells: Iterable[CellStats], attr: str) -> bool:
+    """An axis is worth a line only when it has more than one value."""
+    return len({getattr(c, attr) for c in cells}) > 1
+
+
+def _bar_panel(title: str, bars: Sequence[Point], ylabel: str, runs: Sequence[str]) -> Panel:
+    """Bars side by side: one group per series label (mode), one bar per run, with error
+    bars where a point has an interval."""
+    def draw(ax: Any) -> None:
+        labels = sorted({p.series for p in bars})
+        width = 0.8 / max(1, len(runs))
+        for r, run_id in enumerate(runs):
+            pts = {p.series: p for p in bars if p.run_id == run_id}
+            if not pts:
+                continue
+            xs = [labels.index(k) + (r - (len(runs) - 1) / 2) * width for k in pts]
+            ys = [p.y for p in pts.values()]
+            err = None
+            if any(p.err for p in pts.values()):
+                err = [[(p.err or (0, 0))[k] for p in pts.values()] for k in (0, 1)]
+            ax.bar(xs, ys, width=width * 0.95, yerr=err, capsize=3, color=f"C{r % 10}",
+                   label=_label(f"run {run_id}") if len(runs) > 1 else None)
+        ax.set_xticks(range(len(labels)), [_label(x) for x in labels], rotation=15, fontsize=8)
+    return Panel(title, "mode", ylabel, draw)
+
+
+def _err(t: stats.Summary, scale: float = 1.0) -> tuple[float, float] | None:
+    if t.ci_low is None or t.ci_high is None:
+        return None
+    return (t.mean - t.ci_low) / scale, (t.ci_high - t.mean) / scale
+
+
+def bars_plot(cells: Sequence[CellStats], runs: Sequence[str]) -> Plot | None:
+    """One point per mode (no axis varies): throughput or transactions/s with their 95 %
+    intervals, and host CPU per unit of traffic, as bars side by side per mode."""
+    panels = []
+    for profile in sorted({c.profile for c in cells}):
+        these = [c for c in cells if c.profile == profile]
+        rr = these[0].transactional
+        label = lambda c: c.mode + (f" mtu{c.mtu}" if _varies(these, "mtu") else "")  # noqa: E731
+        if rr:
+            pts = [Point(label(c), c.run_id, 0, c.tps.mean, _err(c.tps)) for c in these if c.tps]
+            cost = [Point(label(c), c.run_id, 0, v) for c in these
+                    if (v := c.host_us_per_tx) is not None]
+            panels += [_bar_panel(f"{profile}: transactions/s", pts, "transactions/s", runs),
+                       _bar_panel(f"{profile}: host CPU per transaction", cost,
+                                  "host CPU µs per transaction", runs)]
+        else:
+            pts = [Point(label(c), c.run_id, 0, c.throughput.mean / 1000, _err(c.throughput, 1000))
+                   for c in these if c.throughput]
+            cost = [Point(label(c), c.run_id, 0, 1 / v) for c in these
+                    if (v := c.gbit_per_host_core)]
+            panels += [_bar_panel(f"{profile}: throughput", pts, "Gbit/s", runs),
+                       _bar_panel(f"{profile}: host CPU per Gbit/s", cost,
+                                  "host cores per Gbit/s", runs)]
+    if not panels:
+        return None
+    return _figure(panels, "Per mode: rate and CPU per unit of traffic",
+                   "One point per mode, so bars, not lines. Error bars are the 95 % confidence "
+                   "interval where a cell has 2 or more samples. CPU per unit of traffic uses "
+                   "host busy cores (lower is better).", runs)
+
+
+def _axis(cells: Sequence[CellStats]) -> str | None:
+    """The x axis for lines: connections if they vary, else MTU if it varies, else none."""
+    return next((a for a in ("connections", "mtu") if _varies(cells, a)), None)
+
+
+def _other(axis: str) -> Callable[[CellStats], str]:
+    return (lambda c: f"{c.mode} mtu{c.mtu}") if axis == "connections" else \
+        (lambda c: f"{c.mode} conn{c.connections}")
+
+
 def throughput_plot(cells: Sequence[CellStats], runs: Sequence[str]) -> Plot | None:
     stream = [c for c in cells if not c.transactional and c.throughput]
-    if not stream:
+    axis = _axis(stream)
+    if not stream or axis is None:
         return None
     panels = []
     for profile in sorted({c.profile for c in stream}):
@@ -269,16 +343,17 @@ def throughput_plot(cells: Sequence[CellStats], runs: Sequence[str]) -> Plot | N
                 t = c.throughput
                 err = None if t.ci_low is None or t.ci_high is None else \
                     ((t.mean - t.ci_low) / 1000, (t.ci_high - t.mean) / 1000)
-                pts.append(Point(f"{c.mode} mtu{c.mtu}", c.run_id, c.connections, t.mean / 1000, err))
-        panels.append(_line_panel(profile, pts, "connections", "Gbit/s", runs))
-    return _figure(panels, "Throughput against connections",
+                pts.append(Point(_other(axis)(c), c.run_id, getattr(c, axis), t.mean / 1000, err))
+        panels.append(_line_panel(profile, pts, axis if axis == "connections" else "MTU",
+                                  "Gbit/s", runs))
+    return _figure(panels, f"Throughput against {axis if axis == 'connections' else 'MTU'}",
                    "Mean per cell; error bars are the 95 % confidence interval where a cell has "
                    "2 or more samples.", runs)
 
 
 def latency_plot(cells: Sequence[CellStats], runs: Sequence[str]) -> Plot | None:
     rr = [c for c in cells if c.transactional and c.p50 is not None]
-    if not rr:
+    if not rr or not _varies(rr, "mtu"):
         return None
     panels = []
     for profile, mode in sorted({(c.profile, c.mode) for c in rr}):
@@ -298,23 +373,25 @@ def latency_plot(cells: Sequence[CellStats], runs: Sequence[str]) -> Plot | None
 
 def cpu_plot(cells: Sequence[CellStats], runs: Sequence[str]) -> Plot | None:
     have = [c for c in cells if c.host_cores is not None or c.guest_cores is not None]
-    if not have:
+    axis = _axis(have)
+    if not have or axis is None:
         return None
-    conns = lambda c: c.connections  # noqa: E731
+    conns = lambda c: getattr(c, axis)  # noqa: E731
+    xlabel = axis if axis == "connections" else "MTU"
     panels = []
     for mode in sorted({c.mode for c in have}):
         these = [c for c in have if c.mode == mode]
         for what in ("host", "guest"):
-            pts = _points(these, lambda c: f"{c.profile} mtu{c.mtu}", conns,
-                          lambda c, w=what: getattr(c, f"{w}_cores"))
-            panels.append(_line_panel(f"{mode}: {what} CPU", pts, "connections",
+            pts = _points(these, lambda c: f"{c.profile} " + _other(axis)(c).split(" ", 1)[1],
+                          conns, lambda c, w=what: getattr(c, f"{w}_cores"))
+            panels.append(_line_panel(f"{mode}: {what} CPU", pts, xlabel,
                                       f"{what} cores busy", runs))
     for profile in sorted({c.profile for c in have}):
         these = [c for c in have if c.profile == profile]
         rr = these[0].transactional
-        pts = _points(these, lambda c: f"{c.mode} mtu{c.mtu}", conns,
+        pts = _points(these, _other(axis), conns,
                       (lambda c: c.host_us_per_tx) if rr else (lambda c: c.gbit_per_host_core))
-        panels.append(_line_panel(f"{profile}: efficiency", pts, "connections",
+        panels.append(_line_panel(f"{profile}: efficiency", pts, xlabel,
                                   "host CPU µs per transaction" if rr else "Gbit/s per host core",
                                   runs))
     return _figure(panels, "CPU cost and efficiency per mode",
@@ -335,6 +412,8 @@ class Report:
     plots: tuple[Plot, ...]
     capacity: tuple[Any, ...] = ()          # report_capacity.CapacityRow
     capacity_profile: str | None = None
+    #: `testbed history` series (testbed.history.Series) shown with their change points
+    history: tuple[Any, ...] = ()
 
     @property
     def any_tcg(self) -> bool:
@@ -346,27 +425,62 @@ class Report:
         return tuple(dict.fromkeys(k for r in self.runs for k, _ in r.environment))
 
 
+def history_plot(series: Sequence[Any]) -> Plot | None:
+    """Each history series against run order, its change points marked and named."""
+    if not series:
+        return None
+    panels = []
+    for s in series:
+        def draw(ax: Any, s: Any = s) -> None:
+            xs = list(range(len(s.points)))
+            ax.plot(xs, [p.value for p in s.points], marker="o", color="C0", label=_label(s.metric))
+            for c in s.change_points:
+                ax.axvline(c.index - 0.5, color="C3" if c.regression else "C2", linestyle="--",
+                           label=_label(f"change {c.delta_pct:+.1f}% at {c.run_id}"))
+            ax.set_xticks(xs, [p.run_id[:15] for p in s.points], rotation=60, fontsize=6)
+        panels.append(Panel(f"{s.cell_id} [{s.hash}] {s.environment}", "run", s.metric, draw))
+    cps = "; ".join(f"{s.cell_id} {s.metric}: {c.delta_pct:+.1f}% at run {c.run_id}"
+                    + (" (regression)" if c.regression else "")
+                    for s in series for c in s.change_points)
+    return _figure(panels, "History and change points",
+                   "Mean of each run's ok samples, in run order; dashed lines mark change points "
+                   "(ruptures PELT, beyond the threshold). Change points: " + (cps or "none") + ".")
+
+
 def build(records: Sequence[RunRecord], *, generated: str, baseline: RunRecord | None = None,
-          threshold: float = 0.05, test: str = "welch",
+          threshold: float = 0.05, test: str = "auto", history: Sequence[Any] = (),
           capacity_profile: str | None = None) -> Report:
     from testbed import report_capacity
     views = tuple(run_view(r) for r in records)
     cells = [c for v in views for c in v.cells]
     runs = [v.run_id for v in views]
-    plots = tuple(p for p in (throughput_plot(cells, runs), latency_plot(cells, runs),
-                              cpu_plot(cells, runs)) if p is not None)
+    flat = cells and not any(_varies(cells, a) for a in ("connections", "mtu"))
+    plots = tuple(p for p in ((bars_plot(cells, runs),) if flat else
+                              (throughput_plot(cells, runs), latency_plot(cells, runs),
+                               cpu_plot(cells, runs))) + (history_plot(history),)
+                  if p is not None)
     plots += report_capacity.plots(records)
     comparisons = ()
     if baseline is not None:
         base_id = baseline.run.get("run_id")
         comparisons = tuple(compare_runs(baseline, r, threshold=threshold, test=test)
                             for r in records if r.run.get("run_id") != base_id)
-    return Report(title="Network testbed report: " + ", ".join(v.run_id for v in views),
+    return Report(title="Network testbed report: " + (", ".join(v.run_id for v in views)
+                                                      or "history"),
                   generated=generated, runs=views,
                   baseline=None if baseline is None else str(baseline.run.get("run_id")),
-                  comparisons=comparisons, plots=plots,
+                  comparisons=comparisons, plots=plots, history=tuple(history),
                   capacity=report_capacity.table(records, capacity_profile),
                   capacity_profile=capacity_profile)
+
+
+def write_run_report(rec: RunRecord, generated: str) -> Any:
+    """`testbed run`'s report.html in the run directory; returns its path."""
+    from testbed.results import atomic_write
+    path = rec.dir / "report.html"
+    atomic_write(path, render(build([rec], generated=generated)))
+    path.chmod(0o644)
+    return path
 
 
 def _num(v: float | None, digits: int = 4) -> str:

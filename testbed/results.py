@@ -17,9 +17,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testbed.model import Cell, Topology
+from testbed.model import Cell, Topology, context_of, definition, definition_hash
 
-FORMAT_VERSION = 1
+#: 2: every sample's and cell's ``cell`` carries ``hash``, the definition hash
+#: (model.Cell.hash). Version 1 files are upgraded when read (:func:`upgrade`).
+FORMAT_VERSION = 2
 
 
 def now() -> str:
@@ -168,7 +170,35 @@ def read_run(path: Path) -> RunRecord:
                     samples.append(json.loads(line))
                 except json.JSONDecodeError:
                     break
-    return RunRecord(path, run, tuple(samples))
+    return upgrade(RunRecord(path, run, tuple(samples)))
+
+
+def cell_hash(cell: Mapping[str, Any], topology: Mapping[str, Any]) -> str:
+    profiles = {p.get("name"): p for p in (topology.get("matrix") or {}).get("profiles") or ()}
+    return definition_hash(definition(cell, profiles.get(cell.get("profile")) or
+                                      {"name": cell.get("profile"), "tool": cell.get("tool")},
+                                      dict(context_of(topology))))
+
+
+def upgrade(rec: RunRecord) -> RunRecord:
+    """An older run record in the current format, in memory (the files are never edited).
+
+    Version 1 had no definition hash: it is computed from the run's own topology (profile
+    entry, offloads, guests) the way model.Cell.hash computes it, so an unchanged cell
+    measured before and after the upgrade still matches. ``upgraded_from`` says it happened.
+    """
+    version = int(rec.run.get("format_version") or 1)
+    if version >= FORMAT_VERSION:
+        return rec
+    topo = rec.run.get("topology") or {}
+
+    def cell(c: Mapping[str, Any]) -> dict:
+        return {**c, "hash": c.get("hash") or cell_hash(c, topo)}
+
+    run = {**rec.run, "format_version": FORMAT_VERSION, "upgraded_from": version,
+           "cells": [cell(c) for c in rec.run.get("cells") or ()]}
+    samples = tuple({**s, "cell": cell(s.get("cell") or {})} for s in rec.samples)
+    return RunRecord(rec.dir, run, samples)
 
 
 def iter_runs(root: Path) -> Iterator[Path]:

@@ -21,7 +21,7 @@ from testbed import (capabilities, cleanup, cpu, environment, guestnic, images, 
                      render, results, stats, twohost, virt)
 from testbed.errors import CapabilityError, GuestError, ReadinessError, TestbedError
 from testbed.hostnet import attach, links, macvtap
-from testbed.model import Attachment, Backend, Cell, MacvtapSpec, Offloads, Topology
+from testbed.model import Attachment, Backend, Cell, MacvtapSpec, Offloads, Topology, context_of
 from testbed.tools import get_tool
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,8 @@ def plan(t: Topology) -> list[Cell]:
     m = t.matrix
     # Namespaces have no virtio NIC: their cells are planned once, labelled with the first
     # backend and queue count.
-    cells = [Cell(a, b, mtu, c, p, q) for a, b, q, mtu, c, p in
+    ctx = context_of(results.topology_dict(t))     # in each cell's definition hash
+    cells = [Cell(a, b, mtu, c, p, q, ctx) for a, b, q, mtu, c, p in
              itertools.product(m.attachments, m.backends, m.queues, m.mtus, m.connections, m.profiles)
              if not (a.is_netns and (b is not m.backends[0] or q != m.queues[0]))]
     if m.randomize:
@@ -43,6 +44,9 @@ def plan(t: Topology) -> list[Cell]:
         # re-plugging NICs for every cell.
         groups = [list(g) for _, g in itertools.groupby(cells, key=_nic_group)]
         cells = [c for i, g in enumerate(groups) for c in stats.randomized_order(g, m.seed + i)]
+    if m.variants:
+        from testbed import variants
+        cells = variants.expand(cells, m.variants)     # A, B adjacent: measured interleaved
     return cells
 
 
@@ -142,6 +146,15 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
             writer.update(hosts=host_fingerprints(t, env))
         progress(f"run {run_id}: {len(cells)} cells, accelerator {accel.value if accel else 'none (namespaces)'}")
         stack.callback(_keep_logs, state, writer.dir / "guests")
+        if t.matrix.variants:
+            from testbed import variants
+            variants.run(t, cells, stack, writer, stack.enter_context(virt.connect(host.uri)),
+                         recipe_image, accel, run_id, tag, state,  # type: ignore[arg-type]
+                         env["cpu_mhz"] / 1000 if env.get("cpu_mhz") else None, progress)
+            stack.close()       # tears everything down and finishes run.json
+            final = results.read_run(writer.dir).run
+            return Outcome(writer.dir, final["status"], final["counts"]["samples"],
+                           final["counts"]["failed"])
         guests: dict[str, virt.Guest] = {}
         if needs_vms:
             # Each guest boots on its own host: that host's libvirt, and for a real remote

@@ -8,6 +8,7 @@ or a nightly gate must not be able to mistake "could not be computed" for a meas
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections.abc import Sequence
@@ -156,13 +157,26 @@ class StoppingRule:
 
 # --------------------------------------------------------------------------- comparison
 
+#: significance tests that :func:`compare` knows, by the name recorded in a Comparison;
+#: "auto" chooses per metric (:func:`choose_test`)
+TESTS = ("auto", "welch", "permutation", "bootstrap", "mannwhitney")
+#: fewer ok samples than this on either side: no verdict, INSUFFICIENT
+MIN_SAMPLES = 5
+#: false-discovery rate for Benjamini-Hochberg across one comparison's tests
+FDR_Q = 0.05
+#: resamples for the permutation test (exact when the distinct splits are fewer) and bootstrap
+RESAMPLES = 9999
+
+
 class Verdict(StrEnum):
     IMPROVED = "improved"
     REGRESSED = "regressed"
     UNCHANGED = "unchanged"
     #: the change is beyond the threshold but the samples cannot tell it from noise
-    #: (p >= alpha), or the relative change is undefined (base mean 0): rerun, don't pass
+    #: (adjusted p >= alpha), or the relative change is undefined (base mean 0): rerun
     INCONCLUSIVE = "inconclusive"
+    #: too few samples on a side to carry a verdict (fewer than ``min_samples``)
+    INSUFFICIENT = "insufficient"
 
 
 @dataclass(frozen=True)
@@ -181,34 +195,122 @@ class Comparison:
     threshold: float
     alpha: float
     note: str = ""
+    #: p after Benjamini-Hochberg across the comparison's family (None: not adjusted)
+    p_adjusted: float | None = None
+    #: the metric's resolution (1.0 for integer-valued samples), None when continuous
+    quantum: float | None = None
+    #: bootstrap test only: 95 % interval of new.mean / base.mean
+    ratio_ci: tuple[float, float] | None = None
+    #: why this test was chosen; the start of ``note`` whenever the verdict is taken again
+    test_note: str = ""
 
 
-def _p_value(test: str, base: np.ndarray, new: np.ndarray, sb: Summary, sn: Summary) -> float:
+def quantum_of(arr: np.ndarray) -> float | None:
+    """1.0 when every sample is a whole number (netperf's integer-microsecond percentiles,
+    counters), else None. A difference of less than one quantum is never a change."""
+    return 1.0 if bool(np.all(arr == np.round(arr))) else None
+
+
+def min_mannwhitney_p(n1: int, n2: int) -> float:
+    """The smallest two-sided p the exact Mann-Whitney U test can give (no ties)."""
+    return min(1.0, 2.0 / math.comb(n1 + n2, n1))
+
+
+def choose_test(base: np.ndarray, new: np.ndarray) -> tuple[str, str]:
+    """The test ``auto`` uses, and why. Welch's t by default. The exact (or 9999-resample)
+    permutation test of the difference of means where Welch's normal model is doubtful:
+    a side with zero variance (Welch is undefined there), quantised samples (integer
+    values with ties: a lattice, not a normal), or, from 8 samples a side (Shapiro-Wilk
+    has no power below), Shapiro-Wilk rejecting normality at 0.01. Mann-Whitney is never
+    chosen automatically: it tests ranks, not means, and at small n cannot reach alpha."""
+    for name, arr in (("base", base), ("new", new)):
+        if _is_constant(arr):
+            return "permutation", f"{name} has zero variance"
+        if quantum_of(arr) and len(np.unique(arr)) < arr.size:
+            return "permutation", f"{name} is quantised with ties"
+        if arr.size >= 8 and float(sps.shapiro(arr).pvalue) < 0.01:
+            return "permutation", f"{name} fails Shapiro-Wilk (p < 0.01)"
+    return "welch", ""
+
+
+def _diff_of_means(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.mean(y, axis=axis) - np.mean(x, axis=axis)
+
+
+def _p_value(test: str, b: np.ndarray, nw: np.ndarray, sb: Summary,
+             sn: Summary) -> tuple[float, tuple[float, float] | None]:
     if test == "welch":
         # From the summaries rather than ttest_ind: their stddev is exactly 0 for a constant
         # side, where ttest_ind recomputes it and warns about catastrophic cancellation.
         res = sps.ttest_ind_from_stats(sb.mean, sb.stddev, sb.n, sn.mean, sn.stddev, sn.n,
                                        equal_var=False)
+        return float(res.pvalue), None
+    if test == "permutation":
+        # Exact over all C(n1+n2, n1) splits when they are at most RESAMPLES; its smallest
+        # p is 2/C(n1+n2, n1) (0.0079 at 5+5), never 0.
+        res = sps.permutation_test((b, nw), _diff_of_means, permutation_type="independent",
+                                   vectorized=True, n_resamples=RESAMPLES,
+                                   alternative="two-sided", rng=np.random.default_rng(0))
+        return float(res.pvalue), None
+    if test == "bootstrap":
+        ratio = lambda x, y, axis=-1: np.mean(y, axis=axis) / np.mean(x, axis=axis)  # noqa: E731
+        res = sps.bootstrap((b, nw), ratio, vectorized=True, n_resamples=RESAMPLES,
+                            method="percentile", rng=np.random.default_rng(0))
+        dist = np.asarray(res.bootstrap_distribution)
+        # p: twice the smaller tail of the bootstrap distribution beyond ratio 1, floored
+        # at 1/(resamples+1) so that no resampling can claim p = 0.
+        tail = min(np.mean(dist <= 1.0), np.mean(dist >= 1.0))
+        p = min(1.0, max(2.0 * float(tail), 1.0 / (RESAMPLES + 1)))
+        ci = res.confidence_interval
+        return p, (float(ci.low), float(ci.high))
+    res = sps.mannwhitneyu(b, nw, alternative="two-sided")
+    return float(res.pvalue), None
+
+
+def decide(c: Comparison, p: float | None) -> Comparison:
+    """``c`` with its verdict taken again at significance ``p`` (an adjusted p)."""
+    if c.verdict is Verdict.INSUFFICIENT or (c.p_value is None and c.test is not None):
+        return c
+    notes = [c.test_note] if c.test_note else []
+    if c.delta == 0.0:
+        v = Verdict.UNCHANGED
+    elif c.quantum is not None and abs(c.delta) <= c.quantum:
+        v = Verdict.UNCHANGED
+        notes.append(f"change within one quantum ({c.quantum:g})")
+    elif c.delta_rel is None:
+        v = Verdict.INCONCLUSIVE
+        notes.append("base mean is 0; relative change undefined")
+    elif abs(c.delta_rel) <= c.threshold:
+        v = Verdict.UNCHANGED
+    elif p is None or p >= c.alpha:
+        v = Verdict.INCONCLUSIVE
+        notes.append("change beyond threshold but not significant"
+                     + ("" if p is None else f" (p={p:.3g} >= {c.alpha})"))
     else:
-        res = sps.mannwhitneyu(base, new, alternative="two-sided")
-    return float(res.pvalue)
+        better = (c.delta > 0) == c.higher_is_better
+        v = Verdict.IMPROVED if better else Verdict.REGRESSED
+    return dataclasses.replace(c, verdict=v, p_adjusted=p, note="; ".join(notes))
 
 
 def compare(base: Sequence[float], new: Sequence[float], *, higher_is_better: bool,
-            threshold: float = 0.05, alpha: float = 0.05, test: str = "welch") -> Comparison:
+            threshold: float = 0.05, alpha: float = 0.05, test: str = "auto",
+            min_samples: int = MIN_SAMPLES) -> Comparison:
     """Decide whether ``new`` improved, regressed or left a metric unchanged against ``base``.
 
     IMPROVED/REGRESSED needs both a significant difference (p < alpha) and a relative
     change beyond ``threshold`` in that direction. A change within the threshold is
     UNCHANGED whatever p says (a significant 2 % is not worth failing a nightly over).
     A change beyond the threshold with p >= alpha is INCONCLUSIVE rather than UNCHANGED:
-    a noisy 30 % drop must not pass a gate silently.
+    a noisy 30 % drop must not pass a gate silently. The verdict here uses the raw p;
+    :func:`adjust` takes it again with Benjamini-Hochberg across a family of comparisons.
 
-    Special cases, each recorded in ``note``:
-    - fewer than 2 samples on a side: no test is possible, so the threshold alone decides
-      (a nightly gate with one sample per build must still catch a big drop); p is None.
-    - zero variance on both sides: no noise to test against, so the difference is exact:
-      equal means give p = 1.0, different means p = 0.0 (scipy's Welch would give NaN).
+    Rules, each recorded in ``note``:
+    - fewer than ``min_samples`` on a side: INSUFFICIENT, no test, p None.
+    - the test: ``auto`` picks per :func:`choose_test`. ``mannwhitney`` is refused
+      (INSUFFICIENT) when its smallest possible p, 2/C(n1+n2, n1), is not below alpha.
+    - zero variance (one or both sides constant): the permutation test, never Welch's
+      undefined statistic and never a made-up p = 0; equal constants are UNCHANGED, p = 1.
+    - quantised samples (integers): a difference of at most one quantum is UNCHANGED.
     - base mean 0: the relative change is undefined; INCONCLUSIVE unless the means match.
     """
     if test not in TESTS:
@@ -217,40 +319,54 @@ def compare(base: Sequence[float], new: Sequence[float], *, higher_is_better: bo
         raise ValueError(f"threshold must be >= 0, got {threshold}")
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    if min_samples < 2:
+        raise ValueError(f"min_samples must be >= 2, got {min_samples}")
     b, nw = _as_array(base, "base"), _as_array(new, "new")
     sb, sn = summarize(b), summarize(nw)
     delta = sn.mean - sb.mean
     delta_rel = delta / abs(sb.mean) if sb.mean != 0.0 else None
-
-    def result(verdict: Verdict, p: float | None, used: str | None, note: str = "") -> Comparison:
-        return Comparison(base=sb, new=sn, delta=delta, delta_rel=delta_rel,
-                          delta_pct=None if delta_rel is None else delta_rel * 100.0,
-                          p_value=p, test=used, verdict=verdict,
-                          higher_is_better=higher_is_better, threshold=threshold,
-                          alpha=alpha, note=note)
-
-    if sb.n < 2 or sn.n < 2:
-        p, used, note = None, None, "no significance test (n<2); threshold alone decides"
-    elif _is_constant(b) and _is_constant(nw):
-        p = 1.0 if delta == 0.0 else 0.0
-        used, note = None, "zero variance on both sides; difference is exact"
+    q = quantum_of(b) if quantum_of(nw) else None
+    c = Comparison(base=sb, new=sn, delta=delta, delta_rel=delta_rel,
+                   delta_pct=None if delta_rel is None else delta_rel * 100.0, p_value=None,
+                   test=None, verdict=Verdict.INCONCLUSIVE, higher_is_better=higher_is_better,
+                   threshold=threshold, alpha=alpha, quantum=q)
+    if sb.n < min_samples or sn.n < min_samples:
+        return dataclasses.replace(
+            c, verdict=Verdict.INSUFFICIENT,
+            note=f"insufficient: {sb.n} BASE and {sn.n} NEW samples, {min_samples} needed a side")
+    used, why = (choose_test(b, nw) if test == "auto" else (test, ""))
+    if used == "welch" and (_is_constant(b) or _is_constant(nw)):
+        used, why = "permutation", "zero variance: Welch undefined"
+    if used == "mannwhitney" and min_mannwhitney_p(sb.n, sn.n) >= alpha:
+        return dataclasses.replace(
+            c, verdict=Verdict.INSUFFICIENT,
+            note=f"insufficient: Mann-Whitney at n={sb.n}+{sn.n} cannot reach p < {alpha} "
+                 f"(smallest p {min_mannwhitney_p(sb.n, sn.n):.3g})")
+    if _is_constant(b) and _is_constant(nw) and delta == 0.0:
+        p, ci = 1.0, None
     else:
-        p, used, note = _p_value(test, b, nw, sb, sn), test, ""
-        if not math.isfinite(p):
-            return result(Verdict.INCONCLUSIVE, None, test, f"{test} test gave p={p}")
+        p, ci = _p_value(used, b, nw, sb, sn)
+    if not math.isfinite(p):
+        return dataclasses.replace(c, test=used, note=f"{used} test gave p={p}")
+    c = dataclasses.replace(c, p_value=p, test=used, ratio_ci=ci,
+                            test_note=f"{used}: {why}" if why else "")
+    return decide(c, p)
 
-    if delta == 0.0:
-        return result(Verdict.UNCHANGED, p, used, note)
-    if delta_rel is None:
-        return result(Verdict.INCONCLUSIVE, p, used,
-                      "; ".join(filter(None, [note, "base mean is 0; relative change undefined"])))
-    if abs(delta_rel) <= threshold:
-        return result(Verdict.UNCHANGED, p, used, note)
-    if p is not None and p >= alpha:
-        return result(Verdict.INCONCLUSIVE, p, used,
-                      f"change beyond threshold but not significant (p={p:.3g} >= {alpha})")
-    better = (delta > 0) == higher_is_better
-    return result(Verdict.IMPROVED if better else Verdict.REGRESSED, p, used, note)
+
+def adjust(comparisons: Sequence[Comparison], q: float = FDR_Q) -> list[Comparison]:
+    """Benjamini-Hochberg across one family (every cell and deciding metric of a run
+    comparison): each comparison decided again at its adjusted p, with ``alpha`` = ``q``
+    as the false-discovery rate. Comparisons without a p keep their verdict."""
+    if not 0.0 < q < 1.0:
+        raise ValueError(f"q must be in (0, 1), got {q}")
+    idx = [i for i, c in enumerate(comparisons) if c.p_value is not None]
+    out = list(comparisons)
+    if not idx:
+        return out
+    adj = sps.false_discovery_control([comparisons[i].p_value for i in idx], method="bh")
+    for i, pa in zip(idx, adj):
+        out[i] = decide(dataclasses.replace(comparisons[i], alpha=q), float(pa))
+    return out
 
 
 # --------------------------------------------------------------------------- efficiency

@@ -291,18 +291,24 @@ def snapshot_key(conn: libvirt.virConnect, spec: GuestSpec, image: images.Image,
 @contextlib.contextmanager
 def guest(conn: libvirt.virConnect, spec: GuestSpec, image: images.Image, accel: Accelerator,
           run_id: str, run_tag: str, state: Path, shell: remote.Shell | None = None,
-          snapshots: str = "use") -> Iterator[Guest]:
+          snapshots: str = "use", emulator: str | None = None,
+          machine: str | None = None) -> Iterator[Guest]:
     """One guest on the host behind ``conn`` (and ``shell`` for a remote one), on its own
     overlay; destroyed and its files removed on exit. Restored from its cached snapshot
     when one matches (on this machine, the testbed's own image); otherwise booted cold, with
     the reason recorded, and its snapshot saved once it is ready. ``snapshots``: "use", "off"
-    (cold, nothing saved), or "renew" (cold, and the snapshot made again)."""
+    (cold, nothing saved), or "renew" (cold, and the snapshot made again). ``emulator`` and
+    ``machine``: a variant's QEMU binary and machine type (matrix.variants)."""
     name = f"tb-{run_tag}-{spec.name}"
     state.mkdir(parents=True, exist_ok=True)
     console = state / f"{name}.console.log"
     key, why = None, None
     if snapshots == "off":
         why = "snapshots off"
+    elif emulator or machine:
+        # The key names the default QEMU and machine; a variant's guests are what is compared,
+        # so they boot the way the variant says, every time.
+        why = "variant with its own emulator or machine type: not snapshotted"
     elif shell is not None and shell.remote:
         why = "remote host: snapshots are kept on this machine only"
     elif image.kernel is None:
@@ -339,7 +345,10 @@ def guest(conn: libvirt.virConnect, spec: GuestSpec, image: images.Image, accel:
             name=name, run_id=run_id, domain_type=accel.domain_type, memory_mib=spec.memory_mib,
             vcpus=spec.vcpus, disk=str(disk), seed=str(seed), console_log=str(console),
             kernel=str(image.kernel) if image.kernel else None,
-            initrd=str(image.initrd) if image.initrd else None, cmdline=image.cmdline))
+            initrd=str(image.initrd) if image.initrd else None, cmdline=image.cmdline,
+            # a variant's QEMU binary and machine type (matrix.variants); else the defaults
+            **({"emulator": emulator} if emulator else {}),
+            **({"machine": machine} if machine else {})))
         (state / f"{name}.xml").write_text(xml)
         started = time.monotonic()
         dom = stack.enter_context(domain(conn, xml))

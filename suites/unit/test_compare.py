@@ -193,13 +193,13 @@ def test_rr_latency_decides_but_stream_latency_is_information(tmp_path):
 
 def test_failed_samples_are_excluded_but_reported(tmp_path, capsys):
     s = cell(STREAM)
-    good = [(stream_metrics(2000 + i), cpu(1.6, 1.4, 1.6)) for i in range(5)]
-    write_run(tmp_path, "base", {s: good})
-    write_run(tmp_path, "new", {s: good[:3] + ["netperf timed out after 30 s", "no route"]})
+    good = [(stream_metrics(2000 + i), cpu(1.6, 1.4, 1.6)) for i in range(7)]
+    write_run(tmp_path, "base", {s: good[:5] + ["no route"]})
+    write_run(tmp_path, "new", {s: good[:5] + ["netperf timed out after 30 s"]})
     res = compare.compare_runs(compare.load("base", tmp_path), compare.load("new", tmp_path))
     (c,) = res.cells
-    assert (c.new_ok, c.new_failed) == (3, 2)
-    assert c.metrics[0].comparison.new.n == 3
+    assert (c.new_ok, c.new_failed) == (5, 1)
+    assert c.metrics[0].comparison.new.n == 5
     assert c.verdict is compare.CellVerdict.UNCHANGED
     assert any("netperf timed out after 30 s" in f for f in c.failures)
     rc, out, _ = run_cli(["compare", "base", "new", "--results", str(tmp_path)], capsys)
@@ -207,12 +207,23 @@ def test_failed_samples_are_excluded_but_reported(tmp_path, capsys):
     assert "failed samples (excluded from statistics): 2" in out and "no route" in out
 
 
+def test_a_risen_failure_rate_breaks_the_cell_whatever_the_survivors_say(tmp_path):
+    s = cell(STREAM)
+    good = [(stream_metrics(2000 + i), cpu(1.6, 1.4, 1.6)) for i in range(5)]
+    write_run(tmp_path, "base", {s: good})
+    write_run(tmp_path, "new", {s: good[:1] + ["no route"] * 4})
+    res = compare.compare_runs(compare.load("base", tmp_path), compare.load("new", tmp_path))
+    (c,) = res.cells
+    assert c.verdict is compare.CellVerdict.BROKEN and "failure rate rose" in c.note
+    assert not c.metrics and res.exit_status == 1
+
+
 def test_cell_with_no_successful_sample_breaks_the_gate(tmp_path):
     s, r = cell(STREAM), cell(RR)
-    write_run(tmp_path, "base", {s: [(stream_metrics(2000), cpu(1.6, 1.4, 1.6))] * 3,
-                                 r: [(rr_metrics(1700), cpu(1.3, 0.5, 1.2))] * 3})
-    write_run(tmp_path, "new", {s: ["guest agent unreachable"] * 3,
-                                r: [(rr_metrics(1700), cpu(1.3, 0.5, 1.2))] * 3})
+    write_run(tmp_path, "base", {s: [(stream_metrics(2000), cpu(1.6, 1.4, 1.6))] * 5,
+                                 r: [(rr_metrics(1700), cpu(1.3, 0.5, 1.2))] * 5})
+    write_run(tmp_path, "new", {s: ["guest agent unreachable"] * 5,
+                                r: [(rr_metrics(1700), cpu(1.3, 0.5, 1.2))] * 5})
     res = compare.compare_runs(compare.load("base", tmp_path), compare.load("new", tmp_path))
     by_id = {c.cell_id: c for c in res.cells}
     assert by_id[s.id].verdict is compare.CellVerdict.BROKEN

@@ -246,3 +246,35 @@ def test_remote_probe_parses():
     kv = environment.parse_remote_probe("host=hb\nkernel=6.1.0-26-amd64\ncpus=64\ncpu_model=AMD EPYC 7B13 = x\n"
                                         "qemu=QEMU emulator version 7.2.11\nkvm_device=yes\nnoise\n")
     assert kv["cpus"] == "64" and kv["cpu_model"] == "AMD EPYC 7B13 = x" and "noise" not in kv
+
+
+def test_repetitions_gate_preset_and_the_default_says_it_is_not_gateable():
+    t = config.parse(_with_repetitions("gate"), "gate.yaml")
+    r = t.matrix.repetitions
+    assert (r.warmup, r.min_samples, r.max_samples, r.rsd_target) == (1, 5, 10, 0.03)
+    assert config.not_gateable(t) is None
+    why = config.not_gateable(config.default())
+    assert why and "repetitions: gate" in why and "1 sample" in why
+    with pytest.raises(ConfigError, match="preset 'gate'"):
+        config.parse(_with_repetitions("fast"), "x.yaml")
+
+
+def _with_repetitions(value: str) -> str:
+    return ("guests: [{name: g1}, {name: g2}]\nmatrix:\n  profiles: [{name: p}]\n"
+            f"  repetitions: {value}\n")
+
+
+def test_variants_are_validated_before_anything_is_created(tmp_path):
+    base = "guests: [{name: g1}, {name: g2}]\nmatrix:\n  profiles: [{name: p}]\n  variants:\n"
+    t = config.parse(base + "    - {name: a}\n    - {name: b, nic: {rx_queue_size: 512, event_idx: false}}\n",
+                     "v.yaml")
+    assert [v.name for v in t.matrix.variants] == ["a", "b"]
+    assert dict(t.matrix.variants[1].nic) == {"rx_queue_size": "512", "event_idx": "off"}
+    for bad, msg in [("- {name: b, emulator: /bin/true}", "not a QEMU"),
+                     ("- {name: b, emulator: /nonexistent/qemu}", "does not exist"),
+                     ("- {name: b, nic: {rx_queue_size: 300}}", "must be one of"),
+                     ("- {name: a}", "duplicate variant"),
+                     ("- {name: b, machine: nosuchmachine}", "not offered")]:
+        with pytest.raises(ConfigError, match=msg) as ei:
+            config.parse(base + "    - {name: a}\n    " + bad + "\n", "v.yaml")
+        assert "matrix.variants" in str(ei.value)

@@ -114,3 +114,19 @@ def test_missing_value_is_an_error():
     import jinja2
     with pytest.raises(jinja2.UndefinedError):
         render.render("libvirt/interface.xml.j2", kind="bridge")
+
+
+def test_variant_machine_type_and_nic_driver_options():
+    import dataclasses
+    import xml.etree.ElementTree as ET
+    pc = ET.fromstring(render.domain_xml(dataclasses.replace(DOMAIN, machine="pc",
+                                                             emulator="/opt/q/qemu")))
+    assert pc.find("os/type").get("machine") == "pc"
+    assert pc.find("devices/emulator").text == "/opt/q/qemu"
+    assert [c.get("model") for c in pc.findall("devices/controller[@type='pci']")] == ["pci-root"]
+    q35 = ET.fromstring(render.domain_xml(DOMAIN))
+    assert q35.find("os/type").get("machine") == "q35"
+    assert "pcie-root-port" in {c.get("model") for c in q35.findall("devices/controller")}
+    nic = dataclasses.replace(NICS["ovs"], driver_options=(("event_idx", "off"), ("rx_queue_size", "512")))
+    drv = ET.fromstring(render.interface_xml(nic)).find("driver")
+    assert (drv.get("queues"), drv.get("rx_queue_size"), drv.get("event_idx")) == ("4", "512", "off")

@@ -120,8 +120,8 @@ def test_tcg_runs_get_a_banner_and_values_are_escaped(tmp_path):
 
 
 def test_baseline_comparison_on_the_page(tmp_path):
-    base = compare.load(write_run(tmp_path, "base", seed=1))
-    new = compare.load(write_run(tmp_path, "new", seed=2, k=0.6))
+    base = compare.load(write_run(tmp_path, "base", seed=1, reps=5))
+    new = compare.load(write_run(tmp_path, "new", seed=2, k=0.6, reps=5))
     tcg = compare.load(write_run(tmp_path, "tcg", seed=3, **TCG))
     rep = report.build([base, new, tcg], generated="now", baseline=base)
     assert [rc.new.run_id for rc in rep.comparisons] == ["new", "tcg"]
@@ -138,7 +138,20 @@ def test_runs_with_different_tools_and_a_dead_run_line_up(tmp_path):
     html = report.render(rep)
     row = re.search(r"<tr><th>uperf</th>(.*?)</tr>", html).group(1)
     assert row == "<td>-</td><td>1.0.8</td>"
-    assert len(rep.plots) == 3
+    # one connection count, two MTUs: lines along MTU only
+    assert [p.title for p in rep.plots] == ["Throughput against MTU", "Latency percentiles against MTU",
+                                           "CPU cost and efficiency per mode"]
+
+
+def test_default_shaped_run_draws_bars_per_mode_with_intervals(tmp_path):
+    """The default run's shape (three modes, one MTU, one connection count): bars."""
+    rec = compare.load(write_run(tmp_path, "three", reps=3, attachments=("bridge", "ovs", "macvtap"),
+                                 mtus=(1500,), conns=(1,)))
+    rep = report.build([rec], generated="now")
+    (plot,) = rep.plots
+    assert plot.title == "Per mode: rate and CPU per unit of traffic"
+    (img,) = pngs(report.render(rep))
+    assert 0.03 < inked(img) < 0.6
 
 
 def test_single_sample_runs_render(tmp_path):
@@ -146,7 +159,9 @@ def test_single_sample_runs_render(tmp_path):
     rec = compare.load(write_run(tmp_path, "one", reps=1, attachments=("bridge",), mtus=(1500,),
                                  conns=(1,), **TCG))
     rep = report.build([rec], generated="now", baseline=rec)
-    assert len(rep.plots) == 3 and rep.comparisons == ()
+    # nothing varies but the mode: bars side by side, no dots on empty axes
+    assert [p.title for p in rep.plots] == ["Per mode: rate and CPU per unit of traffic"]
+    assert rep.comparisons == ()
     assert "Comparison with baseline" not in report.render(rep)
 
 
@@ -170,16 +185,16 @@ def test_csv_has_every_sample_with_metrics_and_cpu(tmp_path):
 
 
 def test_report_command_writes_html_and_csv_and_includes_the_baseline(tmp_path, capsys):
-    write_run(tmp_path, "base", seed=1, attachments=("bridge",), conns=(1,))
-    write_run(tmp_path, "new", seed=2, attachments=("bridge",), conns=(1,))
+    write_run(tmp_path, "base", seed=1, attachments=("bridge",), conns=(1,), reps=5)
+    write_run(tmp_path, "new", seed=2, attachments=("bridge",), conns=(1,), reps=5)
     out = tmp_path / "out" / "report.html"
     assert run_cli(["report", "new", "--baseline", "base", "-o", str(out), "--csv",
                     str(tmp_path / "out" / "all.csv"), "--results", str(tmp_path)]) == 0
     html = out.read_text()
     assert "<code>base</code> &rarr; <code>new</code>" in html and "gate passes" in html
     assert (out.stat().st_mode & 0o777) == 0o644
-    # header + 2 runs x 4 cells x 4 samples
-    assert len((tmp_path / "out" / "all.csv").read_text().splitlines()) == 1 + 2 * 4 * 4
+    # header + 2 runs x 4 cells x 5 samples
+    assert len((tmp_path / "out" / "all.csv").read_text().splitlines()) == 1 + 2 * 4 * 5
     assert "2 runs, 3 plots" in capsys.readouterr().err
     assert run_cli(["export-csv", "base", "--results", str(tmp_path)]) == 0
     assert capsys.readouterr().out.startswith("run_id,seq,cell_id,")

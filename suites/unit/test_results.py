@@ -52,3 +52,46 @@ def test_run_json_is_replaced_atomically(tmp_path):
         # No temp files left beside run.json, and it is always complete JSON.
         assert [p.name for p in (tmp_path / "r4").iterdir() if p.name.startswith(".")] == []
         assert json.loads((tmp_path / "r4" / "run.json").read_text())["notes"] == ["x"]
+
+
+def test_a_format_1_run_loads_upgraded_with_the_hash_a_new_run_would_have(tmp_path):
+    """Old run directories still load: the definition hash is computed from their own
+    topology, the way the runner computes it for a new run, so unchanged cells still match."""
+    from testbed import runner
+    topo = default()
+    (cell,) = [c for c in runner.plan(topo) if c.profile.name == "tcp_stream"][:1]
+    assert cell.context                                  # guests' size and placement
+    with results.RunWriter(tmp_path, "old", topo, {"accelerator": "tcg"}) as w:
+        w.add_sample(results.Sample("old", cell.as_dict(), 0, False, "ok", None,
+                                    {"throughput_mbps": 1.0}, {}, results.now(), results.now()))
+        w.add_cell(cell, "ok", None, None, {})
+    # rewrite it as format 1 wrote it: no hash, no context
+    run = json.loads((tmp_path / "old" / "run.json").read_text())
+    run["format_version"] = 1
+    for c in run["cells"]:
+        c.pop("hash"), c.pop("context")
+    (tmp_path / "old" / "run.json").write_text(json.dumps(run))
+    lines = [json.loads(x) for x in (tmp_path / "old" / "samples.jsonl").read_text().splitlines()]
+    for s in lines:
+        s["cell"].pop("hash"), s["cell"].pop("context")
+    (tmp_path / "old" / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in lines))
+    rec = results.read_run(tmp_path / "old")
+    assert rec.run["format_version"] == results.FORMAT_VERSION == 2
+    assert rec.run["upgraded_from"] == 1
+    assert rec.samples[0]["cell"]["hash"] == rec.run["cells"][0]["hash"] == cell.hash
+
+
+def test_the_definition_hash_follows_everything_that_changes_a_measurement():
+    import dataclasses
+    from testbed.model import Offloads, Tool
+    c = Cell(Attachment.BRIDGE, Backend.QEMU, 1500, 1, Profile("tcp_stream", message_size=16384))
+    changed = [dataclasses.replace(c, profile=dataclasses.replace(c.profile, **kw))
+               for kw in (dict(message_size=1024), dict(duration_s=30), dict(tool=Tool.UPERF),
+                          dict(response_size=1))]
+    changed += [dataclasses.replace(c, queues=2), dataclasses.replace(c, mtu=9000),
+                dataclasses.replace(c, context=(("offloads", Offloads(tso=False).label()),)),
+                dataclasses.replace(c, context=(("client.size", "2vcpu-2048MiB"),))]
+    hashes = {c.hash} | {x.hash for x in changed}
+    assert len(hashes) == 1 + len(changed)
+    assert c.as_dict()["id"] == dataclasses.replace(c, profile=dataclasses.replace(
+        c.profile, duration_s=30)).as_dict()["id"]        # the readable id stays the same

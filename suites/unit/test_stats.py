@@ -9,7 +9,7 @@ import pytest
 from scipy.stats import t as student_t
 
 from testbed.model import Repetitions
-from testbed.stats import (Comparison, Decision, StoppingRule, Summary, Verdict, compare,
+from testbed.stats import (Comparison, Decision, StoppingRule, Summary, Verdict, adjust, compare,
                            cpu_us_per_transaction, gbit_per_core, gbit_per_ghz,
                            randomized_order, summarize)
 
@@ -191,54 +191,90 @@ def test_significant_but_small_shift_is_unchanged():
 
 
 def test_big_but_noisy_change_is_inconclusive_not_unchanged():
-    c = compare([100.0, 60.0, 140.0], [70.0, 40.0, 100.0], higher_is_better=True)
+    c = compare([100.0, 60.0, 140.0, 90.0, 110.0], [70.0, 40.0, 100.0, 130.0, 60.0],
+                higher_is_better=True)
     assert c.delta_rel < -0.05 and c.p_value >= 0.05
     assert c.verdict is Verdict.INCONCLUSIVE
     assert "not significant" in c.note
 
 
-def test_single_samples_use_the_threshold_alone():
-    c = compare([100.0], [80.0], higher_is_better=True)
-    assert c.verdict is Verdict.REGRESSED
+@pytest.mark.parametrize("base,new", [([100.0], [80.0]), ([100.0] * 5, [80.0]),
+                                      ([100.0, 101.0, 99.0, 100.0], [60.0] * 9)])
+def test_fewer_than_five_samples_a_side_are_insufficient(base, new):
+    c = compare(base, new, higher_is_better=True)
+    assert c.verdict is Verdict.INSUFFICIENT
     assert c.p_value is None and c.test is None
-    assert "no significance test (n<2)" in c.note
-    small = compare([100.0, 101.0, 99.0], [98.0], higher_is_better=True)
-    assert small.verdict is Verdict.UNCHANGED and small.p_value is None
+    assert f"{len(base)} BASE and {len(new)} NEW samples" in c.note
 
 
 def test_identical_constant_samples_are_unchanged_with_p_one():
-    c = compare([5.0] * 4, [5.0] * 4, higher_is_better=True)
+    c = compare([5.0] * 5, [5.0] * 5, higher_is_better=True)
     assert c.verdict is Verdict.UNCHANGED
     assert c.p_value == 1.0 and c.delta == 0.0 and c.delta_pct == 0.0
     assert "zero variance" in c.note
 
 
-@pytest.mark.parametrize("test", ["welch", "mannwhitney"])
-def test_different_constant_samples_are_significant(test):
-    c = compare([5.0] * 3, [4.0] * 3, higher_is_better=True, test=test)
-    assert c.p_value == 0.0
+@pytest.mark.parametrize("test", ["auto", "welch", "permutation"])
+def test_different_constant_samples_get_the_exact_permutation_p_never_zero(test):
+    # zero variance: the permutation test, whose smallest two-sided p at 5+5 is 2/C(10,5)
+    c = compare([50.0] * 5, [40.0] * 5, higher_is_better=True, test=test)
+    assert c.test == "permutation"
+    assert c.p_value == pytest.approx(2 / math.comb(10, 5))
     assert c.verdict is Verdict.REGRESSED
     for value in (c.p_value, c.delta, c.delta_pct, c.base.ci_low, c.new.ci_high):
         assert not math.isnan(value)
 
 
-def test_one_constant_side_still_runs_welch():
+def test_quantised_metric_within_one_quantum_is_unchanged():
+    # integer-microsecond p99s: 3 -> 4 us is +33 % but one quantum, not a regression
+    c = compare([3.0, 3, 3, 3, 4], [4.0, 4, 4, 3, 4], higher_is_better=False, threshold=0.05)
+    assert c.quantum == 1.0 and c.test == "permutation"
+    assert c.verdict is Verdict.UNCHANGED and "one quantum" in c.note
+
+
+def test_mannwhitney_is_refused_where_it_cannot_reach_alpha():
+    c = compare([100.0] * 5, [80.0] * 5, higher_is_better=True, test="mannwhitney",
+                alpha=0.005, min_samples=5)
+    assert c.verdict is Verdict.INSUFFICIENT and "cannot reach" in c.note
+    assert compare([100.0, 99, 101, 100, 102], [80.0, 81, 79, 80, 82], higher_is_better=True,
+                   test="mannwhitney").verdict is Verdict.REGRESSED
+
+
+def test_bootstrap_interval_of_the_ratio_of_means():
+    c = compare(noisy(100, seed=1), noisy(80, seed=2), higher_is_better=True, test="bootstrap")
+    lo, hi = c.ratio_ci
+    assert lo < 0.8 < hi and hi < 1.0
+    assert c.verdict is Verdict.REGRESSED and 0 < c.p_value <= 2 / 10000
+
+
+def test_one_constant_side_uses_the_permutation_test():
     c = compare([100.0] * 5, [80.0, 81.0, 79.0, 80.5, 79.5], higher_is_better=True)
-    assert c.test == "welch" and c.p_value < 1e-4
+    assert c.test == "permutation" and 0 < c.p_value < 0.01
     assert c.verdict is Verdict.REGRESSED
 
 
 def test_zero_base_mean_is_inconclusive():
-    c = compare([0.0, 0.0], [1.0, 2.0], higher_is_better=True)
+    c = compare([0.0] * 5, [1.0, 2.0, 1.5, 1.2, 1.1], higher_is_better=True)
     assert c.delta_rel is None and c.delta_pct is None
     assert c.verdict is Verdict.INCONCLUSIVE
 
 
 def test_comparison_records_its_parameters():
-    c = compare([1.0, 2.0], [1.0, 2.0], higher_is_better=False, threshold=0.1, alpha=0.01)
+    c = compare([1.0, 2.0] * 3, [1.0, 2.0] * 3, higher_is_better=False, threshold=0.1, alpha=0.01)
     assert isinstance(c, Comparison) and isinstance(c.base, Summary)
     assert (c.higher_is_better, c.threshold, c.alpha) == (False, 0.1, 0.01)
     assert c.verdict == "unchanged"                    # StrEnum: serialises as its value
+
+
+def test_benjamini_hochberg_adjusts_a_family():
+    rng = np.random.default_rng(11)
+    family = [compare(rng.normal(100, 3, 5), rng.normal(100, 3, 5), higher_is_better=True,
+                      threshold=0.0) for _ in range(40)]
+    adjusted = adjust(family, q=0.05)
+    for raw, adj in zip(family, adjusted):
+        assert adj.p_adjusted >= raw.p_value
+    assert sum(a.verdict is Verdict.REGRESSED for a in adjusted) <= sum(
+        r.verdict is Verdict.REGRESSED for r in family)
 
 
 @pytest.mark.parametrize("kwargs", [dict(test="ks"), dict(threshold=-0.1), dict(alpha=0.0),
@@ -295,3 +331,10 @@ def test_randomized_order_is_a_deterministic_permutation():
 def test_randomized_order_accepts_tuples_and_empty():
     assert randomized_order((), seed=1) == []
     assert sorted(randomized_order((3, 1, 2), seed=1)) == [1, 2, 3]
+
+
+def test_notes_are_not_repeated_when_the_verdict_is_taken_again():
+    c = compare([100.0, 60.0, 140.0, 90.0, 110.0], [70.0, 40.0, 100.0, 130.0, 60.0],
+                higher_is_better=True)
+    (again,) = adjust([c])
+    assert again.note.count("not significant") == 1

@@ -77,7 +77,9 @@ def test_run_default_topology_and_a_second_run_meanwhile(accelerator, tmp_path):
     run_dir = Path(out.strip().splitlines()[-1])
     assert run_dir.is_dir() and run_dir.parent == tmp_path / "results"
     run = json.loads((run_dir / "run.json").read_text())
-    assert run["format_version"] == 1 and run["status"] == "complete"
+    assert run["format_version"] == 2 and run["status"] == "complete"
+    assert out.strip().splitlines()[-2] == str(run_dir / "report.html")
+    assert (run_dir / "report.html").is_file()
     env = run["environment"]
     assert env["accelerator"] == accelerator.value
     for key in ("kernel", "cpu_model", "cpu_mhz", "versions"):

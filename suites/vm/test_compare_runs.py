@@ -12,7 +12,7 @@ from testbed.model import Attachment, Backend, Cell, Pattern, Profile, Repetitio
 
 CELL = Cell(Attachment.BRIDGE, Backend.QEMU, 1500, 1,
             Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=4))
-REPS = Repetitions(warmup=0, min_samples=4, max_samples=4, rsd_target=0)
+REPS = Repetitions(warmup=0, min_samples=5, max_samples=5, rsd_target=0)   # compare needs 5 a side
 
 
 def _run(gp, root, name, throttle_mbit=None):
@@ -30,7 +30,7 @@ def _run(gp, root, name, throttle_mbit=None):
     ok = [s for s in samples if s.status == "ok"]
     # A failed sample is recorded with its reason and left out of the comparison; the gate
     # still needs enough good ones on each side for a significance test.
-    assert len(ok) >= 3, [s.reason for s in samples]
+    assert len(ok) >= 5, [s.reason for s in samples]
     return root / name, [s.metrics["throughput_mbps"] for s in ok]
 
 

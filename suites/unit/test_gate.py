@@ -1,0 +1,165 @@
+"""The nightly gate on synthetic runs in the results format (seeded): false alarms over 100
+unchanged cells, real drops flagged, too few samples never passing as 0, JUnit output."""
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import pytest
+
+from testbed import compare
+from testbed.model import Attachment, Backend, Cell
+from testbed.results import Sample, now
+
+from test_compare import STREAM, cpu, run_cli, stream_metrics, write_run  # noqa: F401
+
+pytestmark = pytest.mark.unit
+
+
+def cells(n: int) -> list[Cell]:
+    return [Cell(Attachment.BRIDGE, Backend.QEMU, 1500, k, STREAM) for k in range(1, n + 1)]
+
+
+def synthetic(root, run_id: str, cs: list[Cell], *, seed: int, n: int = 5, noise: float = 0.03,
+              drop: dict[str, float] | None = None) -> None:
+    """A run in the results format: the run.json of the production RunWriter (one sample
+    per cell), then every sample appended as samples.jsonl lines without the writer's
+    per-sample fsync, which would make 1000 samples take seconds."""
+    rng = np.random.default_rng(seed)
+    drop = drop or {}
+    samples = {c: [(stream_metrics(2000.0 * drop.get(c.id, 1.0) * rng.normal(1, noise)),
+                    cpu(1.6, 1.4, 1.6)) for _ in range(n)] for c in cs}
+    d = write_run(root, run_id, {c: v[:1] for c, v in samples.items()})
+    with open(d / "samples.jsonl", "a") as f:
+        for c, items in samples.items():
+            for rep, (m, u) in enumerate(items[1:], start=1):
+                f.write(Sample(run_id, c.as_dict(), rep, False, "ok", None, m, u, now(),
+                               now()).to_json() + "\n")
+
+
+def gate(root, **kw) -> compare.RunComparison:
+    return compare.compare_runs(compare.load("base", root), compare.load("new", root), **kw)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_hundred_unchanged_cells_with_3pct_noise_give_at_most_one_regression(tmp_path, seed):
+    cs = cells(100)
+    synthetic(tmp_path, "base", cs, seed=seed)
+    synthetic(tmp_path, "new", cs, seed=seed + 100)
+    rc = gate(tmp_path)
+    regressed = [c for c in rc.cells if c.verdict is compare.CellVerdict.REGRESSED]
+    assert len(rc.cells) == 100 and len(regressed) <= 1
+    assert rc.exit_status in (0, 1, compare.UNDECIDED_STATUS)
+
+
+def test_five_cells_dropped_by_ten_percent_are_all_flagged(tmp_path):
+    cs = cells(5)
+    synthetic(tmp_path, "base", cs, seed=7)
+    synthetic(tmp_path, "new", cs, seed=8, drop={c.id: 0.9 for c in cs})
+    rc = gate(tmp_path)
+    assert [c.verdict for c in rc.cells] == [compare.CellVerdict.REGRESSED] * 5
+    assert rc.exit_status == 1
+    for c in rc.cells:
+        m = c.metrics[0].comparison
+        assert m.p_adjusted is not None and m.p_adjusted >= m.p_value
+
+
+def test_five_of_a_hundred_cells_dropped_by_ten_percent_at_the_gate_preset_max(tmp_path):
+    # Within a family of 100, Benjamini-Hochberg asks p <~ 0.0025 of each of 5 real drops:
+    # at n = 5 Welch's 8 degrees of freedom miss about a third of them (measured over 12
+    # seeds); at n = 10, where `repetitions: gate` stops when the rsd stays above 3 %, all.
+    cs = cells(100)
+    drop = {c.id: 0.9 for c in cs[::20]}
+    synthetic(tmp_path, "base", cs, seed=3, n=10)
+    synthetic(tmp_path, "new", cs, seed=4, n=10, drop=drop)
+    rc = gate(tmp_path)
+    assert {c.cell_id for c in rc.cells if c.verdict is compare.CellVerdict.REGRESSED} == set(drop)
+    assert rc.exit_status == 1
+
+
+@pytest.mark.parametrize("nb,nn", [(1, 1), (1, 5), (5, 1), (4, 10)])
+def test_too_few_samples_give_the_insufficient_status_never_0(tmp_path, capsys, nb, nn):
+    cs = cells(3)
+    synthetic(tmp_path, "base", cs, seed=1, n=nb)
+    synthetic(tmp_path, "new", cs, seed=2, n=nn)
+    rc = gate(tmp_path)
+    assert {c.verdict for c in rc.cells} == {compare.CellVerdict.INSUFFICIENT}
+    assert rc.exit_status == compare.UNDECIDED_STATUS == 5
+    code, out, _ = run_cli(["compare", "base", "new", "--results", str(tmp_path)], capsys)
+    assert code == 5
+    assert f"{nb} BASE and {nn} NEW ok samples" in out and "GATE UNDECIDED" in out
+
+
+def test_a_changed_definition_is_not_compared_as_the_same_cell(tmp_path, capsys):
+    import dataclasses
+    (c,) = cells(1)
+    longer = dataclasses.replace(c, profile=dataclasses.replace(STREAM, duration_s=30))
+    assert longer.id == c.id and longer.hash != c.hash
+    synthetic(tmp_path, "base", [c], seed=1)
+    synthetic(tmp_path, "new", [longer], seed=2)
+    rc = gate(tmp_path)
+    assert [x.verdict for x in rc.cells] == [compare.CellVerdict.REDEFINED]
+    assert rc.exit_status == 1
+    code, out, _ = run_cli(["compare", "base", "new", "--results", str(tmp_path)], capsys)
+    assert "definition: profile tcp_stream.duration_s: 10 -> 30" in out
+
+
+def test_junit_has_one_testcase_per_cell(tmp_path, capsys):
+    cs = cells(3)
+    synthetic(tmp_path, "base", cs, seed=1)
+    synthetic(tmp_path, "new", cs, seed=2, drop={cs[0].id: 0.8})
+    junit = tmp_path / "gate.xml"
+    code, _, _ = run_cli(["compare", "base", "new", "--results", str(tmp_path),
+                          "--junit", str(junit)], capsys)
+    assert code == 1
+    suite = ET.parse(junit).getroot().find("testsuite")
+    cases = {tc.get("name"): tc for tc in suite.findall("testcase")}
+    assert set(cases) == {c.id for c in cs}
+    assert cases[cs[0].id].find("failure") is not None
+    assert cases[cs[1].id].find("failure") is None and cases[cs[1].id].find("skipped") is None
+    assert suite.get("tests") == "3" and suite.get("failures") == "1"
+
+
+def test_junit_marks_insufficient_cells_skipped(tmp_path, capsys):
+    cs = cells(2)
+    synthetic(tmp_path, "base", cs, seed=1, n=1)
+    synthetic(tmp_path, "new", cs, seed=2, n=1)
+    junit = tmp_path / "gate.xml"
+    code, _, _ = run_cli(["compare", "base", "new", "--results", str(tmp_path),
+                          "--junit", str(junit)], capsys)
+    assert code == 5
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert all(tc.find("skipped") is not None for tc in suite.findall("testcase"))
+    assert suite.get("skipped") == "2"
+
+
+def test_variants_in_one_run_compare_like_two_runs(tmp_path, capsys):
+    """`compare RUN --variants a b` gives the verdicts and exit status of two runs."""
+    from testbed import variants
+    from testbed.model import Variant
+    cs = cells(4)
+    vs = (Variant("a"), Variant("b", machine="pc"))
+    rng = np.random.default_rng(5)
+    values = {c.id: ([2000 * rng.normal(1, 0.02) for _ in range(5)],
+                     [2000 * (0.8 if i == 0 else 1.0) * rng.normal(1, 0.02) for _ in range(5)])
+              for i, c in enumerate(cs)}
+    ab = {}
+    for vc in variants.expand(cs, vs):
+        base_id = vc.id.removesuffix(f"-v{variants.variant_of(vc)}")
+        side = 0 if variants.variant_of(vc) == "a" else 1
+        ab[vc] = [(stream_metrics(v), cpu(1.6, 1.4, 1.6)) for v in values[base_id][side]]
+    write_run(tmp_path, "ab", ab)
+    write_run(tmp_path, "base", {c: [(stream_metrics(v), cpu(1.6, 1.4, 1.6)) for v in values[c.id][0]]
+                                 for c in cs})
+    write_run(tmp_path, "new", {c: [(stream_metrics(v), cpu(1.6, 1.4, 1.6)) for v in values[c.id][1]]
+                                for c in cs})
+    two = gate(tmp_path)
+    rec = compare.load("ab", tmp_path)
+    one = compare.compare_runs(rec, rec, variants=("a", "b"))
+    assert [(c.cell_id, c.verdict) for c in one.cells] == [(c.cell_id, c.verdict) for c in two.cells]
+    assert one.cells[0].verdict is compare.CellVerdict.REGRESSED
+    assert one.exit_status == two.exit_status == 1
+    code, out, _ = run_cli(["compare", "ab", "--variants", "a", "b", "--results", str(tmp_path)], capsys)
+    assert code == 1 and "REGRESSED" in out
+    code, _, err = run_cli(["compare", "ab", "--variants", "a", "c", "--results", str(tmp_path)], capsys)
+    assert code == 2 and "no variant 'c'" in err

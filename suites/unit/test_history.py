@@ -1,0 +1,90 @@
+"""testbed history: series from the results index (SQLite), change points by ruptures,
+exit 1 when the newest run starts a regression, and the report's history plot."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from testbed import history, store
+from testbed.model import Attachment, Backend, Cell
+
+from test_compare import RR, STREAM, run_cli
+from test_gate import synthetic
+
+pytestmark = pytest.mark.unit
+
+S = Cell(Attachment.BRIDGE, Backend.QEMU, 1500, 1, STREAM)
+R = Cell(Attachment.BRIDGE, Backend.QEMU, 1500, 1, RR)
+
+
+def nightly(root, n_runs: int, *, step_at: int | None, factor: float = 0.85, env: dict | None = None,
+            start: int = 0) -> list[str]:
+    """n_runs runs of two cells; the stream cell drops by ``factor`` from run ``step_at`` on."""
+    ids = []
+    for i in range(start, start + n_runs):
+        run_id = f"2026110{i // 10}T{i % 10:02d}0000Z-{i:04x}"
+        drop = {S.id: factor} if step_at is not None and i >= step_at else {}
+        synthetic(root, run_id, [S], seed=i, noise=0.02, drop=drop)
+        ids.append(run_id)
+    with store.open(root / "index.sqlite") as st:
+        for r in ids:
+            st.index_run(root / r)
+    return ids
+
+
+def test_a_step_in_one_cell_of_twelve_runs_is_found_at_its_run(tmp_path, capsys):
+    ids = nightly(tmp_path, 12, step_at=7)
+    with store.open(tmp_path / "index.sqlite") as st:
+        (s,) = history.series(st)
+    assert [p.run_id for p in s.points] == ids
+    (cp,) = s.change_points
+    assert cp.run_id == ids[7] and cp.regression and cp.delta_pct == pytest.approx(-15, abs=3)
+    assert not s.newest_regresses
+    html = tmp_path / "history.html"
+    code, out, _ = run_cli(["history", "--results", str(tmp_path), "-o", str(html)], capsys)
+    assert code == 0
+    assert "<- CHANGE" in out and ids[7] in out.split("<- CHANGE")[0].splitlines()[-1]
+    page = html.read_text()
+    assert "History and change points" in page and ids[7] in page and "regression" in page
+
+
+def test_no_step_no_change_point(tmp_path, capsys):
+    nightly(tmp_path, 12, step_at=None)
+    code, out, _ = run_cli(["history", "--results", str(tmp_path)], capsys)
+    assert code == 0 and "0 change point(s)" in out and "CHANGE" not in out
+
+
+def test_newest_run_starting_a_regression_exits_1(tmp_path, capsys):
+    ids = nightly(tmp_path, 12, step_at=11)
+    code, out, _ = run_cli(["history", "--results", str(tmp_path), "--cell", S.id], capsys)
+    assert code == 1 and "NEWEST RUN STARTS A REGRESSION" in out
+    assert ids[11] in out.split("<- CHANGE")[0].splitlines()[-1]
+
+
+def test_an_incomparable_environment_splits_the_series(tmp_path, capsys):
+    nightly(tmp_path, 6, step_at=None)
+    ids = []
+    for i in range(6, 12):
+        run_id = f"2026110{i // 10}T{i % 10:02d}0000Z-{i:04x}"
+        from test_compare import write_run, stream_metrics, cpu
+        rng = np.random.default_rng(i)
+        # TCG: two orders of magnitude slower, never one series with KVM
+        write_run(tmp_path, run_id, {S: [(stream_metrics(20 * rng.normal(1, 0.02)),
+                                          cpu(1.6, 1.4, 1.6)) for _ in range(5)]},
+                  accelerator="tcg", comparable_class="tcg")
+        ids.append(run_id)
+    with store.open(tmp_path / "index.sqlite") as st:
+        for r in ids:
+            st.index_run(tmp_path / r)
+        found = history.series(st)
+    assert sorted(len(s.points) for s in found) == [6, 6]
+    assert all(not s.change_points for s in found)
+    assert {s.environment.split("/")[0] for s in found} == {"kvm", "tcg"}
+
+
+def test_change_points_need_an_effect_beyond_the_threshold():
+    rng = np.random.default_rng(3)
+    small = list(rng.normal(100, 0.5, 8)) + list(rng.normal(98, 0.5, 8))
+    assert history.change_points(small) == []           # a real 2 %, below the 5 % that counts
+    big = list(rng.normal(100, 2, 8)) + list(rng.normal(88, 2, 8))
+    assert [i for i, _, _ in history.change_points(big)] == [8]
