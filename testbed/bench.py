@@ -158,14 +158,8 @@ def fidelity(rounds: int = 5, duration_s: int = 5, message_size: int = 16384) ->
     harness: list[float] = []
     samples: list = []
     reasons: list[str] = []
-    run_id, tag = results.new_run_id()
     with contextlib.ExitStack() as stack:
-        stack.enter_context(cleanup.host_lock(run_id))
-        state = stack.enter_context(cleanup.owned_state(tag, run_id))
-        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tb-fidelity-"))
-        writer = stack.enter_context(results.RunWriter(Path(tmp), run_id, default(), {"accelerator": "none"}))
-        path = stack.enter_context(runner.netns_mode(Attachment.NETNS_VETH, tag, "198.18.0.0/24", 1500,
-                                                     str(state / "netns")))
+        tmp, writer, path = stack.enter_context(_netns_bench(Attachment.NETNS_VETH))
         client_ns = path.client.guest.agent.netns  # type: ignore[union-attr]
         server_ns = path.server.guest.agent.netns  # type: ignore[union-attr]
         server = stack.enter_context(proc.background(["netserver", "-D", "-p", str(BARE_PORT)], out_dir=tmp,
@@ -196,13 +190,7 @@ def fidelity(rounds: int = 5, duration_s: int = 5, message_size: int = 16384) ->
         if why:
             wire[att.value] = {"unavailable": why}
             continue
-        run_id2, tag2 = results.new_run_id()
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(cleanup.host_lock(run_id2))
-            state = stack.enter_context(cleanup.owned_state(tag2, run_id2))
-            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tb-fidelity-"))
-            writer = stack.enter_context(results.RunWriter(Path(tmp), run_id2, default(), {"accelerator": "none"}))
-            path = stack.enter_context(runner.netns_mode(att, tag2, "198.18.0.0/24", 1500, str(state / "netns")))
+        with _netns_bench(att) as (_, writer, path):
             c = Cell(att, Backend.QEMU, 1500, 1, profile)
             wire[att.value] = _wire_row([measure.measure_once(c, path, writer, 0, False, {}, {}, None)])
     cost = cpu.collector_cost({})
@@ -217,6 +205,20 @@ def fidelity(rounds: int = 5, duration_s: int = 5, message_size: int = 16384) ->
         out.update({"bare_median_mbps": round(mb, 1), "testbed_median_mbps": round(mh, 1),
                     "ratio": round(mh / mb, 3), "target_ratio": 0.97})
     return out
+
+
+@contextlib.contextmanager
+def _netns_bench(att: Attachment):
+    """A namespace pair of kind ``att`` for a benchmark, held like a run (host lock, owned
+    state, a throwaway results folder): (temporary folder, writer, test path)."""
+    run_id, tag = results.new_run_id()
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(cleanup.host_lock(run_id))
+        state = stack.enter_context(cleanup.owned_state(tag, run_id))
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tb-fidelity-"))
+        writer = stack.enter_context(results.RunWriter(Path(tmp), run_id, default(), {"accelerator": "none"}))
+        path = stack.enter_context(runner.netns_mode(att, tag, "198.18.0.0/24", 1500, str(state / "netns")))
+        yield tmp, writer, path
 
 
 def _wire_row(samples: list) -> dict:
