@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from testbed import guestcache
-from testbed.errors import TestbedError
+from testbed import errors
 
 SAVED = (Path(__file__).parent / "fixtures" / "libvirt-save-image-domain.xml").read_text()
 
@@ -76,11 +76,11 @@ def test_write_image_rewrites_xml_and_keeps_stream_and_cookie(tmp_path):
 def test_write_image_refuses_what_is_not_a_save_image(tmp_path):
     bad = tmp_path / "x"
     bad.write_bytes(b"\0" * 200)
-    with pytest.raises(TestbedError, match="not an uncompressed libvirt save image"):
+    with pytest.raises(errors.TestbedError, match="not an uncompressed libvirt save image"):
         guestcache.write_image(bad, tmp_path / "y", "<domain/>")
     small = tmp_path / "s"
     _image(small, "<domain/>", b"x", data_len=64)
-    with pytest.raises(TestbedError, match="exceeds"):
+    with pytest.raises(errors.TestbedError, match="exceeds"):
         guestcache.write_image(small, tmp_path / "y", "<domain>" + "x" * 100 + "</domain>")
 
 
