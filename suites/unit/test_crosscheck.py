@@ -1,5 +1,5 @@
 """The wire cross-check's arithmetic (testbed.crosscheck). Real counters around real
-netperf runs are in suites/netns/test_crosscheck.py."""
+netperf runs are in suites/netns/test_wire_crosscheck.py."""
 from __future__ import annotations
 
 from testbed import crosscheck
