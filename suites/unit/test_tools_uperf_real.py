@@ -31,7 +31,7 @@ CASES = sorted(CAPTURE)
 
 
 def profile(case: str) -> Profile:
-    kind = case.rsplit("-", 1)[0]
+    kind = case.rsplit("-", 1)[0].removeprefix("vm-")
     return Profile(name=f"u_{kind}", tool=Tool.UPERF, duration_s=3, **PROFILES[kind])
 
 
@@ -70,7 +70,7 @@ def test_every_real_capture_is_an_ok_sample_with_the_figures_recorded_at_capture
         assert res.metrics[key] == pytest.approx(value, rel=1e-9), key
 
 
-@pytest.mark.parametrize("case", ["tcp_stream-conn1", "tcp_stream-conn4"])
+@pytest.mark.parametrize("case", ["tcp_stream-conn1", "tcp_stream-conn4", "vm-tcp_stream-conn1"])
 def test_tcp_stream_bytes_are_uperfs_exact_total_and_what_the_wire_carried(case):
     text, res = parsed(case)
     total = int(re.findall(r"name:Total nr_bytes:(\d+)", text)[-1])
@@ -79,12 +79,12 @@ def test_tcp_stream_bytes_are_uperfs_exact_total_and_what_the_wire_carried(case)
     assert 1.0 <= device_rx_bytes(case) / total < 1.03
 
 
-@pytest.mark.parametrize("case", ["udp_stream-conn1", "udp_stream-conn4"])
+@pytest.mark.parametrize("case", ["udp_stream-conn1", "udp_stream-conn4", "vm-udp_stream-conn1"])
 def test_udp_stream_throughput_is_what_arrived_over_the_traffic_time(case):
     text, res = parsed(case)
     m = res.metrics
     # uperf's slave row: what the receiver read (MB to 2 decimals, 2^20 bytes)
-    slave = re.search(r"^198\.18\.0\.2\s+[\d.]+s\s+([\d.]+)MB", text, re.M)
+    slave = re.search(r"^198\.18\.0\.\d+\s+[\d.]+s\s+([\d.]+)MB", text, re.M)
     received = float(slave.group(1)) * 2**20
     count, avg = txn_rows(text)["Txn1"]
     threads = int(case[-1])
@@ -95,10 +95,11 @@ def test_udp_stream_throughput_is_what_arrived_over_the_traffic_time(case):
     wire = device_rx_bytes(case)
     assert wire == pytest.approx(m["udp_sent_msgs"] * 1442, rel=0.02)
     assert m["loss_pct"] == pytest.approx(100 * (1 - received / (m["udp_sent_msgs"] * 1400)), abs=0.5)
-    assert m["loss_pct"] > 10      # this capture lost datagrams: sent != received is exercised
+    assert m["loss_pct"] > 3       # these captures lost datagrams: sent != received is exercised
 
 
-@pytest.mark.parametrize("case", ["tcp_rr-conn1", "tcp_rr-conn4", "udp_rr-conn1", "udp_rr-conn4"])
+@pytest.mark.parametrize("case", ["tcp_rr-conn1", "tcp_rr-conn4", "udp_rr-conn1", "udp_rr-conn4",
+                                  "vm-tcp_rr-conn1"])
 def test_rr_rate_agrees_with_uperfs_interval_samples(case):
     text, res = parsed(case)
     # whole one-second intervals of the timed transaction (Txn2): ops are its two flowops
