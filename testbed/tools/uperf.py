@@ -169,6 +169,11 @@ _FAIL_RE = re.compile(r"Errors detected during run|Slave aborted|\babort(?:ed)?\
                       r"^Error (?:parsing|connecting|in handshake|saying goodbye|starting slave)|"
                       r"^Cannot (?:stat|open|read)|^No profile found|^Zero byte file", re.I)
 _LOGGED_RE = re.compile(r"^\*\* (?:\d+ (Errors|Warnings) )?(?:\[[^\]]*\] )?(.*)")
+# The slave prints nothing when all went well (a real 1.0.7 slave, fixtures/uperf-real); what it
+# does print are its own printf'ed failures (common.c, slave.c, goodbye.c, handshake.c), e.g.
+# "Error during reading command: connection closed" then "Error in get command".
+_SLAVE_FAIL_RE = re.compile(r"^(?:Error\b|error\b|Wrong (?:command|goodbye) magic|Cannot |"
+                            r"Unknown command|Unsupported protocol|Quitting)")
 _WARN_RE = re.compile(r"^(?:\*\* )?(?:\[[^\]]*\] )?Warning:")
 _PREFIX = " KMGTPEZ"
 
@@ -274,7 +279,7 @@ def parse(stdout: str, stderr: str = "", rc: int = 0, *, server_output: str = ""
     if rc != 0 or bad:
         line = bad or error_line((stderr, stdout), _FAIL_RE) or "no output"
         return ToolResult.failed(f"uperf exited {rc}: {line}" if rc else f"uperf: {line}")
-    if slave_bad := next((ln for ln in srv if _failure(ln)), None):
+    if slave_bad := next((ln for ln in srv if _failure(ln) or _SLAVE_FAIL_RE.match(ln)), None):
         return ToolResult.failed(f"uperf server (slave) reported: {slave_bad}")
     warnings = list(dict.fromkeys(f"uperf: {ln.lstrip('* ')}" for ln in lines if _WARN_RE.match(ln)))
     out = _scan(lines)
