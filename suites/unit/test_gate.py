@@ -21,13 +21,15 @@ def cells(n: int) -> list[Cell]:
 
 
 def synthetic(root, run_id: str, cs: list[Cell], *, seed: int, n: int = 5, noise: float = 0.03,
-              drop: dict[str, float] | None = None) -> None:
+              drop: dict[str, float] | None = None,
+              noises: dict[str, float] | None = None) -> None:
     """A run in the results format: the run.json of the production RunWriter (one sample
     per cell), then every sample appended as samples.jsonl lines without the writer's
     per-sample fsync, which would make 1000 samples take seconds."""
     rng = np.random.default_rng(seed)
-    drop = drop or {}
-    samples = {c: [(stream_metrics(2000.0 * drop.get(c.id, 1.0) * rng.normal(1, noise)),
+    drop, noises = drop or {}, noises or {}
+    samples = {c: [(stream_metrics(2000.0 * drop.get(c.id, 1.0)
+                                   * rng.normal(1, noises.get(c.id, noise))),
                     cpu(1.6, 1.4, 1.6)) for _ in range(n)] for c in cs}
     d = write_run(root, run_id, {c: v[:1] for c, v in samples.items()})
     with open(d / "samples.jsonl", "a") as f:
