@@ -15,7 +15,9 @@ Cells are matched by id and definition hash (model.Cell.hash): a cell whose id m
 whose definition changed (tool, sizes, duration, offloads, guest size, placement, variant)
 is REDEFINED, never compared as the same cell. A cell needs ``min_samples`` (5) ok samples
 a side to carry a verdict, else it is INSUFFICIENT. The p-values of every cell's deciding
-metrics form one family, adjusted with Benjamini-Hochberg at ``q`` (0.05); a regression
+metrics form one family, adjusted with Benjamini-Hochberg at ``q`` (0.05), after (with
+``--test auto``) each metric's Welch tests became moderated t-tests sharing a variance
+prior across the cells (:func:`testbed.stats.moderate`); a regression
 needs the adjusted significance and an effect beyond the threshold. A cell whose failure
 rate rose is BROKEN, whatever its surviving samples say.
 
