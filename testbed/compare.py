@@ -15,7 +15,9 @@ Cells are matched by id and definition hash (model.Cell.hash): a cell whose id m
 whose definition changed (tool, sizes, duration, offloads, guest size, placement, variant)
 is REDEFINED, never compared as the same cell. A cell needs ``min_samples`` (5) ok samples
 a side to carry a verdict, else it is INSUFFICIENT. The p-values of every cell's deciding
-metrics form one family, adjusted with Benjamini-Hochberg at ``q`` (0.05); a regression
+metrics form one family, adjusted with Benjamini-Hochberg at ``q`` (0.05), after (with
+``--test auto``) each metric's Welch tests became moderated t-tests sharing a variance
+prior across the cells (:func:`testbed.stats.moderate`); a regression
 needs the adjusted significance and an effect beyond the threshold. A cell whose failure
 rate rose is BROKEN, whatever its surviving samples say.
 
@@ -297,14 +299,29 @@ def _cell(run: Mapping[str, Any], cid: str, base: list, new: list, *, threshold:
                       else f"{primary} missing from the successful samples")
 
 
-def _finish(cells: list[CellResult], q: float) -> tuple[CellResult, ...]:
+def _finish(cells: list[CellResult], q: float,
+            moderated: bool = True) -> tuple[tuple[CellResult, ...], tuple[str, ...]]:
     """Benjamini-Hochberg across every cell's deciding metrics, then each cell's verdict:
     the worst of its deciding metrics. Informational metrics are adjusted in their own
-    family so that they neither dilute nor are diluted by the gate's."""
+    family so that they neither dilute nor are diluted by the gate's. Before the adjustment,
+    with ``moderated``, each metric's Welch tests within a family become moderated t-tests
+    (:func:`testbed.stats.moderate`); the second value says, per deciding metric, which test
+    was used and with what prior."""
+    priors: list[str] = []
     for decides in (True, False):
         slots = [(i, j) for i, c in enumerate(cells) for j, m in enumerate(c.metrics)
                  if m.decides is decides]
-        adjusted = stats.adjust([cells[i].metrics[j].comparison for i, j in slots], q)
+        comps = [cells[i].metrics[j].comparison for i, j in slots]
+        if moderated:
+            # One prior per metric: throughput and latency noise need not be alike.
+            for metric in sorted({cells[i].metrics[j].metric for i, j in slots}):
+                at = [k for k, (i, j) in enumerate(slots) if cells[i].metrics[j].metric == metric]
+                mod, prior = stats.moderate([comps[k] for k in at])
+                for k, c in zip(at, mod):
+                    comps[k] = c
+                if decides and prior.cells:
+                    priors.append(f"{metric}: {prior.describe()}")
+        adjusted = stats.adjust(comps, q)
         for (i, j), comp in zip(slots, adjusted):
             ms = list(cells[i].metrics)
             ms[j] = dataclasses.replace(ms[j], comparison=comp)
@@ -317,7 +334,7 @@ def _finish(cells: list[CellResult], q: float) -> tuple[CellResult, ...]:
                 worst = next(v for v in _WORST if v in deciding)
                 c = dataclasses.replace(c, verdict=CellVerdict(worst.value))
         out.append(c)
-    return tuple(out)
+    return tuple(out), tuple(priors)
 
 
 # --------------------------------------------------------------------------- runs
@@ -352,6 +369,9 @@ class RunComparison:
     warnings: tuple[str, ...] = ()
     q: float = stats.FDR_Q
     min_samples: int = stats.MIN_SAMPLES
+    #: per deciding metric, the test behind its p-values (moderated t and its prior, or
+    #: per-cell Welch and why); empty when no Welch test ran
+    tests_used: tuple[str, ...] = ()
 
     @property
     def failing(self) -> tuple[CellResult, ...]:
@@ -396,6 +416,7 @@ def compare_runs(base: RunRecord, new: RunRecord, *, threshold: float = 0.05,
         refused = f"environments differ: {what}; --force compares anyway"
     accel = {environment(base.run).get("accelerator"), environment(new.run).get("accelerator")}
     cells: tuple[CellResult, ...] = ()
+    tests_used: tuple[str, ...] = ()
     if refused is None:
         if variants is None:
             mb, mn = measured(base), measured(new)
@@ -403,10 +424,10 @@ def compare_runs(base: RunRecord, new: RunRecord, *, threshold: float = 0.05,
             mb, mn = measured(base, variants[0]), measured(new, variants[1])
             mb = {k: [_no_variant(s) for s in v] for k, v in mb.items()}
             mn = {k: [_no_variant(s) for s in v] for k, v in mn.items()}
-        cells = _finish([_cell(new.run if cid in mn else base.run, cid, mb.get(cid, []),
+        cells, tests_used = _finish([_cell(new.run if cid in mn else base.run, cid, mb.get(cid, []),
                                mn.get(cid, []), threshold=threshold, alpha=alpha, test=test,
                                min_samples=min_samples)
-                         for cid in sorted(set(mb) | set(mn))], q)
+                         for cid in sorted(set(mb) | set(mn))], q, moderated=test == "auto")
     warnings = tuple(f"{side} run {rec.run.get('run_id')} ended {rec.run.get('status')}: "
                      f"cells it did not reach are missing"
                      for side, rec in (("BASE", base), ("NEW", new))
@@ -414,7 +435,8 @@ def compare_runs(base: RunRecord, new: RunRecord, *, threshold: float = 0.05,
     return RunComparison(run_info(base), run_info(new), diffs, refused,
                          forced=bool(force and mismatch and not forbidden), tcg=accel == {"tcg"},
                          test=test, threshold=threshold, alpha=alpha, cells=cells,
-                         warnings=warnings, q=q, min_samples=min_samples)
+                         warnings=warnings, q=q, min_samples=min_samples,
+                         tests_used=tests_used)
 
 
 def variants_of(rec: RunRecord) -> tuple[str, ...]:
@@ -508,6 +530,7 @@ def render_text(rc: RunComparison) -> str:
     lines.append(f"{len(rc.cells)} cells: {summary or 'none'}; test {rc.test}, threshold "
                  f"{rc.threshold:.0%}, alpha {rc.alpha}, Benjamini-Hochberg q {rc.q}, "
                  f"at least {rc.min_samples} ok samples a side")
+    lines.extend(f"p-values of {t}" for t in rc.tests_used)
     if rc.failing:
         lines.append("GATE FAILED: " + ", ".join(f"{c.cell_id} {c.verdict.value}" for c in rc.failing))
     elif rc.undecided or not rc.cells:

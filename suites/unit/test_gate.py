@@ -2,6 +2,7 @@
 unchanged cells, real drops flagged, too few samples never passing as 0, JUnit output."""
 from __future__ import annotations
 
+import json
 import xml.etree.ElementTree as ET
 
 import numpy as np
@@ -20,21 +21,35 @@ def cells(n: int) -> list[Cell]:
     return [Cell(Attachment.BRIDGE, Backend.QEMU, 1500, k, STREAM) for k in range(1, n + 1)]
 
 
+_LINES: dict[tuple[str, str], dict] = {}   # a cell's sample line in a run, drawn again per seed
+
+
 def synthetic(root, run_id: str, cs: list[Cell], *, seed: int, n: int = 5, noise: float = 0.03,
-              drop: dict[str, float] | None = None) -> None:
+              drop: dict[str, float] | None = None,
+              noises: dict[str, float] | None = None) -> None:
     """A run in the results format: the run.json of the production RunWriter (one sample
     per cell), then every sample appended as samples.jsonl lines without the writer's
-    per-sample fsync, which would make 1000 samples take seconds."""
+    per-sample fsync, which would make 1000 samples take seconds. When the run exists
+    already (same cells), only its samples are drawn again: many seeds stay cheap."""
     rng = np.random.default_rng(seed)
-    drop = drop or {}
-    samples = {c: [(stream_metrics(2000.0 * drop.get(c.id, 1.0) * rng.normal(1, noise)),
+    drop, noises = drop or {}, noises or {}
+    samples = {c: [(stream_metrics(2000.0 * drop.get(c.id, 1.0)
+                                   * rng.normal(1, noises.get(c.id, noise))),
                     cpu(1.6, 1.4, 1.6)) for _ in range(n)] for c in cs}
-    d = write_run(root, run_id, {c: v[:1] for c, v in samples.items()})
-    with open(d / "samples.jsonl", "a") as f:
+    d = root / run_id
+    if (d / "run.json").exists():
+        skip = 0
+    else:
+        d, skip = write_run(root, run_id, {c: v[:1] for c, v in samples.items()}), 1
+    with open(d / "samples.jsonl", "a" if skip else "w") as f:
         for c, items in samples.items():
-            for rep, (m, u) in enumerate(items[1:], start=1):
-                f.write(Sample(run_id, c.as_dict(), rep, False, "ok", None, m, u, now(),
-                               now()).to_json() + "\n")
+            key = (str(d), c.hash)
+            if key not in _LINES:
+                _LINES[key] = json.loads(Sample(run_id, c.as_dict(), 0, False, "ok", None,
+                                                items[0][0], items[0][1], now(), now()).to_json())
+            line = _LINES[key]
+            for rep, (m, _) in enumerate(items[skip:], start=skip):
+                f.write(json.dumps({**line, "rep": rep, "metrics": m}) + "\n")
 
 
 def gate(root, **kw) -> compare.RunComparison:
@@ -64,10 +79,95 @@ def test_five_cells_dropped_by_ten_percent_are_all_flagged(tmp_path):
         assert m.p_adjusted is not None and m.p_adjusted >= m.p_value
 
 
+def regressed(rc: compare.RunComparison) -> set[str]:
+    return {c.cell_id for c in rc.cells if c.verdict is compare.CellVerdict.REGRESSED}
+
+
+def test_five_of_a_hundred_cells_dropped_by_ten_percent_at_n5_over_many_seeds(tmp_path):
+    # Within a family of 105, Benjamini-Hochberg asks p <~ 0.0024 of each of 5 real drops.
+    # Per-cell Welch at n = 5 (8 degrees of freedom) misses about half of them (see the
+    # README); the moderated t, its variances squeezed towards a prior from all the cells,
+    # has tens of degrees of freedom and must catch all 5, seed after seed, anywhere.
+    # No test can call a drop "beyond the 5 % threshold" when its samples show barely 5 %:
+    # the mean of 5 samples at 3 % noise misses the true -10 % by more than 3 points in
+    # about 1 cell in 100 (2 of these 100, at -5.0 % and -6.0 %). Such a cell may be missed (INCONCLUSIVE, never UNCHANGED unless
+    # its samples show less than the threshold); every other drop must be flagged.
+    cs = cells(105)
+    missed, false, flagged = [], 0, 0
+    for seed in range(20):
+        rng = np.random.default_rng(1000 + seed)
+        drop = {c.id: 0.9 for c in rng.choice(cs, 5, replace=False)}
+        synthetic(tmp_path, "base", cs, seed=2 * seed)
+        synthetic(tmp_path, "new", cs, seed=2 * seed + 1, drop=drop)
+        rc = gate(tmp_path)
+        got = regressed(rc)
+        for c in rc.cells:
+            if c.cell_id in set(drop) - got:
+                m = c.metrics[0].comparison
+                missed.append((seed, c.cell_id, m.delta_pct))
+                assert m.delta_pct > -7.0, f"seed {seed}: missed {c.cell_id} at {m.delta_pct}%"
+        false += len(got - set(drop))
+        flagged += len(got)
+        assert len(got - set(drop)) <= 2, f"seed {seed}: false {sorted(got - set(drop))}"
+        assert rc.exit_status == 1
+        assert rc.tests_used[0].startswith("throughput_mbps: moderated t")
+    assert len(missed) <= 2, missed     # of 100 drops; per-cell Welch misses about 40
+    # Benjamini-Hochberg bounds the false share of the flagged cells (q = 5 %), not their
+    # count: with 5 real discoveries it may let one or, rarely, two unchanged cells through.
+    assert false <= 0.05 * flagged, (false, flagged)
+
+
+def test_hundred_unchanged_cells_over_many_seeds_give_at_most_one_regression(tmp_path):
+    cs = cells(100)
+    for seed in range(6):
+        synthetic(tmp_path, "base", cs, seed=500 + 2 * seed)
+        synthetic(tmp_path, "new", cs, seed=501 + 2 * seed)
+        assert len(regressed(gate(tmp_path))) <= 1, f"seed {seed}"
+
+
+def test_heterogeneous_noise_stays_controlled(tmp_path):
+    # Half the cells at 1 % noise, half at 6 %: one prior fits neither; d0 fits to about
+    # 1.3, below stats.MIN_PRIOR_DF, so the gate falls back to per-cell Welch and says so.
+    # The noisy cells must not turn into false regressions; drops in quiet cells are found.
+    cs = cells(100)
+    noises = {c.id: (0.01 if k % 2 else 0.06) for k, c in enumerate(cs)}
+    quiet = [c for c in cs if noises[c.id] == 0.01]
+    for seed in range(6):
+        rng = np.random.default_rng(2000 + seed)
+        drop = {c.id: 0.9 for c in rng.choice(quiet, 3, replace=False)}
+        synthetic(tmp_path, "base", cs, seed=900 + 2 * seed, noises=noises)
+        synthetic(tmp_path, "new", cs, seed=901 + 2 * seed, noises=noises, drop=drop)
+        rc = gate(tmp_path)
+        assert "per-cell Welch (variances too heterogeneous" in rc.tests_used[0]
+        got = regressed(rc)
+        assert set(drop) <= got, f"seed {seed}: missed {sorted(set(drop) - got)}"
+        assert len(got - set(drop)) <= 1, f"seed {seed}: false {sorted(got - set(drop))}"
+
+
+def test_few_cells_fall_back_to_welch_and_say_so(tmp_path, capsys):
+    cs = cells(2)
+    synthetic(tmp_path, "base", cs, seed=1)
+    synthetic(tmp_path, "new", cs, seed=2)
+    rc = gate(tmp_path)
+    assert {m.comparison.test for c in rc.cells for m in c.metrics if m.decides} == {"welch"}
+    assert rc.tests_used == ("throughput_mbps: per-cell Welch (2 Welch comparisons, 3 needed "
+                             "for a variance prior)",)
+    code, out, _ = run_cli(["compare", "base", "new", "--results", str(tmp_path)], capsys)
+    assert "p-values of throughput_mbps: per-cell Welch" in out
+
+
+def test_an_explicit_welch_is_not_moderated(tmp_path):
+    cs = cells(5)
+    synthetic(tmp_path, "base", cs, seed=1)
+    synthetic(tmp_path, "new", cs, seed=2)
+    rc = gate(tmp_path, test="welch")
+    assert rc.tests_used == () and {m.comparison.test for c in rc.cells for m in c.metrics
+                                     if m.decides} == {"welch"}
+
+
 def test_five_of_a_hundred_cells_dropped_by_ten_percent_at_the_gate_preset_max(tmp_path):
-    # Within a family of 100, Benjamini-Hochberg asks p <~ 0.0025 of each of 5 real drops:
-    # at n = 5 Welch's 8 degrees of freedom miss about a third of them (measured over 12
-    # seeds); at n = 10, where `repetitions: gate` stops when the rsd stays above 3 %, all.
+    # At n = 10, where `repetitions: gate` stops when the rsd stays above 3 %, even per-cell
+    # Welch would catch all; the moderated t must not lose them.
     cs = cells(100)
     drop = {c.id: 0.9 for c in cs[::20]}
     synthetic(tmp_path, "base", cs, seed=3, n=10)

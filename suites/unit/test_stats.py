@@ -338,3 +338,74 @@ def test_notes_are_not_repeated_when_the_verdict_is_taken_again():
                 higher_is_better=True)
     (again,) = adjust([c])
     assert again.note.count("not significant") == 1
+
+
+# --------------------------------------------------------------------------- moderated t
+
+from scipy import special as _spx  # noqa: E402
+
+from testbed.stats import Prior, fit_prior, moderate, trigamma_inverse  # noqa: E402
+
+
+@pytest.mark.parametrize("y", [1e-7, 0.01, 0.5, 3.0, 40.0, 1e8])
+def test_trigamma_inverse_inverts_trigamma(y):
+    assert float(_spx.polygamma(1, trigamma_inverse(y))) == pytest.approx(y, rel=1e-5)
+
+
+def test_fit_prior_recovers_a_scaled_chi_square_prior():
+    # limma's model: sigma^2 ~ d0 s0^2 / chi2(d0), s^2 | sigma^2 ~ sigma^2 chi2(d) / d.
+    rng = np.random.default_rng(1)
+    d0, s0_2, d, k = 12.0, 0.03 ** 2, 8, 4000
+    sigma2 = d0 * s0_2 / rng.chisquare(d0, k)
+    s2 = sigma2 * rng.chisquare(d, k) / d
+    got_d0, got_s0_2 = fit_prior(s2, [d] * k)
+    assert got_d0 == pytest.approx(d0, rel=0.25)
+    assert got_s0_2 == pytest.approx(s0_2, rel=0.05)
+
+
+def test_fit_prior_of_one_common_variance_is_infinitely_confident():
+    rng = np.random.default_rng(2)
+    s2 = 0.03 ** 2 * rng.chisquare(8, 2000) / 8
+    d0, s0_2 = fit_prior(s2, [8] * 2000)
+    assert d0 > 100 and s0_2 == pytest.approx(0.03 ** 2, rel=0.05)
+
+
+def _family(k: int, seed: int, noise=0.03, drop=1.0):
+    rng = np.random.default_rng(seed)
+    return [compare(2000 * rng.normal(1, noise, 5), 2000 * drop * rng.normal(1, noise, 5),
+                    higher_is_better=True) for _ in range(k)]
+
+
+def test_moderated_t_squeezes_variances_and_gains_degrees_of_freedom():
+    fam = _family(50, 3) + _family(1, 4, drop=0.9)
+    assert all(c.test == "welch" and c.log_spread is not None for c in fam)
+    out, prior = moderate(fam)
+    assert prior.method == "moderated" and prior.cells == 51 and prior.d0 > 8
+    assert 0.02 < math.sqrt(prior.s0_2) < 0.04        # relative noise: log scale
+    assert all(c.test == "moderated" for c in out)
+    # the real drop: a smaller p than Welch's 8 degrees of freedom give
+    assert out[-1].p_value < fam[-1].p_value and out[-1].verdict is Verdict.REGRESSED
+    assert "moderated t" in prior.describe()
+
+
+def test_moderated_t_needs_three_welch_comparisons_else_welch():
+    fam = _family(2, 5)
+    out, prior = moderate(fam)
+    assert prior == Prior("welch", 2, reason="2 Welch comparisons, 3 needed for a variance prior")
+    assert out == fam and "per-cell Welch" in prior.describe()
+
+
+def test_moderated_t_leaves_permutation_and_quantised_comparisons_alone():
+    fam = _family(5, 6) + [compare([5, 5, 5, 5, 5], [6, 6, 6, 6, 6], higher_is_better=False)]
+    out, prior = moderate(fam)
+    assert prior.cells == 5 and out[-1] == fam[-1] and out[-1].test == "permutation"
+
+
+def test_heterogeneous_variances_fall_back_to_welch():
+    # Variances spread far beyond what 8 degrees of freedom explain: no useful prior.
+    rng = np.random.default_rng(7)
+    fam = [compare(2000 * rng.normal(1, s, 5), 2000 * rng.normal(1, s, 5), higher_is_better=True)
+           for s in (0.0005, 0.3, 0.001, 0.2, 0.002, 0.25, 0.0003, 0.4)]
+    out, prior = moderate(fam)
+    assert prior.method == "welch" and "heterogeneous" in prior.reason
+    assert out == fam
