@@ -208,9 +208,12 @@ def fidelity(rounds: int = 5, duration_s: int = 5, message_size: int = 16384) ->
 
 
 @contextlib.contextmanager
-def _netns_bench(att: Attachment):
-    """A namespace pair of kind ``att`` for a benchmark, held like a run (host lock, owned
-    state, a throwaway results folder): (temporary folder, writer, test path)."""
+def _netns_bench(att):
+    """A namespace pair of kind ``att`` (an Attachment) for a benchmark, held like a run
+    (host lock, owned state, a throwaway results folder): (temporary folder, writer, test path)."""
+    import tempfile
+    from testbed import runner
+    from testbed.config import default
     run_id, tag = results.new_run_id()
     with contextlib.ExitStack() as stack:
         stack.enter_context(cleanup.host_lock(run_id))

@@ -6,9 +6,14 @@ Every object is tb-<random>-..., addressed in 198.18.0.0/15, and removed on exit
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
+import threading
+from collections.abc import Iterator
+
+import psutil
 
 import pytest
 
@@ -31,7 +36,8 @@ TCP = Profile(name="tcp_stream", message_size=16384, duration_s=2)
 UDP = Profile(name="udp_stream", protocol=Protocol.UDP, message_size=1472, duration_s=2)
 
 
-def run_and_count(conn: netns.Connection, profile: Profile, out_dir: str, extra: tuple[str, ...] = ()):
+def run_and_count(conn: netns.Connection, profile: Profile, out_dir: str, extra: tuple[str, ...] = (),
+                  during=contextlib.nullcontext):
     """netperf from a to b; the receiving endpoint's own device (b's veth end, rx) read
     just before the client starts and just after it ends."""
     drv = NetperfDriver()
@@ -40,8 +46,9 @@ def run_and_count(conn: netns.Connection, profile: Profile, out_dir: str, extra:
         netns.wait_listening(conn.b.netns, 12865, server)
         read = lambda: links.wire_via(conn.b.ifname, lambda argv: proc.run(argv, netns=conn.b.netns))  # noqa: E731
         before = read()
-        res = proc.run([*drv.client_argv(profile, conn.b.address, port=12865), *extra], netns=conn.a.netns,
-                       timeout=profile.duration_s + 30, check=False)
+        with during():
+            res = proc.run([*drv.client_argv(profile, conn.b.address, port=12865), *extra], netns=conn.a.netns,
+                           timeout=profile.duration_s + 30, check=False)
         after = read()
     result = vet(drv.parse(res.stdout, res.stderr, res.rc), profile)
     assert result.ok, result.reason
@@ -94,12 +101,56 @@ def test_tbf_that_drops_on_the_sender(tmp_path, profile):
     assert m["throughput_mbps"] < 60
 
 
+@contextlib.contextmanager
+def receiver_paused(ns: str, period_s: float = 0.2) -> Iterator[None]:
+    """netserver in namespace ``ns`` stopped and continued in turns while the block runs: its
+    socket fills while it is stopped, so the kernel drops datagrams that reached the device.
+    A small receive buffer alone drops only when the machine is busy enough (none at all on a
+    quiet one), which made the drop a matter of luck."""
+    ino = os.stat(f"/run/netns/{ns}").st_ino
+
+    def receivers() -> list[psutil.Process]:
+        out = []
+        for p in psutil.process_iter(["name"]):
+            with contextlib.suppress(OSError, psutil.Error):
+                if p.info["name"] == "netserver" and os.stat(f"/proc/{p.pid}/ns/net").st_ino == ino:
+                    out.append(p)
+        return out
+
+    done = threading.Event()
+
+    def pause() -> None:
+        while not done.is_set():
+            procs = receivers()
+            for p in procs:
+                with contextlib.suppress(psutil.Error):
+                    p.suspend()
+            done.wait(period_s)
+            for p in procs:
+                with contextlib.suppress(psutil.Error):
+                    p.resume()
+            done.wait(period_s)
+
+    t = threading.Thread(target=pause, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        done.set()
+        t.join()
+        for p in receivers():       # never leave it stopped
+            with contextlib.suppress(psutil.Error):
+                p.resume()
+
+
 def test_udp_datagrams_the_receiver_did_not_read(tmp_path):
-    """A tiny receive socket buffer on netserver (-S): datagrams reach b's device and are
-    dropped at the socket, so the wire carries more than netperf counted as received. The
-    datagrams sent but not read explain the gap; without them the check would fail."""
+    """A receiver that stops reading now and then (netserver suspended in turns) behind a
+    small receive buffer (-S): datagrams reach b's device and are dropped at the socket, so
+    the wire carries more than netperf counted as received. The datagrams sent but not read
+    explain the gap; without them the check would fail."""
     with netns.veth_pair(secrets.token_hex(2)) as conn:
-        m, wire = run_and_count(conn, UDP, str(tmp_path), ("-S", "4096"))
+        m, wire = run_and_count(conn, UDP, str(tmp_path), ("-S", "4096"),
+                                during=lambda: receiver_paused(conn.b.netns))
     assert m["udp_sent_msgs"] > 1.05 * m["udp_recv_msgs"], m
     c = check(UDP, m, wire)
     assert c.verdict == "ok" and c.explained_extra_bytes > 0, c

@@ -13,8 +13,11 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
+
+import testbed
 
 from testbed import cleanup, guestcache, images, measure, paths, results, runner, stats, virt
 from testbed.config import default
@@ -108,7 +111,8 @@ def _files(snap: guestcache.Snapshot) -> dict:
 def test_sigkill_mid_restore_then_cleanup_leaves_only_the_cache(guest_pair):
     snap = _snapshot_of(guest_pair, "g1")
     before = _files(snap)
-    env = {**os.environ, "PYTHONPATH": str(paths.REPO)}
+    # The child imports this very checkout's package, wherever the test runs from.
+    env = {**os.environ, "PYTHONPATH": str(Path(testbed.__file__).resolve().parents[1])}
     child = subprocess.Popen([sys.executable, "-c", CHILD, guest_pair.accelerator.value], stdout=subprocess.PIPE,
                              text=True, env=env)
     try:
@@ -126,17 +130,18 @@ def test_sigkill_mid_restore_then_cleanup_leaves_only_the_cache(guest_pair):
         with contextlib.suppress(ProcessLookupError):
             child.kill()
     time.sleep(1)
-    # What `testbed cleanup` does, restricted to this test's run (other sessions may run).
     mine = lambda names: [n for n in names if n.startswith(f"tb-{tag}")]  # noqa: E731
-    # libvirtd may still be finishing the restore it was asked for: wait for it to settle.
+    # `testbed cleanup` itself, as a user would run it: it removes only dead runs' objects, so
+    # this session's live guest pair stays. libvirtd may still be finishing the restore it
+    # was asked for, so cleanup is repeated until nothing of the killed run is left.
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        found = cleanup.find()
-        cleanup.remove(cleanup.Leftovers(domains=mine(found.domains), links=mine(found.links),
-                                         state=mine(found.state)))
+    while True:
+        p = subprocess.run([sys.executable, "-m", "testbed", "cleanup"], env=env, text=True,
+                           capture_output=True, timeout=300)
         left = cleanup.find(include_live=True)
         if not any(mine(getattr(left, f)) for f in ("domains", "links", "netns", "ovs_bridges", "state")):
             break
+        assert time.monotonic() < deadline, (p.returncode, p.stderr)
         time.sleep(1)
     left = cleanup.find(include_live=True)
     for f in ("domains", "links", "netns", "ovs_bridges", "state"):
