@@ -24,7 +24,7 @@ from pathlib import Path
 from testbed.lazy import libvirt
 from pyroute2 import IPRoute
 
-from testbed import PREFIX, guestcache, paths, proc
+from testbed import PREFIX, guestcache, images, paths, proc
 from testbed.errors import CommandError, LeftoversError
 from testbed.hostnet import links
 
@@ -41,10 +41,12 @@ class Leftovers:
     #: guest snapshots whose writer died half-way (tb-snap-* in the cache); finished
     #: snapshots and images are never cleanup's business (`testbed cache prune`)
     partial_snapshots: list[str] = field(default_factory=list)
+    #: image builds whose builder died half-way (tb-build-* beside the cached images)
+    partial_builds: list[str] = field(default_factory=list)
 
     def empty(self) -> bool:
         return not any((self.domains, self.links, self.netns, self.ovs_bridges, self.state,
-                        self.partial_snapshots))
+                        self.partial_snapshots, self.partial_builds))
 
     def describe(self) -> str:
         parts = [f"{k}: {', '.join(v)}" for k, v in self.__dict__.items() if v]
@@ -123,6 +125,7 @@ def find(uri: str = "qemu:///system", include_live: bool = False) -> Leftovers:
         ovs_bridges=_dead(_ovs_bridges(), live),
         state=_dead([p.name for p in state.iterdir()] if state.is_dir() else [], live),
         partial_snapshots=[str(p) for p in guestcache.partial() if guestcache.writer_dead(p)],
+        partial_builds=[str(p) for p in images.partial_builds() if guestcache.writer_dead(p)],
     )
 
 
@@ -170,8 +173,21 @@ def remove(found: Leftovers, uri: str = "qemu:///system") -> None:
     for s in found.state:
         _mark_killed(paths.state_dir() / s)
         shutil.rmtree(paths.state_dir() / s, ignore_errors=True)
-    for p in found.partial_snapshots:
-        shutil.rmtree(p, ignore_errors=True)
+    for p in (*found.partial_snapshots, *found.partial_builds):
+        _remove_tree(p)
+
+
+def _remove_tree(path: str) -> None:
+    """A cache folder whose writer died. A killed image build can leave mmdebstrap's mounts
+    inside its root (proc, sys, devpts, a tmpfs): they are detached first, deepest first, and
+    the removal never crosses into another file system, so nothing outside the folder is
+    touched even if a mount could not be detached."""
+    root = os.path.realpath(path)
+    with open("/proc/self/mountinfo") as f:
+        points = {line.split()[4] for line in f}
+    for m in sorted((m for m in points if m == root or m.startswith(root + "/")), key=len, reverse=True):
+        proc.run(["umount", "--lazy", m], check=False, timeout=30)
+    proc.run(["rm", "-rf", "--one-file-system", "--", root], check=False, timeout=300)
 
 
 def _running(pid: int) -> bool:

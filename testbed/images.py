@@ -146,7 +146,9 @@ def build(recipe: Recipe) -> None:
     final.parent.mkdir(parents=True, exist_ok=True)
     # Build beside the final place and rename at the end, so a crash never leaves a
     # half-built image that looks cached.
-    work = Path(tempfile.mkdtemp(prefix=f"{PREFIX}build-", dir=final.parent))
+    # The builder's pid in the name (as guest snapshots have it): `testbed cleanup` removes a
+    # build folder only once its builder is dead (SIGKILL skips the except below).
+    work = Path(tempfile.mkdtemp(prefix=f"{PREFIX}build-{recipe.name}-{os.getpid()}-", dir=final.parent))
     try:
         root = work / "root"
         if recipe.base is not None:
@@ -243,6 +245,12 @@ def _unpack_base(base: Image, work: Path, root: Path) -> None:
                     os.chmod(target, mode & 0o7777)
     raw.unlink()
     cmds.unlink()
+
+
+def partial_builds() -> list[Path]:
+    """Temporary folders of image builds (finished or not: the caller checks the builder)."""
+    d = paths.cache_dir() / "images"
+    return sorted(p for p in d.glob(f"{PREFIX}build-*") if p.is_dir()) if d.is_dir() else []
 
 
 def user_image(path: str) -> Image:

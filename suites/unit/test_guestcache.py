@@ -146,3 +146,38 @@ def test_cache_list_and_prune(tmp_path, monkeypatch, capsys):
     assert cli.main(["cache", "prune", "--images"]) == 0
     assert not made.folder.exists() and not dead.exists() and not stale.exists()
     assert foreign.exists(), "an image of a recipe this checkout does not have was pruned"
+
+
+BUILD_CHILD = """
+import sys, time
+from testbed import images, proc
+proc.run = lambda *a, **k: time.sleep(600)     # stand in for mmdebstrap: the build hangs
+images.build(images.load_recipe())
+"""
+
+
+def test_an_image_build_killed_midway_is_found_and_removed_by_cleanup(tmp_path, monkeypatch):
+    """SIGKILL skips images.build's own clean-up: its tb-build- folder then carries the dead
+    builder's pid, which is what lets `testbed cleanup` remove it (and never a live build's)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from testbed import cleanup, images
+    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path))
+    child = subprocess.Popen([sys.executable, "-c", BUILD_CHILD], env={**os.environ, "TESTBED_CACHE": str(tmp_path)})
+    try:
+        deadline = time.monotonic() + 60
+        while not images.partial_builds() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        [work] = images.partial_builds()
+        assert f"-{child.pid}-" in work.name
+        assert not guestcache.writer_dead(work), "a live build must not look dead"
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+    finally:
+        child.kill()
+    assert work.is_dir(), "SIGKILL left nothing to clean: the test proves nothing"
+    assert guestcache.writer_dead(work)
+    cleanup.remove(cleanup.Leftovers(partial_builds=[str(work)]))
+    assert not work.exists() and images.partial_builds() == []
