@@ -103,14 +103,11 @@ def root() -> Path:
     return paths.cache_dir() / "snapshots"
 
 
-@dataclass(frozen=True)
-class Snapshot:
+class _Layout:
+    """The files of a snapshot folder, one layout for the one being written (Builder) and
+    the finished one (Snapshot)."""
+
     folder: Path
-    key: Key
-    created: float
-    saved_name: str            # the domain name inside the save image
-    saved_uuid: str
-    save_s: float
 
     @property
     def state(self) -> Path:
@@ -123,6 +120,16 @@ class Snapshot:
     @property
     def seed(self) -> Path:
         return self.folder / "seed.iso"
+
+
+@dataclass(frozen=True)
+class Snapshot(_Layout):
+    folder: Path
+    key: Key
+    created: float
+    saved_name: str            # the domain name inside the save image
+    saved_uuid: str
+    save_s: float
 
     def size_bytes(self) -> int:
         return sum(f.stat().st_size for f in self.folder.iterdir() if f.is_file())
@@ -158,7 +165,7 @@ def lookup(key: Key) -> tuple[Snapshot | None, str]:
     return None, f"snapshot key changed ({'; '.join(diff)}): cold boot, new snapshot {key.digest}"
 
 
-class Builder:
+class Builder(_Layout):
     """A snapshot being written: a tb- temporary folder beside the final one, renamed into
     place by commit(); removed by discard() (and by prune --partial after a crash)."""
 
@@ -170,16 +177,8 @@ class Builder:
         os.chmod(self.tmp, 0o755)
 
     @property
-    def state(self) -> Path:
-        return self.tmp / "state.save"
-
-    @property
-    def disk(self) -> Path:
-        return self.tmp / "disk.qcow2"
-
-    @property
-    def seed(self) -> Path:
-        return self.tmp / "seed.iso"
+    def folder(self) -> Path:
+        return self.tmp
 
     def commit(self, saved_name: str, saved_uuid: str, save_s: float, replace: bool = False) -> Snapshot:
         for f in self.tmp.iterdir():
