@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 
@@ -15,36 +15,88 @@ from testbed import PREFIX
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,9}$")
 
 
-class Attachment(StrEnum):
-    """How a guest NIC reaches the wire."""
+class _AttachmentType(type):
+    """Iterating ``Attachment`` lists the registered modes; ``Attachment.BRIDGE`` and the other
+    constants are the modes' declared aliases (testbed/attachments), so a new mode gets one
+    without an edit here."""
 
-    BRIDGE = "bridge"
-    OVS = "ovs"
-    MACVTAP = "macvtap"
-    OVS_VXLAN = "ovs-vxlan"
-    BRIDGE_VXLAN = "bridge-vxlan"
-    # Namespace endpoints instead of guests, for the classic connection experiments.
-    NETNS_VETH = "netns-veth"
-    NETNS_BRIDGE = "netns-bridge"
-    NETNS_OVS = "netns-ovs-veth"
-    NETNS_OVS_INTERNAL = "netns-ovs-internal"
+    def __iter__(cls) -> Iterator[Attachment]:
+        from testbed import attachments
+        return iter([cls(n) for n in attachments.names()])
+
+    def __len__(cls) -> int:
+        from testbed import attachments
+        return len(attachments.names())
+
+    def __getattr__(cls, alias: str) -> Attachment:
+        if alias.startswith("_") or not alias.isupper():
+            raise AttributeError(alias)
+        from testbed import attachments
+        return cls(attachments.by_alias(alias))
+
+
+class Attachment(str, metaclass=_AttachmentType):
+    """How a guest NIC reaches the wire: the name of a mode registered in testbed/attachments.
+
+    A string (results files hold the same text) that only takes registered names; equal
+    names are the same object, so ``a is Attachment.MACVTAP`` holds as with the enum it was.
+    Its properties ask the registered mode."""
+
+    _interned: dict[str, Attachment] = {}
+
+    def __new__(cls, value: object) -> Attachment:
+        if isinstance(value, Attachment):
+            return value
+        v = str(value)
+        inst = cls._interned.get(v)
+        if inst is None:
+            from testbed import attachments
+            if v not in attachments.names():
+                raise ValueError(f"{v!r} is not a valid Attachment")
+            inst = cls._interned.setdefault(v, str.__new__(cls, v))
+        return inst
+
+    def __repr__(self) -> str:
+        return f"<Attachment.{self.name}: {self.value!r}>"
+
+    def __reduce__(self) -> tuple:
+        return Attachment, (self.value,)
+
+    def __copy__(self) -> Attachment:
+        return self
+
+    def __deepcopy__(self, memo: object) -> Attachment:
+        return self
+
+    @property
+    def value(self) -> str:
+        return str.__str__(self)
+
+    @property
+    def name(self) -> str:
+        return self.mode.alias
+
+    @property
+    def mode(self):  # -> testbed.attachments.Mode
+        from testbed import attachments
+        return attachments.get(self.value)
 
     @property
     def is_netns(self) -> bool:
-        return self.value.startswith("netns-")
+        return not self.mode.guests
 
     @property
     def netns_kind(self) -> str:
         """The testbed.hostnet.netns connection kind."""
-        return self.value.removeprefix("netns-")
+        return self.mode.netns_kind or self.value.removeprefix("netns-")
 
     @property
     def needs_two_hosts(self) -> bool:
-        return self in (Attachment.OVS_VXLAN, Attachment.BRIDGE_VXLAN)
+        return self.mode.placement == "two"
 
     @property
     def needs_ovs(self) -> bool:
-        return self in (Attachment.OVS, Attachment.OVS_VXLAN)
+        return self.mode.needs_ovs
 
 
 class Backend(StrEnum):

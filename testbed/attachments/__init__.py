@@ -1,0 +1,81 @@
+"""The attachment modes, one module each, registered by name (like mkosi's distributions).
+
+Adding a mode is one module here (it defines ``MODES``, see base.py) plus one line in
+``MODULES``. Everything else (the model's ``Attachment`` values, config's validation, the
+runner's preflight and plugging, doctor) asks this registry.
+"""
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+
+from testbed.attachments.base import Check, Fabric, Mode, Request
+
+__all__ = ["Check", "Fabric", "Mode", "Request", "MODULES", "get", "names", "modes", "by_alias",
+           "unavailable", "single_host", "supported_single_host"]
+
+#: The registry: testbed.attachments.<module> for each mode module, in listing order.
+MODULES = (
+    "bridge",
+    "ovs",
+    "macvtap",
+    "ovs_vxlan",
+    "bridge_vxlan",
+    "netns",
+    "veth_cable",
+)
+
+_modes: dict[str, Mode] = {}
+
+
+def _load() -> dict[str, Mode]:
+    if not _modes:
+        found: dict[str, Mode] = {}
+        for mod in MODULES:
+            for m in importlib.import_module(f"{__name__}.{mod}").MODES:
+                if m.name in found:
+                    raise RuntimeError(f"attachment {m.name} registered twice ({mod})")
+                found[m.name] = m
+        _modes.update(found)
+    return _modes
+
+
+def modes() -> Iterator[Mode]:
+    return iter(_load().values())
+
+
+def names() -> tuple[str, ...]:
+    return tuple(_load())
+
+
+def get(name: str) -> Mode:
+    try:
+        return _load()[str(name)]
+    except KeyError:
+        raise ValueError(f"unknown attachment {name!r} (one of: {', '.join(names())})") from None
+
+
+def by_alias(alias: str) -> str:
+    """The name of the mode whose model constant is ``alias`` (Attachment.BRIDGE -> bridge)."""
+    for m in _load().values():
+        if m.alias == alias:
+            return m.name
+    raise AttributeError(alias)
+
+
+def unavailable(name: str) -> str | None:
+    """Why this host cannot run a mode (None: it can), found by trying."""
+    return get(name).unavailable()
+
+
+def single_host() -> tuple:
+    """The classic modes that join two guests on this one host (Mode.classic): what the
+    built-in default topology measures and what the per-mode test tiers parametrize over."""
+    from testbed.model import Attachment
+    return tuple(Attachment(m.name) for m in _load().values()
+                 if m.guests and m.placement != "two" and m.classic)
+
+
+def supported_single_host() -> tuple:
+    """Those of single_host() that this host can run."""
+    return tuple(a for a in single_host() if unavailable(a) is None)

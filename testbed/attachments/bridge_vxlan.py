@@ -1,0 +1,78 @@
+"""`bridge-vxlan`: guests on two hosts, each host a Linux bridge with a kernel vxlan port.
+
+On hosts emulated on this machine (hostnet/vxlan.py) each host's datapath lives in its
+own namespace. A guest's NIC under test is a bare tap (libvirt ``type='ethernet'``) that
+libvirt creates in the root namespace; once QEMU holds it, it is moved into its host's
+namespace and joins that host's bridge. Unplugging closes QEMU's descriptor, which removes
+the tap wherever it is, so nothing is left in either namespace or the root one. On real
+hosts: attachments/_across.py.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+
+from testbed.attachments import _across
+from testbed.attachments.base import Fabric, Mode, Request
+
+VXLAN_OVERHEAD = 50     # outer Ethernet 14 + IPv4 20 + UDP 8 + VXLAN 8 (hostnet/vxlan.py)
+
+
+class EmulatedVxlanFabric(Fabric):
+    """Both emulated hosts with their tunnel (hostnet/vxlan.Fabric)."""
+
+    def __init__(self, fab) -> None:
+        self.fab = fab
+        self.datapath = fab.datapath
+
+    def nic(self, i, n, target, mac, backend, mtu, queues):
+        from testbed import render
+        # OVS's userspace datapath (3.1) cannot finish a partial checksum or segment a TSO
+        # frame it tunnels: TCP stalls while ping works (measured). Its guests therefore
+        # get a device without checksum offload. The kernel vxlan device handles both.
+        return render.NicParams(kind="ethernet", source="", target=target, mac=mac,
+                                driver=backend.driver_name, mtu=mtu, queues=queues,
+                                checksum_offload=self.fab.hosts[_across.side(i)].switch is None)
+
+    @contextlib.contextmanager
+    def attach(self, i, target):
+        from testbed.hostnet import links, vxlan
+        links.no_ipv6(target)   # not even a link-local address while it is in the root namespace
+        with vxlan.port(self.fab, self.fab.hosts[_across.side(i)], target):
+            yield
+
+    def set_mtu(self, mtu: int, taps: Sequence[str]) -> None:
+        self.fab.set_mtu(mtu, [(self.fab.hosts[_across.side(i)], tap) for i, tap in enumerate(taps)])
+
+    def counters(self, i: int, tap: str):
+        from testbed.hostnet import vxlan
+        return vxlan.counters(tap, self.fab.hosts[_across.side(i)].netns)
+
+    def leftovers(self) -> tuple[str, ...]:
+        return tuple(x for h in self.fab.hosts for x in (h.netns, h.wire, h.bridge, h.vxlan))
+
+
+@contextlib.contextmanager
+def fabric(req: Request) -> Iterator[Fabric]:
+    t = req.topology
+    if not _across.emulated(t):
+        with _across.real_fabric(req) as fab:
+            yield fab
+        return
+    from testbed.hostnet import vxlan
+    from testbed.model import Attachment
+    # Placement comes from the topology (a guest booted elsewhere may carry another host name).
+    names = (t.guest(t.client).host, t.guest(t.server).host)
+    with vxlan.fabric(Attachment(req.attachment), req.tag, names, t.tunnel, req.workdir,
+                      req.max_mtu) as fab:
+        yield EmulatedVxlanFabric(fab)
+
+
+def unavailable() -> str | None:
+    from testbed import capabilities
+    ok, why = capabilities.vxlan()
+    return None if ok else why
+
+
+MODES = (Mode("bridge-vxlan", "BRIDGE_VXLAN", fabric, placement="two", overhead=VXLAN_OVERHEAD,
+              overhead_label="VXLAN-over-IPv4 overhead", unavailable=unavailable, check=_across.check),)

@@ -1,0 +1,136 @@
+"""`macvtap`: each guest NIC is a macvtap (libvirt ``type='direct'``) on a lower device.
+
+On one host the lower is a tb- veth pair the testbed makes, or the user's device(s) named in
+the topology's ``macvtap:`` block (hostnet/macvtap.py describes the bridge, vepa and
+passthrough modes on a veth). With the guests placed on two hosts, each guest's lower is
+its host's end of the wire (emulated hosts) or its underlay (real hosts), so guest frames
+cross the wire as they are, with no tunnel.
+
+A macvtap counts what its guest sends as tx (it transmits towards its lower), unlike a tap.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+
+from testbed.attachments import _across
+from testbed.attachments.base import Check, Fabric, Mode, Request
+from testbed.attachments.bridge import SegmentFabric
+
+
+def parse(n):
+    """The ``macvtap:`` block: {mode: bridge|vepa|passthrough, lower: dev | [dev1, dev2]}."""
+    import yaml
+
+    from testbed import config
+    from testbed.model import MacvtapMode, MacvtapSpec
+    m = n.mapping({"mode", "lower"})
+    mode = m["mode"].enum(MacvtapMode) if "mode" in m else MacvtapMode.BRIDGE
+    lower: tuple[str, ...] = ()
+    if "lower" in m:
+        items = m["lower"].seq(1) if isinstance(m["lower"].node, yaml.SequenceNode) else [m["lower"]]
+        lower = tuple(config._ifname(i) for i in items)
+        want = 2 if mode is MacvtapMode.PASSTHROUGH else 1
+        if len(lower) != want:
+            raise m["lower"].error(f"mode {mode.value} needs {want} lower device(s)"
+                                   + (" (passthrough gives each guest a whole device)" if want == 2 else "")
+                                   + f", got {len(lower)}")
+        if len(set(lower)) != len(lower):
+            raise m["lower"].error("the two passthrough lower devices must differ")
+    return MacvtapSpec(mode=mode, lower=lower)
+
+
+def validate(t, node) -> None:
+    if t.macvtap.lower and MODE.across(t):
+        # Across hosts each guest's lower device is its own host's underlay: on emulated
+        # hosts the testbed's wire end, on real ones tunnel.underlay.
+        raise node("macvtap.lower").error(
+            "macvtap with the client and server on two hosts uses each host's underlay as the lower "
+            "device; 'lower' is for guests on one host")
+
+
+def unavailable() -> str | None:
+    from testbed import capabilities
+    ok, why = capabilities.macvtap()
+    return None if ok else why
+
+
+def check(t) -> Check | None:
+    if MODE.across(t):
+        return _across.check(t)
+    if t.macvtap.lower:
+        from testbed.hostnet import macvtap
+        why = macvtap.check_lowers(t.macvtap.lower, t.macvtap.mode, max(t.matrix.mtus))
+        if why:
+            return Check("macvtap.lower", why)
+    return None
+
+
+class WireFabric(Fabric):
+    """macvtap across two emulated hosts. libvirt's ``type='direct'`` can only make a macvtap
+    on a root-namespace device, so the testbed makes it in the host's namespace on the wire
+    end, lends it to the root namespace while libvirt opens it (``type='ethernet'``,
+    ``managed='no'``: a macvtap keeps its lower across namespaces), and takes it back once
+    QEMU holds /dev/tapN."""
+
+    guest_sends_as_rx = False
+
+    def __init__(self, ns: tuple[str, str], wires: tuple[str, str], mode) -> None:
+        self.ns, self.wires, self.mode = ns, wires, mode
+        self.datapath = f"macvtap-{mode.value}-wire"
+
+    def port(self, i, target, mac):
+        from testbed.hostnet import macvtap
+        s = _across.side(i)
+        return macvtap.lent_to_root(target, self.wires[s], self.ns[s], self.mode, mac)
+
+    def nic(self, i, n, target, mac, backend, mtu, queues):
+        from testbed import render
+        return render.NicParams(kind="ethernet", source="", target=target, mac=mac,
+                                driver=backend.driver_name, mtu=mtu, queues=queues, managed=False)
+
+    def attach(self, i, target):
+        from testbed.hostnet import macvtap
+        macvtap.take_back(target, self.ns[_across.side(i)])
+        return contextlib.nullcontext()
+
+    def set_mtu(self, mtu: int, taps: Sequence[str]) -> None:
+        from testbed import proc
+        from testbed.hostnet import vxlan
+        # A macvtap's MTU cannot exceed its lower's: wires first when raising, last when lowering.
+        devs = list(zip(self.wires, self.ns))
+        mine = [(tap, self.ns[_across.side(i)]) for i, tap in enumerate(taps)]
+        current = vxlan.mtu_of(self.wires[0], self.ns[0])
+        for dev, n in ([*devs, *mine] if mtu >= current else [*mine, *devs]):
+            proc.run(["ip", "link", "set", "dev", dev, "mtu", str(mtu)], netns=n, timeout=30)
+
+    def counters(self, i: int, tap: str):
+        from testbed.hostnet import vxlan
+        return vxlan.counters(tap, self.ns[_across.side(i)])
+
+    def leftovers(self) -> tuple[str, ...]:
+        return (*self.ns, *self.wires)
+
+
+@contextlib.contextmanager
+def fabric(req: Request) -> Iterator[Fabric]:
+    t = req.topology
+    if MODE.across(t):
+        if not _across.emulated(t):
+            with _across.real_fabric(req, guest_sends_as_rx=False) as fab:
+                yield fab
+            return
+        from testbed.hostnet import vxlan
+        with vxlan.hosts_and_wire(req.tag, req.max_mtu) as (ns, wires):
+            yield WireFabric(ns, wires, t.macvtap.mode)
+        return
+    from testbed.hostnet import macvtap
+    with macvtap.segment(req.tag, req.max_mtu, t.macvtap.mode, t.macvtap.lower) as seg:
+        fab = SegmentFabric(seg, tuple(d for d in (seg.lower, seg.peer, seg.hairpin) if d) if seg.owned else ())
+        fab.guest_sends_as_rx = False
+        yield fab
+
+
+MODE = Mode("macvtap", "MACVTAP", fabric, placement="any", classic=True, fields={"macvtap": parse},
+            unavailable=unavailable, check=check, validate=validate)
+MODES = (MODE,)

@@ -1,0 +1,93 @@
+"""The namespace kinds: two network namespaces instead of guests, joined the classic ways
+(hostnet/netns.py): `netns-veth`, `netns-bridge`, `netns-ovs-veth`, `netns-ovs-internal`.
+Measured with the same tools and records as guests; no VM, no virtio backend.
+
+The fabric makes its endpoints itself (``own_pairs``): one pair, each namespace addressed
+at subnet+1 and +2 like guests are. Their counters are read on the endpoints' own devices,
+which count what their namespace sends as tx.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+
+from testbed.attachments.base import Fabric, Mode, Request
+from testbed.errors import TestbedError
+
+
+class ConnectionFabric(Fabric):
+    """Any hostnet.netns.Connection as a fabric: the scenarios build connections the matrix
+    cannot express (chains, offloads) and measure them through this too."""
+
+    guest_sends_as_rx = False
+
+    def __init__(self, conn) -> None:
+        self.conn = conn
+        self.datapath = conn.datapath
+        self._ends = (conn.a, conn.b)
+
+    def own_pairs(self, out_dir: str):
+        from testbed import nsagent
+
+        @contextlib.contextmanager
+        def pairs():
+            with nsagent.hosts(self.conn.a.netns, self.conn.b.netns, out_dir) as (ha, hb):
+                yield [(ha, hb)]
+        return pairs()
+
+    def endpoint(self, i: int):
+        if i > 1:
+            raise TestbedError(f"a namespace connection ({self.conn.kind}) joins one pair of endpoints")
+        e = self._ends[i]
+        return e.ifname, e.address, dict(e.offloads)
+
+    def set_mtu(self, mtu: int, taps: Sequence[str]) -> None:
+        from testbed import proc
+        from testbed.hostnet import links
+        # The hops between the endpoints; the endpoints' own devices are set by measure.
+        for h in self.conn.hops:
+            if h.ifname not in (self.conn.a.ifname, self.conn.b.ifname):
+                proc.run(["ip", "link", "set", "dev", h.ifname, "mtu", str(mtu)], netns=h.netns)
+        for br in self.conn.bridges:
+            if links.exists(br):
+                links.set_mtu(br, mtu)
+
+    def counters(self, i: int, tap: str):
+        from testbed import proc
+        from testbed.hostnet import links
+        ns = self._ends[i].netns
+        return links.wire_via(tap, lambda argv: proc.run(argv, netns=ns))
+
+    def leftovers(self) -> tuple[str, ...]:
+        return (self.conn.a.netns, self.conn.b.netns, *self.conn.bridges,
+                *(h.ifname for h in self.conn.hops))
+
+
+def _fabric(kind: str):
+    @contextlib.contextmanager
+    def fabric(req: Request) -> Iterator[Fabric]:
+        import ipaddress
+
+        from testbed.hostnet import netns
+        net = ipaddress.ip_network(req.topology.subnet)
+        with netns.connect(kind, req.tag, subnet=str(net), mtu=req.max_mtu, offloads=req.offloads) as conn:
+            yield ConnectionFabric(conn)
+    return fabric
+
+
+def _ovs_unavailable() -> str | None:
+    from testbed.attachments import ovs
+    return ovs.unavailable()
+
+
+def _mode(name: str, alias: str, kind: str, ovs: bool = False) -> Mode:
+    return Mode(name, alias, _fabric(kind), endpoints="netns", placement="none",
+                unavailable=_ovs_unavailable if ovs else (lambda: None), netns_kind=kind)
+
+
+MODES = (
+    _mode("netns-veth", "NETNS_VETH", "veth"),
+    _mode("netns-bridge", "NETNS_BRIDGE", "bridge"),
+    _mode("netns-ovs-veth", "NETNS_OVS", "ovs-veth", ovs=True),
+    _mode("netns-ovs-internal", "NETNS_OVS_INTERNAL", "ovs-internal", ovs=True),
+)
