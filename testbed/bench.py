@@ -74,9 +74,8 @@ matrix:
 def matrix() -> dict:
     """A matrix of at least 24 cells over every mode this host supports: wall time of the
     measuring phase against the sum of measurement windows, and the number of boots."""
-    from testbed import config, runner
-    from testbed.hostnet import attach
-    modes = attach.supported_single_host()
+    from testbed import attachments, config, runner
+    modes = attachments.supported_single_host()
     topo = config.parse(MATRIX.replace("ATTACHMENTS", ", ".join(m.value for m in modes)), "<bench matrix>")
     out = runner.execute(topo, progress=lambda s: None)
     run = results.read_run(out.run_dir).run
@@ -91,7 +90,8 @@ def chain_table(ns: tuple[int, ...] = (1, 2, 4, 8), duration_s: int = 3) -> list
     """Study B: throughput through N chained OVS bridges joined by patch ports or by veth
     pairs, two namespaces as source and sink. One netperf TCP_STREAM per point."""
     import tempfile
-    from testbed.hostnet import attach, netns
+    from testbed import attachments
+    from testbed.hostnet import netns
     from testbed.model import Pattern, Profile
     profile = Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=duration_s)
     rows = []
@@ -148,9 +148,9 @@ def fidelity(rounds: int = 5, duration_s: int = 5, message_size: int = 16384) ->
     alternating in the same run so drift on a shared machine hits both alike. Also the
     host collector's cost as a fraction of one core."""
     import tempfile
-    from testbed import cpu, measure, runner
+    from testbed import attachments, cpu, measure, runner
     from testbed.config import default
-    from testbed.hostnet import attach, netns
+    from testbed.hostnet import netns
     from testbed.model import Attachment, Backend, Cell, Pattern, Profile
     profile = Profile("tcp_stream", pattern=Pattern.STREAM, message_size=message_size, duration_s=duration_s)
     cell = Cell(Attachment.NETNS_VETH, Backend.QEMU, 1500, 1, profile)
@@ -186,7 +186,7 @@ def fidelity(rounds: int = 5, duration_s: int = 5, message_size: int = 16384) ->
     # The wire ratio through a bridge and an OVS bridge too, in the same run: one sample each.
     wire = {"veth": _wire_row(samples)}
     for att in (Attachment.NETNS_BRIDGE, Attachment.NETNS_OVS):
-        why = attach.unavailable(att)
+        why = attachments.unavailable(att)
         if why:
             wire[att.value] = {"unavailable": why}
             continue

@@ -38,8 +38,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.topology:
         topo = config.load(args.topology)
     else:
-        from testbed.hostnet import attach
-        topo = config.default(attach.supported_single_host())
+        from testbed import attachments
+        topo = config.default(attachments.supported_single_host())
     if args.accelerator:
         import dataclasses
         topo = dataclasses.replace(topo, accelerator=args.accelerator)

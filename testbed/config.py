@@ -20,10 +20,10 @@ from typing import Any
 
 import yaml
 
+from testbed import attachments
 from testbed.errors import CapabilityError, CommandError, ConfigError, one_line
-from testbed.model import (NAME_RE, Variant, Attachment, Backend, GuestSpec, HostSpec, MacvtapMode, MacvtapSpec,
-                           Matrix, Offloads, Pattern, Profile, Protocol, Repetitions, Tool, Topology,
-                           TunnelSpec)
+from testbed.model import (NAME_RE, Variant, Attachment, Backend, GuestSpec, HostSpec, Matrix, Offloads, Pattern,
+                           Profile, Protocol, Repetitions, Tool, Topology, TunnelSpec)
 
 BENCHMARK_NET = ipaddress.ip_network("198.18.0.0/15")
 # Every pattern here is applied with fullmatch: with re.match a '$' also matches before a
@@ -56,7 +56,7 @@ MAX_FILE_BYTES = 256 << 10
 PLAIN_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("null", "bool", "int", "float", "str", "timestamp")}
 MAP_TAG, SEQ_TAG = "tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"
 #: Endpoints the runner places in `subnet`: the client at network+1, the server at network+2
-#: (runner.mode, twohost, hostnet.netns endpoints). With the network and broadcast
+#: (runner.plug, hostnet.netns endpoints). With the network and broadcast
 #: addresses that needs 4 addresses: a /30 at most.
 SUBNET_ENDPOINTS = 2
 SUBNET_MAX_PREFIX = 32 - math.ceil(math.log2(SUBNET_ENDPOINTS + 2))
@@ -347,22 +347,25 @@ def _tunnel(n: Node) -> TunnelSpec:
 
 def _check_tunnel(m: dict[str, Node], doc: Node, matrix: Matrix, tunnel: TunnelSpec,
                   hosts: list[HostSpec]) -> None:
-    """Two-host modes: the inner MTU must fit the underlay with VXLAN's overhead, and the
-    underlay interface is the testbed's own wire on emulated hosts, the operator's on real
-    ones. Checked here so a bad tunnel is refused before anything is created."""
-    vxlan_modes = any(a.needs_two_hosts for a in matrix.attachments)
-    macvtap_across = Attachment.MACVTAP in matrix.attachments and len({h.name for h in hosts}) > 1
-    if not vxlan_modes and not macvtap_across:
+    """Modes across two hosts: the inner MTU must fit the underlay with the mode's overhead
+    (VXLAN's), and the underlay interface is the testbed's own wire on emulated hosts, the
+    operator's on real ones. Checked here so a bad tunnel is refused before anything is created."""
+    two = len({h.name for h in hosts}) > 1
+    crossing = [a.mode for a in matrix.attachments
+                if a.mode.placement == "two" or (a.mode.placement == "any" and two)]
+    if not crossing:
         return
     mnode = m["matrix"].mapping(MATRIX_KEYS)
     mtu_nodes = mnode["mtus"].seq() if "mtus" in mnode else []
+    worst = max(crossing, key=lambda mode: mode.overhead)
+    oh = worst.overhead
     for i, mtu in enumerate(matrix.mtus):
-        if vxlan_modes and mtu + VXLAN_OVERHEAD > tunnel.underlay_mtu:
+        if oh and mtu + oh > tunnel.underlay_mtu:
             node = mtu_nodes[i] if mtu_nodes else m["matrix"]
             raise node.error(
-                f"inner MTU {mtu} + {VXLAN_OVERHEAD} bytes of VXLAN-over-IPv4 overhead = "
-                f"{mtu + VXLAN_OVERHEAD} does not fit the underlay MTU {tunnel.underlay_mtu}; raise "
-                f"tunnel.underlay_mtu to at least {mtu + VXLAN_OVERHEAD} or lower the MTU")
+                f"inner MTU {mtu} + {oh} bytes of {worst.overhead_label} = "
+                f"{mtu + oh} does not fit the underlay MTU {tunnel.underlay_mtu}; raise "
+                f"tunnel.underlay_mtu to at least {mtu + oh} or lower the MTU")
     tn = m.get("tunnel")
     if any(h.emulated for h in hosts) and tunnel.underlay:
         raise tn.mapping({"vni", "udp_port", "underlay", "underlay_mtu"})["underlay"].error(  # type: ignore[union-attr]
@@ -615,8 +618,9 @@ def _matrix(n: Node, base: Path | None = None) -> Matrix:
         queues=_distinct(m, "queues", lambda x: x.int(1, MAX_QUEUES, "queues"), (1,)),
         variants=_variants(m["variants"], base or Path.cwd()) if "variants" in m else (),
     )
-    if mx.variants and any(a not in (Attachment.BRIDGE, Attachment.OVS) for a in mx.attachments):
-        raise m["variants"].error("variants run on the bridge and ovs attachments only (their "
+    if mx.variants and any(not a.mode.variants for a in mx.attachments):
+        able = [mode.name for mode in attachments.modes() if mode.variants]
+        raise m["variants"].error(f"variants run on the {' and '.join(able)} attachments only (their "
                                   "guest pairs share one segment)")
     return mx
 
@@ -669,21 +673,13 @@ def _offloads(n: Node) -> Offloads:
     return Offloads(**{k: v.bool() for k, v in m.items()})
 
 
-def _macvtap(n: Node) -> MacvtapSpec:
-    m = n.mapping({"mode", "lower"})
-    mode = m["mode"].enum(MacvtapMode) if "mode" in m else MacvtapMode.BRIDGE
-    lower: tuple[str, ...] = ()
-    if "lower" in m:
-        items = m["lower"].seq(1) if isinstance(m["lower"].node, yaml.SequenceNode) else [m["lower"]]
-        lower = tuple(_ifname(i) for i in items)
-        want = 2 if mode is MacvtapMode.PASSTHROUGH else 1
-        if len(lower) != want:
-            raise m["lower"].error(f"mode {mode.value} needs {want} lower device(s)"
-                                   + (" (passthrough gives each guest a whole device)" if want == 2 else "")
-                                   + f", got {len(lower)}")
-        if len(set(lower)) != len(lower):
-            raise m["lower"].error("the two passthrough lower devices must differ")
-    return MacvtapSpec(mode=mode, lower=lower)
+def _node_at(m: dict[str, Node], path: str) -> Node:
+    """The node of a dotted field path (``macvtap.lower``) in an already-read document."""
+    first, *rest = path.split(".")
+    node = m[first]
+    for key in rest:
+        node = next(node.child(v, key) for k, v in node.node.value if getattr(k, "value", None) == key)
+    return node
 
 
 def parse(text: str, file: str = "<string>", base: Path | None = None) -> Topology:
@@ -714,8 +710,10 @@ def _parse(root: yaml.Node, file: str, base: Path | None) -> Topology:
             base = Path(file).resolve().parent
         except (OSError, RuntimeError):
             base = Path.cwd()
+    # Each mode owns its own top-level fields (macvtap's `macvtap:` block, ...).
+    mode_fields = {k: parse for mode in attachments.modes() for k, parse in mode.fields.items()}
     m = doc.mapping({"name", "accelerator", "subnet", "hosts", "guests", "client", "server", "matrix",
-                     "ready_timeout", "macvtap", "offloads", "tunnel", "limits"},
+                     "ready_timeout", "offloads", "tunnel", "limits", *mode_fields},
                     required=("matrix",))
     host_nodes = m["hosts"].seq(1) if "hosts" in m else []
     hosts = tuple(_host(h, base) for h in host_nodes) or (HostSpec(name="local"),)
@@ -723,7 +721,7 @@ def _parse(root: yaml.Node, file: str, base: Path | None) -> Topology:
     host_map = {h.name: h for h in hosts}
     matrix = _matrix(m["matrix"], base)
     _check_limits(m, doc, matrix)
-    vm_modes = any(not a.is_netns for a in matrix.attachments)
+    vm_modes = any(a.mode.guests for a in matrix.attachments)
     if "guests" not in m and vm_modes:
         raise doc.error("missing required key 'guests' (only netns-* attachments run without guests)")
     guest_nodes = m["guests"].seq(2) if "guests" in m else []
@@ -759,15 +757,16 @@ def _parse(root: yaml.Node, file: str, base: Path | None) -> Topology:
         return mnode["attachments"].seq()[i] if "attachments" in mnode else m["matrix"]
 
     for i, a in enumerate(matrix.attachments):
-        if a.needs_two_hosts and len(placed) < 2:
+        if a.mode.placement == "two" and len(placed) < 2:
             node = at(i)
             raise node.error(f"attachment {a.value} needs the client and server on two different hosts")
-        if a in (Attachment.BRIDGE, Attachment.OVS) and len(placed) > 1:
+        if a.mode.placement == "one" and len(placed) > 1:
             # A bridge without an uplink joins guests of one host only; across hosts the
             # VXLAN modes are the ones that say how the hosts are joined.
             node = at(i)
+            instead = f" (use {a.mode.across_instead})" if a.mode.across_instead else ""
             raise node.error(f"attachment {a.value} joins guests on one host, but the client and server "
-                             f"are on {' and '.join(sorted(placed))} (use {a.value}-vxlan)")
+                             f"are on {' and '.join(sorted(placed))}{instead}")
     tunnel = _tunnel(m["tunnel"]) if "tunnel" in m else TunnelSpec()
     _check_tunnel(m, doc, matrix, tunnel, [host_map[t.host] for t in guests if t.name in (client, server)])
     name = m["name"].str(re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}"), "topology name") if "name" in m \
@@ -775,17 +774,14 @@ def _parse(root: yaml.Node, file: str, base: Path | None) -> Topology:
     accel = m["accelerator"].str(re.compile(r"auto|kvm|tcg"), "accelerator (auto|kvm|tcg)") \
         if "accelerator" in m else "auto"
     ready = m["ready_timeout"].int(5, 7200, "ready_timeout") if "ready_timeout" in m else 600
-    mv = _macvtap(m["macvtap"]) if "macvtap" in m else MacvtapSpec()
-    if mv.lower and Attachment.MACVTAP in matrix.attachments and len(placed) > 1:
-        # Across hosts each guest's lower device is its own host's underlay: on emulated
-        # hosts the testbed's wire end, on real ones tunnel.underlay.
-        raise m["macvtap"].mapping({"mode", "lower"})["lower"].error(
-            "macvtap with the client and server on two hosts uses each host's underlay as the lower "
-            "device; 'lower' is for guests on one host")
+    own = {k: parse(m[k]) for k, parse in mode_fields.items() if k in m}
     off = _offloads(m["offloads"]) if "offloads" in m else None
-    return Topology(name=name, source=file, hosts=hosts, guests=guests, client=client, server=server,
-                    matrix=matrix, accelerator=accel, subnet=subnet, ready_timeout_s=ready, macvtap=mv,
-                    offloads=off, tunnel=tunnel)
+    t = Topology(name=name, source=file, hosts=hosts, guests=guests, client=client, server=server,
+                 matrix=matrix, accelerator=accel, subnet=subnet, ready_timeout_s=ready,
+                 offloads=off, tunnel=tunnel, **own)
+    for a in matrix.attachments:
+        a.mode.validate(t, lambda path: _node_at(m, path))
+    return t
 
 
 def _stem(file: str) -> str:

@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 
 from testbed import cpu, crosscheck, results, stats
 from testbed.errors import CommandError, GuestError, TestbedError
-from testbed.hostnet import links
 from testbed.guest import Agent
 from testbed.model import Cell, Pattern, Profile, Tool
 from testbed.tools import get_tool
@@ -87,11 +86,12 @@ class TestPath:
     client: Endpoint
     server: Endpoint
     set_host_mtu: Callable[[int], None]
-    #: A tap counts what the guest sends as rx (QEMU writes into it); a macvtap counts it
-    #: as tx (it transmits towards its lower device), and so does a namespace's own device.
+    #: whether the devices read_counters reads count what the guest sends as rx (a tap:
+    #: QEMU writes into it) or as tx: the fabric says (attachments.Fabric.guest_sends_as_rx)
     guest_sends_as_rx: bool = True
-    #: byte and packet counters of an endpoint's device; default: the host-side tap in the root namespace
-    read_counters: Callable[[Endpoint], crosscheck.Wire] = field(default=lambda ep: links.wire(ep.tap))
+    #: byte and packet counters of an endpoint's device under test, read by the fabric
+    #: that made it (attachments.Fabric.counters); runner.plug sets it
+    read_counters: Callable[[Endpoint], crosscheck.Wire] | None = None
     #: servers kept across samples; None: one server per sample, stopped after it
     servers: Servers | None = None
     #: what forwards between the endpoints: linux-bridge, ovs-netdev, ovs-system, macvtap-<mode>, veth, ...
@@ -100,6 +100,8 @@ class TestPath:
     offloads: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def counters(self) -> dict[str, crosscheck.Wire]:
+        if self.read_counters is None:
+            raise TestbedError("test path without device counters (build it with runner.plug)")
         return {ep.tap: self.read_counters(ep) for ep in (self.client, self.server)}
 
 

@@ -8,23 +8,30 @@ grow with the number of modes or cells.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import ipaddress
 import itertools
 import logging
 import shutil
+import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from testbed import (capabilities, cleanup, cpu, environment, guestnic, images, measure, paths, proc, remote,
-                     render, results, stats, twohost, virt)
+from testbed import (attachments, capabilities, cleanup, cpu, environment, guestnic, images, measure, paths,
+                     remote, render, results, stats, virt)
 from testbed.errors import CapabilityError, GuestError, ReadinessError, TestbedError
-from testbed.hostnet import attach, links, macvtap
-from testbed.model import Attachment, Backend, Cell, MacvtapSpec, Offloads, Topology, context_of
+from testbed.model import Attachment, Backend, Cell, Offloads, Topology, context_of, object_name
 from testbed.tools import get_tool
 
 log = logging.getLogger(__name__)
+
+
+def _guests(a: Attachment) -> bool:
+    """Does this mode join guests (VM NICs)? The others join namespace endpoints."""
+    return attachments.get(a).guests
+
 
 def _nic_group(c: Cell) -> tuple:
     """Cells that share one hot-plugged NIC: same attachment, backend and queues."""
@@ -38,7 +45,7 @@ def plan(t: Topology) -> list[Cell]:
     ctx = context_of(results.topology_dict(t))     # in each cell's definition hash
     cells = [Cell(a, b, mtu, c, p, q, ctx) for a, b, q, mtu, c, p in
              itertools.product(m.attachments, m.backends, m.queues, m.mtus, m.connections, m.profiles)
-             if not (a.is_netns and (b is not m.backends[0] or q != m.queues[0]))]
+             if _guests(a) or (b is m.backends[0] and q == m.queues[0])]
     if m.randomize:
         # Randomise within each NIC group: order effects are averaged out without
         # re-plugging NICs for every cell.
@@ -62,12 +69,12 @@ def _field(t: Topology, field: str) -> Iterator[None]:
 
 def preflight(t: Topology) -> None:
     """Refuse a matrix this host cannot run, before anything is created."""
-    if t.accelerator == "kvm" and any(not a.is_netns for a in t.matrix.attachments):
+    if t.accelerator == "kvm" and any(_guests(a) for a in t.matrix.attachments):
         # Without /dev/kvm no probe boot is needed to know: refused before the image is
         # built or a state folder made (a kvm that opens is still probed in execute).
         with _field(t, "accelerator"):
             capabilities.require(capabilities.kvm_device(), "accelerator kvm")
-    if Backend.VHOST in t.matrix.backends and any(not a.is_netns for a in t.matrix.attachments):
+    if Backend.VHOST in t.matrix.backends and any(_guests(a) for a in t.matrix.attachments):
         with _field(t, f"matrix.backends[{t.matrix.backends.index(Backend.VHOST)}]"):
             capabilities.require(capabilities.vhost_net(), "backend vhost")
     for i, p in enumerate(t.matrix.profiles):
@@ -78,15 +85,20 @@ def preflight(t: Topology) -> None:
         # A remote host: log in once, its key checked, before anything is created.
         with _field(t, f"hosts[{t.hosts.index(h)}]"):
             remote.shell(h).reachable()
+    found = []
     for i, a in enumerate(t.matrix.attachments):
-        why = attach.unavailable(a) or twohost.unavailable(t, a)
-        if why:
+        # The host first (found by trying), then this topology on it: a finding about the
+        # mode itself names the attachment's entry, one about a field of its own names that.
+        mode = attachments.get(a)
+        why = mode.unavailable()
+        check = None if why else mode.check(t)
+        if why or (check and not check.field):
             raise CapabilityError(f"{t.source}: matrix.attachments[{i}]: attachment {a.value} requested "
-                                  f"but unavailable: {why}")
-    if Attachment.MACVTAP in t.matrix.attachments and t.macvtap.lower:
-        why = macvtap.check_lowers(t.macvtap.lower, t.macvtap.mode, max(t.matrix.mtus))
-        if why:
-            raise CapabilityError(f"{t.source}: macvtap.lower: {why}")
+                                  f"but unavailable: {why or check.why}")  # type: ignore[union-attr]
+        if check:
+            found.append(check)
+    for check in found:
+        raise CapabilityError(f"{t.source}: {check.field}: {check.why}")
 
 
 def guest_tools_preflight(t: Topology, cells: list[Cell], image: images.Image) -> None:
@@ -95,7 +107,7 @@ def guest_tools_preflight(t: Topology, cells: list[Cell], image: images.Image) -
     asked, never this host; a user image records none, and its guests are asked once booted."""
     if any(t.guest(g).image for g in (t.client, t.server)):
         return
-    for tool in sorted({c.profile.tool.value for c in cells if not c.attachment.is_netns}):
+    for tool in sorted({c.profile.tool.value for c in cells if _guests(c.attachment)}):
         if image.missing(tool):
             names = sorted({c.profile.name for c in cells if c.profile.tool.value == tool})
             i = next(i for i, p in enumerate(t.matrix.profiles) if p.tool.value == tool)
@@ -108,7 +120,7 @@ def guest_tools_preflight(t: Topology, cells: list[Cell], image: images.Image) -
 
 def guest_tools_check(cells: list[Cell], guests: dict[str, virt.Guest]) -> None:
     """For images that record no tools: ask each booted guest whether the tools are there."""
-    for tool in sorted({c.profile.tool.value for c in cells if not c.attachment.is_netns}):
+    for tool in sorted({c.profile.tool.value for c in cells if _guests(c.attachment)}):
         for g in guests.values():
             res = g.agent.run(["/bin/sh", "-c", f"command -v {tool}"], check=False, timeout=30)
             if res.rc != 0:
@@ -134,7 +146,7 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
         cleanup.refuse_if_leftovers(host.uri)
         cleanup.refuse_if_leftovers_on([h for h in t.hosts if h.remote])
         state = stack.enter_context(cleanup.owned_state(tag, run_id))
-        needs_vms = any(not c.attachment.is_netns for c in cells)
+        needs_vms = any(_guests(c.attachment) for c in cells)
         recipe_image = images.ensure() if needs_vms else None
         if recipe_image is not None:
             guest_tools_preflight(t, cells, recipe_image)
@@ -184,9 +196,9 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
             # reason (and the console tail), so the run says what happened.
             progress(f"guests not ready: {e}")
             for cell in cells:
-                if not cell.attachment.is_netns:
+                if _guests(cell.attachment):
                     measure.fail_cell(cell, writer, f"guest not ready: {e}", placement)
-            cells = [c for c in cells if c.attachment.is_netns]
+            cells = [c for c in cells if not _guests(c.attachment)]
         writer.update(guests={g.spec.name: g.record() for g in guests.values()})
         # Host-side CPU is read from this machine's /proc: a guest on a remote host has its
         # guest-side CPU only, and the run says so.
@@ -208,15 +220,9 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
         for (attachment, backend, queues), group in itertools.groupby(cells, key=_nic_group):
             group = list(group)
             try:
-                cm = (netns_mode(attachment, tag, t.subnet, max(t.matrix.mtus), str(state / "netns"),
-                                 offloads=t.offloads)
-                      if attachment.is_netns else
-                      twohost.mode(attachment, backend, tag, guests[t.client], guests[t.server], t,
-                                   max(t.matrix.mtus), state, queues=queues, offloads=t.offloads)
-                      if twohost.across(t, attachment) else
-                      mode(attachment, backend, tag, guests[t.client], guests[t.server], t.subnet,
-                           max(t.matrix.mtus), queues=queues, macvtap_spec=t.macvtap, offloads=t.offloads))
-                with cm as path:
+                pair = (guests[t.client], guests[t.server]) if _guests(attachment) else None
+                with _one_path(attachment, backend, tag, t, pair, max(t.matrix.mtus), state,
+                               queues=queues, offloads=t.offloads) as path:
                     for cell in group:
                         eta = ((time.monotonic() - started) / done * (len(cells) - done)) if done else None
                         progress(f"[{done + 1}/{len(cells)}] {cell.id}"
@@ -241,42 +247,115 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
 
 
 @contextlib.contextmanager
-def mode(attachment: Attachment, backend: Backend, tag: str, client: virt.Guest, server: virt.Guest,
-         subnet: str, max_mtu: int, *, queues: int = 1,
-         macvtap_spec: MacvtapSpec = MacvtapSpec(),
-         offloads: Offloads | None = None) -> Iterator[measure.TestPath]:
-    """Host segment for one attachment mode, with a NIC hot-plugged into each guest.
-    The NIC advertises the largest MTU of the matrix, so later cells can change MTU live."""
-    net = ipaddress.ip_network(subnet)
+def fabric(attachment: Attachment, tag: str, t: Topology, max_mtu: int, workdir: Path,
+           offloads: Offloads | None = None) -> Iterator[attachments.Fabric]:
+    """The fabric of a registered mode for topology ``t`` (its own fields, its hosts)."""
+    req = attachments.Request(Attachment(attachment).value, tag, t, max_mtu, Path(workdir), offloads)
+    with attachments.get(attachment).fabric(req) as fab:
+        yield fab
+
+
+@contextlib.contextmanager
+def plug(fab: attachments.Fabric, pairs: Sequence[tuple[object, object]], *, tag: str, subnet: str,
+         backend: Backend = Backend.QEMU, max_mtu: int, queues: int = 1,
+         offloads: Offloads | None = None,
+         nic_options: Sequence[Mapping[str, str]] | None = None) -> Iterator[list[measure.TestPath]]:
+    """Plug N pairs of endpoints into one fabric; yields one measure.TestPath per pair.
+
+    ``pairs`` is a list of (client, server): booted guests (virt.Guest), or for a namespace
+    fabric the NsHosts its ``own_pairs`` yields. With N pairs, pass all of them at once
+    (``plug(fab, [(c0, s0), (c1, s1), ...], ...)``): endpoint i = 2k (client) and 2k + 1
+    (server) of pair k gets address subnet+1+i, a NIC whose host-side device is
+    ``tb-<tag>-t<i>`` and MAC guestnic.mac(tag, i, 0); the fabric puts each endpoint on its
+    side (across two hosts: clients on the first host). Each path has its own tool servers;
+    the MTU of a path is set on the whole fabric (all pairs share its hops).
+    ``nic_options``, one mapping per pair, adds virtio-net driver options (``queues`` among
+    them overrides ``queues``) to that pair's NICs. The NICs advertise ``max_mtu``, so later
+    cells can change the MTU live."""
+    net = ipaddress.ip_network(subnet, strict=False)
+    hosts = [h for p in pairs for h in p]
+    n = len(hosts)
+    if n + 2 > net.num_addresses:
+        raise TestbedError(f"subnet {subnet} has no room for {len(pairs)} pairs of endpoints")
     with contextlib.ExitStack() as stack:
-        seg = stack.enter_context(attach.segment(attachment, tag, max_mtu, macvtap_spec))
-        eps = []
-        applied: dict[str, dict[str, str]] = {}
-        for i, g in enumerate((client, server)):
-            target = f"tb-{tag}-t{i}"
+        eps: list[measure.Endpoint] = []
+        applied: dict[str, Mapping[str, str]] = {}
+        for i, host in enumerate(hosts):
+            own = fab.endpoint(i)
+            if own is not None:
+                ifname, addr, applied[host.spec.name] = own  # type: ignore[attr-defined]
+                eps.append(measure.Endpoint(host, ifname, addr, ifname))  # type: ignore[arg-type]
+                continue
+            opts = dict((nic_options or [{}] * len(pairs))[i // 2])
+            q = int(opts.pop("queues", queues))
+            target = object_name(tag, "t", str(i))      # within IFNAMSIZ, or ValueError
             mac = guestnic.mac(tag, i, 0)
-            xml = render.interface_xml(seg.nic(target, mac, backend, max_mtu, queues=queues))
-            ifname = stack.enter_context(virt.plugged_nic(g, xml, mac))
-            links.no_ipv6(target)
             addr = str(net.network_address + 1 + i)
-            applied[g.spec.name] = guestnic.configure(g.agent, ifname, addr, net.prefixlen, queues, offloads)
-            eps.append(measure.Endpoint(g, ifname, addr, target))
-        taps = [e.tap for e in eps]
-        # Entered last, so servers stop before the NICs are unplugged.
-        servers = stack.enter_context(measure.Servers())
-        yield measure.TestPath(eps[0], eps[1], lambda mtu: seg.set_mtu(mtu, taps),
-                               guest_sends_as_rx=attachment is not Attachment.MACVTAP, servers=servers,
-                               datapath=seg.datapath, offloads=applied)
+            stack.enter_context(fab.port(i, target, mac))
+            params = fab.nic(i, n, target, mac, backend, max_mtu, q)
+            if opts:
+                params = dataclasses.replace(params, driver_options=tuple(sorted(opts.items())))
+            ifname = stack.enter_context(virt.plugged_nic(host, render.interface_xml(params), mac))  # type: ignore[arg-type]
+            stack.enter_context(fab.attach(i, target))
+            applied[host.spec.name] = guestnic.configure(host.agent, ifname, addr, net.prefixlen, q,  # type: ignore[attr-defined]
+                                                         offloads)
+            eps.append(measure.Endpoint(host, ifname, addr, target))  # type: ignore[arg-type]
+        index = {ep.tap: i for i, ep in enumerate(eps)}
+        taps = [ep.tap for ep in eps]
+        paths = []
+        for k in range(len(pairs)):
+            c, s = eps[2 * k], eps[2 * k + 1]
+            # Entered last, so servers stop before the NICs are unplugged.
+            servers = stack.enter_context(measure.Servers())
+            paths.append(measure.TestPath(
+                c, s, lambda mtu: fab.set_mtu(mtu, taps), guest_sends_as_rx=fab.guest_sends_as_rx,
+                read_counters=lambda ep: fab.counters(index[ep.tap], ep.tap), servers=servers,
+                datapath=fab.datapath,
+                offloads={ep.guest.spec.name: applied[ep.guest.spec.name] for ep in (c, s)}))
+        yield paths
+
+
+@contextlib.contextmanager
+def _one_path(attachment: Attachment, backend: Backend, tag: str, t: Topology,
+              pair: tuple[object, object] | None, max_mtu: int, workdir: Path, *, queues: int = 1,
+              offloads: Offloads | None = None) -> Iterator[measure.TestPath]:
+    """A mode's fabric with one pair plugged in: ``pair`` (guests), or the fabric's own
+    endpoints when it makes them (namespaces)."""
+    with contextlib.ExitStack() as stack:
+        fab = stack.enter_context(fabric(attachment, tag, t, max_mtu, workdir, offloads))
+        own = fab.own_pairs(str(Path(workdir) / "netns"))
+        pairs = stack.enter_context(own) if own is not None else [pair]
+        [path] = stack.enter_context(plug(fab, pairs, tag=tag, subnet=t.subnet, backend=backend,
+                                          max_mtu=max_mtu, queues=queues, offloads=offloads))
+        yield path
+
+
+@contextlib.contextmanager
+def mode(attachment: Attachment, backend: Backend, tag: str, client: virt.Guest, server: virt.Guest,
+         subnet: str, max_mtu: int, *, queues: int = 1, topology: Topology | None = None,
+         workdir: Path | None = None, offloads: Offloads | None = None) -> Iterator[measure.TestPath]:
+    """One mode's fabric with a NIC hot-plugged into each of two booted guests (the form the
+    tests and tools use): ``topology`` carries the mode's own fields and the guests'
+    placement (default: both guests on this host, the mode's defaults); ``workdir`` holds
+    private daemons of emulated hosts."""
+    from testbed import config
+    t = topology or config.default()
+    t = dataclasses.replace(t, subnet=subnet)
+    with contextlib.ExitStack() as stack:
+        wd = Path(workdir) if workdir else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tb-")))
+        path = stack.enter_context(_one_path(attachment, backend, tag, t, (client, server), max_mtu, wd,
+                                             queues=queues, offloads=offloads))
+        yield path
 
 
 @contextlib.contextmanager
 def netns_mode(attachment: Attachment, tag: str, subnet: str, max_mtu: int,
                out_dir: str, offloads: Offloads | None = None) -> Iterator[measure.TestPath]:
     """Two namespaces joined the classic way, measured with the same tools and records as guests."""
-    from testbed.hostnet import netns
-    net = ipaddress.ip_network(subnet)
-    with netns.connect(attachment.netns_kind, tag, subnet=str(net), mtu=max_mtu, offloads=offloads) as conn, \
-            netns_path(conn, out_dir) as path:
+    from testbed import config
+    t = dataclasses.replace(config.default(), subnet=str(ipaddress.ip_network(subnet)))
+    with _one_path(attachment, Backend.QEMU, tag, t, None, max_mtu, Path(out_dir).parent,
+                   offloads=offloads) as path:
         yield path
 
 
@@ -284,27 +363,11 @@ def netns_mode(attachment: Attachment, tag: str, subnet: str, max_mtu: int,
 def netns_path(conn, out_dir: str) -> Iterator[measure.TestPath]:
     """A TestPath over any namespace Connection (hostnet.netns), for measure.measure_cell:
     the scenarios build connections the matrix cannot express (chains, offloads)."""
-    from testbed import nsagent
-    with nsagent.hosts(conn.a.netns, conn.b.netns, out_dir) as (ha, hb):
-        eps = [measure.Endpoint(h, e.ifname, e.address, e.ifname) for h, e in ((ha, conn.a), (hb, conn.b))]
-
-        def set_mtu(mtu: int) -> None:
-            # The hops between the endpoints; the endpoints' own devices are set by measure.
-            for h in conn.hops:
-                if h.ifname not in (conn.a.ifname, conn.b.ifname):
-                    proc.run(["ip", "link", "set", "dev", h.ifname, "mtu", str(mtu)], netns=h.netns)
-            for br in conn.bridges:
-                if links.exists(br):
-                    links.set_mtu(br, mtu)
-
-        def read(ep: measure.Endpoint) -> links.Wire:
-            ns = ep.guest.agent.netns  # type: ignore[union-attr]
-            return links.wire_via(ep.ifname, lambda argv: proc.run(argv, netns=ns))
-
-        with measure.Servers() as servers:
-            yield measure.TestPath(eps[0], eps[1], set_mtu, guest_sends_as_rx=False, read_counters=read,
-                                   servers=servers, datapath=conn.datapath,
-                                   offloads={h.spec.name: dict(e.offloads) for h, e in ((ha, conn.a), (hb, conn.b))})
+    from testbed.attachments.netns import ConnectionFabric
+    fab = ConnectionFabric(conn)
+    with fab.own_pairs(out_dir) as pairs, \
+            plug(fab, pairs, tag="", subnet=f"{conn.a.address}/{conn.a.prefixlen}", max_mtu=0) as [path]:
+        yield path
 
 
 def host_fingerprints(t: Topology, env: dict) -> dict[str, dict]:

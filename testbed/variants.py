@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import ipaddress
 import itertools
+import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from testbed import guestnic, images, measure, proc, render, results, stats, virt
+from testbed import images, measure, proc, results, stats, virt
 from testbed.errors import CommandError, GuestError, ReadinessError, TestbedError
-from testbed.hostnet import attach, links
 from testbed.model import Attachment, Backend, Cell, Topology, Variant
 
 #: attachments a variant pair can share a segment on
@@ -80,37 +79,20 @@ def boot(stack: contextlib.ExitStack, conn: object, t: Topology, recipe_image: i
 
 @contextlib.contextmanager
 def mode(attachment: Attachment, backend: Backend, tag: str, pairs: Sequence[Pair], subnet: str,
-         max_mtu: int, *, queues: int = 1, offloads: object = None) -> Iterator[dict[str, measure.TestPath]]:
-    """One host segment with a NIC hot-plugged into every guest of every pair; a TestPath
-    per variant."""
-    net = ipaddress.ip_network(subnet)
+         max_mtu: int, *, queues: int = 1, offloads: object = None, topology: Topology | None = None,
+         workdir: object = None) -> Iterator[dict[str, measure.TestPath]]:
+    """One fabric with a NIC hot-plugged into every guest of every pair (runner.plug, each
+    pair with its variant's NIC options); a TestPath per variant."""
+    from testbed import config, runner
+    t = dataclasses.replace(topology or config.default(), subnet=subnet)
     with contextlib.ExitStack() as stack:
-        seg = stack.enter_context(attach.segment(attachment, tag, max_mtu))
-        taps: list[str] = []
-        paths: dict[str, measure.TestPath] = {}
-        i = 0
-        for pair in pairs:
-            nic_opts = dict(pair.variant.nic)
-            q = int(nic_opts.pop("queues", queues))
-            eps, applied = [], {}
-            for g in (pair.client, pair.server):
-                target = f"tb-{tag}-t{i}"
-                mac = guestnic.mac(tag, i, 0)
-                nic = dataclasses.replace(seg.nic(target, mac, backend, max_mtu, queues=q),
-                                          driver_options=tuple(sorted(nic_opts.items())))
-                ifname = stack.enter_context(virt.plugged_nic(g, render.interface_xml(nic), mac))
-                links.no_ipv6(target)
-                addr = str(net.network_address + 1 + i)
-                applied[g.spec.name] = guestnic.configure(g.agent, ifname, addr, net.prefixlen, q,
-                                                          offloads)
-                eps.append(measure.Endpoint(g, ifname, addr, target))
-                taps.append(target)
-                i += 1
-            servers = stack.enter_context(measure.Servers())
-            paths[pair.variant.name] = measure.TestPath(
-                eps[0], eps[1], lambda mtu: seg.set_mtu(mtu, taps), servers=servers,
-                datapath=seg.datapath, offloads=applied)
-        yield paths
+        wd = workdir or stack.enter_context(tempfile.TemporaryDirectory(prefix="tb-"))
+        fab = stack.enter_context(runner.fabric(attachment, tag, t, max_mtu, wd, offloads))  # type: ignore[arg-type]
+        paths = stack.enter_context(runner.plug(
+            fab, [(p.client, p.server) for p in pairs], tag=tag, subnet=subnet, backend=backend,
+            max_mtu=max_mtu, queues=queues, offloads=offloads,  # type: ignore[arg-type]
+            nic_options=[dict(p.variant.nic) for p in pairs]))
+        yield {p.variant.name: path for p, path in zip(pairs, paths)}
 
 
 def measure_interleaved(cells: Sequence[Cell], paths: Mapping[str, measure.TestPath],
@@ -192,7 +174,7 @@ def run(t: Topology, cells: Sequence[Cell], stack: contextlib.ExitStack, writer:
         group = list(group)
         try:
             with mode(attachment, backend, tag, pairs, t.subnet, max(t.matrix.mtus),
-                      queues=queues, offloads=t.offloads) as paths:
+                      queues=queues, offloads=t.offloads, topology=t, workdir=state) as paths:
                 for k in range(0, len(group), n_variants):
                     these = group[k:k + n_variants]
                     progress(f"[{k // n_variants + 1}/{len(group) // n_variants}] "

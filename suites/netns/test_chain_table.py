@@ -6,8 +6,7 @@ import shutil
 
 import pytest
 
-from testbed import bench
-from testbed.hostnet import attach
+from testbed import attachments, bench
 from testbed.model import Attachment
 
 pytestmark = [pytest.mark.netns, pytest.mark.attach("netns")]
@@ -18,7 +17,7 @@ def test_chain_table_patch_and_veth():
         pytest.skip("needs root: creates namespaces and OVS bridges")
     if not shutil.which("netperf"):
         pytest.skip("netperf missing (Debian non-free)")
-    why = attach.unavailable(Attachment.OVS)
+    why = attachments.unavailable(Attachment.OVS)
     if why:
         pytest.skip(f"OVS unavailable: {why}")
     rows = bench.chain_table((1, 2, 4, 8), duration_s=2)

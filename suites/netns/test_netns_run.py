@@ -10,8 +10,7 @@ import sys
 
 import pytest
 
-from testbed import cleanup
-from testbed.hostnet import attach
+from testbed import attachments, cleanup
 from testbed.model import Attachment
 
 pytestmark = [pytest.mark.netns, pytest.mark.attach("netns")]
@@ -36,7 +35,7 @@ def test_netns_run_fills_every_field(tmp_path):
         if not shutil.which(tool):
             pytest.skip(f"{tool} missing")
     modes = [a for a in (Attachment.NETNS_VETH, Attachment.NETNS_BRIDGE, Attachment.NETNS_OVS,
-                         Attachment.NETNS_OVS_INTERNAL) if attach.unavailable(a) is None]
+                         Attachment.NETNS_OVS_INTERNAL) if attachments.unavailable(a) is None]
     topo = tmp_path / "netns.yaml"
     topo.write_text(TOPOLOGY.replace("ATTACHMENTS", ", ".join(m.value for m in modes)))
     p = subprocess.run([sys.executable, "-m", "testbed.cli", "run", str(topo)], capture_output=True,

@@ -88,8 +88,8 @@ def test_run_default_topology_and_a_second_run_meanwhile(accelerator, tmp_path):
     assert run["counts"]["boots"] == 2
     samples = [json.loads(l) for l in (run_dir / "samples.jsonl").read_text().splitlines()]
     # Every single-host mode this host supports, each with a stream and an RR cell.
-    from testbed.hostnet import attach
-    modes = {a.value for a in attach.supported_single_host()}
+    from testbed import attachments
+    modes = {a.value for a in attachments.supported_single_host()}
     assert {s["cell"]["attachment"] for s in samples} == modes
     assert len(samples) == 2 * len(modes)
     for s in samples:

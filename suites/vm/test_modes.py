@@ -3,12 +3,13 @@ NICs, on the session's guest pair. Each test asserts what the host and the guest
 frames on the lower device, queues the guest driver exposes, the user's device unchanged."""
 from __future__ import annotations
 
+import dataclasses
 
 import pytest
 
-from testbed import measure, results, runner, stats
+from testbed import attachments, measure, results, runner, stats
 from testbed.config import default
-from testbed.hostnet import attach, links, macvtap
+from testbed.hostnet import links, macvtap
 from testbed.model import (Attachment, Backend, Cell, MacvtapMode, MacvtapSpec, Offloads, Pattern, Profile,
                            Repetitions)
 
@@ -24,9 +25,14 @@ def writer(tmp_path):
 
 @pytest.fixture(autouse=True)
 def _macvtap_available():
-    why = attach.unavailable(Attachment.MACVTAP)
+    why = attachments.unavailable(Attachment.MACVTAP)
     if why:
         pytest.skip(f"macvtap unavailable: {why}")
+
+
+def _with(spec: MacvtapSpec):
+    # the mode reads its `macvtap:` block from the topology
+    return dataclasses.replace(default(), macvtap=spec)
 
 
 def _measure(path, writer, cell):
@@ -40,7 +46,7 @@ def test_macvtap_mode_puts_traffic_on_the_lower_device(guest_pair, writer, mode)
     gp = guest_pair
     cell = Cell(Attachment.MACVTAP, Backend.QEMU, 1500, 1, STREAM)
     with runner.mode(Attachment.MACVTAP, Backend.QEMU, gp.tag, gp.client, gp.server, "198.18.0.0/24",
-                     1500, macvtap_spec=MacvtapSpec(mode=mode)) as path:
+                     1500, topology=_with(MacvtapSpec(mode=mode))) as path:
         lw0 = f"tb-{gp.tag}-lw0"
         before = links.counters(lw0)
         s = _measure(path, writer, cell)
@@ -64,7 +70,7 @@ def test_macvtap_on_a_lower_device_named_by_the_user(guest_pair, writer):
         assert why and "below" in why and lower in why
         spec = MacvtapSpec(mode=MacvtapMode.BRIDGE, lower=(lower,))
         with runner.mode(Attachment.MACVTAP, Backend.QEMU, gp.tag, gp.client, gp.server, "198.18.0.0/24",
-                         1500, macvtap_spec=spec) as path:
+                         1500, topology=_with(spec)) as path:
             assert set(macvtap.uppers(lower)) == {path.client.tap, path.server.tap}
             assert not links.exists(f"tb-{gp.tag}-lw0"), "a named lower must not get a testbed veth"
             s = _measure(path, writer, Cell(Attachment.MACVTAP, Backend.QEMU, 1400, 1, STREAM))

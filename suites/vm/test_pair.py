@@ -11,10 +11,10 @@ from testbed.model import Backend, Cell, Pattern, Profile, Repetitions
 
 PROFILES = [Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=5),
             Profile("tcp_rr", pattern=Pattern.RR, message_size=1, response_size=1, duration_s=5)]
-from testbed.hostnet import attach
+from testbed import attachments
 
 CELLS = [pytest.param(Cell(a, b, 1500, 1, p), marks=pytest.mark.attach(a.value), id=Cell(a, b, 1500, 1, p).id)
-         for a in attach.SINGLE_HOST for b in Backend for p in PROFILES]
+         for a in attachments.single_host() for b in Backend for p in PROFILES]
 
 
 @pytest.fixture
@@ -25,7 +25,7 @@ def writer(tmp_path):
 
 @pytest.mark.parametrize("cell", CELLS)
 def test_cell_measures(guest_pair, writer, cell):
-    why = attach.unavailable(cell.attachment)
+    why = attachments.unavailable(cell.attachment)
     if why:
         pytest.skip(f"attachment {cell.attachment.value} unavailable: {why}")
     if cell.backend is Backend.VHOST:

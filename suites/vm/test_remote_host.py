@@ -156,9 +156,9 @@ matrix:
 
 @pytest.mark.attach("macvtap")
 def test_run_across_a_remote_host(loopback, accelerator, tmp_path):
-    from testbed.hostnet import attach
+    from testbed import attachments
     from testbed.model import Attachment
-    why = attach.unavailable(Attachment.MACVTAP)
+    why = attachments.unavailable(Attachment.MACVTAP)
     if why:
         pytest.skip(f"macvtap unavailable: {why}")
     ula, ulb = f"tb-{loopback.tag}-ula", f"tb-{loopback.tag}-ulb"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from testbed import config, guestnic, measure, proc, results, snapshot, stats, twohost
-from testbed.hostnet import attach, vxlan
+from testbed import attachments, config, guestnic, measure, proc, results, runner, snapshot, stats
+from testbed.hostnet import vxlan
 from testbed.model import Attachment, Backend, Cell, Pattern, Profile, Repetitions
 
 pytestmark = [
@@ -44,7 +44,7 @@ MODES = [pytest.param(a, marks=pytest.mark.attach(a.value), id=a.value)
 
 @pytest.mark.parametrize("attachment", MODES)
 def test_guests_on_two_hosts(guest_pair, attachment, tmp_path):
-    why = attach.unavailable(attachment)
+    why = attachments.unavailable(attachment)
     if why:
         pytest.skip(f"attachment {attachment.value} unavailable: {why}")
     topo = config.parse(TOPOLOGY, "two-hosts.yaml", Path.cwd())
@@ -53,7 +53,8 @@ def test_guests_on_two_hosts(guest_pair, attachment, tmp_path):
     before = snapshot.take()
     placement = {"g1": "ha", "g2": "hb"}
     with results.RunWriter(tmp_path / "results", "test-run", topo, {"accelerator": "test"}) as writer, \
-            twohost.mode(attachment, Backend.QEMU, tag, gp.client, gp.server, topo, 1500, tmp_path) as path:
+            runner.mode(attachment, Backend.QEMU, tag, gp.client, gp.server, topo.subnet, 1500, topology=topo,
+                        workdir=tmp_path) as path:
         # The taps live in their hosts' namespaces, not in the root one.
         root = proc.run(["ip", "-o", "link"], timeout=10).stdout
         assert path.client.tap not in root and path.server.tap not in root
@@ -97,11 +98,11 @@ def test_macvtap_across_two_hosts(guest_pair, tmp_path):
     """macvtap across hosts: each guest's macvtap sits on its host's end of the wire, so the
     wire carries the guests' own frames (no tunnel), at the cell's MTU; the macvtaps end up
     in the host namespaces and nothing is left anywhere afterwards."""
-    why = attach.unavailable(Attachment.MACVTAP)
+    why = attachments.unavailable(Attachment.MACVTAP)
     if why:
         pytest.skip(f"attachment macvtap unavailable: {why}")
     topo = config.parse(MACVTAP_TOPOLOGY, "two-hosts-macvtap.yaml", Path.cwd())
-    assert twohost.across(topo, Attachment.MACVTAP)
+    assert Attachment.MACVTAP.mode.across(topo)
     gp = guest_pair
     tag = gp.tag
     before = snapshot.take()
@@ -109,8 +110,8 @@ def test_macvtap_across_two_hosts(guest_pair, tmp_path):
     ns_a, wire_a = vxlan.emulated_host(tag, 0)
     profile = Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=4)
     with results.RunWriter(tmp_path / "results", "test-run", topo, {"accelerator": "test"}) as writer, \
-            twohost.mode(Attachment.MACVTAP, Backend.QEMU, tag, gp.client, gp.server, topo, 9000,
-                         tmp_path) as path:
+            runner.mode(Attachment.MACVTAP, Backend.QEMU, tag, gp.client, gp.server, topo.subnet, 9000,
+                        topology=topo, workdir=tmp_path) as path:
         root = proc.run(["ip", "-o", "link"], timeout=10).stdout
         assert path.client.tap not in root and path.server.tap not in root
         host_a = proc.run(["ip", "-d", "-o", "link", "show", "dev", path.client.tap], netns=ns_a,

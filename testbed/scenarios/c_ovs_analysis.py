@@ -2,7 +2,7 @@
 bridge; TCP_RR/UDP_RR latency per path; throughput against the number of flows with the
 datapath flow cache on and disabled; OVS with and without a ct() flow; and the
 VM-OVS-VXLAN-OVS-VM table, which needs the two-host attachment (run only when
-``attach.unavailable`` says it is available, otherwise each row says why it was not run).
+``attachments.unavailable`` says it is available, otherwise each row says why it was not run).
 
 The flow-cache and ct() parts use a private OVS (ovsd.private) in a tb- namespace, so
 changing its flow limit or flow table touches nothing but this run's switch.
@@ -13,9 +13,9 @@ import json
 import sys
 import time
 
-from testbed import proc, results
+from testbed import attachments, proc, results
 from testbed.errors import TestbedError
-from testbed.hostnet import attach, netns, ovsd
+from testbed.hostnet import netns, ovsd
 from testbed.model import Attachment, Backend, Cell, Pattern, Profile, Protocol
 from testbed.scenarios import session as ses
 from testbed.scenarios.study import (Finding, StudyReport, Table, Verdict, env_difference, fmt,
@@ -86,7 +86,7 @@ def run(quick: bool, progress, hosts=None) -> StudyReport:
                 except (TestbedError, OSError) as e:  # the path could not be built: a failed cell
                     got[("ct", ct)] = s.fail(cell, f"ct {ct}: {e}")
         env, run_id = dict(s.env), s.writer.run_id
-    vx_why = attach.unavailable(Attachment.OVS_VXLAN)
+    vx_why = attachments.unavailable(Attachment.OVS_VXLAN)
     vx_runs: list[str] = []
     if vx_why is None:
         # The study's "default" row, and the same path with the guests' NIC offloads off.

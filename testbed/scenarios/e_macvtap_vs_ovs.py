@@ -7,7 +7,7 @@ by a recipe's source_tools; this host's uperf is irrelevant, the guests run the 
 otherwise netperf runs the same patterns, and the table, the environment difference and a
 caveat say which tool ran. Across hosts (emulated on this machine unless --hosts names real ones): the
 OVS column uses ovs-vxlan and the macvtap column macvtap with the guests on different hosts
-(each guest's macvtap on its host's underlay), each when ``attach.unavailable`` says it is
+(each guest's macvtap on its host's underlay), each when ``attachments.unavailable`` says it is
 available; one that is not is listed as not run with the reason, never replaced by a
 one-host figure. Their cells are kept apart from the one-host macvtap cells as
 ``macvtap-across``.
@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from testbed import config, images, results, runner
-from testbed.hostnet import attach
+from testbed import attachments, config, images, results, runner
 from testbed.model import Attachment
 from testbed.scenarios import session as ses
 from testbed.scenarios.study import Finding, StudyReport, Table, Verdict, env_difference, fmt, ratio_verdict
@@ -86,8 +85,8 @@ def _cells(run_dir) -> dict[tuple, dict]:
 
 
 def run(quick: bool, progress, hosts=None) -> StudyReport:
-    one_host = [a for a in (Attachment.MACVTAP, Attachment.OVS) if attach.unavailable(a) is None]
-    skipped = {a: attach.unavailable(a) for a in (Attachment.MACVTAP, Attachment.OVS) if a not in one_host}
+    one_host = [a for a in (Attachment.MACVTAP, Attachment.OVS) if attachments.unavailable(a) is None]
+    skipped = {a: attachments.unavailable(a) for a in (Attachment.MACVTAP, Attachment.OVS) if a not in one_host}
     if not one_host:
         from testbed.errors import CapabilityError
         raise CapabilityError(f"scenario {NAME}: neither macvtap nor ovs is available: "
@@ -98,8 +97,8 @@ def run(quick: bool, progress, hosts=None) -> StudyReport:
     out = runner.execute(_topology(f"scenario-{NAME}", one_host, quick, False, hosts, tool), progress=progress)
     cells = _cells(out.run_dir)
     run_id, extra = out.run_dir.name, []
-    vx_why = attach.unavailable(Attachment.OVS_VXLAN)
-    mv_why = attach.unavailable(Attachment.MACVTAP)
+    vx_why = attachments.unavailable(Attachment.OVS_VXLAN)
+    mv_why = attachments.unavailable(Attachment.MACVTAP)
     across = [a for a, why in ((Attachment.OVS_VXLAN, vx_why), (Attachment.MACVTAP, mv_why)) if why is None]
     if across:
         progress(f"scenario {NAME}: two hosts, {', '.join(a.value for a in across)}")
