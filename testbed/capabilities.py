@@ -185,6 +185,9 @@ class Report:
     #: (recorded in its manifest at build time); None: the image records none
     guest_tools: dict | None = None
     guest_image: str = ""
+    #: every registered attachment mode (testbed/attachments): can this host run it, and if
+    #: not, why (each found by trying)
+    attachments: dict = field(default_factory=dict)
 
     @property
     def accelerator(self) -> Accelerator | None:
@@ -261,7 +264,18 @@ def doctor() -> Report:
         probe_kernel=str(kernel),
         guest_tools=img.tools,
         guest_image=f"{img.name}-{img.digest}",
+        attachments=attachment_modes(),
     )
+
+
+def attachment_modes() -> dict[str, Item]:
+    """Each registered attachment mode: whether this host can run it, found by trying."""
+    from testbed import attachments
+    out = {}
+    for m in attachments.modes():
+        why = m.unavailable()
+        out[m.name] = Item(why is None, why or "")
+    return out
 
 
 def require(ok_reason: tuple[bool, str], what: str) -> None:

@@ -83,6 +83,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"{'datapath':<10} {d['ovs_datapath']}")
         print(line("macvtap", d["macvtap"]))
         print(line("vxlan", d["vxlan"]))
+        for name, item in d["attachments"].items():
+            print(f"{'mode':<10} {name:<19} {'yes' if item['ok'] else 'no ':<4} {item['detail']}")
         for k, v in d["versions"].items():
             print(f"{k:<10} {v or 'not installed'}")
         tools = d.get("guest_tools")

@@ -1,0 +1,91 @@
+"""The attachment registry (testbed/attachments): one module per mode, one list of modules,
+and no mode named in the runner or the measuring code."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from testbed import attachments, config
+from testbed.attachments.base import Fabric, Mode
+from testbed.errors import ConfigError
+from testbed.model import Attachment
+
+PKG = Path(attachments.__file__).resolve().parent.parent
+
+
+def _code(name: str) -> str:
+    return (PKG / name).read_text()
+
+
+@pytest.mark.parametrize("module", ["runner.py", "measure.py"])
+def test_runner_and_measure_name_no_mode(module):
+    text = _code(module)
+    for mode in attachments.modes():
+        # a mode name as a word of its own (not inside an identifier or a longer name)
+        hit = re.search(rf"(?<![\w-]){re.escape(mode.name)}(?![\w-])", text)
+        assert hit is None, f"{module} names attachment mode {mode.name!r}: ...{text[hit.start() - 40:hit.end() + 40]}..."
+    members = re.findall(r"\bAttachment\.[A-Z_]+", text)
+    assert members == [], f"{module} names Attachment members {members}"
+    # The counters of a test path come from its fabric, not from a host-networking default.
+    assert not re.search(r"^\s*(from testbed\.hostnet|import testbed\.hostnet|from testbed import .*\bhostnet\b)",
+                         _code("measure.py"), re.M)
+
+
+def test_the_registry_lists_every_mode_module_once():
+    files = {p.stem for p in (PKG / "attachments").glob("*.py")} - {"__init__", "base"}
+    modules = set(attachments.MODULES)
+    assert len(attachments.MODULES) == len(modules)
+    # every module of the folder that is not a shared helper (_name) is registered
+    assert {f for f in files if not f.startswith("_")} == modules
+    names = attachments.names()
+    assert len(set(names)) == len(names)
+    for m in attachments.modes():
+        assert isinstance(m, Mode) and callable(m.fabric)
+        assert m.endpoints in ("guests", "netns") and m.placement in ("one", "two", "any", "none")
+
+
+def test_attachment_values_come_from_the_registry():
+    assert [a.value for a in Attachment] == list(attachments.names())
+    # the model's constants are the modes' aliases, one object per name
+    assert Attachment.BRIDGE is Attachment("bridge") and Attachment.NETNS_OVS.value == "netns-ovs-veth"
+    assert Attachment.VETH_CABLE is Attachment("veth-cable")
+    assert Attachment.OVS_VXLAN.needs_two_hosts and not Attachment.MACVTAP.needs_two_hosts
+    assert Attachment.NETNS_VETH.is_netns and not Attachment.VETH_CABLE.is_netns
+    assert Attachment.NETNS_OVS_INTERNAL.netns_kind == "ovs-internal"
+    with pytest.raises(ValueError):
+        Attachment("vdpa")
+    with pytest.raises(AttributeError):
+        Attachment.VDPA  # noqa: B018
+
+
+def test_fabric_is_the_one_shape():
+    # what every fabric answers, with the defaults a tap-based fabric keeps
+    for hook in ("nic", "port", "attach", "set_mtu", "counters", "leftovers", "own_pairs", "endpoint"):
+        assert callable(getattr(Fabric, hook))
+    assert Fabric.guest_sends_as_rx is True
+
+
+TOY = """\
+guests: [{name: g1}, {name: g2}]
+matrix:
+  attachments: [veth-cable]
+  profiles: [{name: tcp_stream}]
+"""
+
+
+def test_config_takes_a_registered_mode_and_its_rules():
+    t = config.parse(TOY, "toy.yaml")
+    assert t.matrix.attachments == (Attachment("veth-cable"),)
+    with pytest.raises(ConfigError) as e:
+        config.parse(TOY.replace("veth-cable", "vdpa"), "toy.yaml")
+    assert "veth-cable" in str(e.value) and "matrix.attachments[0]" in str(e.value)
+    # placement "one": guests on two hosts are refused, naming the mode's entry
+    apart = ("hosts: [{name: ha, transport: netns}, {name: hb, transport: netns}]\n"
+             "guests: [{name: g1, host: ha}, {name: g2, host: hb}]\n" + TOY.split("\n", 1)[1])
+    with pytest.raises(ConfigError) as e:
+        config.parse(apart, "toy.yaml")
+    assert "veth-cable joins guests on one host" in str(e.value)
+    # a mode's own block is a top-level key only because a registered mode owns it
+    assert "macvtap" in Attachment.MACVTAP.mode.fields
