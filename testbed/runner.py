@@ -85,20 +85,23 @@ def preflight(t: Topology) -> None:
         # A remote host: log in once, its key checked, before anything is created.
         with _field(t, f"hosts[{t.hosts.index(h)}]"):
             remote.shell(h).reachable()
-    found = []
+    fields = []
     for i, a in enumerate(t.matrix.attachments):
         # The host first (found by trying), then this topology on it: a finding about the
-        # mode itself names the attachment's entry, one about a field of its own names that.
+        # mode itself names the attachment's entry, one about a field of its own names that
+        # field (after every mode's own entry was checked).
         mode = attachments.get(a)
-        why = mode.unavailable()
-        check = None if why else mode.check(t)
-        if why or (check and not check.field):
+        found = mode.unavailable()
+        check = None if found else mode.check(t)
+        if check and check.field:
+            fields.append(check)
+        elif check:
+            found = check.why
+        if found:
             raise CapabilityError(f"{t.source}: matrix.attachments[{i}]: attachment {a.value} requested "
-                                  f"but unavailable: {why or check.why}")  # type: ignore[union-attr]
-        if check:
-            found.append(check)
-    for check in found:
-        raise CapabilityError(f"{t.source}: {check.field}: {check.why}")
+                                  f"but unavailable: {found}")
+    if fields:
+        raise CapabilityError(f"{t.source}: {fields[0].field}: {fields[0].why}")
 
 
 def guest_tools_preflight(t: Topology, cells: list[Cell], image: images.Image) -> None:
