@@ -254,8 +254,18 @@ def fabric(attachment: Attachment, tag: str, t: Topology, max_mtu: int, workdir:
            offloads: Offloads | None = None) -> Iterator[attachments.Fabric]:
     """The fabric of a registered mode for topology ``t`` (its own fields, its hosts)."""
     req = attachments.Request(Attachment(attachment).value, tag, t, max_mtu, Path(workdir), offloads)
-    with attachments.get(attachment).fabric(req) as fab:
-        yield fab
+    made: tuple[str, ...] = ()
+    try:
+        with attachments.get(attachment).fabric(req) as fab:
+            made = fab.leftovers()
+            yield fab
+    finally:
+        # What the fabric says it made must be gone once it is torn down; `testbed cleanup`
+        # removes whatever a failed teardown left.
+        stale = attachments.still_here(made)
+        if stale:
+            log.error("%s fabric left %s behind (testbed cleanup removes them)", req.attachment,
+                      ", ".join(stale))
 
 
 @contextlib.contextmanager

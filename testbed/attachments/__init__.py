@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from testbed.attachments.base import Check, Fabric, Mode, Request
 
 __all__ = ["Check", "Fabric", "Mode", "Request", "MODULES", "get", "names", "modes", "by_alias",
-           "unavailable", "single_host", "supported_single_host"]
+           "unavailable", "still_here", "single_host", "supported_single_host"]
 
 #: The registry: testbed.attachments.<module> for each mode module, in listing order.
 MODULES = (
@@ -66,6 +66,14 @@ def by_alias(alias: str) -> str:
 def unavailable(name: str) -> str | None:
     """Why this host cannot run a mode (None: it can), found by trying."""
     return get(name).unavailable()
+
+
+def still_here(names: tuple[str, ...]) -> list[str]:
+    """Those of a fabric's leftovers (Fabric.leftovers) that still exist on this machine as a
+    link or a named namespace (objects on a remote host are not looked for)."""
+    import os
+    return [n for n in dict.fromkeys(names)
+            if os.path.exists(f"/sys/class/net/{n}") or os.path.exists(f"/run/netns/{n}")]
 
 
 def single_host() -> tuple:

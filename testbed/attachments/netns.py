@@ -59,8 +59,9 @@ class ConnectionFabric(Fabric):
         return links.wire_via(tap, lambda argv: proc.run(argv, netns=ns))
 
     def leftovers(self) -> tuple[str, ...]:
+        # devices inside the namespaces go with them; the ones in the root namespace are listed
         return (self.conn.a.netns, self.conn.b.netns, *self.conn.bridges,
-                *(h.ifname for h in self.conn.hops))
+                *(h.ifname for h in self.conn.hops if h.netns is None))
 
 
 def _fabric(kind: str):

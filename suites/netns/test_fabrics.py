@@ -1,0 +1,28 @@
+"""Every registered mode's fabric that one host can build without guests: it lists the tb-
+objects it made (they exist while it is up) and none is left once it is torn down."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from testbed import attachments, config, results, runner
+from testbed.model import Attachment
+
+pytestmark = pytest.mark.netns
+
+
+@pytest.mark.parametrize("name", [m.name for m in attachments.modes() if m.placement != "two"])
+def test_fabric_lists_what_it_made_and_leaves_nothing(name, tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root: creates links and namespaces")
+    why = attachments.unavailable(name)
+    if why:
+        pytest.skip(f"attachment {name} unavailable: {why}")
+    _, tag = results.new_run_id()
+    with runner.fabric(Attachment(name), tag, config.default(), 1500, tmp_path) as fab:
+        made = fab.leftovers()
+        assert made and all(n.startswith(f"tb-{tag}-") for n in made), made
+        assert attachments.still_here(made) == list(dict.fromkeys(made))
+        assert fab.datapath
+    assert attachments.still_here(made) == []
