@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -33,8 +34,14 @@ def test_veth_cable_runs_end_to_end(tmp_path, accelerator):
         pytest.skip(f"attachment veth-cable unavailable: {why}")
     topo = tmp_path / "veth-cable.yaml"
     topo.write_text(TOPOLOGY)
-    p = subprocess.run([sys.executable, "-m", "testbed.cli", "run", str(topo)], capture_output=True,
-                       text=True, timeout=1500, env={**os.environ, "TESTBED_RESULTS": str(tmp_path / "res")})
+    deadline = time.monotonic() + 1200
+    while True:
+        p = subprocess.run([sys.executable, "-m", "testbed.cli", "run", str(topo)], capture_output=True,
+                           text=True, timeout=1500, env={**os.environ, "TESTBED_RESULTS": str(tmp_path / "res")})
+        # Another run holding this host (a shared machine) is waited for, not a failure.
+        if p.returncode != 4 or "in progress" not in p.stderr or time.monotonic() > deadline:
+            break
+        time.sleep(2)
     assert p.returncode == 0, p.stderr[-3000:]
     run_dir = tmp_path / "res" / p.stdout.strip().splitlines()[-1].rsplit("/", 1)[1]
     run = json.loads((run_dir / "run.json").read_text())
