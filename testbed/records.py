@@ -582,6 +582,12 @@ class RunRecord(Part):
     def complete(self) -> bool:
         return self.status in ("complete", "complete-with-failures")
 
+    @property
+    def run(self) -> dict[str, Any]:
+        """run.json as a dict: a thin wrapper kept for writers outside the readers (the
+        runner's and the benchmarks' own bookkeeping); readers use the typed fields."""
+        return self.to_dict()
+
     def value_of(self, key: str) -> Any:
         """One run.json key a writer added through RunWriter.update (``scenario``, ``guests``,
         ``timing``...): kept in ``extra``."""
