@@ -360,6 +360,7 @@ class CellOutcome(Part):
                            for k, v in self.summary.items()}}
         d.update({k: v for k, v in own.items()
                   if k in self.present or k == "status" or v not in (None, {})})
+        d.update(self.extra)
         return d
 
     @property
@@ -547,6 +548,17 @@ class RunRecord(Part):
     def guests(self) -> tuple[GuestEntry, ...]:
         return tuple(GuestEntry.from_dict(g) for g in self.topology.get("guests") or ())
 
+    @property
+    def client(self) -> str | None:
+        """The guest the topology names as the traffic's client."""
+        v = self.topology.get("client")
+        return None if v is None else str(v)
+
+    @property
+    def server(self) -> str | None:
+        v = self.topology.get("server")
+        return None if v is None else str(v)
+
     def attachments(self) -> tuple[str, ...]:
         """The attachment modes the run set out to measure (its matrix), else its cells'."""
         found = self._matrix.get("attachments") or [c.cell.attachment for c in self.cells]
@@ -592,6 +604,18 @@ class RunRecord(Part):
         """One run.json key a writer added through RunWriter.update (``scenario``, ``guests``,
         ``timing``...): kept in ``extra``."""
         return self.to_dict().get(key)
+
+
+def as_environment(env: Environment | Mapping[str, Any] | None) -> Environment:
+    """An environment as the typed record (a fingerprint dict is read as run.json would be)."""
+    return env if isinstance(env, Environment) else Environment.from_dict(env or {})
+
+
+def as_outcome(cell: CellOutcome | Mapping[str, Any] | None) -> CellOutcome | None:
+    """A cell's outcome as the typed record; None stays None (a cell not run)."""
+    if cell is None or isinstance(cell, CellOutcome):
+        return cell
+    return CellOutcome.from_dict(cell)
 
 
 # --------------------------------------------------------------------------- primary metric

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from testbed.records import Environment, as_environment
+
 # The typed study result lives in testbed.study_result so that reporting need not import the
 # scenarios; the names stay importable from here for the scenarios.
 from testbed.study_result import (FILE, Finding, StudyReport, Table, Verdict, load,
@@ -25,19 +27,20 @@ def fmt(v: float | None, digits: int = 3) -> str:
     return f"{v:.{digits}g}"
 
 
-def env_difference(study_env: Mapping[str, str], here: Mapping[str, Any],
+def env_difference(study_env: Mapping[str, str], here: Environment | Mapping[str, Any],
                    extra: Sequence[tuple[str, str, str]] = ()) -> tuple[tuple[str, str, str], ...]:
     """The labelled environment difference: hardware, kernel, accelerator (+ scenario extras)."""
-    accel = here.get("accelerator") or "none"
+    here = as_environment(here)
+    accel = here.accelerator or "none"
     accel_here = {"none": "none: host namespaces only, no guests",
                   "tcg": "TCG (emulated CPU): functional check only",
                   "kvm": "KVM"}.get(accel, accel)
-    cpus = here.get("cpus")
-    mhz = here.get("cpu_mhz")
-    hw = f"{here.get('cpu_model') or '?'}" + (f", {cpus} CPUs" if cpus else "") + \
+    cpus = here.cpus
+    mhz = here.cpu_mhz
+    hw = f"{here.cpu_model or '?'}" + (f", {cpus} CPUs" if cpus else "") + \
         (f" at {mhz / 1000:.2f} GHz" if isinstance(mhz, (int, float)) else "")
     return (("hardware", study_env.get("hardware", "-"), hw),
-            ("kernel", study_env.get("kernel", "-"), f"Linux {here.get('kernel', '?')}"),
+            ("kernel", study_env.get("kernel", "-"), f"Linux {here.kernel if 'kernel' in here.present else '?'}"),
             ("accelerator", study_env.get("accelerator", "-"), accel_here), *extra)
 
 
