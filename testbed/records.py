@@ -536,7 +536,7 @@ class RunRecord(Part):
         p = self.profile_entry(profile)
         if p.pattern:
             return str(p.pattern)
-        return next((t for t in TRANSACTIONAL if profile.endswith(f"_{t}")), None)
+        return pattern_from_name(profile)
 
     def is_transactional(self, profile: str) -> bool:
         return self.pattern_of(profile) in TRANSACTIONAL
@@ -619,6 +619,12 @@ def as_outcome(cell: CellOutcome | Mapping[str, Any] | None) -> CellOutcome | No
 
 
 # --------------------------------------------------------------------------- primary metric
+
+def pattern_from_name(profile: str) -> str | None:
+    """A profile's pattern guessed from a name ending in _rr or _crr (None: a stream), for
+    profiles no topology recorded."""
+    return next((t for t in TRANSACTIONAL if profile.lower().endswith(f"_{t}")), None)
+
 
 def primary_metric(pattern: str | Pattern | None) -> str:
     """The metric a cell of this pattern is judged by; unknown patterns count as streams."""

@@ -17,7 +17,7 @@ from testbed import proc, results
 from testbed.errors import TestbedError
 from testbed.hostnet import attach, netns, ovsd
 from testbed.model import Attachment, Backend, Cell, Pattern, Profile, Protocol
-from testbed.records import Environment, as_environment
+from testbed.records import Environment, as_environment, pattern_from_name, primary_metric
 from testbed.scenarios import session as ses
 from testbed.scenarios.study import (Finding, StudyReport, Table, Verdict, env_difference, fmt,
                                      ratio_verdict)
@@ -304,7 +304,7 @@ def report(got: dict, env: Environment | dict, quick: bool, run_id: str, flows, 
             vals = []
             for col in VXLAN_COLS:
                 rec = vx.get(col.lower()) or {}
-                m = "transactions_per_s" if col.endswith("_RR") else "throughput_mbps"
+                m = primary_metric(pattern_from_name(col))
                 vals.append(fmt(ses.summary_mean(rec, m)) if rec else "not run")
             rows.append((cond, *vals, *map(str, pub)))
         else:
