@@ -353,11 +353,14 @@ class CellOutcome(Part):
                    reason=own.get("reason"), converged=own.get("converged"), summary=summary,
                    present=frozenset(own))
 
+    def summary_dict(self) -> dict[str, Any]:
+        """The summary as written: metric -> {n, mean, median, stddev, ci95}."""
+        return {k: v.to_dict() if isinstance(v, Summary) else v for k, v in self.summary.items()}
+
     def to_dict(self) -> dict[str, Any]:
         d = self.cell.to_dict()
         own = {"status": self.status, "reason": self.reason, "converged": self.converged,
-               "summary": {k: v.to_dict() if isinstance(v, Summary) else v
-                           for k, v in self.summary.items()}}
+               "summary": self.summary_dict()}
         d.update({k: v for k, v in own.items()
                   if k in self.present or k == "status" or v not in (None, {})})
         d.update(self.extra)

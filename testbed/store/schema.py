@@ -169,7 +169,7 @@ def rows_for_run(rec: RunRecord) -> IndexedRun:
         CellRow(run_id=run_id, **_cell_fields(c.cell), status=str(c.status),
                 reason=c.reason,
                 converged=None if c.converged is None else int(bool(c.converged)),
-                summary=_json(c.to_dict().get("summary") or {}))
+                summary=_json(c.summary_dict()))
         for c in rec.cells)
     samples = []
     for seq, s in enumerate(rec.samples):
