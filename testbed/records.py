@@ -156,10 +156,6 @@ class Environment(Part):
             d["image"] = self.image.to_dict()
         return d
 
-    def get(self, key: str) -> Any:
-        """One key by name (known or extra), for tables that list the environment."""
-        return self.to_dict().get(key)
-
     @property
     def tcg(self) -> bool:
         return self.accelerator == "tcg"
@@ -170,9 +166,6 @@ class Counts(Part):
     samples: int = 0
     failed: int = 0
     boots: int = 0
-
-    def get(self, key: str) -> int:
-        return int(self.to_dict().get(key, 0))
 
 
 @dataclass(frozen=True)
