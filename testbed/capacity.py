@@ -23,14 +23,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from testbed.compare import environment, is_transactional, measured
+from testbed.compare import measured
 from testbed.errors import TestbedError
-from testbed.results import RunRecord
-from testbed.store.schema import sample_cores
+from testbed.records import Cpu, RunRecord
 
 BASES = ("host", "qemu")
 #: preamble 8 + Ethernet header 14 + FCS 4 + inter-frame gap 12: bytes per frame beyond the MTU
@@ -89,13 +87,6 @@ def stream_wire_factor(mtu: int, protocol: str = "tcp") -> float:
     return (mtu + ETHERNET_OVERHEAD) / (mtu - hdr)
 
 
-def _profile(run: Mapping[str, Any], name: str) -> Mapping[str, Any]:
-    for p in ((run.get("topology") or {}).get("matrix") or {}).get("profiles") or ():
-        if p.get("name") == name:
-            return p
-    return {}
-
-
 # --------------------------------------------------------------------------- unit costs
 
 @dataclass(frozen=True)
@@ -120,43 +111,43 @@ def unit_costs(rec: RunRecord, kind: str, basis: str = "host", *, mtu: int | Non
         raise CapacityError(f"--basis {basis!r}: expected one of {', '.join(BASES)}")
     out = []
     for cid, samples in sorted(measured(rec).items()):
-        cell = samples[0].get("cell") or {}
-        prof = str(cell.get("profile"))
-        if is_transactional(rec.run, prof) != (kind == "rr"):
+        cell = samples[0].cell
+        prof = str(cell.profile)
+        if rec.is_transactional(prof) != (kind == "rr"):
             continue
-        if (mtu is not None and cell.get("mtu") != mtu) or \
-                (connections is not None and cell.get("connections") != connections):
+        if (mtu is not None and cell.mtu != mtu) or \
+                (connections is not None and cell.connections != connections):
             continue
-        metric = "transactions_per_s" if kind == "rr" else "throughput_mbps"
+        metric = rec.primary_metric(prof)
         pairs = []
         for s in samples:
-            value = (s.get("metrics") or {}).get(metric)
-            cores = getattr(sample_cores(s.get("cpu")), basis)
+            value = s.metrics.get(metric)
+            cores = getattr(s.cpu.cores(), basis)
             if basis == "qemu" and cores is not None:
                 # Softirq work done outside any attributed thread (on interrupt exit, at
                 # local_bh_enable, in ksoftirqd) is the virtual path's too: the host's
                 # softirq share is added, so the basis is attributed + host softirq.
-                cores += _softirq(s.get("cpu"))
-            if s.get("status") == "ok" and isinstance(value, (int, float)) and cores is not None:
+                cores += _softirq(s.cpu)
+            if s.ok and isinstance(value, (int, float)) and cores is not None:
                 pairs.append((value / 1000.0 if kind == "stream" else float(value), cores))
         traffic = sum(p[0] for p in pairs) / len(pairs) if pairs else 0.0
         if traffic <= 0:
             continue
         cores = sum(p[1] for p in pairs) / len(pairs)
-        cell_mtu, p = int(cell.get("mtu") or 1500), _profile(rec.run, prof)
-        proto = str(p.get("protocol") or "tcp")
+        cell_mtu, p = int(cell.mtu or 1500), rec.profile_entry(prof)
+        proto = str(p.protocol or "tcp")
         if kind == "stream":
             link = stream_wire_factor(cell_mtu, proto)
         else:
-            req, resp = p.get("message_size"), p.get("response_size")
+            req, resp = p.message_size, p.response_size
             if req is None or resp is None:   # sizes unknown: half the payload bytes each way
-                m = [x.get("metrics") or {} for x in samples if x.get("status") == "ok"]
-                per_tx = [x["bytes"] / (x["transactions_per_s"] * x["duration_s"]) for x in m
-                          if x.get("bytes") and x.get("transactions_per_s") and x.get("duration_s")]
+                per_tx = [b / (t * d) for x in samples if x.ok
+                          if (b := x.metric("bytes")) and (t := x.metric("transactions_per_s"))
+                          and (d := x.metric("duration_s"))]
                 req = resp = (sum(per_tx) / len(per_tx) / 2) if per_tx else 1
             link = 8 * max(wire_bytes(req, cell_mtu, proto), wire_bytes(resp, cell_mtu, proto)) / 1e9
-        out.append(UnitCost(mode=f"{cell.get('attachment')}/{cell.get('backend')}", cell_id=cid,
-                            mtu=cell_mtu, connections=int(cell.get("connections") or 0),
+        out.append(UnitCost(mode=cell.mode, cell_id=cid,
+                            mtu=cell_mtu, connections=int(cell.connections or 0),
                             profile=prof, n=len(pairs), traffic=traffic, cores=cores,
                             cores_per_unit=cores / traffic, link_gbit_per_unit=link))
     return out
@@ -225,13 +216,13 @@ class Plan:
 def plan(rec: RunRecord, demand: Demand, *, host_cores: float | None = None,
          headroom: float = 0.2, link_gbit: float = 10.0, basis: str = "host",
          mtu: int | None = None, connections: int | None = None) -> Plan:
-    env = environment(rec.run)
-    cores = host_cores if host_cores is not None else env.get("cpus")
+    env = rec.environment
+    cores = host_cores if host_cores is not None else env.cpus
     if not isinstance(cores, (int, float)) or cores <= 0:
-        raise CapacityError(f"run {rec.run.get('run_id')} records no cpus; pass --host-cores")
+        raise CapacityError(f"run {rec.run_id} records no cpus; pass --host-cores")
     costs = unit_costs(rec, demand.kind, basis, mtu=mtu, connections=connections)
     if not costs:
-        raise CapacityError(f"run {rec.run.get('run_id')} has no successful "
+        raise CapacityError(f"run {rec.run_id} has no successful "
                             f"{'rr/crr' if demand.kind == 'rr' else 'stream'} samples with CPU "
                             f"figures" + (f" at MTU {mtu}" if mtu else "")
                             + (f" with {connections} connections" if connections else ""))
@@ -241,7 +232,7 @@ def plan(rec: RunRecord, demand: Demand, *, host_cores: float | None = None,
             worst[c.mode] = c
     fits = tuple(fit(c, demand, host_cores=float(cores), headroom=headroom, link_gbit=link_gbit)
                  for _, c in sorted(worst.items()))
-    return Plan(str(rec.run.get("run_id")), env.get("accelerator"), demand, basis, float(cores),
+    return Plan(str(rec.run_id), env.accelerator, demand, basis, float(cores),
                 headroom, link_gbit, fits)
 
 
@@ -255,9 +246,8 @@ def to_dict(p: Plan) -> dict[str, Any]:
     return {**dataclasses.asdict(p), "banner": TCG_BANNER if p.tcg else None}
 
 
-def _softirq(cpu: Mapping[str, Any] | None) -> float:
-    v = ((cpu or {}).get("host") or {}).get("softirq")
-    return float(v) if isinstance(v, (int, float)) else 0.0
+def _softirq(cpu: Cpu) -> float:
+    return cpu.host_softirq or 0.0
 
 
 def render_text(p: Plan) -> str:

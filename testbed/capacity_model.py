@@ -31,12 +31,10 @@ N = 1.
 """
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from testbed.results import RunRecord
+from testbed.records import RunRecord, num
 
 SATURATION_SHORTFALL = 0.05
 KNEE_DEGRADATION = 0.10
@@ -104,65 +102,52 @@ class IdleReading:
     attachment: str | None = None
 
 
-def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) \
-        and math.isfinite(v) else None
-
-
-def _series(cell: Mapping[str, Any]) -> str:
-    return (f"mtu{cell.get('mtu')}-conn{cell.get('connections')}-q{cell.get('queues') or 1}"
-            f"-{cell.get('profile')}")
+_num = num
 
 
 def points(rec: RunRecord, kind: str, *, mtu: int | None = None,
            connections: int | None = None) -> tuple[PairsPoint, ...]:
     """Every successful, non-warmup sample of the profile kind, as a point of its mode."""
-    from testbed.compare import is_transactional
-    metric = "transactions_per_s" if kind == "rr" else "throughput_mbps"
     scale = 1.0 if kind == "rr" else 1e-3          # Mbit/s -> Gbit/s
     out = []
     for s in rec.samples:
-        cell = s.get("cell") or {}
-        if s.get("warmup") or s.get("status") != "ok":
+        cell = s.cell
+        if not s.measured:
             continue
-        if is_transactional(rec.run, str(cell.get("profile"))) != (kind == "rr"):
+        if rec.is_transactional(str(cell.profile)) != (kind == "rr"):
             continue
-        if (mtu is not None and cell.get("mtu") != mtu) or \
-                (connections is not None and cell.get("connections") != connections):
+        if (mtu is not None and cell.mtu != mtu) or \
+                (connections is not None and cell.connections != connections):
             continue
-        agg = _num((s.get("metrics") or {}).get(metric))
-        host = (s.get("cpu") or {}).get("host") or {}
-        busy = _num(host.get("busy"))
+        metric = rec.primary_metric(str(cell.profile))
+        agg = s.metric(metric)
+        busy = s.cpu.host_busy
         if agg is None or agg <= 0 or busy is None:
             continue
-        n = int(cell.get("pairs") or 1)
+        n = int(cell.pairs or 1)
         prs = []
-        for p in (s.get("extra") or {}).get("pairs") or ():
-            r = _num(p.get(metric))
-            t, a = _num(p.get("target")), _num(p.get("achieved"))
-            prs.append(PairResult(None if r is None else r * scale, _num(p.get("latency_p99_us")),
-                                  _num(p.get("cpu_cores")), None if t is None else t * scale,
+        for p in s.pairs:
+            r, t, a = p.value(metric), num(p.target), num(p.achieved)
+            prs.append(PairResult(None if r is None else r * scale, num(p.latency_p99_us),
+                                  num(p.cpu_cores), None if t is None else t * scale,
                                   None if a is None else a * scale))
         if not prs:
-            p99 = _num((s.get("metrics") or {}).get("latency_p99_us"))
-            prs = [PairResult(agg * scale / n, p99, None)]
-        out.append(PairsPoint(f"{cell.get('attachment')}/{cell.get('backend')}", _series(cell),
-                              str(cell.get("id")), n, agg * scale, busy, _num(host.get("softirq")),
-                              tuple(prs), cell.get("rate")))
+            prs = [PairResult(agg * scale / n, s.metric("latency_p99_us"), None)]
+        out.append(PairsPoint(cell.mode, cell.series(), str(cell.id), n, agg * scale, busy,
+                              s.cpu.host_softirq, tuple(prs), cell.rate))
     return tuple(out)
 
 
 def idle_readings(rec: RunRecord) -> tuple[IdleReading, ...]:
     out = []
-    for r in rec.run.get("idle") or ():
-        busy, g = _num(r.get("host_busy_cores")), r.get("guests")
+    for r in rec.idle:
+        busy, g = num(r.host_busy_cores), r.guests
         if busy is None or not isinstance(g, int) or g < 0:
             continue
-        rss = tuple(v for v in map(_num, (r.get("qemu_rss_mib") or {}).values()) if v is not None)
-        out.append(IdleReading(g, _num(r.get("window_s")) or 0.0, busy,
-                               _num(r.get("host_memory_used_mib")), rss,
-                               r.get("memory_mib") if isinstance(r.get("memory_mib"), int) else None,
-                               r.get("attachment")))
+        rss = tuple(v for v in map(num, (r.qemu_rss_mib or {}).values()) if v is not None)
+        out.append(IdleReading(g, num(r.window_s) or 0.0, busy, num(r.host_memory_used_mib), rss,
+                               r.memory_mib if isinstance(r.memory_mib, int) else None,
+                               r.attachment))
     return tuple(out)
 
 
@@ -304,5 +289,4 @@ def choose_series(pts: Sequence[PairsPoint]) -> tuple[str, tuple[PairsPoint, ...
 
 def has_pairs_data(rec: RunRecord) -> bool:
     """A run the fitted model can use: N > 1 somewhere, or idle readings. Else: one pair."""
-    return bool(rec.run.get("idle")) or any(
-        int((s.get("cell") or {}).get("pairs") or 1) > 1 for s in rec.samples)
+    return bool(rec.idle) or any(int(s.cell.pairs or 1) > 1 for s in rec.samples)

@@ -14,7 +14,7 @@ from typing import Any
 from testbed.capacity_model import (EXTRAPOLATION_LIMIT, SATURATION_SHORTFALL, CostModel,
                                     IdleReading, PairsPoint, _num, choose_series, fit_model,
                                     idle_readings, knee, points, saturated_at)
-from testbed.results import RunRecord
+from testbed.records import RunRecord
 
 
 # --------------------------------------------------------------------------- limits
@@ -165,9 +165,9 @@ def plan(rec: RunRecord, demand: Any, *, host_cores: float | None = None,
          connections: int | None = None) -> PairsPlan:
     """Plan a run that has N-pair cells or idle readings (see ``has_pairs_data``)."""
     from testbed.capacity import CapacityError, unit_costs
-    env = rec.run.get("environment") or {}
-    rid = rec.run.get("run_id")
-    cores = host_cores if host_cores is not None else env.get("cpus")
+    env = rec.environment
+    rid = rec.run_id
+    cores = host_cores if host_cores is not None else env.cpus
     if not isinstance(cores, (int, float)) or cores <= 0:
         raise CapacityError(f"run {rid} records no cpus; pass --host-cores")
     if not 0 <= headroom < 1:
@@ -177,14 +177,14 @@ def plan(rec: RunRecord, demand: Any, *, host_cores: float | None = None,
     if overcommit <= 0:
         raise CapacityError(f"--overcommit {overcommit}: expected a positive ratio")
     mem = host_memory_mib if host_memory_mib is not None else (
-        env["memory_bytes"] / 2**20 if isinstance(env.get("memory_bytes"), int) else None)
+        env.memory_bytes / 2**20 if isinstance(env.memory_bytes, int) else None)
     if mem is None:
         raise CapacityError(f"run {rid} records no memory_bytes; pass --host-memory-mib")
-    guests = (rec.run.get("topology") or {}).get("guests") or ()
-    guest_mem = memory_mib or max((int(g.get("memory_mib") or 1024) for g in guests), default=1024)
-    vcpus = max((int(g.get("vcpus") or 1) for g in guests), default=1)
+    guests = rec.guests
+    guest_mem = memory_mib or max((int(g.memory_mib or 1024) for g in guests), default=1024)
+    vcpus = max((int(g.vcpus or 1) for g in guests), default=1)
     if link_gbit is None:       # measured and recorded by the run, else a 10 Gbit/s uplink
-        link_gbit = _num(env.get("link_gbit")) or 10.0
+        link_gbit = _num(env.link_gbit) or 10.0
     # Recorded cpus are logical threads; a planned host given in cores is taken as that many.
     host = Host(float(cores), int(cores), float(mem), headroom,
                 memory_reserve_mib, overcommit, link_gbit)
@@ -205,7 +205,7 @@ def plan(rec: RunRecord, demand: Any, *, host_cores: float | None = None,
         lpu = max((link.get(p.cell_id, 0.0) for p in mine), default=0.0)
         modes.append(plan_mode(mode, mine, mode_idle, demand.per_vm, host, memory_mib=guest_mem,
                                vcpus=vcpus, link_per_unit=lpu, extrapolate=extrapolate))
-    return PairsPlan(str(rid), env.get("accelerator"), demand.text, demand.kind, demand.per_vm,
+    return PairsPlan(str(rid), env.accelerator, demand.text, demand.kind, demand.per_vm,
                      host, guest_mem, vcpus, tuple(modes))
 
 

@@ -130,8 +130,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     root = _results_root(args)
     records = [compare.load(r, root) for r in args.runs]
     baseline = compare.load(args.baseline, root) if args.baseline else None
-    if baseline is not None and all(r.run.get("run_id") != baseline.run.get("run_id")
-                                    for r in records):
+    if baseline is not None and all(r.run_id != baseline.run_id for r in records):
         records.insert(0, baseline)     # its environment and numbers belong on the page too
     rep = report.build(records, generated=results.now(), baseline=baseline,
                        threshold=args.threshold, test=args.test,

@@ -19,7 +19,7 @@ def cmd_scenario(args: argparse.Namespace) -> int:
     from testbed import store
     from testbed.scenarios import study
     with store.open(args.db) as st:
-        for d in (run_dir, *(run_dir.parent / r for r in rep.get("extra_runs") or ())):
+        for d in (run_dir, *(run_dir.parent / r for r in study.StudyReport.from_dict(rep).extra_runs)):
             st.index_run(d)
     sys.stdout.write(study.render_text(rep))
     print(run_dir)

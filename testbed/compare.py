@@ -29,9 +29,8 @@ redefined or is missing from NEW; 5 no cell failed but some could not be decided
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -39,10 +38,9 @@ from typing import Any
 
 from testbed import paths, results, stats
 from testbed.errors import TestbedError
-from testbed.results import RunRecord
+from testbed.records import TRANSACTIONAL, Environment, RunRecord, SampleRecord
 
 LATENCY_METRICS = ("latency_mean_us", "latency_p99_us")
-TRANSACTIONAL = ("rr", "crr")
 #: environment keys that differ between builds by design; shown, never refused
 COMPLETE = ("complete", "complete-with-failures")
 INFO_KEYS = ("kernel", "cpus", "cpu_mhz", "memory_bytes", "host", "vhost_net", "testbed_commit")
@@ -73,62 +71,41 @@ def load(ref: str | Path, results_root: Path | None = None) -> RunRecord:
     return results.read_run(resolve(ref, results_root))
 
 
-def environment(run: Mapping[str, Any]) -> Mapping[str, Any]:
-    return run.get("environment") or {}
+def environment(rec: RunRecord) -> Environment:
+    return rec.environment
 
 
-def attachments(run: Mapping[str, Any]) -> tuple[str, ...]:
+def attachments(rec: RunRecord) -> tuple[str, ...]:
     """The attachment modes a run set out to measure (its matrix), else those of its cells."""
-    planned = ((run.get("topology") or {}).get("matrix") or {}).get("attachments")
-    found = planned or [c.get("attachment") for c in run.get("cells") or ()]
-    return tuple(sorted({str(a) for a in found if a}))
+    return rec.attachments()
 
 
-def is_transactional(run: Mapping[str, Any], profile: str) -> bool:
-    for p in ((run.get("topology") or {}).get("matrix") or {}).get("profiles") or ():
-        if p.get("name") == profile and p.get("pattern"):
-            return str(p["pattern"]) in TRANSACTIONAL
-    return profile.endswith(tuple(f"_{t}" for t in TRANSACTIONAL))
+def is_transactional(rec: RunRecord, profile: str) -> bool:
+    return rec.is_transactional(profile)
 
 
-def primary_metric(run: Mapping[str, Any], profile: str) -> str:
-    return "transactions_per_s" if is_transactional(run, profile) else "throughput_mbps"
+def primary_metric(rec: RunRecord, profile: str) -> str:
+    return rec.primary_metric(profile)
 
 
-def measured(rec: RunRecord, variant: str | None = None) -> dict[str, list[Mapping[str, Any]]]:
+def measured(rec: RunRecord, variant: str | None = None) -> dict[str, list[SampleRecord]]:
     """Cell id -> its measured (non-warmup) samples, ok and failed, in the order taken.
     With ``variant``, only that variant's samples, keyed by the id without the variant."""
-    out: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    out: dict[str, list[SampleRecord]] = defaultdict(list)
     for s in rec.samples:
-        cell = s.get("cell") or {}
-        if s.get("warmup"):
+        if s.warmup:
             continue
         if variant is None:
-            out[str(cell.get("id"))].append(s)
-        elif (cell.get("context") or {}).get("variant") == variant:
-            out[str(cell.get("id")).removesuffix(f"-v{variant}")].append(s)
+            out[s.cell.id].append(s)
+        elif s.cell.variant == variant:
+            out[s.cell.id.removesuffix(f"-v{variant}")].append(s)
     return out
 
 
-def definition_differences(base: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+def definition_differences(base: RunRecord, new: RunRecord) -> list[tuple[str, str, str]]:
     """(what, base, new) for the topology and profile settings that differ: the run-wide
     half of a cell's definition, listed beside the environment's differences."""
-    tb, tn = base.get("topology") or {}, new.get("topology") or {}
-    out: list[tuple[str, str, str]] = []
-    pb = {p.get("name"): p for p in (tb.get("matrix") or {}).get("profiles") or ()}
-    pn = {p.get("name"): p for p in (tn.get("matrix") or {}).get("profiles") or ()}
-    for name in sorted(set(pb) & set(pn)):
-        for k in sorted(set(pb[name]) | set(pn[name])):
-            if pb[name].get(k) != pn[name].get(k):
-                out.append((f"profile {name}.{k}", str(pb[name].get(k)), str(pn[name].get(k))))
-    for k in ("offloads", "guests", "accelerator"):
-        if tb.get(k) != tn.get(k):
-            out.append((f"topology.{k}", json.dumps(tb.get(k), sort_keys=True),
-                        json.dumps(tn.get(k), sort_keys=True)))
-    rb, rn = (tb.get("matrix") or {}).get("repetitions"), (tn.get("matrix") or {}).get("repetitions")
-    if rb != rn:
-        out.append(("matrix.repetitions", json.dumps(rb, sort_keys=True), json.dumps(rn, sort_keys=True)))
-    return out
+    return base.definition_differences(new)
 
 
 # --------------------------------------------------------------------------- environment
@@ -149,30 +126,29 @@ class Difference:
     severity: Severity
 
 
-def differences(base: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[Difference, ...]:
-    eb, en = environment(base), environment(new)
+def differences(base: RunRecord, new: RunRecord) -> tuple[Difference, ...]:
+    eb, en = base.environment, new.environment
     out: list[Difference] = []
 
     def add(what: str, b: Any, n: Any, sev: Severity) -> None:
         if b != n:
             out.append(Difference(what, str(b), str(n), sev))
 
-    fb, fn = base.get("format_version"), new.get("format_version")
+    fb, fn = base.format_version, new.format_version
     if fb != fn or fb != results.FORMAT_VERSION:
         out.append(Difference(f"format_version (this testbed reads {results.FORMAT_VERSION})",
                               str(fb), str(fn), Severity.FORBIDDEN))
-    add("accelerator", eb.get("accelerator"), en.get("accelerator"), Severity.FORBIDDEN)
-    if eb.get("accelerator") == en.get("accelerator"):
-        add("comparable_class", eb.get("comparable_class"), en.get("comparable_class"),
-            Severity.FORBIDDEN)
-    add("cpu_model", eb.get("cpu_model"), en.get("cpu_model"), Severity.MISMATCH)
+    add("accelerator", eb.accelerator, en.accelerator, Severity.FORBIDDEN)
+    if eb.accelerator == en.accelerator:
+        add("comparable_class", eb.comparable_class, en.comparable_class, Severity.FORBIDDEN)
+    add("cpu_model", eb.cpu_model, en.cpu_model, Severity.MISMATCH)
     add("attachments", ",".join(attachments(base)), ",".join(attachments(new)), Severity.MISMATCH)
     for key in INFO_KEYS:
-        add(key, eb.get(key), en.get(key), Severity.CHANGED)
-    vb, vn = eb.get("versions") or {}, en.get("versions") or {}
+        add(key, getattr(eb, key), getattr(en, key), Severity.CHANGED)
+    vb, vn = eb.versions or {}, en.versions or {}
     for tool in sorted(set(vb) | set(vn)):
         add(f"versions.{tool}", vb.get(tool), vn.get(tool), Severity.CHANGED)
-    add("image", (eb.get("image") or {}).get("digest"), (en.get("image") or {}).get("digest"),
+    add("image", eb.image.digest if eb.image else None, en.image.digest if en.image else None,
         Severity.CHANGED)
     for what, b, n in definition_differences(base, new):
         out.append(Difference(what, b, n, Severity.DEFINITION))
@@ -240,27 +216,27 @@ class CellResult:
     new_hash: str = ""
 
 
-def _values(samples: Iterable[Mapping[str, Any]], metric: str) -> list[float]:
-    return [float(s["metrics"][metric]) for s in samples
-            if s.get("status") == "ok" and isinstance((s.get("metrics") or {}).get(metric), (int, float))]
+def _values(samples: Iterable[SampleRecord], metric: str) -> list[float]:
+    return [float(s.metrics[metric]) for s in samples
+            if s.ok and isinstance(s.metrics.get(metric), (int, float))]
 
 
-def _hashes(samples: Iterable[Mapping[str, Any]]) -> set[str]:
-    return {str((s.get("cell") or {}).get("hash")) for s in samples}
+def _hashes(samples: Iterable[SampleRecord]) -> set[str]:
+    return {str(s.cell.hash) for s in samples}
 
 
-def _cell(run: Mapping[str, Any], cid: str, base: list, new: list, *, threshold: float,
-          alpha: float, test: str, min_samples: int) -> CellResult:
+def _cell(run: RunRecord, cid: str, base: list[SampleRecord], new: list[SampleRecord], *,
+          threshold: float, alpha: float, test: str, min_samples: int) -> CellResult:
     """A cell's result before the false-discovery adjustment (see :func:`_finish`)."""
-    cell = (new or base)[0].get("cell") or {}
-    ok_b = [s for s in base if s.get("status") == "ok"]
-    ok_n = [s for s in new if s.get("status") == "ok"]
-    failures = tuple(f"{side} rep {s.get('rep')}: {s.get('reason') or 'failed'}"
+    cell = (new or base)[0].cell
+    ok_b = [s for s in base if s.ok]
+    ok_n = [s for s in new if s.ok]
+    failures = tuple(f"{side} rep {s.rep}: {s.reason or 'failed'}"
                      for side, group in (("BASE", base), ("NEW", new))
-                     for s in group if s.get("status") != "ok")
-    ident = dict(cell_id=cid, attachment=str(cell.get("attachment")), backend=str(cell.get("backend")),
-                 mtu=int(cell.get("mtu") or 0), connections=int(cell.get("connections") or 0),
-                 profile=str(cell.get("profile")), base_ok=len(ok_b), base_failed=len(base) - len(ok_b),
+                     for s in group if not s.ok)
+    ident = dict(cell_id=cid, attachment=str(cell.attachment), backend=str(cell.backend),
+                 mtu=int(cell.mtu or 0), connections=int(cell.connections or 0),
+                 profile=str(cell.profile), base_ok=len(ok_b), base_failed=len(base) - len(ok_b),
                  new_ok=len(ok_n), new_failed=len(new) - len(ok_n), failures=failures,
                  base_hash=",".join(sorted(_hashes(base))) if base else "",
                  new_hash=",".join(sorted(_hashes(new))) if new else "")
@@ -285,7 +261,7 @@ def _cell(run: Mapping[str, Any], cid: str, base: list, new: list, *, threshold:
                           note=f"insufficient: {len(ok_b)} BASE and {len(ok_n)} NEW ok samples, "
                                f"{min_samples} needed a side (repetitions: gate)")
     profile = ident["profile"]
-    primary, rr = primary_metric(run, profile), is_transactional(run, profile)
+    primary, rr = run.primary_metric(profile), run.is_transactional(profile)
     results_: list[MetricResult] = []
     for metric, higher, decides in ((primary, True, True),
                                     *((m, False, rr) for m in LATENCY_METRICS)):
@@ -349,9 +325,8 @@ class RunInfo:
 
 
 def run_info(rec: RunRecord) -> RunInfo:
-    env = environment(rec.run)
-    return RunInfo(str(rec.run.get("run_id")), str(rec.dir), str(rec.run.get("status")),
-                   env.get("accelerator"), env.get("cpu_model"))
+    return RunInfo(rec.run_id, str(rec.dir), rec.status, rec.environment.accelerator,
+                   rec.environment.cpu_model)
 
 
 @dataclass(frozen=True)
@@ -402,7 +377,7 @@ def compare_runs(base: RunRecord, new: RunRecord, *, threshold: float = 0.05,
                  variants: tuple[str, str] | None = None) -> RunComparison:
     """Compare NEW with BASE; with ``variants`` (A, B), ``base`` and ``new`` are one run and
     its variant A samples are BASE, its variant B samples NEW."""
-    diffs = differences(base.run, new.run) if variants is None else ()
+    diffs = differences(base, new) if variants is None else ()
     forbidden = [d for d in diffs if d.severity is Severity.FORBIDDEN]
     mismatch = [d for d in diffs if d.severity is Severity.MISMATCH]
     refused = None
@@ -414,7 +389,7 @@ def compare_runs(base: RunRecord, new: RunRecord, *, threshold: float = 0.05,
     elif mismatch and not force:
         what = "; ".join(f"{d.what} {d.base} vs {d.new}" for d in mismatch)
         refused = f"environments differ: {what}; --force compares anyway"
-    accel = {environment(base.run).get("accelerator"), environment(new.run).get("accelerator")}
+    accel = {base.environment.accelerator, new.environment.accelerator}
     cells: tuple[CellResult, ...] = ()
     tests_used: tuple[str, ...] = ()
     if refused is None:
@@ -424,14 +399,14 @@ def compare_runs(base: RunRecord, new: RunRecord, *, threshold: float = 0.05,
             mb, mn = measured(base, variants[0]), measured(new, variants[1])
             mb = {k: [_no_variant(s) for s in v] for k, v in mb.items()}
             mn = {k: [_no_variant(s) for s in v] for k, v in mn.items()}
-        cells, tests_used = _finish([_cell(new.run if cid in mn else base.run, cid, mb.get(cid, []),
+        cells, tests_used = _finish([_cell(new if cid in mn else base, cid, mb.get(cid, []),
                                mn.get(cid, []), threshold=threshold, alpha=alpha, test=test,
                                min_samples=min_samples)
                          for cid in sorted(set(mb) | set(mn))], q, moderated=test == "auto")
-    warnings = tuple(f"{side} run {rec.run.get('run_id')} ended {rec.run.get('status')}: "
+    warnings = tuple(f"{side} run {rec.run_id} ended {rec.status}: "
                      f"cells it did not reach are missing"
                      for side, rec in (("BASE", base), ("NEW", new))
-                     if rec.run.get("status") not in COMPLETE)
+                     if rec.status not in COMPLETE)
     return RunComparison(run_info(base), run_info(new), diffs, refused,
                          forced=bool(force and mismatch and not forbidden), tcg=accel == {"tcg"},
                          test=test, threshold=threshold, alpha=alpha, cells=cells,
@@ -440,9 +415,7 @@ def compare_runs(base: RunRecord, new: RunRecord, *, threshold: float = 0.05,
 
 
 def variants_of(rec: RunRecord) -> tuple[str, ...]:
-    return tuple(sorted({str((s.get("cell") or {}).get("context", {}).get("variant"))
-                         for s in rec.samples
-                         if (s.get("cell") or {}).get("context", {}).get("variant")}))
+    return tuple(sorted({str(s.cell.variant) for s in rec.samples if s.cell.variant}))
 
 
 def require_variants(rec: RunRecord, names: Iterable[str]) -> None:
@@ -453,15 +426,10 @@ def require_variants(rec: RunRecord, names: Iterable[str]) -> None:
                               f"{', '.join(have) or 'no variants'})")
 
 
-def _no_variant(s: Mapping[str, Any]) -> Mapping[str, Any]:
+def _no_variant(s: SampleRecord) -> SampleRecord:
     """A variant's sample as if it came from a run of its own: the variant leaves the
     definition, so A's and B's cells hash alike when nothing else differs."""
-    cell = dict(s.get("cell") or {})
-    ctx = {k: v for k, v in (cell.get("context") or {}).items() if not k.startswith("variant")}
-    base_id = str(cell.get("id")).removesuffix(f"-v{(cell.get('context') or {}).get('variant')}")
-    cell.update(id=base_id, hash=str(cell.get("hash_without_variant") or cell.get("hash")))
-    cell["context"] = ctx
-    return {**s, "cell": cell}
+    return dataclasses.replace(s, cell=s.cell.without_variant())
 
 
 # --------------------------------------------------------------------------- output

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from testbed import results
-from testbed.compare import LATENCY_METRICS, TRANSACTIONAL
+from testbed.compare import LATENCY_METRICS
+from testbed.records import CellRecord, RunRecord
 from testbed.store.schema import MAIN_METRICS
 
 #: metrics where lower is better; every other gated metric is higher-is-better
@@ -95,10 +95,8 @@ def _env_key(run: object) -> str:
     return f"{r.comparable_class or r.accelerator}/{r.cpu_model}"  # type: ignore[attr-defined]
 
 
-def _primary(samples: Sequence[object], topology: dict) -> str:
-    patterns = {p.get("name"): p.get("pattern") for p in (topology.get("matrix") or {}).get("profiles") or ()}
-    prof = samples[0].profile  # type: ignore[attr-defined]
-    return "transactions_per_s" if patterns.get(prof) in TRANSACTIONAL else "throughput_mbps"
+def _primary(samples: Sequence[object], rec: RunRecord) -> str:
+    return rec.primary_metric(samples[0].profile)  # type: ignore[attr-defined]
 
 
 def series(store: object, *, cell: str | None = None, metric: str | None = None,
@@ -106,7 +104,8 @@ def series(store: object, *, cell: str | None = None, metric: str | None = None,
     """Every series in the index ``store`` (testbed.store.Store), with its change points."""
     points: dict[tuple[str, str, str, str], list[Point]] = defaultdict(list)
     for run in store.runs():  # type: ignore[attr-defined]
-        topo = json.loads(run.topology)
+        # the index keeps the run's topology; read it as the run record would
+        rec = RunRecord.from_dict({"run_id": run.run_id, "topology": json.loads(run.topology)})
         env = _env_key(run)
         by_cell: dict[str, list] = defaultdict(list)
         for s in store.samples(run.run_id):  # type: ignore[attr-defined]
@@ -116,10 +115,12 @@ def series(store: object, *, cell: str | None = None, metric: str | None = None,
             s0 = samples[0]
             # the definition hash, recomputed from the run's topology as for an upgraded
             # format 1 run (the index keeps no hash column)
-            h = results.cell_hash({"attachment": s0.attachment, "backend": s0.backend,
-                                   "mtu": s0.mtu, "connections": s0.connections,
-                                   "profile": s0.profile, "tool": s0.tool}, topo)
-            for m in ([metric] if metric else [_primary(samples, topo)]):
+            h = rec.cell_hash(CellRecord(attachment=s0.attachment, backend=s0.backend,
+                                         mtu=s0.mtu, connections=s0.connections,
+                                         profile=s0.profile, tool=s0.tool,
+                                         present=frozenset({"attachment", "backend", "mtu",
+                                                            "connections", "profile", "tool"})))
+            for m in ([metric] if metric else [_primary(samples, rec)]):
                 if m in MAIN_METRICS:
                     vals = [getattr(s, m) for s in samples if getattr(s, m) is not None]
                 else:

@@ -106,7 +106,7 @@ class TestPath:
 
 
 def primary_metric(p: Profile) -> str:
-    return "transactions_per_s" if p.pattern.is_transactional else "throughput_mbps"
+    return p.pattern.primary_metric
 
 
 def set_mtu(path: TestPath, mtu: int) -> None:

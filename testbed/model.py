@@ -145,6 +145,12 @@ class Pattern(StrEnum):
     def is_transactional(self) -> bool:
         return self in (Pattern.RR, Pattern.CRR)
 
+    @property
+    def primary_metric(self) -> str:
+        """The one place that says which metric a cell of this pattern is judged by (the
+        stopping rule, compare, report, capacity, history all ask here)."""
+        return "transactions_per_s" if self.is_transactional else "throughput_mbps"
+
 
 @dataclass(frozen=True)
 class Profile:

@@ -17,12 +17,10 @@ from typing import Any, TextIO
 
 import jinja2
 
-from testbed import paths, stats
-from testbed.scenarios import study
-from testbed.compare import (RunComparison, attachments, compare_runs, environment,
-                             is_transactional, measured)
-from testbed.results import RunRecord
-from testbed.store.schema import MAIN_METRICS, SampleRow, rows_for_run, sample_cores
+from testbed import paths, stats, study_result
+from testbed.compare import RunComparison, compare_runs, measured
+from testbed.records import RunRecord, SampleRecord
+from testbed.store.schema import MAIN_METRICS, SampleRow, rows_for_run
 
 TCG_BANNER = "TCG: functional check only; not comparable with KVM"
 
@@ -78,8 +76,8 @@ class RunView:
     environment: tuple[tuple[str, str], ...]
     cells: tuple[CellStats, ...]
     failures: tuple[str, ...]
-    #: a scenario run's study.json (testbed.scenarios.study): its study-shaped tables
-    study: Mapping[str, Any] | None = None
+    #: a scenario run's study.json (testbed.study_result): its study-shaped tables
+    study: study_result.StudyReport | None = None
 
     def env(self, key: str) -> str:
         return next((v for k, v in self.environment if k == key), "-")
@@ -90,69 +88,69 @@ def _mean(values: Iterable[float | None]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def _summary(samples: Sequence[Mapping[str, Any]], metric: str) -> stats.Summary | None:
-    vals = [float(s["metrics"][metric]) for s in samples
-            if isinstance((s.get("metrics") or {}).get(metric), (int, float))]
+def _summary(samples: Sequence[SampleRecord], metric: str) -> stats.Summary | None:
+    vals = [float(s.metrics[metric]) for s in samples
+            if isinstance(s.metrics.get(metric), (int, float))]
     return stats.summarize(vals) if vals else None
 
 
-def _metric_mean(samples: Sequence[Mapping[str, Any]], metric: str) -> float | None:
-    return _mean((s.get("metrics") or {}).get(metric) for s in samples)
+def _metric_mean(samples: Sequence[SampleRecord], metric: str) -> float | None:
+    return _mean(s.metrics.get(metric) for s in samples)
 
 
 def cell_stats(rec: RunRecord) -> tuple[CellStats, ...]:
     out = []
-    run_id = str(rec.run.get("run_id"))
+    run_id = rec.run_id
     for cid, samples in sorted(measured(rec).items()):
-        cell = samples[0].get("cell") or {}
-        ok = [s for s in samples if s.get("status") == "ok"]
-        cores = [sample_cores(s.get("cpu")) for s in ok]
+        cell = samples[0].cell
+        ok = [s for s in samples if s.ok]
+        cores = [s.cpu.cores() for s in ok]
         out.append(CellStats(
-            run_id=run_id, cell_id=cid, mode=f"{cell.get('attachment')}/{cell.get('backend')}",
-            mtu=int(cell.get("mtu") or 0), connections=int(cell.get("connections") or 0),
-            profile=str(cell.get("profile")),
-            transactional=is_transactional(rec.run, str(cell.get("profile"))),
+            run_id=run_id, cell_id=cid, mode=cell.mode,
+            mtu=int(cell.mtu or 0), connections=int(cell.connections or 0),
+            profile=str(cell.profile),
+            transactional=rec.is_transactional(str(cell.profile)),
             n_ok=len(ok), n_failed=len(samples) - len(ok),
             throughput=_summary(ok, "throughput_mbps"), tps=_summary(ok, "transactions_per_s"),
             p50=_metric_mean(ok, "latency_p50_us"), p90=_metric_mean(ok, "latency_p90_us"),
             p99=_metric_mean(ok, "latency_p99_us"),
             host_cores=_mean(c.host for c in cores), guest_cores=_mean(c.guest for c in cores),
             qemu_cores=_mean(c.qemu for c in cores),
-            wire_ratio=_mean((s.get("crosscheck") or {}).get("ratio") for s in ok),
-            wire_expected=_mean((s.get("crosscheck") or {}).get("expected_ratio") for s in ok)))
+            wire_ratio=_mean(s.crosscheck.ratio for s in ok),
+            wire_expected=_mean(s.crosscheck.expected_ratio for s in ok)))
     return tuple(out)
 
 
 def _environment_rows(rec: RunRecord) -> tuple[tuple[str, str], ...]:
-    r, env = rec.run, environment(rec.run)
-    counts = r.get("counts") or {}
-    image = env.get("image") or {}
-    mem = env.get("memory_bytes")
-    rows = [("status", r.get("status")), ("started", r.get("started")), ("ended", r.get("ended")),
-            ("accelerator", env.get("accelerator")), ("comparable class", env.get("comparable_class")),
-            ("CPU model", env.get("cpu_model")), ("CPU MHz", env.get("cpu_mhz")),
-            ("CPUs", env.get("cpus")),
+    env, counts = rec.environment, rec.counts
+    image = env.image
+    mem = env.memory_bytes
+    rows = [("status", rec.status), ("started", rec.started), ("ended", rec.ended),
+            ("accelerator", env.accelerator), ("comparable class", env.comparable_class),
+            ("CPU model", env.cpu_model), ("CPU MHz", env.cpu_mhz),
+            ("CPUs", env.cpus),
             ("memory", f"{mem / 2**30:.1f} GiB" if isinstance(mem, (int, float)) else None),
-            ("host", env.get("host")), ("host kernel", env.get("kernel")),
-            *((k, v) for k, v in sorted((env.get("versions") or {}).items())),
-            ("vhost-net", env.get("vhost_net")),
-            ("guest image", " ".join(str(image.get(k)) for k in ("name", "kernel", "digest")
-                                     if image.get(k))),
-            ("attachments", ", ".join(attachments(r))),
-            ("samples", f"{counts.get('samples', 0)} ({counts.get('failed', 0)} failed)"),
-            ("testbed", " ".join(str(env[k]) for k in ("testbed", "testbed_commit") if env.get(k)))]
+            ("host", env.host), ("host kernel", env.kernel),
+            *((k, v) for k, v in sorted((env.versions or {}).items())),
+            ("vhost-net", env.vhost_net),
+            ("guest image", " ".join(str(v) for v in ((image.name, image.kernel, image.digest)
+                                                      if image else ()) if v)),
+            ("attachments", ", ".join(rec.attachments())),
+            ("samples", f"{counts.samples} ({counts.failed} failed)"),
+            ("testbed", " ".join(str(v) for v in (env.testbed, env.testbed_commit) if v))]
     return tuple((k, "-" if v in (None, "") else str(v)) for k, v in rows)
 
 
-def run_view(rec: RunRecord) -> RunView:
-    failures = tuple(f"{(s.get('cell') or {}).get('id')} rep {s.get('rep')}"
-                     f"{' (warmup)' if s.get('warmup') else ''}: {s.get('reason') or 'failed'}"
-                     for s in rec.samples if s.get("status") != "ok")
-    return RunView(run_id=str(rec.run.get("run_id")), dir=str(rec.dir),
-                   status=str(rec.run.get("status")),
-                   tcg=environment(rec.run).get("accelerator") == "tcg",
+def run_view(rec: RunRecord, study: study_result.StudyReport | None = None) -> RunView:
+    """A run's view; ``study`` is a scenario run's typed study result (read from the run
+    directory's study.json when not given)."""
+    failures = tuple(f"{s.cell.id} rep {s.rep}"
+                     f"{' (warmup)' if s.warmup else ''}: {s.reason or 'failed'}"
+                     for s in rec.samples if not s.ok)
+    return RunView(run_id=rec.run_id, dir=str(rec.dir), status=rec.status,
+                   tcg=rec.environment.tcg,
                    environment=_environment_rows(rec), cells=cell_stats(rec), failures=failures,
-                   study=study.load(rec.dir))
+                   study=study if study is not None else study_result.load(rec.dir))
 
 
 # --------------------------------------------------------------------------- plots
@@ -462,13 +460,12 @@ def build(records: Sequence[RunRecord], *, generated: str, baseline: RunRecord |
     plots += report_capacity.plots(records)
     comparisons = ()
     if baseline is not None:
-        base_id = baseline.run.get("run_id")
         comparisons = tuple(compare_runs(baseline, r, threshold=threshold, test=test)
-                            for r in records if r.run.get("run_id") != base_id)
+                            for r in records if r.run_id != baseline.run_id)
     return Report(title="Network testbed report: " + (", ".join(v.run_id for v in views)
                                                       or "history"),
                   generated=generated, runs=views,
-                  baseline=None if baseline is None else str(baseline.run.get("run_id")),
+                  baseline=None if baseline is None else baseline.run_id,
                   comparisons=comparisons, plots=plots, history=tuple(history),
                   capacity=report_capacity.table(records, capacity_profile),
                   capacity_profile=capacity_profile)

@@ -11,7 +11,7 @@ from typing import Any
 
 from testbed import capacity_model as cm
 from testbed import capacity_plan
-from testbed.results import RunRecord
+from testbed.records import RunRecord
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def plots(records: Sequence[RunRecord]) -> tuple[Any, ...]:
             pts = cm.points(rec, kind)
             for mode in sorted({p.mode for p in pts}):
                 att = mode.split("/")[0]
-                out.append(_mode_plot(str(rec.run.get("run_id")), mode, kind,
+                out.append(_mode_plot(rec.run_id, mode, kind,
                                       [p for p in pts if p.mode == mode],
                                       [r for r in idle if r.attachment in (None, att)]))
     return tuple(out)

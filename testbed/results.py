@@ -1,5 +1,7 @@
 """Run records on disk: results/<run-id>/{run.json, samples.jsonl, raw/}.
 
+The records are typed (testbed.records); this module writes and reads them.
+
 Results are added, never edited: samples are appended one JSON line at a time and
 fsynced, and run.json is replaced atomically (write a temp file, rename), so an
 interrupted run keeps every completed sample readable and says it is incomplete.
@@ -7,6 +9,7 @@ interrupted run keeps every completed sample readable and says it is incomplete.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -17,11 +20,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testbed.model import Cell, Topology, context_of, definition, definition_hash
-
-#: 2: every sample's and cell's ``cell`` carries ``hash``, the definition hash
-#: (model.Cell.hash). Version 1 files are upgraded when read (:func:`upgrade`).
-FORMAT_VERSION = 2
+from testbed import records
+from testbed.model import Cell, Topology
+from testbed.records import (FORMAT_VERSION, CellOutcome, Counts, RunRecord, SampleRecord,
+                             cell_hash)
 
 
 def now() -> str:
@@ -69,11 +71,19 @@ class Sample:
     #: expected_ratio, ratio, verdict, and the device and direction counted
     crosscheck: Mapping[str, Any] = field(default_factory=dict)
 
-    def to_json(self) -> str:
+    def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["metrics"], d["cpu"], d["cell"] = dict(self.metrics), dict(self.cpu), dict(self.cell)
         d["crosscheck"] = dict(self.crosscheck)
-        return json.dumps(d, sort_keys=True)
+        d["raw"] = list(self.raw)
+        return d
+
+    def record(self) -> SampleRecord:
+        """The typed record this sample is written as."""
+        return SampleRecord.from_dict(json.loads(json.dumps(self.as_dict(), default=str)))
+
+    def to_json(self) -> str:
+        return json.dumps(self.record().to_dict(), sort_keys=True)
 
 
 def topology_dict(t: Topology) -> dict:
@@ -81,60 +91,92 @@ def topology_dict(t: Topology) -> dict:
 
 
 class RunWriter:
-    """Owns one run directory. Use as a context manager: on exit run.json says how it ended."""
+    """Owns one run directory. Use as a context manager: on exit run.json says how it ended.
+
+    The run is held as a typed :class:`records.RunRecord` (``run``); every change builds a new
+    one and rewrites run.json. ``record`` is its dict form, for writers that read it back."""
 
     def __init__(self, root: Path, run_id: str, topology: Topology, environment: Mapping[str, Any]) -> None:
         self.run_id = run_id
         self.dir = root / run_id
         self.raw_dir = self.dir / "raw"
         self.raw_dir.mkdir(parents=True, exist_ok=False)
-        self.record: dict[str, Any] = {
+        self.run: RunRecord = RunRecord.from_dict({
             "format_version": FORMAT_VERSION, "run_id": run_id, "status": "running",
             "started": now(), "ended": None, "topology": topology_dict(topology),
-            "environment": dict(environment), "counts": {"samples": 0, "failed": 0, "boots": 0},
-            "cells": [], "notes": [],
-        }
+            "environment": json.loads(json.dumps(dict(environment), default=str)),
+            "counts": {"samples": 0, "failed": 0, "boots": 0}, "cells": [], "notes": [],
+        }, dir=self.dir)
         self._samples = open(self.dir / "samples.jsonl", "a")
         self._flush()
+
+    @property
+    def record(self) -> dict[str, Any]:
+        """run.json as it stands (a copy: change it through update, note, count, add_*)."""
+        return self.run.to_dict()
+
+    @property
+    def cells(self) -> tuple[CellOutcome, ...]:
+        return self.run.cells
+
+    @property
+    def counts(self) -> Counts:
+        return self.run.counts
 
     def __enter__(self) -> RunWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
-            status = "complete" if self.record["counts"]["failed"] == 0 else "complete-with-failures"
+            status = "complete" if self.run.counts.failed == 0 else "complete-with-failures"
         elif issubclass(exc_type, (KeyboardInterrupt, SystemExit)) or exc_type.__name__ == "Interrupted":
             status = "interrupted"
         else:
             status = "failed"
-            self.record["error"] = str(exc)
+            self._set(error=str(exc))
         self.finish(status)
 
+    def _set(self, **changes: Any) -> None:
+        self.run = dataclasses.replace(self.run, **changes)
+
     def update(self, **fields: Any) -> None:
-        self.record.update(fields)
+        """Set run-level keys: known ones (``idle``, ``environment``...) are typed, others are
+        kept as they are (``guests``, ``timing``...)."""
+        d = {**self.run.to_dict(), **json.loads(json.dumps(fields, default=str))}
+        self.run = RunRecord.from_dict(d, dir=self.dir)
         self._flush()
 
     def note(self, text: str) -> None:
-        self.record["notes"].append(text)
+        self._set(notes=(*self.run.notes, text))
         self._flush()
 
     def count(self, key: str, by: int = 1) -> None:
-        self.record["counts"][key] = self.record["counts"].get(key, 0) + by
+        c = self.run.counts.to_dict()
+        c[key] = c.get(key, 0) + by
+        self._set(counts=Counts.from_dict(c))
         self._flush()
 
     def add_cell(self, cell: Cell, status: str, reason: str | None, converged: bool | None,
                  summary: Mapping[str, Any]) -> None:
-        self.record["cells"].append({**cell.as_dict(), "status": status, "reason": reason,
-                                     "converged": converged, "summary": dict(summary)})
+        out = CellOutcome.from_dict(json.loads(json.dumps(
+            {**cell.as_dict(), "status": status, "reason": reason, "converged": converged,
+             "summary": dict(summary)}, default=str)))
+        self.add_outcome(out)
+
+    def add_outcome(self, out: CellOutcome) -> None:
+        """The typed form of add_cell."""
+        self._set(cells=(*self.run.cells, out))
         self._flush()
 
-    def add_sample(self, s: Sample) -> None:
-        self._samples.write(s.to_json() + "\n")
+    def add_sample(self, s: Sample | SampleRecord) -> None:
+        rec = s if isinstance(s, SampleRecord) else s.record()
+        rec.validate()
+        self._samples.write(json.dumps(rec.to_dict(), sort_keys=True) + "\n")
         self._samples.flush()
         os.fsync(self._samples.fileno())
-        self.record["counts"]["samples"] += 1
-        if s.status != "ok":
-            self.record["counts"]["failed"] += 1
+        c = self.run.counts
+        self._set(counts=dataclasses.replace(c, samples=c.samples + 1,
+                                             failed=c.failed + (0 if rec.ok else 1)))
         self._flush()
 
     def raw_path(self, cell_id: str, name: str) -> Path:
@@ -143,22 +185,17 @@ class RunWriter:
         return d / name
 
     def finish(self, status: str) -> None:
-        self.record.update(status=status, ended=now())
+        self._set(status=status, ended=now())
         self._flush()
         self._samples.close()
 
     def _flush(self) -> None:
-        atomic_write(self.dir / "run.json", json.dumps(self.record, indent=2, sort_keys=True, default=str))
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    dir: Path
-    run: Mapping[str, Any]
-    samples: tuple[Mapping[str, Any], ...]
+        atomic_write(self.dir / "run.json",
+                     json.dumps(self.run.to_dict(), indent=2, sort_keys=True, default=str))
 
 
 def read_run(path: Path) -> RunRecord:
+    """A run directory as a typed record, upgraded to the current format in memory."""
     run = json.loads((path / "run.json").read_text())
     samples = []
     with open(path / "samples.jsonl") as f:
@@ -170,38 +207,16 @@ def read_run(path: Path) -> RunRecord:
                     samples.append(json.loads(line))
                 except json.JSONDecodeError:
                     break
-    return upgrade(RunRecord(path, run, tuple(samples)))
-
-
-def cell_hash(cell: Mapping[str, Any], topology: Mapping[str, Any]) -> str:
-    profiles = {p.get("name"): p for p in (topology.get("matrix") or {}).get("profiles") or ()}
-    return definition_hash(definition(cell, profiles.get(cell.get("profile")) or
-                                      {"name": cell.get("profile"), "tool": cell.get("tool")},
-                                      dict(context_of(topology))))
-
-
-def upgrade(rec: RunRecord) -> RunRecord:
-    """An older run record in the current format, in memory (the files are never edited).
-
-    Version 1 had no definition hash: it is computed from the run's own topology (profile
-    entry, offloads, guests) the way model.Cell.hash computes it, so an unchanged cell
-    measured before and after the upgrade still matches. ``upgraded_from`` says it happened.
-    """
-    version = int(rec.run.get("format_version") or 1)
-    if version >= FORMAT_VERSION:
-        return rec
-    topo = rec.run.get("topology") or {}
-
-    def cell(c: Mapping[str, Any]) -> dict:
-        return {**c, "hash": c.get("hash") or cell_hash(c, topo)}
-
-    run = {**rec.run, "format_version": FORMAT_VERSION, "upgraded_from": version,
-           "cells": [cell(c) for c in rec.run.get("cells") or ()]}
-    samples = tuple({**s, "cell": cell(s.get("cell") or {})} for s in rec.samples)
-    return RunRecord(rec.dir, run, samples)
+    return RunRecord.read(path, run, samples)
 
 
 def iter_runs(root: Path) -> Iterator[Path]:
     for p in sorted(root.iterdir()) if root.is_dir() else ():
         if (p / "run.json").is_file():
             yield p
+
+
+#: the typed records, re-exported for the writers and readers that import them from here
+__all__ = ["FORMAT_VERSION", "CellOutcome", "Counts", "RunRecord", "RunWriter", "Sample",
+           "SampleRecord", "atomic_write", "cell_hash", "iter_runs", "new_run_id", "now",
+           "read_run", "records", "topology_dict"]

@@ -241,7 +241,7 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
                     if cell.id not in recorded:
                         measure.fail_cell(cell, writer, f"{attachment.value}/{backend.value}: {e}", placement)
                         done += 1
-        windows = sum(x.get("cpu", {}).get("window_s", 0.0) for x in _samples_of(writer))
+        windows = sum(x.cpu.window_s or 0.0 for x in _samples_of(writer))
         writer.update(timing={"measure_wall_s": round(time.monotonic() - started, 2),
                               "sum_of_windows_s": round(windows, 2)})
         counts = dict(writer.record["counts"])
@@ -400,7 +400,7 @@ def host_fingerprints(t: Topology, env: dict) -> dict[str, dict]:
     return out
 
 
-def _samples_of(writer: results.RunWriter) -> list[dict]:
+def _samples_of(writer: results.RunWriter) -> list[results.SampleRecord]:
     return list(results.read_run(writer.dir).samples)
 
 

@@ -104,8 +104,8 @@ def test_offloads_switched_for_the_run_and_recorded(tmp_path, monkeypatch):
     out = runner.execute(t)
     assert out.status == "complete" and out.failed == 0
     [s] = list(results.read_run(out.run_dir).samples)
-    assert s["extra"]["datapath"] == "veth"
-    assert set(s["extra"]["offloads"]) == {"ns-a", "ns-b"}
-    for states in s["extra"]["offloads"].values():
+    assert s.data["datapath"] == "veth"
+    assert set(s.data["offloads"]) == {"ns-a", "ns-b"}
+    for states in s.data["offloads"].values():
         for feature in ("tso", "gso", "gro"):
             assert states[feature].startswith("off"), states

@@ -21,12 +21,12 @@ def test_run_roundtrip_and_status(tmp_path):
         w.add_sample(_sample("r1", 0))
         w.add_sample(_sample("r1", 1, "failed"))
     rec = results.read_run(tmp_path / "r1")
-    assert rec.run["format_version"] == results.FORMAT_VERSION
-    assert rec.run["status"] == "complete-with-failures"
-    assert rec.run["counts"] == {"samples": 2, "failed": 1, "boots": 0}
-    assert [s["status"] for s in rec.samples] == ["ok", "failed"]
-    assert rec.samples[1]["reason"] == "boom"
-    assert rec.run["topology"]["guests"][0]["name"] == "g1"
+    assert rec.format_version == results.FORMAT_VERSION
+    assert rec.status == "complete-with-failures"
+    assert rec.counts.to_dict() == {"samples": 2, "failed": 1, "boots": 0}
+    assert [s.status for s in rec.samples] == ["ok", "failed"]
+    assert rec.samples[1].reason == "boom"
+    assert rec.guests[0].name == "g1"
 
 
 def test_interrupted_run_keeps_completed_samples(tmp_path):
@@ -35,7 +35,7 @@ def test_interrupted_run_keeps_completed_samples(tmp_path):
             w.add_sample(_sample("r2", 0))
             raise KeyboardInterrupt
     rec = results.read_run(tmp_path / "r2")
-    assert rec.run["status"] == "interrupted" and len(rec.samples) == 1
+    assert rec.status == "interrupted" and len(rec.samples) == 1
 
 
 def test_partial_last_line_is_ignored(tmp_path):
@@ -76,9 +76,9 @@ def test_a_format_1_run_loads_upgraded_with_the_hash_a_new_run_would_have(tmp_pa
         s["cell"].pop("hash"), s["cell"].pop("context")
     (tmp_path / "old" / "samples.jsonl").write_text("".join(json.dumps(s) + "\n" for s in lines))
     rec = results.read_run(tmp_path / "old")
-    assert rec.run["format_version"] == results.FORMAT_VERSION == 2
-    assert rec.run["upgraded_from"] == 1
-    assert rec.samples[0]["cell"]["hash"] == rec.run["cells"][0]["hash"] == cell.hash
+    assert rec.format_version == results.FORMAT_VERSION == 2
+    assert rec.upgraded_from == 1
+    assert rec.samples[0].cell.hash == rec.cells[0].cell.hash == cell.hash
 
 
 def test_the_definition_hash_follows_everything_that_changes_a_measurement():

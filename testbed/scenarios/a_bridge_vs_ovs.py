@@ -29,6 +29,7 @@ from testbed import proc, results
 from testbed.errors import CapabilityError, CommandError, TestbedError
 from testbed.hostnet import ovsd
 from testbed.model import Attachment, Backend, Cell, Profile, Protocol, object_name
+from testbed.records import Environment, as_environment, as_outcome
 from testbed.scenarios import session as ses
 from testbed.scenarios.study import Finding, StudyReport, Table, env_difference, fmt, ratio_verdict
 from testbed.tools import nuttcp
@@ -285,13 +286,14 @@ def run(quick: bool, progress, hosts=None) -> StudyReport:
             rec, b = measure(s, c, rate, secs)
             got[c.number] = rec
             bufs.add(b)
-        env, run_id = dict(s.env), s.writer.run_id
-        samples = {x["cell"]["id"]: x for x in results.read_run(s.writer.dir).samples}
+        env, run_id = s.writer.run.environment, s.writer.run_id
+        samples = {x.cell.id: x for x in results.read_run(s.writer.dir).samples}
     return report(got, samples, env, quick, run_id, rate, secs, "; ".join(sorted(b for b in bufs if b)))
 
 
-def report(got: dict, samples: dict, env: dict, quick: bool, run_id: str, rate: str, secs: int,
-           bufs: str) -> StudyReport:
+def report(got: dict, samples: dict, env: Environment | dict, quick: bool, run_id: str, rate: str,
+           secs: int, bufs: str) -> StudyReport:
+    env = as_environment(env)
     m = lambda n, k: ses.summary_mean(got[n], k)  # noqa: E731
     rows, per_interval = [], []
     for c in CONFIGS:
@@ -301,8 +303,9 @@ def report(got: dict, samples: dict, env: dict, quick: bool, run_id: str, rate: 
                      fmt(m(c.number, "loss_pct")), f"{c.published_loss:g}",
                      f"{share:.0%}" if share is not None else "-",
                      fmt(m(c.number, "sender_cpu_pct")), fmt(m(c.number, "receiver_cpu_pct")),
-                     c.published_note, rec.get("reason") or ""))
-        for i, iv in enumerate((samples.get(rec["id"]) or {}).get("extra", {}).get("intervals", [])):
+                     c.published_note, ses.reason(rec)))
+        sample = samples.get(as_outcome(rec).id)
+        for i, iv in enumerate(sample.data.get("intervals", []) if sample else []):
             per_interval.append((f"{c.number}", str(i + 1), fmt(iv["mbps"]), f"{iv['dropped']} / {iv['packets']}",
                                  fmt(iv["loss_pct"])))
     tables = (Table(f"nuttcp UDP, {SIZE}-byte datagrams, 4 streams at a {rate}bit/s target, {secs} s, MTU {MTU}",

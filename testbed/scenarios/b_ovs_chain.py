@@ -5,6 +5,7 @@ from __future__ import annotations
 from testbed.errors import TestbedError
 from testbed.hostnet import netns
 from testbed.model import Attachment, Backend, Cell, Pattern, Profile
+from testbed.records import Environment, as_environment
 from testbed.scenarios import session as ses
 from testbed.scenarios.study import Finding, StudyReport, Table, env_difference, fmt, ratio_verdict
 
@@ -38,7 +39,7 @@ def run(quick: bool, progress, hosts=None) -> StudyReport:
                             got[(link.value, n, k)] = s.measure(cell, conn)
                     except (TestbedError, OSError) as e:  # the path could not be built: a failed cell
                         got[(link.value, n, k)] = s.fail(cell, f"chain {link.value} x{n}: {e}")
-        env, run_id = dict(s.env), s.writer.run_id
+        env, run_id = s.writer.run.environment, s.writer.run_id
     return report(got, env, quick, run_id, lengths, streams)
 
 
@@ -47,7 +48,8 @@ def _gbit(rec) -> float | None:
     return v / 1000 if v is not None else None
 
 
-def report(got: dict, env: dict, quick: bool, run_id: str, lengths, streams) -> StudyReport:
+def report(got: dict, env: Environment | dict, quick: bool, run_id: str, lengths, streams) -> StudyReport:
+    env = as_environment(env)
     tables = []
     for link in netns.ChainLink:
         rows = []
@@ -58,7 +60,7 @@ def report(got: dict, env: dict, quick: bool, run_id: str, lengths, streams) -> 
                 g = _gbit(rec)
                 cores = ses.summary_mean(rec or {}, "host_cores")
                 rows.append((str(n), str(k), fmt(g), f"{g / base:.0%}" if g is not None and base else "-",
-                             fmt(cores), (rec or {}).get("reason") or ""))
+                             fmt(cores), ses.reason(rec)))
         pub = ("flat up to 8 bridges" if link is netns.ChainLink.PATCH else
                "about -10% at 2 bridges for 1-2 streams, much more with more streams")
         tables.append(Table(f"Chain of OVS bridges joined by {'patch ports' if link is netns.ChainLink.PATCH else 'veth pairs'}"
@@ -83,9 +85,9 @@ def report(got: dict, env: dict, quick: bool, run_id: str, lengths, streams) -> 
     findings.append(Finding("One stream costs about 1.8 cores (1.0 sender, 0.8 receiver)",
                             "held if one stream through 1 bridge keeps 1.5-2.1 host cores busy",
                             ratio_verdict(1.5 <= cores <= 2.1 if cores is not None else None),
-                            f"{fmt(cores)} host cores busy; this machine has {env.get('cpus')} CPUs"))
+                            f"{fmt(cores)} host cores busy; this machine has {env.cpus} CPUs"))
     return StudyReport(NAME, STUDY, quick, env_difference(STUDY_ENV, env, (
-        ("datapath", "OVS kernel datapath", f"OVS {env.get('versions', {}).get('ovs', '?')} as running here "
+        ("datapath", "OVS kernel datapath", f"OVS {env.versions.get('ovs', '?')} as running here "
                                            "(userspace netdev datapath when there is no kernel module)"),
         ("tool", "iperf threads", "netperf TCP_STREAM processes"))), tuple(tables), tuple(findings),
         run_id=run_id)

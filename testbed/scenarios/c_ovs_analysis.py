@@ -17,6 +17,7 @@ from testbed import attachments, proc, results
 from testbed.errors import TestbedError
 from testbed.hostnet import netns, ovsd
 from testbed.model import Attachment, Backend, Cell, Pattern, Profile, Protocol
+from testbed.records import Environment, as_environment, pattern_from_name, primary_metric
 from testbed.scenarios import session as ses
 from testbed.scenarios.study import (Finding, StudyReport, Table, Verdict, env_difference, fmt,
                                      ratio_verdict)
@@ -85,7 +86,7 @@ def run(quick: bool, progress, hosts=None) -> StudyReport:
                         got[("ct", ct)] = s.measure(cell, conn)
                 except (TestbedError, OSError) as e:  # the path could not be built: a failed cell
                     got[("ct", ct)] = s.fail(cell, f"ct {ct}: {e}")
-        env, run_id = dict(s.env), s.writer.run_id
+        env, run_id = s.writer.run.environment, s.writer.run_id
     vx_why = attachments.unavailable(Attachment.OVS_VXLAN)
     vx_runs: list[str] = []
     if vx_why is None:
@@ -208,11 +209,12 @@ matrix:
 """
     topo = ses.placed(config.parse(text, "<scenario ovs-analysis vxlan>"), hosts, two_hosts=True)
     out = runner.execute(topo, progress=progress)
-    rec = results.read_run(out.run_dir).run
-    return out.run_dir.name, {c["profile"]: c for c in rec["cells"]}
+    return out.run_dir.name, {c.cell.profile: c for c in results.read_run(out.run_dir).cells}
 
 
-def report(got: dict, env: dict, quick: bool, run_id: str, flows, vx_why, vx_run, stream) -> StudyReport:
+def report(got: dict, env: Environment | dict, quick: bool, run_id: str, flows, vx_why, vx_run,
+           stream) -> StudyReport:
+    env = as_environment(env)
     tables, findings = [], []
     # packet rate
     rows, mpps = [], {}
@@ -222,7 +224,7 @@ def report(got: dict, env: dict, quick: bool, run_id: str, flows, vx_why, vx_run
         pps = mbps * 1e6 / (UDP_PAYLOAD * 8) if mbps is not None else None
         mpps[kind] = pps / 1e6 if pps else None
         rows.append((LABEL[kind], fmt(mpps[kind]), fmt(PUB_PPS[kind][1]),
-                     fmt(pps * FRAME * 8 / 1e9 if pps else None), fmt(PUB_PPS[kind][0]), rec.get("reason") or ""))
+                     fmt(pps * FRAME * 8 / 1e9 if pps else None), fmt(PUB_PPS[kind][0]), ses.reason(rec)))
     tables.append(Table("64-byte UDP, one flow (netperf UDP_STREAM, 18-byte payload)",
                         ("switch", "measured Mpps", "published Mpps", "measured Gbit/s (64 B frames)",
                          "published Gbit/s", "failure"), tuple(rows),
@@ -240,7 +242,7 @@ def report(got: dict, env: dict, quick: bool, run_id: str, flows, vx_why, vx_run
             tps = ses.summary_mean(rec, "transactions_per_s")
             lat[(kind, name)] = 1e6 / tps if tps else None
             vals += [fmt(lat[(kind, name)]), fmt(PUB_LAT[kind][i])]
-        reason = "; ".join(got[(n, kind)].get("reason") or "" for n in ("tcp_rr", "udp_rr")).strip("; ")
+        reason = "; ".join(ses.reason(got[(n, kind)]) for n in ("tcp_rr", "udp_rr")).strip("; ")
         rows.append((LABEL[kind], *vals, reason))
     tables.append(Table("Latency per path, µs per transaction (netperf TCP_RR / UDP_RR, 1-byte)",
                         ("path", "TCP measured", "TCP published", "UDP measured", "UDP published", "failure"),
@@ -259,7 +261,7 @@ def report(got: dict, env: dict, quick: bool, run_id: str, flows, vx_why, vx_run
                                for r in (on, off)),
                      *(fmt(ses.summary_mean(r, "sent_pps") / 1e3 if ses.summary_mean(r, "sent_pps") else None) for r in (on, off)),
                      *(fmt(ses.summary_mean(r, "datapath_flows")) for r in (on, off)),
-                     "; ".join(x for x in (on.get("reason"), off.get("reason")) if x)))
+                     "; ".join(x for x in (ses.reason(on), ses.reason(off)) if x)))
     tables.append(Table("Flows through one OVS bridge, 64-byte UDP (kpps delivered), datapath flow cache on and off",
                         ("flows", "cache on kpps", "cache off kpps", "sent kpps (on)", "sent kpps (off)",
                          "datapath flows (on)", "datapath flows (off)", "failure"), tuple(rows),
@@ -281,9 +283,9 @@ def report(got: dict, env: dict, quick: bool, run_id: str, flows, vx_why, vx_run
     c_off, c_on = (ses.summary_mean(got[("ct", c)], "throughput_mbps") for c in ("off", "on"))
     tables.append(Table("OVS with and without a ct() connection-tracking flow (netperf TCP_STREAM, private OVS)",
                         ("flow table", "measured Mbit/s", "published cost", "failure"),
-                        (("NORMAL only", fmt(c_off), "-", got[("ct", "off")].get("reason") or ""),
+                        (("NORMAL only", fmt(c_off), "-", ses.reason(got[("ct", "off")])),
                          ("ct(table=1), ct(commit) then NORMAL", fmt(c_on), "15-20% lower",
-                          got[("ct", "on")].get("reason") or ""))))
+                          ses.reason(got[("ct", "on")])))))
     cost = 1 - c_on / c_off if c_on and c_off else None
     findings.append(Finding("Connection tracking costs 15 to 20%",
                             "held if the ct() flow table is 10-25% slower than NORMAL alone",
@@ -302,7 +304,7 @@ def report(got: dict, env: dict, quick: bool, run_id: str, flows, vx_why, vx_run
             vals = []
             for col in VXLAN_COLS:
                 rec = vx.get(col.lower()) or {}
-                m = "transactions_per_s" if col.endswith("_RR") else "throughput_mbps"
+                m = primary_metric(pattern_from_name(col))
                 vals.append(fmt(ses.summary_mean(rec, m)) if rec else "not run")
             rows.append((cond, *vals, *map(str, pub)))
         else:
@@ -318,7 +320,7 @@ def report(got: dict, env: dict, quick: bool, run_id: str, flows, vx_why, vx_run
     caveats = ("OVS here is whatever datapath runs on this host; with no kernel module it is the userspace "
                "(netdev) datapath over AF_PACKET, not the kernel datapath the study measured",)
     return StudyReport(NAME, STUDY, quick, env_difference(STUDY_ENV, env, (
-        ("datapath", "kernel OVS / OVS-DPDK", f"OVS {env.get('versions', {}).get('ovs', '?')}, datapath as running here"),
+        ("datapath", "kernel OVS / OVS-DPDK", f"OVS {env.versions.get('ovs', '?')}, datapath as running here"),
         ("path", "NIC-OVS-NIC between servers", "namespace-veth-switch-veth-namespace on one host"))),
         tuple(tables), tuple(findings), caveats, run_id=run_id,
         extra_runs=tuple(vx_run.split(", ")) if vx_run else ())

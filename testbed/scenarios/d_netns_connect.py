@@ -2,9 +2,12 @@
 ports; 1..16 streams; offloads (tx, tso, gso, gro, lro) on and off; Gbit/s per CPU GHz."""
 from __future__ import annotations
 
+import dataclasses
+
 from testbed.errors import TestbedError
 from testbed.hostnet import netns
 from testbed.model import Attachment, Backend, Cell, Pattern, Profile
+from testbed.records import Environment, as_environment
 from testbed.scenarios import session as ses
 from testbed.scenarios.study import Finding, StudyReport, Table, env_difference, fmt, ratio_verdict
 
@@ -46,11 +49,12 @@ def run(quick: bool, progress, hosts=None) -> StudyReport:
                             {"path_offloads": netns.Offloads.all(on)}
                         with netns.connect(kind, s.tag, offloads=netns.Offloads.all(on), **path) as conn:
                             rec = s.measure(cell, conn)
-                            rec = {**rec, "applied": dict(conn.a.offloads)}
+                            rec = dataclasses.replace(rec, extra={**rec.extra,
+                                                                  "applied": dict(conn.a.offloads)})
                     except (TestbedError, OSError) as e:  # the path could not be built: a failed cell
                         rec = s.fail(cell, f"{kind}: {e}")
                     got[(kind, on, n)] = rec
-        env = dict(s.env)
+        env = s.writer.run.environment
         run_id = s.writer.run_id
     return report(got, env, quick, run_id, streams)
 
@@ -60,8 +64,10 @@ def _gbit(rec: dict | None) -> float | None:
     return v / 1000 if v is not None else None
 
 
-def report(got: dict, env: dict, quick: bool, run_id: str, streams: tuple[int, ...]) -> StudyReport:
-    ghz_here = (env.get("cpus") or 0) * (env.get("cpu_mhz") or 0) / 1000 or None
+def report(got: dict, env: Environment | dict, quick: bool, run_id: str,
+           streams: tuple[int, ...]) -> StudyReport:
+    env = as_environment(env)
+    ghz_here = (env.cpus or 0) * (env.cpu_mhz or 0) / 1000 or None
     rows = []
     for kind, _, label in KINDS:
         for on in (True, False):
@@ -75,7 +81,7 @@ def report(got: dict, env: dict, quick: bool, run_id: str, streams: tuple[int, .
                              fmt(pub) if pub else (f"{OFF_RANGE[0]}-{OFF_RANGE[1]}" if not on else "-"),
                              fmt(g / ghz_here if g is not None and ghz_here else None),
                              fmt(pub / STUDY_GHZ if pub else None),
-                             rec.get("reason") or ""))
+                             ses.reason(rec)))
     table = Table("Gbit/s between two namespaces (netperf TCP_STREAM, 128 KiB writes, MTU 1500)",
                   ("connection", "offloads", "streams", "measured Gbit/s", "published Gbit/s",
                    "measured Gbit/s per GHz", "published Gbit/s per GHz", "failure"), tuple(rows),
@@ -105,7 +111,7 @@ def report(got: dict, env: dict, quick: bool, run_id: str, streams: tuple[int, .
                             "held if 2 streams give >= 1.3x of 1 stream on the veth pair",
                             ratio_verdict(two >= 1.3 * one if one and two else None),
                             f"1 stream {fmt(one)}, 2 streams {fmt(two)} Gbit/s; this machine has "
-                            f"{env.get('cpus')} CPUs"))
+                            f"{env.cpus} CPUs"))
     # 3. ordering at 1 thread: veth best, Linux bridge worst
     at1 = {label: _gbit(got.get((k, True, 1))) for k, _, label in KINDS}
     have = {k: v for k, v in at1.items() if v is not None}
@@ -116,7 +122,7 @@ def report(got: dict, env: dict, quick: bool, run_id: str, streams: tuple[int, .
                                if len(have) == 4 else None),
                             ", ".join(f"{k} {fmt(v)}" for k, v in at1.items())))
     return StudyReport(NAME, STUDY, quick, env_difference(STUDY_ENV, env, (
-        ("datapath", "OVS kernel datapath", f"OVS {env.get('versions', {}).get('ovs', '?')} as running here "
+        ("datapath", "OVS kernel datapath", f"OVS {env.versions.get('ovs', '?')} as running here "
                                            "(userspace netdev datapath when there is no kernel module)"),
         ("tool", "iperf threads", "netperf TCP_STREAM processes"))), (table,), tuple(findings),
         run_id=run_id)

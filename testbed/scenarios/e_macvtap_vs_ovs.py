@@ -15,9 +15,11 @@ one-host figure. Their cells are kept apart from the one-host macvtap cells as
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 
 from testbed import attachments, config, images, results, runner
 from testbed.model import Attachment
+from testbed.records import Environment, as_environment
 from testbed.scenarios import session as ses
 from testbed.scenarios.study import Finding, StudyReport, Table, Verdict, env_difference, fmt, ratio_verdict
 
@@ -63,24 +65,32 @@ def _topology(name: str, attachments, quick: bool, two_hosts: bool, hosts, tool:
     return ses.placed(config.parse(text, f"<scenario {NAME}>"), hosts, two_hosts=two_hosts)
 
 
-def _cells(run_dir) -> dict[tuple, dict]:
+@dataclass(frozen=True)
+class Measured:
+    """One cell of this study: its primary metric's mean and the guests' busy cores."""
+
+    value: float | None
+    reason: str | None = None
+    client_cpu: float | None = None
+    server_cpu: float | None = None
+
+
+def _cells(run_dir) -> dict[tuple, Measured]:
     """Per (attachment, mtu, connections, profile): primary metric and client/server CPU."""
     rec = results.read_run(run_dir)
-    client, server = rec.run["topology"]["client"], rec.run["topology"]["server"]
+    client, server = rec.client, rec.server
     cpu: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for s in rec.samples:
-        if s.get("status") == "ok" and not s.get("warmup"):
-            g = (s.get("cpu") or {}).get("guest") or {}
+        if s.measured:
             for role, name in (("client", client), ("server", server)):
-                if isinstance((g.get(name) or {}).get("busy"), (int, float)):
-                    cpu[s["cell"]["id"]][role].append(g[name]["busy"])
+                if (busy := s.cpu.guest_busy(str(name))) is not None:
+                    cpu[s.cell.id][role].append(busy)
     out = {}
-    for c in rec.run["cells"]:
-        metric = "transactions_per_s" if c["profile"].startswith("rr") else "throughput_mbps"
+    for c in rec.cells:
+        metric = rec.primary_metric(c.cell.profile)
         mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
-        out[(c["attachment"], c["mtu"], c["connections"], c["profile"])] = {
-            "value": ses.summary_mean(c, metric), "reason": c.get("reason"),
-            "client_cpu": mean(cpu[c["id"]]["client"]), "server_cpu": mean(cpu[c["id"]]["server"])}
+        out[(c.cell.attachment, c.cell.mtu, c.cell.connections, c.cell.profile)] = Measured(
+            c.summary_mean(metric), c.reason, mean(cpu[c.id]["client"]), mean(cpu[c.id]["server"]))
     return out
 
 
@@ -107,7 +117,7 @@ def run(quick: bool, progress, hosts=None) -> StudyReport:
         cells.update({("macvtap-across" if a == "macvtap" else a, m, c, p): v
                       for (a, m, c, p), v in _cells(out2.run_dir).items()})
         extra.append(out2.run_dir.name)
-    env = results.read_run(out.run_dir).run["environment"]
+    env = results.read_run(out.run_dir).environment
     return report(cells, env, quick, run_id, tuple(extra), skipped, vx_why, mv_why, tool, no_uperf)
 
 
@@ -115,9 +125,10 @@ def _pct(a: float | None, b: float | None) -> str:
     return f"{(b / a - 1):+.0%}" if a and b else "-"
 
 
-def report(cells: dict, env: dict, quick: bool, run_id: str, extra: tuple[str, ...], skipped: dict,
+def report(cells: dict, env: Environment | dict, quick: bool, run_id: str, extra: tuple[str, ...], skipped: dict,
            vx_why: str | None, mv_why: str | None = None, tool: str = "netperf",
            no_uperf: str | None = None) -> StudyReport:
+    env = as_environment(env)
     keys = sorted({(m, c, p) for (_, m, c, p) in cells})
     rows = []
     for place, mac_att, ovs_att in (("one host", "macvtap", "ovs"), ("two hosts", "macvtap-across", "ovs-vxlan")):
@@ -128,19 +139,19 @@ def report(cells: dict, env: dict, quick: bool, run_id: str, extra: tuple[str, .
             why_mac = skipped.get(Attachment.MACVTAP) if place == "one host" else mv_why
             why_ovs = skipped.get(Attachment.OVS) if place == "one host" else vx_why
             rows.append((place, str(mtu), str(conns), prof, unit,
-                         fmt(mac["value"]) if mac else f"not run: {why_mac}" if why_mac else "-",
-                         fmt(ovs["value"]) if ovs else f"not run: {why_ovs}" if why_ovs else "-",
-                         _pct(mac and mac["value"], ovs and ovs["value"]),
-                         "/".join(fmt(x.get(k)) for x in (mac,) if x for k in ("client_cpu", "server_cpu")) or "-",
-                         "/".join(fmt(x.get(k)) for x in (ovs,) if x for k in ("client_cpu", "server_cpu")) or "-",
-                         "; ".join(x["reason"] for x in (mac, ovs) if x and x.get("reason"))))
+                         fmt(mac.value) if mac else f"not run: {why_mac}" if why_mac else "-",
+                         fmt(ovs.value) if ovs else f"not run: {why_ovs}" if why_ovs else "-",
+                         _pct(mac and mac.value, ovs and ovs.value),
+                         "/".join(fmt(v) for x in (mac,) if x for v in (x.client_cpu, x.server_cpu)) or "-",
+                         "/".join(fmt(v) for x in (ovs,) if x for v in (x.client_cpu, x.server_cpu)) or "-",
+                         "; ".join(x.reason for x in (mac, ovs) if x and x.reason)))
     table = Table(f"Guest to guest, macvtap vs OVS ({tool} ran; the study used uperf)",
                   ("placement", "MTU", "connections", "profile", "unit", "macvtap", "OVS", "OVS vs macvtap",
                    "macvtap client/server cores", "OVS client/server cores", "failure"), tuple(rows),
                   "published: one host, macvtap ahead; OVS up to 12% behind in transactional tests, more at "
                   "high connection counts; across hosts streaming is link-bound, OVS up to 30% less CPU for "
                   "streaming, macvtap up to 15% better for highly concurrent transactions; a large MTU helps")
-    v = lambda a, m, c, p: (cells.get((a, m, c, p)) or {}).get("value")  # noqa: E731
+    v = lambda a, m, c, p: (cells.get((a, m, c, p)) or Measured(None)).value  # noqa: E731
     one = [(m, c, p) for m, c, p in keys if v("macvtap", m, c, p) and v("ovs", m, c, p)]
     st = [(v("macvtap", *k), v("ovs", *k)) for k in one if k[2].startswith("stream")]
     rr = [(v("macvtap", *k), v("ovs", *k)) for k in one if k[2].startswith("rr")]
@@ -169,11 +180,11 @@ def report(cells: dict, env: dict, quick: bool, run_id: str, extra: tuple[str, .
     two = [(m, c, p) for m, c, p in keys if v("macvtap-across", m, c, p) and v("ovs-vxlan", m, c, p)]
 
     def per_gbit(att: str, k: tuple) -> float | None:
-        x = cells.get((att, *k)) or {}
-        cores = [x.get("client_cpu"), x.get("server_cpu")]
-        if not x.get("value") or any(c is None for c in cores):
+        x = cells.get((att, *k)) or Measured(None)
+        cores = [x.client_cpu, x.server_cpu]
+        if not x.value or any(c is None for c in cores):
             return None
-        return sum(cores) / (x["value"] / 1000)     # guest cores (client + server) per Gbit/s
+        return sum(cores) / (x.value / 1000)     # guest cores (client + server) per Gbit/s
 
     cpu2 = [(k, per_gbit("macvtap-across", k), per_gbit("ovs-vxlan", k)) for k in two if k[2].startswith("stream")]
     cpu2 = [(k, a, b) for k, a, b in cpu2 if a and b]
@@ -202,7 +213,7 @@ def report(cells: dict, env: dict, quick: bool, run_id: str, extra: tuple[str, .
                                 "needs the 10-250 connection cells of a full run", Verdict.NOT_MEASURABLE,
                                 "--quick runs 1 connection only"))
     caveats = []
-    if env.get("accelerator") == "tcg":
+    if env.accelerator == "tcg":
         caveats.append("guests ran under TCG: these figures and verdicts are functional checks only, "
                        "never comparable with KVM")
     if tool != "uperf":

@@ -13,6 +13,7 @@ from typing import Any
 
 from testbed import cleanup, environment, measure, paths, proc, results, runner, stats
 from testbed.errors import CommandError, GuestError, TestbedError
+from testbed.records import CellOutcome, as_outcome
 from testbed.model import (Attachment, Backend, Cell, GuestSpec, HostSpec, Matrix, Profile,
                            Repetitions, Topology)
 
@@ -53,7 +54,7 @@ class Session:
         d.mkdir(parents=True, exist_ok=True)
         return str(d)
 
-    def measure(self, cell: Cell, conn: Any) -> Mapping[str, Any]:
+    def measure(self, cell: Cell, conn: Any) -> CellOutcome:
         """One cell through the runner's measurement (tool + CPU over one window) across a
         namespace Connection. Returns the cell record (status, reason, summary)."""
         self.progress(f"  {cell.id}")
@@ -62,16 +63,16 @@ class Session:
                 measure.measure_cell(cell, path, self.writer, self.rule, 0, {}, {}, self.clock_ghz)
         except (TestbedError, CommandError, GuestError) as e:
             measure.fail_cell(cell, self.writer, str(e), {})
-        return self.writer.record["cells"][-1]
+        return self.writer.cells[-1]
 
-    def fail(self, cell: Cell, reason: str) -> Mapping[str, Any]:
+    def fail(self, cell: Cell, reason: str) -> CellOutcome:
         self.progress(f"  {cell.id}: {reason}")
         measure.fail_cell(cell, self.writer, reason, {})
-        return self.writer.record["cells"][-1]
+        return self.writer.cells[-1]
 
     def record(self, cell: Cell, metrics: Mapping[str, float], *, started: str,
                extra: Mapping[str, Any] | None = None, raw: Sequence[str] = (),
-               cpu: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
+               cpu: Mapping[str, Any] | None = None) -> CellOutcome:
         """A sample measured by a scenario's own experiment (one repetition)."""
         s = results.Sample(self.writer.run_id, cell.as_dict(), 0, False, "ok", None, dict(metrics),
                            dict(cpu or {}), started, results.now(), tuple(raw), {}, dict(extra or {}))
@@ -79,7 +80,7 @@ class Session:
         summary = {k: {"n": 1, "mean": v, "median": v, "stddev": None, "ci95": [None, None]}
                    for k, v in metrics.items()}
         self.writer.add_cell(cell, "ok", None, None, summary)
-        return self.writer.record["cells"][-1]
+        return self.writer.cells[-1]
 
     def raw(self, cell: Cell, name: str, text: str) -> str:
         p = self.writer.raw_path(cell.id, name)
@@ -101,12 +102,16 @@ def session(name: str, topo: Topology, quick: bool,
         yield Session(writer, tag, state, env, progress)
 
 
-def summary_mean(cell_record: Mapping[str, Any], metric: str) -> float | None:
+def summary_mean(cell_record: CellOutcome | Mapping[str, Any] | None, metric: str) -> float | None:
     """A cell's measured mean of one metric; None when the cell failed (never 0)."""
-    if cell_record.get("status") == "failed":
-        return None
-    m = (cell_record.get("summary") or {}).get(metric) or {}
-    return m.get("mean")
+    c = as_outcome(cell_record)
+    return None if c is None else c.summary_mean(metric)
+
+
+def reason(cell_record: CellOutcome | Mapping[str, Any] | None) -> str:
+    """Why a cell failed, or ''."""
+    c = as_outcome(cell_record)
+    return (c.reason if c is not None else None) or ""
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ from importlib import resources
 from typing import Any
 
 from testbed.errors import TestbedError
-from testbed.results import RunRecord
+from testbed.records import CellRecord, Cores, Cpu, RunRecord
 
 #: metrics copied out of the metrics JSON into columns of their own, for plain SQL queries
 MAIN_METRICS = ("throughput_mbps", "transactions_per_s", "latency_mean_us",
@@ -43,37 +43,10 @@ def _num(value: Any) -> float | None:
 
 
 # --------------------------------------------------------------------------- CPU per sample
+# Cores and how a sample's CPU readings add up to them are the record's (records.Cpu.cores).
 
-@dataclass(frozen=True)
-class Cores:
-    """CPU used over a sample's window, in cores (CPU-seconds per second).
-
-    host:  the whole host's busy time (/proc/stat), everything included.
-    guest: busy time seen inside the guests, summed over guests.
-    qemu:  per-guest QEMU threads (vCPU, emulator, IO threads) and vhost workers, summed over
-           guests, plus ovs-vswitchd: the host CPU that the virtual network path costs.
-    Each is None when the sample did not record it.
-    """
-
-    host: float | None
-    guest: float | None
-    qemu: float | None
-
-
-def sample_cores(cpu: Mapping[str, Any] | None) -> Cores:
-    cpu = cpu or {}
-    host = _num((cpu.get("host") or {}).get("busy"))
-    guests = [_num((g or {}).get("busy")) for g in (cpu.get("guest") or {}).values()]
-    guest = sum(v for v in guests if v is not None) if any(v is not None for v in guests) else None
-    per_guest = cpu.get("per_guest") or {}
-    totals = [_num((g or {}).get("total")) for g in per_guest.values()]
-    qemu = None
-    if any(v is not None for v in totals):
-        qemu = sum(v for v in totals if v is not None)
-        qemu += _num((cpu.get("named") or {}).get("ovs-vswitchd")) or 0.0
-    # Rounded: sums of 4-decimal readings should read 1.4816, not 1.4815999999999998.
-    return Cores(host=host, guest=None if guest is None else round(guest, 6),
-                 qemu=None if qemu is None else round(qemu, 6))
+def sample_cores(cpu: Cpu | Mapping[str, Any] | None) -> Cores:
+    return (cpu if isinstance(cpu, Cpu) else Cpu.from_dict(cpu)).cores()
 
 
 # --------------------------------------------------------------------------- rows
@@ -174,41 +147,41 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _cell_fields(cell: Mapping[str, Any]) -> dict[str, Any]:
-    return {"cell_id": str(cell.get("id", "")), "attachment": str(cell.get("attachment", "")),
-            "backend": str(cell.get("backend", "")), "mtu": int(cell.get("mtu") or 0),
-            "connections": int(cell.get("connections") or 0),
-            "profile": str(cell.get("profile", "")), "tool": cell.get("tool")}
+def _cell_fields(cell: CellRecord) -> dict[str, Any]:
+    return {"cell_id": str(cell.id), "attachment": str(cell.attachment),
+            "backend": str(cell.backend), "mtu": int(cell.mtu or 0),
+            "connections": int(cell.connections or 0), "profile": str(cell.profile),
+            "tool": cell.tool}
 
 
 def rows_for_run(rec: RunRecord) -> IndexedRun:
     """Pure: one run directory's record -> the rows that index it."""
-    r, env = rec.run, rec.run.get("environment") or {}
-    run_id = str(r["run_id"])
-    run = RunRow(run_id=run_id, dir=str(rec.dir), format_version=int(r.get("format_version", 0)),
-                 status=str(r.get("status", "unknown")), started=r.get("started"),
-                 ended=r.get("ended"), accelerator=env.get("accelerator"),
-                 comparable_class=env.get("comparable_class"), cpu_model=env.get("cpu_model"),
-                 cpu_mhz=_num(env.get("cpu_mhz")), cpus=_int(env.get("cpus")),
-                 host=env.get("host"), kernel=env.get("kernel"), environment=_json(env),
-                 topology=_json(r.get("topology") or {}), counts=_json(r.get("counts") or {}))
+    env = rec.environment
+    run_id = str(rec.run_id)
+    run = RunRow(run_id=run_id, dir=str(rec.dir), format_version=int(rec.format_version or 0),
+                 status=str(rec.status), started=rec.started,
+                 ended=rec.ended, accelerator=env.accelerator,
+                 comparable_class=env.comparable_class, cpu_model=env.cpu_model,
+                 cpu_mhz=_num(env.cpu_mhz), cpus=_int(env.cpus),
+                 host=env.host, kernel=env.kernel, environment=_json(env.to_dict()),
+                 topology=_json(rec.topology), counts=_json(rec.counts.to_dict()))
     cells = tuple(
-        CellRow(run_id=run_id, **_cell_fields(c), status=str(c.get("status", "unknown")),
-                reason=c.get("reason"),
-                converged=None if c.get("converged") is None else int(bool(c["converged"])),
-                summary=_json(c.get("summary") or {}))
-        for c in r.get("cells") or ())
+        CellRow(run_id=run_id, **_cell_fields(c.cell), status=str(c.status),
+                reason=c.reason,
+                converged=None if c.converged is None else int(bool(c.converged)),
+                summary=_json(c.summary_dict()))
+        for c in rec.cells)
     samples = []
     for seq, s in enumerate(rec.samples):
-        m, cores = s.get("metrics") or {}, sample_cores(s.get("cpu"))
+        m, cores = s.metrics, s.cpu.cores()
         samples.append(SampleRow(
-            run_id=run_id, seq=seq, **_cell_fields(s.get("cell") or {}),
-            rep=int(s.get("rep") or 0), warmup=int(bool(s.get("warmup"))),
-            status=str(s.get("status", "unknown")), reason=s.get("reason"),
-            started=s.get("started"), ended=s.get("ended"),
+            run_id=run_id, seq=seq, **_cell_fields(s.cell),
+            rep=int(s.rep or 0), warmup=int(bool(s.warmup)),
+            status=str(s.status), reason=s.reason,
+            started=s.started, ended=s.ended,
             **{k: _num(m.get(k)) for k in MAIN_METRICS},
             host_cores=cores.host, guest_cores=cores.guest, qemu_cores=cores.qemu,
-            metrics=_json(m), cpu=_json(s.get("cpu") or {})))
+            metrics=_json(m), cpu=_json(s.cpu.to_dict())))
     return IndexedRun(run, cells, tuple(samples))
 
 

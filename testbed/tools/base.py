@@ -232,7 +232,7 @@ def vet(result: ToolResult, profile: Profile) -> ToolResult:
     if not result.ok:
         return result
     m = result.metrics
-    key = "transactions_per_s" if profile.pattern.is_transactional else "throughput_mbps"
+    key = profile.pattern.primary_metric
     if key in m and m[key] <= 0:
         extra = f" ({w})" if (w := next((w for w in result.warnings if "0 of" in w), None)) else ""
         return ToolResult.failed(f"{profile.tool.value} exited 0 but reported {key} {m[key]:g}{extra}",
