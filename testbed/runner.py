@@ -19,6 +19,7 @@ from pathlib import Path
 
 from testbed import (capabilities, cleanup, cpu, environment, guestnic, images, measure, paths, proc, remote,
                      render, results, stats, twohost, virt)
+from testbed import pairs as pairs_mod
 from testbed.errors import CapabilityError, GuestError, ReadinessError, TestbedError
 from testbed.hostnet import attach, links, macvtap
 from testbed.model import Attachment, Backend, Cell, MacvtapSpec, Offloads, Topology, context_of
@@ -36,8 +37,9 @@ def plan(t: Topology) -> list[Cell]:
     # Namespaces have no virtio NIC: their cells are planned once, labelled with the first
     # backend and queue count.
     ctx = context_of(results.topology_dict(t))     # in each cell's definition hash
-    cells = [Cell(a, b, mtu, c, p, q, ctx) for a, b, q, mtu, c, p in
-             itertools.product(m.attachments, m.backends, m.queues, m.mtus, m.connections, m.profiles)
+    cells = [Cell(a, b, mtu, c, p, q, ctx, n) for a, b, q, mtu, c, p, n in
+             itertools.product(m.attachments, m.backends, m.queues, m.mtus, m.connections, m.profiles,
+                               m.pairs)
              if not (a.is_netns and (b is not m.backends[0] or q != m.queues[0]))]
     if m.randomize:
         # Randomise within each NIC group: order effects are averaged out without
@@ -83,6 +85,12 @@ def preflight(t: Topology) -> None:
         if why:
             raise CapabilityError(f"{t.source}: matrix.attachments[{i}]: attachment {a.value} requested "
                                   f"but unavailable: {why}")
+    if any(a.is_netns for a in t.matrix.attachments) and any(p.paced for p in t.matrix.profiles):
+        # Namespaces run this host's binaries: whether they pace is tried here, before anything.
+        from testbed import pacing, pairs
+        pairs.require_pacing(t, [Cell(a, Backend.QEMU, 1500, 1, p) for a in t.matrix.attachments
+                                 if a.is_netns for p in t.matrix.profiles],
+                             pacing.Detector(), "this host's namespaces", _run_local)
     if Attachment.MACVTAP in t.matrix.attachments and t.macvtap.lower:
         why = macvtap.check_lowers(t.macvtap.lower, t.macvtap.mode, max(t.matrix.mtus))
         if why:
@@ -156,29 +164,57 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
             return Outcome(writer.dir, final["status"], final["counts"]["samples"],
                            final["counts"]["failed"])
         guests: dict[str, virt.Guest] = {}
-        if needs_vms:
+        conns: dict[str, object] = {}
+        n_pairs = max(c.pairs for c in cells) if cells else 1
+        guest_pairs = pairs_mod.guest_pairs(t, n_pairs)
+
+        def boot(specs, slot_of=lambda s: None) -> None:
             # Each guest boots on its own host: that host's libvirt, and for a real remote
             # host its shell (overlay, seed and console live there).
-            conns: dict[str, object] = {}
-            for spec in (t.guest(t.client), t.guest(t.server)):
-                h = t.host_of(spec.name)
+            for spec in specs:
+                h = next(x for x in t.hosts if x.name == spec.host)
                 if h.uri not in conns:
                     conns[h.uri] = stack.enter_context(virt.connect(h.uri))
                 img = images.user_image(spec.image) if spec.image else recipe_image
                 guests[spec.name] = stack.enter_context(
                     virt.guest(conns[h.uri], spec, img, accel, run_id, tag, state,  # type: ignore[arg-type]
-                               shell=remote.shell(h) if h.remote else None))
+                               shell=remote.shell(h) if h.remote else None, slot=slot_of(spec)))
                 writer.count("boots")
                 if guests[spec.name].boot == "restored":
                     writer.count("restores")
+
+        def ready() -> None:
+            for g in guests.values():
+                if g.ready_s is None:
+                    g.wait_ready(t.ready_timeout_s)
+                    progress(f"guest {g.name} ready in {g.ready_s:.1f} s ({g.boot}"
+                             + (f": {g.boot_reason})" if g.boot_reason else ")"))
+
+        if needs_vms:
+            boot(guest_pairs[0])
         placement = {g.spec.name: g.spec.host for g in guests.values()}
         try:
-            for g in guests.values():
-                g.wait_ready(t.ready_timeout_s)
-                progress(f"guest {g.name} ready in {g.ready_s:.1f} s ({g.boot}"
-                         + (f": {g.boot_reason})" if g.boot_reason else ")"))
+            ready()
+            if needs_vms and n_pairs > 1:
+                # Idle cost (issue 15): one pair idle, then every pair; the clones restore from
+                # the first pair's snapshots (one slot per role), so they cost seconds.
+                idle = _idle(guests, t, progress)
+                base = {s.name: b.name for p in guest_pairs for s, b in zip(p, guest_pairs[0])}
+                boot([s for p in guest_pairs[1:] for s in p], lambda s: base[s.name])
+                placement = {g.spec.name: g.spec.host for g in guests.values()}
+                ready()
+                idle += _idle(guests, t, progress)
+                writer.update(idle=idle)
             if recipe_image is None or recipe_image.tools is None or any(g.spec.image for g in guests.values()):
                 guest_tools_check(cells, guests)
+            if needs_vms and any(c.profile.paced for c in cells if not c.attachment.is_netns):
+                from testbed import pacing
+                cg = guests[t.client]
+                pairs_mod.require_pacing(
+                    t, [c for c in cells if not c.attachment.is_netns], pacing.Detector(),
+                    f"guest {cg.spec.name}",
+                    lambda argv: (lambda r: (r.stdout, r.stderr, r.rc))(cg.agent.run(argv, check=False, timeout=30)),
+                    cg.agent.write_file)
         except (ReadinessError, GuestError) as e:
             # No VM cell can run without its guests: each is recorded as failed with the
             # reason (and the console tail), so the run says what happened.
@@ -208,21 +244,28 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
         for (attachment, backend, queues), group in itertools.groupby(cells, key=_nic_group):
             group = list(group)
             try:
-                cm = (netns_mode(attachment, tag, t.subnet, max(t.matrix.mtus), str(state / "netns"),
-                                 offloads=t.offloads)
+                n_group = max(c.pairs for c in group)
+                cm = (netns_pairs(attachment, tag, t.subnet, max(t.matrix.mtus), str(state / "netns"),
+                                  n_group, offloads=t.offloads)
                       if attachment.is_netns else
-                      twohost.mode(attachment, backend, tag, guests[t.client], guests[t.server], t,
-                                   max(t.matrix.mtus), state, queues=queues, offloads=t.offloads)
+                      _one(twohost.mode(attachment, backend, tag, guests[t.client], guests[t.server], t,
+                                        max(t.matrix.mtus), state, queues=queues, offloads=t.offloads))
                       if twohost.across(t, attachment) else
-                      mode(attachment, backend, tag, guests[t.client], guests[t.server], t.subnet,
-                           max(t.matrix.mtus), queues=queues, macvtap_spec=t.macvtap, offloads=t.offloads))
-                with cm as path:
+                      mode_pairs(attachment, backend, tag,
+                                 [(guests[c.name], guests[s.name]) for c, s in guest_pairs[:n_group]],
+                                 t.subnet, max(t.matrix.mtus), queues=queues, macvtap_spec=t.macvtap,
+                                 offloads=t.offloads))
+                with cm as paths:
                     for cell in group:
                         eta = ((time.monotonic() - started) / done * (len(cells) - done)) if done else None
                         progress(f"[{done + 1}/{len(cells)}] {cell.id}"
                                  + (f" (eta {eta:.0f} s)" if eta is not None else ""))
-                        measure.measure_cell(cell, path, writer, rule, t.matrix.repetitions.warmup,
-                                             qemu_pids, placement, clock_ghz)
+                        if cell.pairs > 1 or cell.profile.paced:
+                            pairs_mod.measure_cell(cell, paths, writer, rule, t.matrix.repetitions.warmup,
+                                                   qemu_pids, placement, clock_ghz)
+                        else:
+                            measure.measure_cell(cell, paths[0], writer, rule, t.matrix.repetitions.warmup,
+                                                 qemu_pids, placement, clock_ghz)
                         done += 1
             except (TestbedError, GuestError) as e:
                 # The mode could not be set up (or torn down): its remaining cells fail with
@@ -247,12 +290,25 @@ def mode(attachment: Attachment, backend: Backend, tag: str, client: virt.Guest,
          offloads: Offloads | None = None) -> Iterator[measure.TestPath]:
     """Host segment for one attachment mode, with a NIC hot-plugged into each guest.
     The NIC advertises the largest MTU of the matrix, so later cells can change MTU live."""
+    with mode_pairs(attachment, backend, tag, [(client, server)], subnet, max_mtu, queues=queues,
+                    macvtap_spec=macvtap_spec, offloads=offloads) as paths:
+        yield paths[0]
+
+
+@contextlib.contextmanager
+def mode_pairs(attachment: Attachment, backend: Backend, tag: str,
+               guest_pairs: list[tuple[virt.Guest, virt.Guest]], subnet: str, max_mtu: int, *,
+               queues: int = 1, macvtap_spec: MacvtapSpec = MacvtapSpec(),
+               offloads: Offloads | None = None) -> Iterator[list[measure.TestPath]]:
+    """One host segment with 2N NICs plugged: pair k's client and server get taps
+    tb-<tag>-t<2k>/t<2k+1> and addresses subnet+1+2k / +2+2k. Every pair's MTU is set on
+    every tap (they share the datapath)."""
     net = ipaddress.ip_network(subnet)
     with contextlib.ExitStack() as stack:
         seg = stack.enter_context(attach.segment(attachment, tag, max_mtu, macvtap_spec))
         eps = []
         applied: dict[str, dict[str, str]] = {}
-        for i, g in enumerate((client, server)):
+        for i, g in enumerate(g for pair in guest_pairs for g in pair):
             target = f"tb-{tag}-t{i}"
             mac = guestnic.mac(tag, i, 0)
             xml = render.interface_xml(seg.nic(target, mac, backend, max_mtu, queues=queues))
@@ -264,9 +320,47 @@ def mode(attachment: Attachment, backend: Backend, tag: str, client: virt.Guest,
         taps = [e.tap for e in eps]
         # Entered last, so servers stop before the NICs are unplugged.
         servers = stack.enter_context(measure.Servers())
-        yield measure.TestPath(eps[0], eps[1], lambda mtu: seg.set_mtu(mtu, taps),
-                               guest_sends_as_rx=attachment is not Attachment.MACVTAP, servers=servers,
-                               datapath=seg.datapath, offloads=applied)
+        yield [measure.TestPath(eps[2 * k], eps[2 * k + 1], lambda mtu: seg.set_mtu(mtu, taps),
+                                guest_sends_as_rx=attachment is not Attachment.MACVTAP, servers=servers,
+                                datapath=seg.datapath,
+                                offloads={e.guest.spec.name: applied[e.guest.spec.name]
+                                          for e in eps[2 * k:2 * k + 2]})
+               for k in range(len(guest_pairs))]
+
+
+@contextlib.contextmanager
+def _one(cm) -> Iterator[list[measure.TestPath]]:
+    with cm as path:
+        yield [path]
+
+
+@contextlib.contextmanager
+def netns_pairs(attachment: Attachment, tag: str, subnet: str, max_mtu: int, out_dir: str, n: int,
+                offloads: Offloads | None = None) -> Iterator[list[measure.TestPath]]:
+    """N namespace pairs, each its own connection of the mode (tags <tag>, <tag>1, ...):
+    namespaces have no shared segment to plug into yet (issue 17's fabric), so this measures
+    the harness and the kernel under N concurrent pairs, not one shared datapath."""
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(netns_mode(attachment, tag + (str(k) if k else ""), subnet, max_mtu,
+                                              f"{out_dir}/{k}" if k else out_dir, offloads=offloads))
+               for k in range(n)]
+
+
+def _run_local(argv: list[str]) -> tuple[str, str, int]:
+    res = proc.run(argv, check=False, timeout=30)
+    return res.stdout, res.stderr, res.rc
+
+
+def _idle(guests: dict[str, virt.Guest], t: Topology, progress: Callable[[str], None]) -> list[dict]:
+    """An idle reading of the guests booted so far (local QEMUs only)."""
+    window = pairs_mod.idle_window_s()
+    pids = {n: p for n, g in guests.items() if g.shell is None and (p := virt.qemu_pid(g))}
+    if window <= 0 or not pids:
+        return []
+    rec = pairs_mod.idle_reading(pids, window, t.guest(t.client).memory_mib)
+    progress(f"idle: {rec['guests']} guests, host {rec['host_busy_cores']} cores busy over {rec['window_s']} s, "
+             f"QEMU RSS {sum(rec['qemu_rss_mib'].values()):.0f} MiB")
+    return [rec]
 
 
 @contextlib.contextmanager
