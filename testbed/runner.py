@@ -255,16 +255,16 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
                                  [(guests[c.name], guests[s.name]) for c, s in guest_pairs[:n_group]],
                                  t.subnet, max(t.matrix.mtus), queues=queues, macvtap_spec=t.macvtap,
                                  offloads=t.offloads))
-                with cm as paths:
+                with cm as tpaths:
                     for cell in group:
                         eta = ((time.monotonic() - started) / done * (len(cells) - done)) if done else None
                         progress(f"[{done + 1}/{len(cells)}] {cell.id}"
                                  + (f" (eta {eta:.0f} s)" if eta is not None else ""))
                         if cell.pairs > 1 or cell.profile.paced:
-                            pairs_mod.measure_cell(cell, paths, writer, rule, t.matrix.repetitions.warmup,
+                            pairs_mod.measure_cell(cell, tpaths, writer, rule, t.matrix.repetitions.warmup,
                                                    qemu_pids, placement, clock_ghz)
                         else:
-                            measure.measure_cell(cell, paths[0], writer, rule, t.matrix.repetitions.warmup,
+                            measure.measure_cell(cell, tpaths[0], writer, rule, t.matrix.repetitions.warmup,
                                                  qemu_pids, placement, clock_ghz)
                         done += 1
             except (TestbedError, GuestError) as e:
@@ -291,8 +291,8 @@ def mode(attachment: Attachment, backend: Backend, tag: str, client: virt.Guest,
     """Host segment for one attachment mode, with a NIC hot-plugged into each guest.
     The NIC advertises the largest MTU of the matrix, so later cells can change MTU live."""
     with mode_pairs(attachment, backend, tag, [(client, server)], subnet, max_mtu, queues=queues,
-                    macvtap_spec=macvtap_spec, offloads=offloads) as paths:
-        yield paths[0]
+                    macvtap_spec=macvtap_spec, offloads=offloads) as tpaths:
+        yield tpaths[0]
 
 
 @contextlib.contextmanager
