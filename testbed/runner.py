@@ -337,13 +337,22 @@ def _one(cm) -> Iterator[list[measure.TestPath]]:
 @contextlib.contextmanager
 def netns_pairs(attachment: Attachment, tag: str, subnet: str, max_mtu: int, out_dir: str, n: int,
                 offloads: Offloads | None = None) -> Iterator[list[measure.TestPath]]:
-    """N namespace pairs, each its own connection of the mode (tags <tag>, <tag>1, ...):
-    namespaces have no shared segment to plug into yet (issue 17's fabric), so this measures
-    the harness and the kernel under N concurrent pairs, not one shared datapath."""
+    """N namespace pairs, each its own connection of the mode: namespaces have no shared
+    segment to plug into yet (issue 17's fabric), so this measures the harness and the kernel
+    under N concurrent pairs, not one shared datapath. Pairs after the first get tags of their
+    own, registered as owned by this process (cleanup.owned_state) so that no other run's
+    leftovers check takes their objects for a dead run's."""
+    import secrets
     with contextlib.ExitStack() as stack:
-        yield [stack.enter_context(netns_mode(attachment, tag + (str(k) if k else ""), subnet, max_mtu,
+        tags = [tag]
+        while len(tags) < n:
+            t = secrets.token_hex(2)
+            if t not in tags:
+                stack.enter_context(cleanup.owned_state(t, f"{tag}-pair{len(tags) + 1}"))
+                tags.append(t)
+        yield [stack.enter_context(netns_mode(attachment, t, subnet, max_mtu,
                                               f"{out_dir}/{k}" if k else out_dir, offloads=offloads))
-               for k in range(n)]
+               for k, t in enumerate(tags)]
 
 
 def _run_local(argv: list[str]) -> tuple[str, str, int]:
