@@ -684,9 +684,10 @@ def _check_limits(m: dict[str, Node], doc: Node, matrix: Matrix) -> None:
                          f"limits.max_hours (at most {HARD_MAX_HOURS})")
 
 
-#: what one QEMU process costs beyond its guest's memory, for the `pairs` memory check: the
-#: RSS of an idle TCG guest of 1024 MiB measured here is about 1.1 GiB (guest RAM touched by
-#: boot + QEMU's own heap and TCG translation cache); 256 MiB over the guest's memory covers it
+#: what one QEMU process may cost beyond its guest's memory, for the `pairs` memory check.
+#: A guest can touch all of memory_mib, so that counts in full (an idle 1024 MiB TCG guest
+#: restored from its snapshot measured 300-325 MiB RSS here, far below it), plus 256 MiB for
+#: QEMU's own heap, TCG translation cache and I/O buffers.
 QEMU_OVERHEAD_MIB = 256
 #: host memory kept back for the host itself: the larger of 2 GiB and 10 % of MemTotal
 HOST_RESERVE_MIB, HOST_RESERVE_FRACTION = 2048, 0.10
