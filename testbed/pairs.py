@@ -185,20 +185,34 @@ def measure_once(cell: Cell, paths: Sequence[measure.TestPath], writer: results.
         skew_s = time.monotonic() - t0
         outs: list[list] = [[] for _ in paths]
         ends: list[float] = []
-        first = True
-        for i, (p, (argv, _), pids) in enumerate(zip(paths, plans, spawned)):
+
+        def wait_pair(i: int) -> list[float]:
+            # Each pair's clients are waited for by its own thread (each guest has its own
+            # agent): waiting pair after pair would see a later pair end one agent round trip
+            # late for every pair before it (seconds under TCG), a skew no client had.
+            p, (argv, _), pids = paths[i], plans[i], spawned[i]
+            seen = []
             for j, pid in enumerate(pids):
+                outs[i].append(p.client.guest.agent.wait(
+                    pid, argv, profile.duration_s * runs + measure.SAMPLE_MARGIN_S,
+                    expected_s=profile.duration_s * runs if j == 0 else 0.0))
+                seen.append(time.monotonic())
+            return seen
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(max_workers=len(paths)) as pool:
+            futures = [pool.submit(wait_pair, i) for i in range(len(paths))]
+            errors = []
+            for i, fut in enumerate(futures):
                 try:
-                    outs[i].append(p.client.guest.agent.wait(
-                        pid, argv, profile.duration_s * runs + measure.SAMPLE_MARGIN_S,
-                        expected_s=profile.duration_s * runs if first else 0.0))
-                    first = False
-                    ends.append(time.monotonic())
+                    ends.extend(fut.result())
                 except CommandError as e:
-                    for rest_pids, rest_path in zip(spawned, paths):
-                        for rest in rest_pids:
-                            rest_path.client.guest.agent.kill(rest)
-                    return failed(f"pair {i + 1}: client {'timed out' if e.timed_out else 'failed'}: {e}")
+                    errors.append((i, e))
+        if errors:
+            for rest_pids, rest_path in zip(spawned, paths):
+                for rest in rest_pids:
+                    rest_path.client.guest.agent.kill(rest)
+            i, e = errors[0]
+            return failed(f"pair {i + 1}: client {'timed out' if e.timed_out else 'failed'}: {e}")
         window = time.monotonic() - t0
         h_after = cpu.host_reading(pids_q, domains)
         counters_after = [p.counters() for p in paths]
