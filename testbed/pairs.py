@@ -178,10 +178,14 @@ def measure_once(cell: Cell, paths: Sequence[measure.TestPath], writer: results.
         g_before = {ep.guest.spec.name: cpu.guest_reading(ep.guest.agent) for ep in eps}
         counters_before = [p.counters() for p in paths]
         h_before = cpu.host_reading(pids_q, domains)
+        from concurrent.futures import ThreadPoolExecutor
         t0 = time.monotonic()
-        # Every pair's clients at once: the pairs share the datapath only if they overlap.
-        spawned = [[p.client.guest.agent.spawn(argv) for _ in range(nproc)]
-                   for p, (argv, nproc) in zip(paths, plans)]
+        # Every pair's clients at once, each pair from its own thread (its own guest agent):
+        # spawned pair after pair, the last would start one agent round trip per pair later
+        # (about 0.5 s each under TCG), and the pairs would not overlap for the whole test.
+        with ThreadPoolExecutor(max_workers=len(paths)) as pool:
+            spawned = list(pool.map(lambda pa: [pa[0].client.guest.agent.spawn(pa[1][0]) for _ in range(pa[1][1])],
+                                    zip(paths, plans)))
         skew_s = time.monotonic() - t0
         outs: list[list] = [[] for _ in paths]
         ends: list[float] = []
@@ -198,7 +202,6 @@ def measure_once(cell: Cell, paths: Sequence[measure.TestPath], writer: results.
                     expected_s=profile.duration_s * runs if j == 0 else 0.0))
                 seen.append(time.monotonic())
             return seen
-        from concurrent.futures import ThreadPoolExecutor
         with ThreadPoolExecutor(max_workers=len(paths)) as pool:
             futures = [pool.submit(wait_pair, i) for i in range(len(paths))]
             errors = []
