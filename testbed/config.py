@@ -878,6 +878,11 @@ def _parse(root: yaml.Node, file: str, base: Path | None) -> Topology:
     if max(matrix.pairs) > 1:
         _check_pairs(mnode["pairs"], matrix, [g for g in guests if g.name in (client, server)],
                      host_map, subnet, names)
+        if (Attachment.MACVTAP in matrix.attachments and mv.mode is MacvtapMode.PASSTHROUGH
+                and mv.lower and len(mv.lower) < 2 * max(matrix.pairs)):
+            raise mnode["pairs"].error(f"macvtap passthrough gives every guest a lower device of its own: "
+                                       f"{max(matrix.pairs)} pairs need {2 * max(matrix.pairs)}, macvtap.lower "
+                                       f"names {len(mv.lower)}")
     return Topology(name=name, source=file, hosts=hosts, guests=guests, client=client, server=server,
                     matrix=matrix, accelerator=accel, subnet=subnet, ready_timeout_s=ready, macvtap=mv,
                     offloads=off, tunnel=tunnel)

@@ -196,6 +196,9 @@ CORPUS: dict[str, tuple[str, str, str]] = {
     "pairs_clone_name_taken": ("guests: [{name: g1}, {name: g2}, {name: g1-p2}]\n"
                                "matrix: {pairs: [2], profiles: [{name: a}]}\n", "matrix.pairs",
                                "is taken by another guest"),
+    "pairs_macvtap_passthrough": (G + "macvtap: {mode: passthrough, lower: [tbx0, tbx1]}\n"
+                                  "matrix: {attachments: [macvtap], pairs: [2], profiles: [{name: a}]}\n",
+                                  "matrix.pairs", "2 pairs need 4"),
     "rate_not_a_rate": (G + "matrix: {profiles: [{name: a, tool: iperf3, rate: fast}]}\n",
                         "matrix.profiles[0].rate", "is not a rate"),
     "rate_tps_on_stream": (G + "matrix: {profiles: [{name: a, tool: iperf3, rate: 5000tps}]}\n",
