@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -92,7 +93,7 @@ def test_capacity_table_shows_measured_points_beside_the_fit_and_memory_can_bind
     out = res.stdout + res.stderr
     assert "source" in out and "fit" in out and "residual" in out, out
     assert "idle" in out and "bridge-qemu-mtu1500-conn1-paced-p2" in out, out
-    assert "saturated at N=2" in out, out
+    assert re.search(r"saturated at N=[0-9,]*\b2\b", out), out
     big = _cli(tmp_path, "capacity", str(run_dir), "--profile", "stream:50mbit", "--host-cores", "64",
                "--memory-mib", "8192")
     row = next(line for line in big.stdout.splitlines() if line.startswith("bridge/qemu "))
