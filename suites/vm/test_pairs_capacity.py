@@ -28,8 +28,14 @@ matrix:
   backends: [qemu]
   pairs: [1, 2]
   profiles:
-    - {name: paced, tool: iperf3, duration: 3, rate: 20gbit}
+    - {name: paced, tool: iperf3, duration: 10, rate: 20gbit}
 """
+
+
+# 10 s, not 3: iperf3's receiver stops counting at the end of the test, and what a slow TCG
+# receiver still holds in its socket buffer then (1-3 MB measured here) crossed the wire
+# uncounted; over 3 s that is 5-6 % of the payload and the wire cross-check (3 %) fails the
+# sample, over 10 s it is within it.
 
 
 def _cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
