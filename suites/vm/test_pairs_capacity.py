@@ -102,5 +102,6 @@ def test_capacity_table_shows_measured_points_beside_the_fit_and_memory_can_bind
     assert re.search(r"saturated at N=[0-9,]*\b2\b", out), out
     big = _cli(tmp_path, "capacity", str(run_dir), "--profile", "stream:50mbit", "--host-cores", "64",
                "--memory-mib", "8192")
-    row = next(line for line in big.stdout.splitlines() if line.startswith("bridge/qemu "))
+    row = next(line for line in big.stdout.splitlines()
+               if line.split()[:1] == ["bridge/qemu"] and line.split()[1].isdigit())
     assert row.split()[2] == "memory", big.stdout
