@@ -250,7 +250,91 @@ def _coverage(samples: list) -> dict:
     return out
 
 
+BARE_IPERF3_PORT = 5301   # the hand-run iperf3 servers; the testbed's own use iperf3's default
+
+
+def harness(ns: tuple[int, ...] = (1, 2, 4), rounds: int = 3, duration_s: int = 3) -> list[dict]:
+    """Per-pair harness overhead (issue 15): at each N, N namespace veth pairs; the aggregate
+    the testbed reports for a cell with N pairs (testbed.pairs: agents, servers, collectors,
+    counters, skew check) against N bare iperf3 clients started by hand at once, the two
+    alternating in the same run. One row per N: medians and their ratio."""
+    import tempfile
+    from testbed import pairs, runner
+    from testbed.config import default
+    from testbed.model import Attachment, Backend, Cell, Pattern, Profile, Repetitions, Tool
+    from testbed.tools import iperf3 as iperf3_tool
+    profile = Profile("tcp_stream", tool=Tool.IPERF3, pattern=Pattern.STREAM, message_size=131072,
+                      duration_s=duration_s)
+    rows = []
+    for n in ns:
+        cell = Cell(Attachment.NETNS_VETH, Backend.QEMU, 1500, 1, profile, pairs=n)
+        bare: list[float] = []
+        tb: list[float] = []
+        reasons: list[str] = []
+        run_id, tag = results.new_run_id()
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(cleanup.host_lock(run_id))
+            state = stack.enter_context(cleanup.owned_state(tag, run_id))
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tb-harness-"))
+            writer = stack.enter_context(results.RunWriter(Path(tmp), run_id, default(), {"accelerator": "none"}))
+            paths = stack.enter_context(runner.pair_paths(Attachment.NETNS_VETH, Backend.QEMU, tag, default(),
+                                                          None, n, 1500, state / "netns"))
+            nss = [(p.client.guest.agent.netns, p.server.guest.agent.netns, p.server.address)  # type: ignore[union-attr]
+                   for p in paths]
+            for i, (cns, sns, addr) in enumerate(nss):
+                # -1 is not used: the bare servers serve every round, as someone would leave them
+                srv = stack.enter_context(proc.background(["iperf3", "-s", "-p", str(BARE_IPERF3_PORT)],
+                                                          out_dir=tmp, name=f"bare-iperf3-s{i}", netns=sns))
+                from testbed.hostnet import netns as netns_mod
+                netns_mod.wait_listening(sns, BARE_IPERF3_PORT, srv)
+            for r in range(rounds):
+                for who in (("bare", "testbed") if r % 2 == 0 else ("testbed", "bare")):
+                    if who == "bare":
+                        argv = ["iperf3", "-c", "ADDR", "-p", str(BARE_IPERF3_PORT), "-J", "-t", str(duration_s),
+                                "-l", "131072"]
+                        clients = [proc.start([a if a != "ADDR" else addr for a in argv], out_dir=tmp,
+                                              name=f"bare-{r}-{i}", netns=cns)
+                                   for i, (cns, _, addr) in enumerate(nss)]
+                        total, ok = 0.0, True
+                        for c in clients:
+                            rc = c.wait(duration_s + 60)
+                            res = iperf3_tool.parse(c.stdout(), c.stderr(), rc)
+                            if not res.ok:
+                                ok = False
+                                reasons.append(f"bare iperf3: {res.reason}")
+                            else:
+                                total += res.metrics["throughput_mbps"]
+                        if ok:
+                            bare.append(total)
+                    else:
+                        smp = pairs.measure_once(cell, paths, writer, r, False, {}, {}, None)
+                        if smp.status == "ok":
+                            tb.append(smp.metrics["throughput_mbps"])
+                        else:
+                            reasons.append(f"testbed: {smp.reason}")
+        row = {"pairs": n, "bare_mbps": bare, "testbed_mbps": tb, "failures": reasons}
+        if bare and tb:
+            mb, mt = statistics.median(bare), statistics.median(tb)
+            row.update({"bare_median_mbps": round(mb, 1), "testbed_median_mbps": round(mt, 1),
+                        "ratio": round(mt / mb, 3)})
+        rows.append(row)
+    return rows
+
+
 def main(what: str, args: argparse.Namespace) -> int:
+    if what == "harness":
+        rows = harness(rounds=args.rounds or 3)
+        print("pairs  bare iperf3 (Mbit/s, sum)  testbed (Mbit/s, aggregate)  ratio  (namespace veth pairs, "
+              "alternating, medians)")
+        for r in rows:
+            if "ratio" in r:
+                print(f"{r['pairs']:>5}  {r['bare_median_mbps']:>25.1f}  {r['testbed_median_mbps']:>27.1f}  "
+                      f"{r['ratio']:.3f}")
+            else:
+                print(f"{r['pairs']:>5}  -  ({'; '.join(r['failures'])[:200]})")
+            for reason in r["failures"]:
+                print(f"       failed: {reason}")
+        return 0 if all("ratio" in r and not r["failures"] for r in rows) else 1
     if what == "chain":
         rows = chain_table()
         print(format_chain(rows))

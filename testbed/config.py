@@ -65,7 +65,7 @@ SUBNET_MAX_PREFIX = 32 - math.ceil(math.log2(SUBNET_ENDPOINTS + 2))
 DEFAULT_MAX_CELLS, HARD_MAX_CELLS = 2000, 100_000
 DEFAULT_MAX_HOURS, HARD_MAX_HOURS = 48, 8760
 MATRIX_KEYS = {"attachments", "backends", "queues", "mtus", "connections", "profiles", "repetitions",
-               "variants",
+               "variants", "pairs",
                "randomize", "seed"}
 #: outer Ethernet 14 + IPv4 20 + UDP 8 + VXLAN 8 (hostnet/vxlan.py)
 VXLAN_OVERHEAD = 50
@@ -439,7 +439,7 @@ def _guest(n: Node, hosts: dict[str, HostSpec], base: Path) -> GuestSpec:
 
 def _profile(n: Node) -> Profile:
     m = n.mapping({"name", "tool", "protocol", "pattern", "message_size", "response_size",
-                   "duration", "rate_bps", "confidence", "iterations"}, required=("name",))
+                   "duration", "rate_bps", "rate", "confidence", "iterations"}, required=("name",))
     p = Profile(
         name=m["name"].str(PROFILE_NAME_RE, "profile name (lowercase, digits, '_')"),
         tool=m["tool"].enum(Tool) if "tool" in m else Tool.NETPERF,
@@ -452,12 +452,31 @@ def _profile(n: Node) -> Profile:
         confidence=_pair(m["confidence"], (50, 99), (1, 50)) if "confidence" in m else None,
         iterations=_pair(m["iterations"], (1, 30), (1, 30)) if "iterations" in m else None,
     )
+    if "rate" in m:
+        p = _rate(m, p)
     if (p.confidence or p.iterations) and p.tool is not Tool.NETPERF:
         raise (m.get("confidence") or m["iterations"]).error("confidence/iterations are netperf options")
     if p.iterations and p.iterations[0] < p.iterations[1]:
         raise m["iterations"].error(f"max {p.iterations[0]} is below min {p.iterations[1]}")
     _check_tool(n, m, p)
     return p
+
+
+def _rate(m: dict[str, Node], p: Profile) -> Profile:
+    """`rate: 2gbit` / `rate: 5000tps`: a paced target per pair (testbed.pacing); a bit rate
+    is the profile's rate_bps, the one figure iperf3's -b already took for UDP."""
+    from testbed import pacing
+    node = m["rate"]
+    if "rate_bps" in m:
+        raise node.error("give either rate or rate_bps, not both")
+    try:
+        r = pacing.parse_rate(node.scalar())
+    except ValueError as e:
+        raise node.error(str(e)) from None
+    why = pacing.express_reason(p.tool, p.protocol, p.pattern, r)
+    if why:
+        raise node.error(f"{p.tool.value} cannot pace {p.protocol.value} {p.pattern.value} at {r.text}: {why}")
+    return dataclasses.replace(p, rate=r.text, rate_bps=r.bps, rate_tps=r.tps)
 
 
 def _check_tool(n: Node, m: dict[str, Node], p: Profile) -> None:
@@ -469,12 +488,13 @@ def _check_tool(n: Node, m: dict[str, Node], p: Profile) -> None:
         return
     # Name the field that makes the difference: the rate if the profile runs without it,
     # else the pattern, protocol or tool the user wrote.
-    if p.rate_bps is not None and not get_tool(p.tool).unsupported_reason(dataclasses.replace(p, rate_bps=None)):
-        field = m["rate_bps"]
+    if p.rate_bps is not None and not get_tool(p.tool).unsupported_reason(
+            dataclasses.replace(p, rate_bps=None, rate_tps=None, rate=None)):
+        field = m.get("rate_bps") or m["rate"]
     else:
         field = m.get("pattern") or m.get("protocol") or m.get("tool") or n
     raise field.error(f"{p.tool.value} cannot run {p.protocol.value} {p.pattern.value}"
-                      f"{' at a bit rate' if field is m.get('rate_bps') else ''}: {reason}")
+                      f"{' at a bit rate' if field in (m.get('rate_bps'), m.get('rate')) else ''}: {reason}")
 
 
 def _pair(n: Node, first: tuple[int, int], second: tuple[int, int]) -> tuple[int, int]:
@@ -617,7 +637,10 @@ def _matrix(n: Node, base: Path | None = None) -> Matrix:
         seed=m["seed"].int(0, 2**31, "seed") if "seed" in m else 0,
         queues=_distinct(m, "queues", lambda x: x.int(1, MAX_QUEUES, "queues"), (1,)),
         variants=_variants(m["variants"], base or Path.cwd()) if "variants" in m else (),
+        pairs=_distinct(m, "pairs", lambda x: x.int(1, MAX_PAIRS, "pairs"), (1,)),
     )
+    if "pairs" in m and mx.variants:
+        raise m["pairs"].error("pairs and variants cannot be combined (each variant boots its own guest pair)")
     if mx.variants and any(not a.mode.variants for a in mx.attachments):
         able = [mode.name for mode in attachments.modes() if mode.variants]
         raise m["variants"].error(f"variants run on the {' and '.join(able)} attachments only (their "
@@ -637,7 +660,7 @@ def _variants(n: Node, base: Path) -> tuple[Variant, ...]:
 def cell_count(matrix: Matrix) -> int:
     """How many cells runner.plan makes, without making them: namespace attachments have no
     virtio NIC and are planned once, not per backend and queue count."""
-    per = len(matrix.mtus) * len(matrix.connections) * len(matrix.profiles)
+    per = len(matrix.mtus) * len(matrix.connections) * len(matrix.profiles) * len(matrix.pairs)
     return sum(per * (1 if a.is_netns else len(matrix.backends) * len(matrix.queues)) for a in matrix.attachments)
 
 
@@ -654,7 +677,7 @@ def _check_limits(m: dict[str, Node], doc: Node, matrix: Matrix) -> None:
         raise node.error(f"{cells} cells exceed the cap of {max_cells}; trim the matrix or raise "
                          f"limits.max_cells (at most {HARD_MAX_CELLS})")
     per_cell_samples = matrix.repetitions.warmup + matrix.repetitions.max_samples
-    per = len(matrix.mtus) * len(matrix.connections)
+    per = len(matrix.mtus) * len(matrix.connections) * len(matrix.pairs)
     # netperf's own confidence loop (-i max,min) runs up to max iterations per sample
     by_profile = sum(p.duration_s * (p.iterations[0] if p.iterations else 1) for p in matrix.profiles)
     groups = sum(1 if a.is_netns else len(matrix.backends) * len(matrix.queues) for a in matrix.attachments)
@@ -663,6 +686,75 @@ def _check_limits(m: dict[str, Node], doc: Node, matrix: Matrix) -> None:
         raise node.error(f"the matrix may measure for up to {seconds / 3600:.1f} h ({cells} cells x up to "
                          f"{per_cell_samples} samples), over the cap of {max_hours} h; trim it or raise "
                          f"limits.max_hours (at most {HARD_MAX_HOURS})")
+
+
+#: what one QEMU process may cost beyond its guest's memory, for the `pairs` memory check.
+#: A guest can touch all of memory_mib, so that counts in full (an idle 1024 MiB TCG guest
+#: restored from its snapshot measured 300-325 MiB RSS here, far below it), plus 256 MiB for
+#: QEMU's own heap, TCG translation cache and I/O buffers.
+QEMU_OVERHEAD_MIB = 256
+#: host memory kept back for the host itself: the larger of 2 GiB and 10 % of MemTotal
+HOST_RESERVE_MIB, HOST_RESERVE_FRACTION = 2048, 0.10
+MAX_PAIRS = 64
+
+
+def host_memory_mib() -> int | None:
+    """This host's MemTotal in MiB (None when /proc/meminfo cannot be read)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _check_pairs(node: Node, matrix: Matrix, pair: list[GuestSpec], hosts: dict[str, HostSpec],
+                 subnet: str, names: list[str]) -> None:
+    """`pairs`: N client/server pairs at once. Refused before anything is created when:
+    - the subnet cannot hold 2N endpoints (network+1 .. +2N);
+    - a guest's host is a real ssh host: its memory and the guests already there are not
+      known before the run, so the placement of N pairs cannot be promised; and a two-host
+      attachment (ovs-vxlan, bridge-vxlan, macvtap across hosts): its plumbing joins one
+      client/server pair today (the N-pair fabric across hosts is issue 17's);
+    - this host cannot hold the 2N guests: 2N x (memory_mib + QEMU_OVERHEAD_MIB) above
+      MemTotal less the reserve (max(2 GiB, 10 %)).
+    The clones' names (<name>-p<k>) must not collide with the topology's other guests."""
+    from testbed import pairs as pairs_mod
+    n = max(matrix.pairs)
+    net = ipaddress.IPv4Network(subnet)
+    if net.num_addresses - 2 < 2 * n:
+        raise node.error(f"{n} pairs need {2 * n} addresses in the subnet, {subnet} has {net.num_addresses - 2}")
+    vm = [a for a in matrix.attachments if not a.is_netns]
+    if not vm:
+        return
+    placed = {g.host for g in pair}
+    remote = sorted(h for h in placed if hosts[h].remote)
+    if remote:
+        raise node.error(f"{n} pairs with guests on ssh host {', '.join(remote)}: that host's memory and "
+                         f"guest count are unknown before the run, so the placement cannot be promised "
+                         f"(pairs > 1 runs on this host and on emulated hosts)")
+    across = [a.value for a in vm if a.needs_two_hosts or len(placed) > 1]
+    if across:
+        raise node.error(f"{n} pairs on {', '.join(across)}: a two-host attachment joins one client/server "
+                         f"pair (N pairs across hosts are not placed yet); use pairs on a one-host attachment")
+    for g in pair:
+        for k in range(1, n):
+            clone = pairs_mod.clone_name(g.name, k)
+            if clone in names:
+                raise node.error(f"pair {k + 1}'s guest name {clone} (derived from {g.name}) is taken by "
+                                 f"another guest of the topology")
+    total = host_memory_mib()
+    if total is None:
+        return
+    avail = total - max(HOST_RESERVE_MIB, int(total * HOST_RESERVE_FRACTION))
+    per_pair = sum(g.memory_mib + QEMU_OVERHEAD_MIB for g in pair)
+    if per_pair * n > avail:
+        fits = avail // per_pair
+        raise node.error(f"{n} pairs need {per_pair * n} MiB ({2 * n} guests x (memory_mib + {QEMU_OVERHEAD_MIB} "
+                         f"MiB QEMU overhead)) but this host has {avail} MiB (MemTotal {total} MiB less the "
+                         f"reserve): at most {fits} pairs fit")
 
 
 def _offloads(n: Node) -> Offloads:
@@ -779,6 +871,9 @@ def _parse(root: yaml.Node, file: str, base: Path | None) -> Topology:
     t = Topology(name=name, source=file, hosts=hosts, guests=guests, client=client, server=server,
                  matrix=matrix, accelerator=accel, subnet=subnet, ready_timeout_s=ready,
                  offloads=off, tunnel=tunnel, **own)
+    if max(matrix.pairs) > 1:
+        _check_pairs(mnode["pairs"], matrix, [g for g in guests if g.name in (client, server)],
+                     host_map, subnet, names)
     for a in matrix.attachments:
         a.mode.validate(t, lambda path: _node_at(m, path))
     return t

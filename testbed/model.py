@@ -168,6 +168,15 @@ class Profile:
     #: netperf -I level,width (e.g. 99,5) and -i max,min: netperf's own confidence loop
     confidence: tuple[int, int] | None = None
     iterations: tuple[int, int] | None = None
+    #: paced load (issue 15): target transactions per second per pair (rr/crr); a bit-rate
+    #: target is rate_bps. ``rate`` keeps the text the user wrote (``2gbit``, ``5000tps``).
+    rate_tps: int | None = None
+    rate: str | None = None
+
+    @property
+    def paced(self) -> bool:
+        """A target rate per pair: bits for streams, transactions for rr/crr."""
+        return self.rate is not None
 
     @property
     def netperf_test(self) -> str:
@@ -189,14 +198,18 @@ class Cell:
     #: guest size and image, placement, variant), as sorted (key, value) pairs: see
     #: :func:`context_of`. Part of the definition hash, not of the readable id.
     context: tuple[tuple[str, str], ...] = ()
+    #: guest pairs measured at once on the same datapath (issue 15); 1 = one pair
+    pairs: int = 1
 
     @property
     def id(self) -> str:
-        # Single-queue ids keep the short form, e.g. ovs-qemu-mtu9000-conn8-tcp_rr.
+        # Single-queue ids keep the short form, e.g. ovs-qemu-mtu9000-conn8-tcp_rr; so do
+        # one-pair ids (-pN only for N > 1).
         q = f"-q{self.queues}" if self.queues > 1 else ""
         v = dict(self.context).get("variant")
         return (f"{self.attachment.value}-{self.backend.value}{q}-mtu{self.mtu}"
-                f"-conn{self.connections}-{self.profile.name}" + (f"-v{v}" if v else ""))
+                f"-conn{self.connections}-{self.profile.name}" + (f"-v{v}" if v else "")
+                + (f"-p{self.pairs}" if self.pairs > 1 else ""))
 
     def definition(self) -> dict:
         """Everything that changes what this cell measures, as plain JSON values."""
@@ -214,6 +227,10 @@ class Cell:
              "profile": self.profile.name, "tool": self.profile.tool.value, "id": self.id}
         if self.context:
             d["context"] = dict(self.context)
+        if self.pairs > 1:
+            d["pairs"] = self.pairs
+        if self.profile.rate:
+            d["rate"] = self.profile.rate
         if hashed:
             d["hash"] = self.hash
             if "variant" in d.get("context", {}):
@@ -221,20 +238,27 @@ class Cell:
                 ctx = tuple(kv for kv in self.context if not kv[0].startswith("variant"))
                 d["hash_without_variant"] = Cell(self.attachment, self.backend, self.mtu,
                                                  self.connections, self.profile, self.queues,
-                                                 ctx).hash
+                                                 ctx, self.pairs).hash
         return d
 
 
 #: the Cell fields that are matrix axes (the rest of its definition is the profile and context)
 _AXES = ("attachment", "backend", "queues", "mtu", "connections")
+#: Profile fields added after results were first recorded: left out of the hash while unset
+_NEW_PROFILE_KEYS = ("rate_tps", "rate")
 
 
 def definition(cell: Mapping, profile: Mapping, context: Mapping) -> dict:
     """A cell's full definition from its dict forms (a sample's ``cell``, the topology's
     profile entry, the run context), so that a cell written today and one upgraded from an
     older results file hash alike when they measured the same thing."""
-    return {"axes": {k: cell.get(k, 1 if k == "queues" else None) for k in _AXES},
-            "profile": dict(profile), "context": {str(k): str(v) for k, v in context.items()}}
+    axes = {k: cell.get(k, 1 if k == "queues" else None) for k in _AXES}
+    if (cell.get("pairs") or 1) != 1:
+        # Only N > 1 enters the hash, so every cell defined before the pairs axis keeps its hash.
+        axes["pairs"] = cell["pairs"]
+    # The paced-load fields likewise enter only when set.
+    prof = {k: v for k, v in dict(profile).items() if not (k in _NEW_PROFILE_KEYS and v is None)}
+    return {"axes": axes, "profile": prof, "context": {str(k): str(v) for k, v in context.items()}}
 
 
 def definition_hash(defn: Mapping) -> str:
@@ -358,6 +382,8 @@ class Matrix:
     queues: tuple[int, ...] = (1,)
     #: A/B alternatives measured interleaved in one run (empty: no variants axis)
     variants: tuple[Variant, ...] = ()
+    #: guest pairs measured at once (issue 15); the run boots max(pairs) pairs
+    pairs: tuple[int, ...] = (1,)
 
 
 class MacvtapMode(StrEnum):

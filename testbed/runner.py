@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testbed import (attachments, capabilities, cleanup, cpu, environment, guestnic, images, measure, paths,
-                     remote, render, results, stats, virt)
+                     proc, remote, render, results, stats, virt)
+from testbed import pairs as pairs_mod
 from testbed.errors import CapabilityError, GuestError, ReadinessError, TestbedError
 from testbed.model import Attachment, Backend, Cell, Offloads, Topology, context_of, object_name
 from testbed.tools import get_tool
@@ -43,8 +44,9 @@ def plan(t: Topology) -> list[Cell]:
     # Namespaces have no virtio NIC: their cells are planned once, labelled with the first
     # backend and queue count.
     ctx = context_of(results.topology_dict(t))     # in each cell's definition hash
-    cells = [Cell(a, b, mtu, c, p, q, ctx) for a, b, q, mtu, c, p in
-             itertools.product(m.attachments, m.backends, m.queues, m.mtus, m.connections, m.profiles)
+    cells = [Cell(a, b, mtu, c, p, q, ctx, n) for a, b, q, mtu, c, p, n in
+             itertools.product(m.attachments, m.backends, m.queues, m.mtus, m.connections, m.profiles,
+                               m.pairs)
              if _guests(a) or (b is m.backends[0] and q == m.queues[0])]
     if m.randomize:
         # Randomise within each NIC group: order effects are averaged out without
@@ -102,6 +104,12 @@ def preflight(t: Topology) -> None:
                                   f"but unavailable: {found}")
     if fields:
         raise CapabilityError(f"{t.source}: {fields[0].field}: {fields[0].why}")
+    if any(not _guests(a) for a in t.matrix.attachments) and any(p.paced for p in t.matrix.profiles):
+        # Namespaces run this host's binaries: whether they pace is tried here, before anything.
+        from testbed import pacing
+        pairs_mod.require_pacing(t, [Cell(a, Backend.QEMU, 1500, 1, p) for a in t.matrix.attachments
+                                     if not _guests(a) for p in t.matrix.profiles],
+                                 pacing.Detector(), "this host's namespaces", _run_local)
 
 
 def guest_tools_preflight(t: Topology, cells: list[Cell], image: images.Image) -> None:
@@ -171,29 +179,57 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
             return Outcome(writer.dir, final["status"], final["counts"]["samples"],
                            final["counts"]["failed"])
         guests: dict[str, virt.Guest] = {}
-        if needs_vms:
+        conns: dict[str, object] = {}
+        n_pairs = max(c.pairs for c in cells) if cells else 1
+        guest_pairs = pairs_mod.guest_pairs(t, n_pairs)
+
+        def boot(specs, slot_of=lambda s: None) -> None:
             # Each guest boots on its own host: that host's libvirt, and for a real remote
             # host its shell (overlay, seed and console live there).
-            conns: dict[str, object] = {}
-            for spec in (t.guest(t.client), t.guest(t.server)):
-                h = t.host_of(spec.name)
+            for spec in specs:
+                h = next(x for x in t.hosts if x.name == spec.host)
                 if h.uri not in conns:
                     conns[h.uri] = stack.enter_context(virt.connect(h.uri))
                 img = images.user_image(spec.image) if spec.image else recipe_image
                 guests[spec.name] = stack.enter_context(
                     virt.guest(conns[h.uri], spec, img, accel, run_id, tag, state,  # type: ignore[arg-type]
-                               shell=remote.shell(h) if h.remote else None))
+                               shell=remote.shell(h) if h.remote else None, slot=slot_of(spec)))
                 writer.count("boots")
                 if guests[spec.name].boot == "restored":
                     writer.count("restores")
+
+        def ready() -> None:
+            for g in guests.values():
+                if g.ready_s is None:
+                    g.wait_ready(t.ready_timeout_s)
+                    progress(f"guest {g.name} ready in {g.ready_s:.1f} s ({g.boot}"
+                             + (f": {g.boot_reason})" if g.boot_reason else ")"))
+
+        if needs_vms:
+            boot(guest_pairs[0])
         placement = {g.spec.name: g.spec.host for g in guests.values()}
         try:
-            for g in guests.values():
-                g.wait_ready(t.ready_timeout_s)
-                progress(f"guest {g.name} ready in {g.ready_s:.1f} s ({g.boot}"
-                         + (f": {g.boot_reason})" if g.boot_reason else ")"))
+            ready()
+            if needs_vms and n_pairs > 1:
+                # Idle cost (issue 15): one pair idle, then every pair; the clones restore from
+                # the first pair's snapshots (one slot per role), so they cost seconds.
+                idle = _idle(guests, t, progress)
+                base = {s.name: b.name for p in guest_pairs for s, b in zip(p, guest_pairs[0])}
+                boot([s for p in guest_pairs[1:] for s in p], lambda s: base[s.name])
+                placement = {g.spec.name: g.spec.host for g in guests.values()}
+                ready()
+                idle += _idle(guests, t, progress)
+                writer.update(idle=idle)
             if recipe_image is None or recipe_image.tools is None or any(g.spec.image for g in guests.values()):
                 guest_tools_check(cells, guests)
+            if needs_vms and any(c.profile.paced for c in cells if _guests(c.attachment)):
+                from testbed import pacing
+                cg = guests[t.client]
+                pairs_mod.require_pacing(
+                    t, [c for c in cells if _guests(c.attachment)], pacing.Detector(),
+                    f"guest {cg.spec.name}",
+                    lambda argv: (lambda r: (r.stdout, r.stderr, r.rc))(cg.agent.run(argv, check=False, timeout=30)),
+                    cg.agent.write_file)
         except (ReadinessError, GuestError) as e:
             # No VM cell can run without its guests: each is recorded as failed with the
             # reason (and the console tail), so the run says what happened.
@@ -223,15 +259,21 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
         for (attachment, backend, queues), group in itertools.groupby(cells, key=_nic_group):
             group = list(group)
             try:
-                pair = (guests[t.client], guests[t.server]) if _guests(attachment) else None
-                with _one_path(attachment, backend, tag, t, pair, max(t.matrix.mtus), state,
-                               queues=queues, offloads=t.offloads) as path:
+                n_group = max(c.pairs for c in group)
+                pairs = ([(guests[c.name], guests[s.name]) for c, s in guest_pairs[:n_group]]
+                         if _guests(attachment) else None)
+                with pair_paths(attachment, backend, tag, t, pairs, n_group, max(t.matrix.mtus), state,
+                                 queues=queues, offloads=t.offloads) as tpaths:
                     for cell in group:
                         eta = ((time.monotonic() - started) / done * (len(cells) - done)) if done else None
                         progress(f"[{done + 1}/{len(cells)}] {cell.id}"
                                  + (f" (eta {eta:.0f} s)" if eta is not None else ""))
-                        measure.measure_cell(cell, path, writer, rule, t.matrix.repetitions.warmup,
-                                             qemu_pids, placement, clock_ghz)
+                        if cell.pairs > 1 or cell.profile.paced:
+                            pairs_mod.measure_cell(cell, tpaths[:cell.pairs], writer, rule,
+                                                   t.matrix.repetitions.warmup, qemu_pids, placement, clock_ghz)
+                        else:
+                            measure.measure_cell(cell, tpaths[0], writer, rule, t.matrix.repetitions.warmup,
+                                                 qemu_pids, placement, clock_ghz)
                         done += 1
             except (TestbedError, GuestError) as e:
                 # The mode could not be set up (or torn down): its remaining cells fail with
@@ -329,18 +371,47 @@ def plug(fab: attachments.Fabric, pairs: Sequence[tuple[object, object]], *, tag
 
 
 @contextlib.contextmanager
+def pair_paths(attachment: Attachment, backend: Backend, tag: str, t: Topology,
+                pairs: Sequence[tuple[object, object]] | None, n: int, max_mtu: int, workdir: Path, *,
+                queues: int = 1, offloads: Offloads | None = None) -> Iterator[list[measure.TestPath]]:
+    """A mode's fabric with ``n`` pairs plugged in, one TestPath each: ``pairs`` (booted
+    guests, all in one fabric: one shared datapath), or for a fabric that makes its own
+    endpoints (one pair each: namespaces) ``n`` such fabrics, the extra ones under tags of
+    their own registered as this process's (cleanup.owned_state), so that no other run's
+    leftovers check takes their objects for a dead run's."""
+    import secrets
+    with contextlib.ExitStack() as stack:
+        out: list[measure.TestPath] = []
+        tags = [tag]
+        while len(out) < n:
+            t_k = tags[-1]
+            wd = Path(workdir) / f"p{len(tags)}" if len(tags) > 1 else Path(workdir)
+            wd.mkdir(parents=True, exist_ok=True)
+            fab = stack.enter_context(fabric(attachment, t_k, t, max_mtu, wd, offloads))
+            own = fab.own_pairs(str(wd / "netns"))
+            eps = stack.enter_context(own) if own is not None else list(pairs or ())[:n]
+            out += stack.enter_context(plug(fab, eps, tag=t_k, subnet=t.subnet, backend=backend,
+                                            max_mtu=max_mtu, queues=queues, offloads=offloads))
+            if len(out) < n:
+                if own is None:
+                    raise TestbedError(f"{n} pairs asked, {len(out)} endpoints pairs given")
+                new = tag
+                while new in tags:
+                    new = secrets.token_hex(2)
+                stack.enter_context(cleanup.owned_state(new, f"{tag}-pair{len(tags) + 1}"))
+                tags.append(new)
+        yield out[:n]
+
+
+@contextlib.contextmanager
 def _one_path(attachment: Attachment, backend: Backend, tag: str, t: Topology,
               pair: tuple[object, object] | None, max_mtu: int, workdir: Path, *, queues: int = 1,
               offloads: Offloads | None = None) -> Iterator[measure.TestPath]:
     """A mode's fabric with one pair plugged in: ``pair`` (guests), or the fabric's own
     endpoints when it makes them (namespaces)."""
-    with contextlib.ExitStack() as stack:
-        fab = stack.enter_context(fabric(attachment, tag, t, max_mtu, workdir, offloads))
-        own = fab.own_pairs(str(Path(workdir) / "netns"))
-        pairs = stack.enter_context(own) if own is not None else [pair]
-        [path] = stack.enter_context(plug(fab, pairs, tag=tag, subnet=t.subnet, backend=backend,
-                                          max_mtu=max_mtu, queues=queues, offloads=offloads))
-        yield path
+    with pair_paths(attachment, backend, tag, t, [pair] if pair else None, 1, max_mtu, workdir,
+                     queues=queues, offloads=offloads) as paths:
+        yield paths[0]
 
 
 @contextlib.contextmanager
@@ -381,6 +452,23 @@ def netns_path(conn, out_dir: str) -> Iterator[measure.TestPath]:
     with fab.own_pairs(out_dir) as pairs, \
             plug(fab, pairs, tag="", subnet=f"{conn.a.address}/{conn.a.prefixlen}", max_mtu=0) as [path]:
         yield path
+
+
+def _run_local(argv: list[str]) -> tuple[str, str, int]:
+    res = proc.run(argv, check=False, timeout=30)
+    return res.stdout, res.stderr, res.rc
+
+
+def _idle(guests: dict[str, virt.Guest], t: Topology, progress: Callable[[str], None]) -> list[dict]:
+    """An idle reading of the guests booted so far (local QEMUs only)."""
+    window = pairs_mod.idle_window_s()
+    pids = {n: p for n, g in guests.items() if g.shell is None and (p := virt.qemu_pid(g))}
+    if window <= 0 or not pids:
+        return []
+    rec = pairs_mod.idle_reading(pids, window, t.guest(t.client).memory_mib)
+    progress(f"idle: {rec['guests']} guests, host {rec['host_busy_cores']} cores busy over {rec['window_s']} s, "
+             f"QEMU RSS {sum(rec['qemu_rss_mib'].values()):.0f} MiB")
+    return [rec]
 
 
 def host_fingerprints(t: Topology, env: dict) -> dict[str, dict]:

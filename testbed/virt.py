@@ -282,8 +282,10 @@ def _overlay_file(backing: Path, path: Path) -> None:
 
 
 def snapshot_key(conn: libvirt.virConnect, spec: GuestSpec, image: images.Image,
-                 accel: Accelerator) -> guestcache.Key:
-    return guestcache.key_for(conn, spec.name, image_digest=image.digest, memory_mib=spec.memory_mib,
+                 accel: Accelerator, slot: str | None = None) -> guestcache.Key:
+    """``slot``: the snapshot slot when it is not the guest's own name (a pair's clone
+    restores its original's snapshot; only its hostname inside differs from its name)."""
+    return guestcache.key_for(conn, slot or spec.name, image_digest=image.digest, memory_mib=spec.memory_mib,
                               vcpus=spec.vcpus, accelerator=accel.value, domain_type=accel.domain_type,
                               kernel_cmdline=image.cmdline)
 
@@ -292,7 +294,7 @@ def snapshot_key(conn: libvirt.virConnect, spec: GuestSpec, image: images.Image,
 def guest(conn: libvirt.virConnect, spec: GuestSpec, image: images.Image, accel: Accelerator,
           run_id: str, run_tag: str, state: Path, shell: remote.Shell | None = None,
           snapshots: str = "use", emulator: str | None = None,
-          machine: str | None = None) -> Iterator[Guest]:
+          machine: str | None = None, slot: str | None = None) -> Iterator[Guest]:
     """One guest on the host behind ``conn`` (and ``shell`` for a remote one), on its own
     overlay; destroyed and its files removed on exit. Restored from its cached snapshot
     when one matches (on this machine, the testbed's own image); otherwise booted cold, with
@@ -315,7 +317,7 @@ def guest(conn: libvirt.virConnect, spec: GuestSpec, image: images.Image, accel:
         why = "user image: not snapshotted"
     else:
         try:
-            key = snapshot_key(conn, spec, image, accel)
+            key = snapshot_key(conn, spec, image, accel, slot)
         except libvirt.libvirtError as e:
             why = f"snapshot key unknown: {e.get_error_message()}"
     snap = None

@@ -178,6 +178,39 @@ CORPUS: dict[str, tuple[str, str, str]] = {
                  "repetitions: {min: 1, max: 30}}\n", "matrix", "over the cap of 48 h"),
     "limits_beyond_ceiling": ("limits: {max_cells: 1000000}\n" + G + M, "limits.max_cells", "out of range"),
     "limits_unknown_key": ("limits: {cells: 5}\n" + G + M, "limits.cells", "unknown key"),
+    # issue 15: pairs and paced load
+    "pairs_zero": (G + "matrix: {pairs: [0], profiles: [{name: a}]}\n", "matrix.pairs[0]", "out of range"),
+    "pairs_beyond_memory": ("guests: [{name: g1, memory_mib: 16384}, {name: g2, memory_mib: 16384}]\n"
+                            "matrix: {pairs: [1, 8], profiles: [{name: a}]}\n", "matrix.pairs",
+                            "at most"),
+    "pairs_subnet_too_small": ("subnet: 198.18.0.0/29\n" + G + "matrix: {pairs: [4], profiles: [{name: a}]}\n",
+                               "matrix.pairs", "4 pairs need 8 addresses"),
+    "pairs_on_ssh_host": (SSH_HOSTS % ('"qemu+ssh://root@hb/system"', "root@hb") + "tunnel: {underlay: tbu0}\n"
+                          + "matrix: {attachments: [macvtap], pairs: [2], profiles: [{name: a}]}\n",
+                          "matrix.pairs", "placement cannot be promised"),
+    "pairs_across_emulated_hosts": ("hosts: [{name: ha, transport: netns}, {name: hb, transport: netns}]\n"
+                                    "guests: [{name: g1, host: ha}, {name: g2, host: hb}]\n"
+                                    "tunnel: {underlay_mtu: 1600}\n"
+                                    "matrix: {attachments: [ovs-vxlan], pairs: [1, 2], profiles: [{name: a}]}\n",
+                                    "matrix.pairs", "a two-host attachment joins one client/server pair"),
+    "pairs_clone_name_taken": ("guests: [{name: g1}, {name: g2}, {name: g1-p2}]\n"
+                               "matrix: {pairs: [2], profiles: [{name: a}]}\n", "matrix.pairs",
+                               "is taken by another guest"),
+    "pairs_macvtap_passthrough": (G + "macvtap: {mode: passthrough, lower: [tbx0, tbx1]}\n"
+                                  "matrix: {attachments: [macvtap], pairs: [2], profiles: [{name: a}]}\n",
+                                  "matrix.pairs", "2 pairs need 4"),
+    "rate_not_a_rate": (G + "matrix: {profiles: [{name: a, tool: iperf3, rate: fast}]}\n",
+                        "matrix.profiles[0].rate", "is not a rate"),
+    "rate_tps_on_stream": (G + "matrix: {profiles: [{name: a, tool: iperf3, rate: 5000tps}]}\n",
+                           "matrix.profiles[0].rate", "paced in bits per second"),
+    "rate_bits_on_rr": (G + "matrix: {profiles: [{name: a, pattern: rr, rate: 2gbit}]}\n",
+                        "matrix.profiles[0].rate", "in transactions per second"),
+    "rate_netperf_crr": (G + "matrix: {profiles: [{name: a, pattern: crr, rate: 100tps}]}\n",
+                         "matrix.profiles[0].rate", "does not cover TCP_CRR"),
+    "rate_bits_on_uperf": (G + "matrix: {profiles: [{name: a, tool: uperf, rate: 1gbit}]}\n",
+                           "matrix.profiles[0].rate", "uperf paces transactions per second"),
+    "rate_and_rate_bps": (G + "matrix: {profiles: [{name: a, tool: iperf3, rate: 1gbit, rate_bps: 1000}]}\n",
+                          "matrix.profiles[0].rate", "either rate or rate_bps"),
 }
 
 

@@ -47,6 +47,12 @@ def validate(t, node) -> None:
         raise node("macvtap.lower").error(
             "macvtap with the client and server on two hosts uses each host's underlay as the lower "
             "device; 'lower' is for guests on one host")
+    from testbed.model import MacvtapMode
+    n = max(t.matrix.pairs)
+    if t.macvtap.mode is MacvtapMode.PASSTHROUGH and t.macvtap.lower and len(t.macvtap.lower) < 2 * n:
+        raise node("matrix.pairs").error(
+            f"macvtap passthrough gives every guest a lower device of its own: {n} pairs need {2 * n}, "
+            f"macvtap.lower names {len(t.macvtap.lower)}")
 
 
 def unavailable() -> str | None:

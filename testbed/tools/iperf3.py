@@ -6,6 +6,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from testbed import pacing
 from testbed.model import Pattern, Profile, Protocol, Tool
 from testbed.tools.base import (ToolDriver, ToolResult, check_addr, check_port, error_line,
                                 no_confidence, sizes)
@@ -40,12 +41,14 @@ class Iperf3Driver(ToolDriver):
         argv += ["-J", "-i", "1", "-t", str(profile.duration_s), "-l", str(size)]
         if streams > 1:
             argv += ["-P", str(streams)]
+        # A paced profile's target is per pair; iperf3's -b is per stream (-P), so split it.
+        bps = pacing.per_stream(profile.rate_bps, streams) if profile.paced and profile.rate_bps else profile.rate_bps
         if profile.protocol is Protocol.UDP:
             # iperf3 paces UDP at 1 Mbit/s unless told otherwise; 0 means unlimited, as
             # netperf's UDP_STREAM sends
-            argv += ["-u", "-b", str(profile.rate_bps or 0)]
-        elif profile.rate_bps:
-            argv += ["-b", str(profile.rate_bps)]
+            argv += ["-u", "-b", str(bps or 0)]
+        elif bps:
+            argv += ["-b", str(bps)]
         if profile.pattern is Pattern.MAERTS:
             argv.append("-R")
         elif profile.pattern is Pattern.BIDIRECTIONAL:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from testbed import pacing
 from testbed.model import Pattern, Profile, Protocol, Tool
 from testbed.tools.base import (ToolDriver, ToolResult, UnsupportedProfile, check_addr,
                                 check_port, error_line, sizes)
@@ -89,8 +90,10 @@ class NetperfDriver(ToolDriver):
                     "concurrently, or use iperf3 --bidir or uperf")
         if profile.netperf_test not in _TESTS:
             return f"netperf has no {profile.netperf_test} test"
-        if profile.rate_bps is not None:
+        if profile.rate_bps is not None and not profile.paced:
             return "netperf cannot pace a stream by bit rate (needs an --enable-intervals build); use iperf3"
+        if profile.paced and profile.pattern is Pattern.CRR:
+            return "netperf's interval pacing does not cover TCP_CRR"
         return None
 
     def server_argv(self, profile: Profile, *, port: int | None = None) -> list[str]:
@@ -109,6 +112,10 @@ class NetperfDriver(ToolDriver):
         # a selector is requested (checked here), -j keeps that explicit.
         argv += ["-t", profile.netperf_test, "-l", str(profile.duration_s),
                  "-c", "-C", "-j"]
+        if profile.paced:
+            # -w interval, -b sends (or transactions) per interval: builds with
+            # --enable-intervals/--enable-burst only (pacing.Detector tries that first)
+            argv += ["-w", str(pacing.NETPERF_INTERVAL_MS), "-b", str(pacing.netperf_burst(profile))]
         if confidence is not None:
             level, width = confidence
             if level not in (95, 99) or width <= 0:

@@ -16,6 +16,7 @@ from functools import lru_cache
 import jinja2
 
 from testbed import paths
+from testbed import pacing
 from testbed.model import Pattern, Profile, Protocol, Tool
 from testbed.tools.base import (ToolDriver, ToolResult, UnsupportedProfile, check_addr,
                                 check_port, error_line, no_confidence, sizes)
@@ -39,6 +40,8 @@ class Transaction:
     flowops: tuple[Flowop, ...]
     duration_s: int | None = None        # the timed loop; None: ``iterations`` times
     iterations: int = 1
+    #: uperf's <transaction rate=N>: N transactions per second per thread (rate.c); None: flat out
+    rate: int | None = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,8 @@ class UperfDriver(ToolDriver):
         if profile.rate_bps is not None:
             return ("uperf paces transactions per second, not bits; a bit-rate target is not "
                     "mapped (use iperf3)")
+        if profile.rate_tps is not None and not profile.pattern.is_transactional:
+            return "a transactions-per-second target paces request/response patterns only"
         return None
 
     def groups(self, profile: Profile, server_addr: str, nthreads: int) -> tuple[Group, ...]:
@@ -100,10 +105,12 @@ class UperfDriver(ToolDriver):
             return (stream("read"),)          # the slave does the inverse: it writes
         if profile.pattern is Pattern.BIDIRECTIONAL:
             return (stream("write"), stream("read"))   # nthreads connections each way
+        # Paced: the pair's target split over its threads (rate is per thread)
+        rate = pacing.per_stream(profile.rate_tps, nthreads) if profile.rate_tps else None
         if profile.pattern is Pattern.RR:
-            return (Group(nthreads, (Transaction((connect,)), Transaction((write, read), dur),
+            return (Group(nthreads, (Transaction((connect,)), Transaction((write, read), dur, rate=rate),
                                      Transaction((disconnect,)))),)
-        return (Group(nthreads, (Transaction((connect, write, read, disconnect), dur),)),)
+        return (Group(nthreads, (Transaction((connect, write, read, disconnect), dur, rate=rate),)),)
 
     def profile_xml(self, profile: Profile, server_addr: str, nthreads: int) -> str:
         groups = self.groups(profile, server_addr, nthreads)
