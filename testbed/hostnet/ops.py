@@ -8,7 +8,7 @@ link operation, the namespace, the offloads and the wire counters, whatever the 
   ``netns=`` for a namespace), no subprocess;
 * a real host over ssh (a remote ``remote.Shell``): ``ip`` commands run through it.
 
-Both answer the same calls with the same errors (TestbedError naming the device and where),
+Both answer the same calls with the same errors (a CommandError naming the device and where),
 so hostnet's datapaths (bridge, VXLAN, macvtap) are written once for emulated hosts
 (namespaces) and real ones (ssh). Every call refuses a device that is not a ``tb-`` object.
 """
@@ -62,7 +62,7 @@ class Netlink:
     def _need(self, ipr: IPRoute, name: str) -> int:
         idx = self._idx(ipr, name)
         if idx is None:
-            raise TestbedError(f"link {name} not found in {self.where}")
+            raise CommandError(["netlink", "link", "show", name], 19, f"link {name} not found in {self.where}")
         return idx
 
     def _do(self, what: str, fn) -> None:
@@ -70,7 +70,9 @@ class Netlink:
             with self._ipr() as ipr:
                 fn(ipr)
         except NetlinkError as e:
-            raise TestbedError(f"{what} in {self.where}: {e}") from None
+            # A CommandError like a failed `ip` command's, so callers catch one kind of
+            # failure whichever way the link was changed; the "argv" names the request.
+            raise CommandError(["netlink", *what.split()], e.code, f"{what} in {self.where}: {e.args[-1]}") from None
 
     # -- create and delete --
 
@@ -200,10 +202,8 @@ class IpCommands:
         self.where = f"host {ex.name}"
 
     def _ip(self, *args: str, check: bool = True) -> str:
-        try:
-            return self.ex.run(["ip", *args], timeout=30, check=check).stdout
-        except CommandError as e:
-            raise TestbedError(f"ip {' '.join(args)} on {self.where}: {e.stderr_tail or e}") from None
+        # A failure is the executor's CommandError: it names the host, the argv and ip's message.
+        return self.ex.run(["ip", *args], timeout=30, check=check).stdout
 
     def add(self, name: str, kind: str, *, mtu: int | None = None, args: Sequence[str] = ()) -> None:
         check_ours(name)
@@ -334,7 +334,7 @@ def namespace(name: str) -> Iterator[Netns]:
     try:
         pr_netns.create(name)
     except OSError as e:
-        raise TestbedError(f"cannot create namespace {name}: {e}") from None
+        raise CommandError(["netns", "add", name], e.errno, f"cannot create namespace {name}: {e.strerror}") from None
     try:
         ns = Netns(name)
         # Our namespace, so a namespace-wide default.
