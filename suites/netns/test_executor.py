@@ -15,7 +15,8 @@ import pytest
 from pyroute2 import IPRoute
 
 from testbed import nsagent, proc, remote
-from testbed.errors import CommandError, TestbedError
+from testbed.errors import CommandError
+from testbed import errors
 from testbed.executor import Executor, Local, Netns
 from testbed.guest import Agent
 from testbed.hostnet import ops
@@ -136,9 +137,9 @@ def test_local_executor_runs_and_spawns(tmp_path):
 
 def test_link_operations_refuse_what_the_testbed_did_not_create():
     for links in (ops.on(Local()), ops.IpCommands(Local())):
-        with pytest.raises(TestbedError, match="not a tb- object"):
+        with pytest.raises(errors.TestbedError, match="not a tb- object"):
             links.set_mtu("lo", 1500)
-        with pytest.raises(TestbedError, match="not a tb- object"):
+        with pytest.raises(errors.TestbedError, match="not a tb- object"):
             links.delete("eth0")
 
 
