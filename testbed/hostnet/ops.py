@@ -52,7 +52,13 @@ class Netlink:
     def _ipr(self) -> IPRoute:
         # flags=0: never create the namespace by opening it (pyroute2's default would bring
         # back a namespace that a teardown has just deleted).
-        return IPRoute(netns=self.netns, flags=0) if self.netns else IPRoute()
+        if not self.netns:
+            return IPRoute()
+        try:
+            return IPRoute(netns=self.netns, flags=0)
+        except OSError as e:
+            raise CommandError(["netlink", "netns", self.netns], e.errno,
+                               f"cannot open namespace {self.netns}: {e.strerror}") from None
 
     @staticmethod
     def _idx(ipr: IPRoute, name: str) -> int | None:
@@ -123,7 +129,7 @@ class Netlink:
                 if idx is not None:
                     with contextlib.suppress(NetlinkError):
                         ipr.link("del", index=idx)
-        except (OSError, NetlinkError) as e:
+        except (CommandError, NetlinkError) as e:
             log.debug("delete %s in %s: %s", name, self.where, e)
 
     # -- change --

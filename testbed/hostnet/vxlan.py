@@ -16,6 +16,12 @@ keeps its file descriptor).
   finds its way out through OVS's own route table, so the underlay address sits on the
   internal port of a second bridge ``tb-<tag>-ul`` whose uplink is the wire.
 
+Each emulated host is reached through its namespace's executor (testbed.executor.Netns) and
+its links are made through testbed.hostnet.ops (pyroute2). The Linux-bridge datapath
+(``bridge_vxlan``, ``bridge_vxlan_mtu``), the OVS VXLAN port (``ovs_vxlan_port``) and the
+underlay check (``df_ping``) are the same code real hosts use (realhost.py), on their ssh
+executor.
+
 VXLAN over IPv4 adds 50 bytes (outer Ethernet 14, IPv4 20, UDP 8, VXLAN 8): an inner MTU
 must leave that much room below the underlay MTU. config.py refuses a topology that does
 not fit before anything is created; ``df_check`` proves the underlay carries full-size
