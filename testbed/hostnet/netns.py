@@ -35,7 +35,6 @@ from enum import StrEnum
 
 from testbed import proc
 from testbed.errors import CommandError, TestbedError
-from testbed.executor import Netns
 from testbed.hostnet import links, macvtap, ops, ovs, ovsd
 from testbed.model import Offloads, Profile, object_name
 from testbed.tools.base import ToolResult
