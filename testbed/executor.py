@@ -17,20 +17,65 @@ Results are ``proc.Completed`` everywhere (``guest.GuestResult`` is the same typ
 """
 from __future__ import annotations
 
+import ctypes
 import itertools
 import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar, runtime_checkable
 
 from testbed import proc
 from testbed.errors import CommandError
 
 #: Paths whose content depends on the network namespace that reads them.
 _PER_NETNS = ("/proc/sys/net/", "/sys/class/net/", "/proc/net/")
+#: Of those, the ones a thread that joined the namespace sees as the namespace's own
+#: (sysctl files follow the opening task's namespace; sysfs follows its mount's).
+_THREAD_VIEW = ("/proc/sys/net/",)
+
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+T = TypeVar("T")
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def in_thread_netns(netns: str | None, fn: Callable[[], T], *, new: bool = False) -> T:
+    """``fn()`` run by a short-lived thread that joined namespace ``netns`` (``new``: a fresh
+    namespace unshared for it). A network namespace is per thread, so this process and its
+    other threads stay where they are, and nothing forks: a forked copy of this process
+    would inherit its signal handlers (the runner's turn SIGTERM into teardown) and could
+    run on in the caller's stack."""
+    out: dict[str, object] = {}
+
+    def work() -> None:
+        try:
+            if new:
+                _check(_libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+            elif netns:
+                fd = os.open(f"/run/netns/{netns}", os.O_RDONLY)
+                try:
+                    _check(_libc.setns(fd, CLONE_NEWNET), f"setns {netns}")
+                finally:
+                    os.close(fd)
+            out["value"] = fn()
+        except BaseException as e:     # handed to the caller's thread
+            out["error"] = e
+
+    t = threading.Thread(target=work, name=f"netns-{netns}")
+    t.start()
+    t.join()
+    if "error" in out:
+        raise out["error"]  # type: ignore[misc]
+    return out["value"]  # type: ignore[return-value]
 
 
 @runtime_checkable
@@ -181,18 +226,31 @@ class Netns(_Processes):
         return proc.Completed(tuple(str(a) for a in argv), res.rc, res.stdout, res.stderr, res.seconds)
 
     def read_file(self, path: str, limit: int = 1 << 20) -> str:
+        if path.startswith(_THREAD_VIEW):
+            return in_thread_netns(self.netns, lambda: _read(path, limit))
         if path.startswith(_PER_NETNS):
+            # `ip netns exec` mounts the namespace's own sysfs for the command.
             return self.run(["cat", "--", path], timeout=10).stdout[:limit]
         # Namespaces share the host's kernel: /proc/stat here is the host's.
-        with open(path, errors="replace") as f:
-            return f.read(limit)
+        return _read(path, limit)
 
     def write_file(self, path: str, text: str) -> None:
-        if path.startswith(_PER_NETNS):
+        if path.startswith(_THREAD_VIEW):
+            in_thread_netns(self.netns, lambda: _write(path, text))
+        elif path.startswith(_PER_NETNS):
             self.run(["tee", "--", path], timeout=10, input=text)
-            return
-        with open(path, "w") as f:
-            f.write(text)
+        else:
+            _write(path, text)
+
+
+def _read(path: str, limit: int) -> str:
+    with open(path, errors="replace") as f:
+        return f.read(limit)
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
 
 
 def local() -> Local:

@@ -185,3 +185,23 @@ def test_offloads_are_switched_and_read_back_through_an_executor():
         # The peer was not asked: it keeps its own defaults.
         assert dict(ops.read_offloads(ns, f"tb-{tag}-o1"))["tx"].startswith("on")
     assert leftovers(tag) == []
+
+
+def test_namespace_operations_never_fork_this_process(monkeypatch):
+    """A forked copy of the runner inherits its signal handlers (SIGTERM -> teardown) and
+    could run on in the caller's stack; namespace links, files and creation use a thread
+    that joins the namespace instead (executor.in_thread_netns)."""
+    def no_fork():
+        raise AssertionError("os.fork called")
+    tag = new_tag()
+    monkeypatch.setattr(os, "fork", no_fork)
+    with ops.namespace(f"tb-{tag}-a") as ns:
+        links = ops.on(ns)
+        links.add_veth(f"tb-{tag}-f0", f"tb-{tag}-f1", mtu=1400)
+        links.set_mtu(f"tb-{tag}-f0", 1300)
+        assert links.mtu_of(f"tb-{tag}-f0") == 1300
+        ops.no_ipv6(ns, f"tb-{tag}-f0")
+        assert ns.read_file(f"/proc/sys/net/ipv6/conf/tb-{tag}-f0/disable_ipv6").strip() == "1"
+    monkeypatch.undo()
+    assert ip_j(None, "lo")["ifname"] == "lo"
+    assert leftovers(tag) == []

@@ -18,15 +18,17 @@ import contextlib
 import json
 import logging
 import os
+import socket
 from collections.abc import Iterator, Sequence
 
 from pyroute2 import IPRoute, NetlinkError
+from pyroute2.netlink import NETLINK_ROUTE
 from pyroute2 import netns as pr_netns
 
 from testbed import PREFIX, offloads
 from testbed.crosscheck import Wire
 from testbed.errors import CommandError, TestbedError
-from testbed.executor import Executor, Local, Netns
+from testbed.executor import Executor, Local, Netns, in_thread_netns
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +52,14 @@ class Netlink:
         self.where = f"namespace {netns}" if netns else "the root namespace"
 
     def _ipr(self) -> IPRoute:
-        # flags=0: never create the namespace by opening it (pyroute2's default would bring
-        # back a namespace that a teardown has just deleted).
         if not self.netns:
             return IPRoute()
         try:
-            return IPRoute(netns=self.netns, flags=0)
+            # The socket is opened by a thread inside the namespace, not by pyroute2's
+            # netns= (which forks a copy of this process for it: see in_thread_netns).
+            fd = in_thread_netns(self.netns, lambda: socket.socket(
+                socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_ROUTE).detach())
+            return IPRoute(fileno=fd)
         except OSError as e:
             raise CommandError(["netlink", "netns", self.netns], e.errno,
                                f"cannot open namespace {self.netns}: {e.strerror}") from None
@@ -338,7 +342,9 @@ def namespace(name: str) -> Iterator[Netns]:
     created in it (no router solicitations or DAD frames move a counter); removed on exit."""
     check_ours(name)
     try:
-        pr_netns.create(name)
+        # Unshared by a thread and bound to /run/netns/<name> like `ip netns add` does;
+        # pyroute2's netns.create would fork this process for it.
+        in_thread_netns(None, lambda: pr_netns.attach(name, "thread-self"), new=True)
     except OSError as e:
         raise CommandError(["netns", "add", name], e.errno, f"cannot create namespace {name}: {e.strerror}") from None
     try:
