@@ -197,6 +197,12 @@ class Netlink:
     def mac_of(self, name: str) -> str:
         return str(self._get(name, "IFLA_ADDRESS"))
 
+    def ipv4_of(self, name: str) -> list[str]:
+        """The link's IPv4 addresses (read only: it may be an operator's interface)."""
+        with self._ipr() as ipr:
+            idx = self._need(ipr, name)
+            return [a.get("IFA_ADDRESS") for a in ipr.get_addr(index=idx, family=socket.AF_INET)]
+
     def wire(self, name: str) -> Wire:
         """Byte and packet counters (the kernel's 64-bit link statistics)."""
         st = self._get(name, "IFLA_STATS64")
@@ -276,13 +282,20 @@ class IpCommands:
         return json.loads(self._ip("-j", "link", "show", "dev", name))[0]
 
     def exists(self, name: str) -> bool:
-        return self.ex.run(["ip", "link", "show", "dev", name], timeout=30, check=False).rc == 0
+        res = self.ex.run(["ip", "link", "show", "dev", name], timeout=30, check=False)
+        if res.rc not in (0, 1):     # not ip's "does not exist": ssh itself failed (255)
+            raise CommandError(["ip", "link", "show", "dev", name], res.rc, res.stderr or res.stdout)
+        return res.rc == 0
 
     def mtu_of(self, name: str) -> int:
         return int(self._show(name)["mtu"])
 
     def mac_of(self, name: str) -> str:
         return str(self._show(name)["address"])
+
+    def ipv4_of(self, name: str) -> list[str]:
+        info = json.loads(self._ip("-j", "addr", "show", "dev", name) or "[]")
+        return [a["local"] for i in info for a in i.get("addr_info", []) if a.get("family") == "inet"]
 
     def wire(self, name: str) -> Wire:
         out = self.ex.run(["cat", *(f"/sys/class/net/{name}/statistics/{k}" for k in _WIRE)],

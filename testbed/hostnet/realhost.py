@@ -21,7 +21,6 @@ the host's index (a/b), and removed on exit.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -107,16 +106,16 @@ class RealFabric:
 def underlay_of(shell: Shell, dev: str, *, need_ipv4: bool = True) -> tuple[str, int]:
     """(IPv4 address or "", MTU) of a host's underlay interface, read there. A tunnel needs
     the address; macvtap only needs the device."""
+    on_host = ops.on(shell)
     try:
-        info = json.loads(shell.run(["ip", "-j", "addr", "show", "dev", dev], timeout=30).stdout or "[]")
+        if not on_host.exists(dev):
+            raise CapabilityError(f"host {shell.host.name}: underlay {dev} not found")
+        addrs, mtu = on_host.ipv4_of(dev), on_host.mtu_of(dev)
     except CommandError as e:
         raise CapabilityError(f"host {shell.host.name}: underlay {dev}: {e.stderr_tail or e}") from None
-    if not info:
-        raise CapabilityError(f"host {shell.host.name}: underlay {dev} not found")
-    addrs = [a["local"] for i in info for a in i.get("addr_info", []) if a.get("family") == "inet"]
     if need_ipv4 and not addrs:
         raise CapabilityError(f"host {shell.host.name}: underlay {dev} has no IPv4 address for the tunnel")
-    return (addrs[0] if addrs else ""), int(info[0]["mtu"])
+    return (addrs[0] if addrs else ""), mtu
 
 
 @contextlib.contextmanager
