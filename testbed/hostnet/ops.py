@@ -4,8 +4,8 @@ link operation, the namespace, the offloads and the wire counters, whatever the 
 ``on(ex)`` picks how links are changed where ``ex`` runs:
 
 * this machine (``executor.Local``, a local ``remote.Shell``) or one of its namespaces
-  (``executor.Netns``, ``nsagent.NsAgent``): netlink through pyroute2, ``IPRoute`` (with
-  ``netns=`` for a namespace), no subprocess;
+  (``executor.Netns``, ``nsagent.NsAgent``): netlink through pyroute2's ``IPRoute``, for a
+  namespace on a socket a thread opened inside it; no subprocess, no fork;
 * a real host over ssh (a remote ``remote.Shell``): ``ip`` commands run through it.
 
 Both answer the same calls with the same errors (a CommandError naming the device and where),
