@@ -17,6 +17,7 @@ class NsAgent(Netns):
 
     def __init__(self, netns: str, out_dir: str) -> None:
         super().__init__(netns, out_dir)
+        self.out_dir = out_dir
 
     def ping(self) -> bool:
         return True
