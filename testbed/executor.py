@@ -154,12 +154,16 @@ class _Processes:
         return proc.Completed(tuple(argv), rc, out, err, time.monotonic() - start)
 
     def _forget(self, bg: proc.Background) -> None:
+        # Output kept in a folder of our own is read once; the folder goes with the last process.
         if self._own_dir is not None:
             for p in (bg.stdout_path, bg.stderr_path):
                 try:
                     os.unlink(p)
                 except FileNotFoundError:
                     pass
+            if not self._procs:
+                shutil.rmtree(self._own_dir, ignore_errors=True)
+                self._own_dir = None
 
     def kill(self, pid: int, signal: str = "KILL") -> None:
         bg = self._procs.pop(pid, None)

@@ -205,3 +205,12 @@ def test_namespace_operations_never_fork_this_process(monkeypatch):
     monkeypatch.undo()
     assert ip_j(None, "lo")["ifname"] == "lo"
     assert leftovers(tag) == []
+
+
+def test_output_of_a_process_without_an_output_folder_is_not_left_behind():
+    loc = Local()
+    pid = loc.spawn(["echo", "x"])
+    folder = loc._own_dir
+    assert folder and os.path.isdir(folder)
+    assert loc.wait(pid, ["echo"], timeout=10).stdout == "x\n"
+    assert not os.path.exists(folder)
