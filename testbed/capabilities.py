@@ -7,7 +7,6 @@ the boot benchmark compares a full guest against.
 """
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
 import logging
@@ -104,33 +103,32 @@ def kvm_device() -> tuple[bool, str]:
     return _opens("/dev/kvm")
 
 
-def _try_link(kind: str, extra: list[str]) -> tuple[bool, str]:
-    """Create and delete a throwaway link of `kind` in a scratch namespace, so the root
-    namespace is never touched by a probe."""
+def _try_link(kind: str, make) -> tuple[bool, str]:
+    """Create a throwaway link of `kind` with ``make(links)`` (hostnet.ops on a scratch
+    namespace, where a veth ``tb-pl`` exists), so the root namespace is never touched by a
+    probe; the namespace goes with everything in it."""
+    from testbed.hostnet import ops
     ns = f"tb-probe-{os.getpid()}"
     try:
-        proc.run(["ip", "netns", "add", ns], timeout=10)
+        with ops.namespace(ns) as ex:
+            try:
+                links = ops.on(ex)
+                links.add_veth("tb-pl", "tb-pl1")
+                make(links)
+            except CommandError as e:
+                return False, f"{kind}: {e.stderr_tail or e}"
     except CommandError as e:
         return False, f"cannot create a network namespace: {e.stderr_tail}"
-    try:
-        proc.run(["ip", "link", "add", "tb-pl", "type", "veth", "peer", "name", "tb-pl1"], netns=ns,
-                 timeout=10)
-        proc.run(["ip", "link", "add", *extra], netns=ns, timeout=10)
-        return True, ""
-    except CommandError as e:
-        return False, f"{kind}: {e.stderr_tail or e}"
-    finally:
-        with contextlib.suppress(CommandError):
-            proc.run(["ip", "netns", "delete", ns], timeout=10)
+    return True, ""
 
 
 def macvtap() -> tuple[bool, str]:
-    return _try_link("macvtap", ["tb-pm", "link", "tb-pl", "type", "macvtap", "mode", "bridge"])
+    return _try_link("macvtap", lambda links: links.add_macvtap("tb-pm", "tb-pl", "bridge"))
 
 
 def vxlan() -> tuple[bool, str]:
-    return _try_link("vxlan", ["tb-pv", "type", "vxlan", "id", "42", "dstport", "4789",
-                               "remote", "198.18.255.1", "dev", "tb-pl"])
+    return _try_link("vxlan", lambda links: links.add_vxlan("tb-pv", vni=42, local="198.18.255.2",
+                                                            remote="198.18.255.1", port=4789, dev="tb-pl"))
 
 
 def ovs_kernel_datapath() -> tuple[bool, str]:

@@ -26,7 +26,7 @@ from pyroute2 import IPRoute
 
 from testbed import PREFIX, guestcache, images, paths, proc
 from testbed.errors import CommandError, LeftoversError
-from testbed.hostnet import links
+from testbed.hostnet import links, ops
 
 log = logging.getLogger(__name__)
 
@@ -168,8 +168,7 @@ def remove(found: Leftovers, uri: str = "qemu:///system") -> None:
         # ovs-vswitchd of an emulated host, tools) outlive it: they were started in their own
         # sessions. Everything in a tb- namespace is the testbed's, so they are stopped first.
         _stop_processes_in(ns)
-        with contextlib.suppress(CommandError):
-            proc.run(["ip", "netns", "delete", ns], timeout=20)
+        ops.delete_namespace(ns)
     for s in found.state:
         _mark_killed(paths.state_dir() / s)
         shutil.rmtree(paths.state_dir() / s, ignore_errors=True)
@@ -289,7 +288,7 @@ def remove_on(shell, found: Leftovers, uri: str) -> None:
     for br in found.ovs_bridges:
         shell.run(["ovs-vsctl", "--timeout=10", "--if-exists", "del-br", br], timeout=20, check=False)
     for name in found.links:
-        shell.run(["ip", "link", "del", name], timeout=20, check=False)
+        ops.on(shell).delete(name)
     for st in found.state:
         shell.run(["rm", "-rf", "--", str(paths.state_dir() / st)], timeout=60, check=False)
 

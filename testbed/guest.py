@@ -9,27 +9,21 @@ import base64
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from testbed.lazy import libvirt
 from testbed.lazy import libvirt_qemu
 
+from testbed import proc
 from testbed.errors import CommandError, GuestError
 
 AGENT_TIMEOUT_S = 10
 
-
-@dataclass(frozen=True)
-class GuestResult:
-    argv: tuple[str, ...]
-    rc: int
-    stdout: str
-    stderr: str
-    seconds: float
+#: What a command in a guest returns: the same type as everywhere else (testbed.executor).
+GuestResult = proc.Completed
 
 
 class Agent:
-    """A guest's qemu-guest-agent, reached through libvirt."""
+    """A guest's qemu-guest-agent, reached through libvirt; a testbed.executor.Executor."""
 
     def __init__(self, dom: libvirt.virDomain, name: str) -> None:
         self.dom, self.name = dom, name

@@ -2,6 +2,7 @@
 its MAC, its address, its queues and offloads, set through the guest agent."""
 from __future__ import annotations
 
+from testbed import offloads
 from testbed.guest import Agent
 from testbed.model import Offloads
 
@@ -29,8 +30,6 @@ def configure(agent: Agent, ifname: str, address: str, prefixlen: int, queues: i
 
 def _offloads(agent: Agent, ifname: str, want: Offloads | None) -> tuple[tuple[str, str], ...]:
     """Switch the requested offloads one by one (a fixed feature must not stop the others;
-    the kernel also drags dependent features along), then read back what holds."""
-    from testbed.hostnet import netns
-    for name, on in (want.requested() if want else []):
-        agent.run(["/usr/sbin/ethtool", "-K", ifname, name, "on" if on else "off"], check=False)
-    return netns.parse_ethtool_k(agent.run(["/usr/sbin/ethtool", "-k", ifname]).stdout)
+    the kernel also drags dependent features along), then read back what holds: the same
+    code as for a host's links (testbed.offloads), run through the guest's agent."""
+    return offloads.apply_offloads(agent, ifname, want, ethtool="/usr/sbin/ethtool", timeout=30)

@@ -12,19 +12,61 @@ or a refused login is an error with ssh's own message, not a hang.
 """
 from __future__ import annotations
 
+import contextlib
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from testbed import proc
 from testbed.errors import CapabilityError, CommandError
+from testbed.executor import _Processes
 from testbed.model import HostSpec
+
+
+class _RemoteProcesses(_Processes):
+    """Processes started over ssh. The local ssh client is the child this process waits
+    on; the remote shell prints its pid first (then execs the command), so ``kill`` can
+    signal the remote process itself: killing the ssh client alone would leave it running."""
+
+    def __init__(self, shell: Shell) -> None:
+        super().__init__(None)
+        self.shell, self.name = shell, shell.host.name
+
+    def _argv(self, argv: Sequence[str]) -> list[str]:
+        if not self.shell.remote:
+            return [str(a) for a in argv]
+        return self.shell.argv(["sh", "-c", 'echo $$; exec "$@"', "sh", *argv])
+
+    def _output(self, bg: proc.Background) -> tuple[str, str]:
+        out = bg.stdout()
+        if self.shell.remote:
+            out = out.split("\n", 1)[1] if "\n" in out else ""
+        return out, bg.stderr()
+
+    def kill(self, pid: int, signal: str = "KILL") -> None:
+        bg = self._procs.get(pid)
+        if bg is not None and self.shell.remote and bg.popen.poll() is None:
+            first = bg.stdout().split("\n", 1)[0].strip()
+            if first.isdigit():
+                with contextlib.suppress(CommandError):
+                    self.shell.run(["kill", f"-{signal}", first], timeout=15, check=False)
+        super().kill(pid, signal)
 
 
 @dataclass(frozen=True)
 class Shell:
+    """A host's command transport; a testbed.executor.Executor (ssh, or this machine)."""
+
     host: HostSpec
+    _jobs: _RemoteProcesses = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_jobs", _RemoteProcesses(self))
+
+    @property
+    def name(self) -> str:
+        return self.host.name
 
     @property
     def remote(self) -> bool:
@@ -66,6 +108,28 @@ class Shell:
 
     def read(self, path: str, *, timeout: float = 30) -> str:
         return self.run(["cat", "--", path], timeout=timeout).stdout
+
+    # -- the rest of the executor protocol (testbed.executor.Executor) --
+
+    def read_file(self, path: str, limit: int = 1 << 20) -> str:
+        return self.read(path)[:limit]
+
+    def write_file(self, path: str, text: str) -> None:
+        self.run(["tee", "--", path], timeout=30, input=text)
+
+    def spawn(self, argv: Sequence[str]) -> int:
+        """Start a command on the host; returns the pid of its local ssh client."""
+        return self._jobs.spawn(argv)
+
+    def wait(self, pid: int, argv: Sequence[str], timeout: float,
+             expected_s: float = 0.0) -> proc.Completed:
+        return self._jobs.wait(pid, argv, timeout, expected_s)
+
+    def kill(self, pid: int, signal: str = "KILL") -> None:
+        self._jobs.kill(pid, signal)
+
+    def stop_all(self) -> None:
+        self._jobs.stop_all()
 
     def exists(self, path: str) -> bool:
         return self.run(["test", "-e", path], timeout=30, check=False).rc == 0

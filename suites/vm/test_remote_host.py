@@ -27,7 +27,8 @@ import pytest
 
 from testbed import cleanup, config, images, proc, remote, results, snapshot
 from testbed.errors import CapabilityError
-from testbed.hostnet import links
+from testbed.executor import Executor
+from testbed.hostnet import links, ops
 from testbed.model import HostSpec
 from testbed.pytest_plugin import run_cli
 
@@ -216,3 +217,52 @@ def test_cleanup_finds_and_removes_a_dead_runs_objects_on_a_remote_host(loopback
         for name in (link, live_link):
             links.delete(name)
         shutil.rmtree(state / folder, ignore_errors=True)
+
+
+def test_the_ssh_executor_runs_reads_writes_and_kills_on_the_host(loopback, tmp_path):
+    """remote.Shell as an executor (testbed.executor): files and processes really go through
+    ssh, and killing a spawned command kills the remote process, not just the ssh client."""
+    sh = remote.shell(loopback.host())
+    assert isinstance(sh, Executor)
+    f = tmp_path / "written-over-ssh"
+    sh.write_file(str(f), "line one\nline two\n")
+    assert f.read_text() == "line one\nline two\n"
+    assert sh.read_file(str(f)) == "line one\nline two\n"
+    pid = sh.spawn(["sh", "-c", "echo out; echo err >&2; exit 4"])
+    res = sh.wait(pid, ["sh"], timeout=30)
+    assert (res.rc, res.stdout, res.stderr) == (4, "out\n", "err\n")
+    marker = f"tb-{loopback.tag}-sleeper"
+    pid = sh.spawn(["sh", "-c", f"exec -a {marker} sleep 120"])
+    deadline = time.monotonic() + 15
+    while marker not in proc.run(["ps", "-eo", "args"]).stdout:
+        assert time.monotonic() < deadline, "the remote sleeper never started"
+        time.sleep(0.1)
+    sh.kill(pid)
+    deadline = time.monotonic() + 10
+    while marker in proc.run(["ps", "-eo", "args"]).stdout:
+        assert time.monotonic() < deadline, "the remote process outlived kill()"
+        time.sleep(0.1)
+    sh.stop_all()
+
+
+def test_link_operations_over_ssh_are_ip_commands_the_kernel_obeys(loopback):
+    """hostnet.ops on a remote host runs `ip` through ssh; this machine is that host, so
+    the kernel's answer is read back here through pyroute2 (links.mtu_of)."""
+    sh = remote.shell(loopback.host())
+    on_host = ops.on(sh)
+    assert isinstance(on_host, ops.IpCommands)
+    a, b, br = (f"tb-{loopback.tag}-{x}" for x in ("sa", "sb", "sbr"))
+    try:
+        on_host.add_bridge(br)
+        on_host.add_veth(a, b, mtu=1400)
+        on_host.enslave(a, br)
+        ops.set_mtus(sh, [a, br], 1320)
+        on_host.set_up(a)
+        assert links.mtu_of(a) == 1320 and links.mtu_of(br) == 1320 and links.mtu_of(b) == 1400
+        assert on_host.mtu_of(b) == 1400
+        with open(f"/sys/class/net/{a}/master/uevent") as u:
+            assert f"INTERFACE={br}" in u.read()
+    finally:
+        for n in (a, br):
+            on_host.delete(n)
+    assert not links.exists(a) and not links.exists(br) and not links.exists(b)

@@ -1,21 +1,18 @@
-"""Small netlink helpers over pyroute2, shared by the attachment modules."""
+"""Small netlink helpers for this machine's root namespace, shared by the attachment
+modules: thin names over testbed.hostnet.ops (which does the same on any executor)."""
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 
-from pyroute2 import IPRoute, NetlinkError
+from pyroute2 import IPRoute
 
-from testbed import PREFIX
 from testbed.crosscheck import Wire
-from testbed.errors import TestbedError
+from testbed.hostnet import ops
 
 
 def _check_ours(name: str) -> None:
-    # Defence in depth: this module only ever changes objects the testbed created.
-    if not name.startswith(PREFIX):
-        raise TestbedError(f"refusing to touch {name!r}: not a {PREFIX} object")
+    ops.check_ours(name)
 
 
 def index(ipr: IPRoute, name: str) -> int | None:
@@ -23,49 +20,34 @@ def index(ipr: IPRoute, name: str) -> int | None:
     return found[0] if found else None
 
 
+_ROOT = ops.Netlink(None)
+
+
 def exists(name: str) -> bool:
-    with IPRoute() as ipr:
-        return index(ipr, name) is not None
+    return _ROOT.exists(name)
 
 
 def delete(name: str) -> None:
     """Delete a link; 'already gone' is fine."""
-    _check_ours(name)
-    with IPRoute() as ipr:
-        idx = index(ipr, name)
-        if idx is not None:
-            with contextlib.suppress(NetlinkError):
-                ipr.link("del", index=idx)
+    _ROOT.delete(name)
 
 
 def no_ipv6(name: str) -> None:
     """Keep the kernel from giving our own link an IPv6 link-local address: the segment
     carries only test traffic and the host gets no address on it."""
-    _check_ours(name)
-    path = f"/proc/sys/net/ipv6/conf/{name}/disable_ipv6"
-    if os.path.exists(path):
-        with open(path, "w") as f:
-            f.write("1")
+    ops.no_ipv6(None, name)
 
 
 def set_mtu(name: str, mtu: int) -> None:
-    _check_ours(name)
-    with IPRoute() as ipr:
-        idx = index(ipr, name)
-        if idx is None:
-            raise TestbedError(f"link {name} vanished")
-        ipr.link("set", index=idx, mtu=mtu)
+    ops.set_mtu(None, name, mtu)
 
 
 def up(name: str) -> None:
-    _check_ours(name)
-    with IPRoute() as ipr:
-        ipr.link("set", index=index(ipr, name), state="up")
+    _ROOT.set_up(name)
 
 
 def mtu_of(name: str) -> int:
-    with IPRoute() as ipr:
-        return ipr.get_links(index(ipr, name))[0].get("IFLA_MTU")
+    return _ROOT.mtu_of(name)
 
 
 def counters(name: str) -> tuple[int, int]:
@@ -104,12 +86,7 @@ def wire_via(name: str, run) -> Wire:
 @contextlib.contextmanager
 def bridge(name: str, mtu: int = 1500) -> Iterator[str]:
     """A Linux bridge with no uplink and no host address."""
-    _check_ours(name)
-    with IPRoute() as ipr:
-        try:
-            ipr.link("add", ifname=name, kind="bridge")
-        except NetlinkError as e:
-            raise TestbedError(f"cannot create bridge {name}: {e}") from None
+    _ROOT.add_bridge(name)
     try:
         no_ipv6(name)
         set_mtu(name, mtu)
@@ -122,12 +99,7 @@ def bridge(name: str, mtu: int = 1500) -> Iterator[str]:
 @contextlib.contextmanager
 def veth(name: str, peer: str, mtu: int = 1500) -> Iterator[tuple[str, str]]:
     _check_ours(name)
-    _check_ours(peer)
-    with IPRoute() as ipr:
-        try:
-            ipr.link("add", ifname=name, kind="veth", peer=peer)
-        except NetlinkError as e:
-            raise TestbedError(f"cannot create veth {name}: {e}") from None
+    _ROOT.add_veth(name, peer)
     try:
         for n in (name, peer):
             no_ipv6(n)

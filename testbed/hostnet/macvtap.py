@@ -25,9 +25,9 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from testbed import PREFIX, proc, render
+from testbed import PREFIX, render
 from testbed.errors import CapabilityError, TestbedError
-from testbed.hostnet import links
+from testbed.hostnet import links, ops
 from testbed.model import Attachment, Backend, MacvtapMode, object_name
 
 # Target names libvirt treats as its own and may replace (formatdomain, <target dev>).
@@ -144,9 +144,9 @@ def segment(run_tag: str, mtu: int, mode: MacvtapMode | str = MacvtapMode.BRIDGE
         hairpin = None
         if mode is MacvtapMode.VEPA:
             hairpin = stack.enter_context(links.bridge(object_name(run_tag, "lhb"), mtu))
-            proc.run(["ip", "link", "set", "dev", peer, "master", hairpin], timeout=10)
-            proc.run(["ip", "link", "set", "dev", peer, "type", "bridge_slave", "hairpin", "on"],
-                     timeout=10)
+            root = ops.on(None)
+            root.enslave(peer, hairpin)
+            root.hairpin(peer)
         yield MacvtapSegment(lower=lower, peer=peer, mode=mode, hairpin=hairpin,
                              datapath=f"macvtap-{mode.value}")
 
@@ -159,9 +159,7 @@ def macvtap(name: str, lower: str, mode: MacvtapMode | str = MacvtapMode.BRIDGE,
     for n in (name, lower):
         if not n.startswith(PREFIX):
             raise TestbedError(f"refusing to touch {n!r}: not a {PREFIX} object")
-    argv = ["ip", "link", "add", "link", lower, "name", name, *(["address", mac] if mac else []),
-            "type", "macvtap", "mode", MacvtapMode(mode).kernel]
-    proc.run(argv, timeout=10)
+    ops.on(None).add_macvtap(name, lower, MacvtapMode(mode).kernel, mac=mac)
     try:
         links.no_ipv6(name)
         yield name
@@ -178,17 +176,17 @@ def lent_to_root(name: str, lower: str, netns: str, mode: MacvtapMode | str, mac
     for n in (name, lower, netns):
         if not n.startswith(PREFIX):
             raise TestbedError(f"refusing to touch {n!r}: not a {PREFIX} object")
-    proc.run(["ip", "link", "add", "link", lower, "name", name, "address", mac, "type", "macvtap",
-              "mode", MacvtapMode(mode).kernel], netns=netns, timeout=10)
+    there = ops.Netlink(netns)
+    there.add_macvtap(name, lower, MacvtapMode(mode).kernel, mac=mac)
     try:
-        # `netns <pid>`: the namespace of that process, here the root one this process runs in.
-        proc.run(["ip", "link", "set", "dev", name, "netns", str(os.getpid())], netns=netns, timeout=10)
+        # A pid: the namespace of that process, here the root one this process runs in.
+        there.move(name, os.getpid())
         links.no_ipv6(name)
         links.up(name)
         yield name
     finally:
         links.delete(name)
-        proc.run(["ip", "link", "del", name], netns=netns, timeout=10, check=False)
+        there.delete(name)
 
 
 def take_back(name: str, netns: str) -> None:
@@ -196,5 +194,5 @@ def take_back(name: str, netns: str) -> None:
     queue stays with the device), so the root namespace keeps nothing of the datapath."""
     if not name.startswith(PREFIX) or not netns.startswith(PREFIX):
         raise TestbedError(f"refusing to move {name!r} to {netns!r}: not {PREFIX} objects")
-    proc.run(["ip", "link", "set", "dev", name, "netns", netns], timeout=10)
-    proc.run(["ip", "link", "set", "dev", name, "up"], netns=netns, timeout=10)
+    ops.on(None).move(name, netns)
+    ops.Netlink(netns).set_up(name)

@@ -26,17 +26,16 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import json
 import logging
-import re
+import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from testbed import PREFIX, proc
+from testbed import proc
 from testbed.errors import CommandError, TestbedError
-from testbed.hostnet import links, macvtap, ovs, ovsd
+from testbed.hostnet import links, macvtap, ops, ovs, ovsd
 from testbed.model import Offloads, Profile, object_name
 from testbed.tools.base import ToolResult
 from testbed.tools.netperf import NetperfDriver
@@ -46,11 +45,6 @@ log = logging.getLogger(__name__)
 BENCH_NET = ipaddress.ip_network("198.18.0.0/15")
 DEFAULT_SUBNET = "198.18.100.0/24"
 MAX_CHAIN = 9
-
-# ethtool -K short name -> the line ethtool -k prints for it
-_ETHTOOL_K = {"tx": "tx-checksumming", "tso": "tcp-segmentation-offload",
-              "gso": "generic-segmentation-offload", "gro": "generic-receive-offload",
-              "lro": "large-receive-offload"}
 
 
 class ChainLink(StrEnum):
@@ -104,46 +98,33 @@ class Connection:
 # -- small helpers -------------------------------------------------------------------------
 
 def _check_ours(name: str) -> None:
-    if not name.startswith(PREFIX):
-        raise TestbedError(f"refusing to touch {name!r}: not a {PREFIX} object")
+    ops.check_ours(name)
 
 
-def _ip(*args: str, netns: str | None = None, check: bool = True) -> proc.Completed:
-    return proc.run(["ip", *args], netns=netns, timeout=30, check=check)
+def _links(netns: str | None) -> ops.Netlink:
+    return ops.Netlink(netns)
 
 
 def counters(ifname: str, netns: str | None = None) -> tuple[int, int]:
     """(rx_bytes, tx_bytes) of a link in any namespace."""
     if netns is None:
         return links.counters(ifname)
-    out = _ip("-s", "-j", "link", "show", "dev", ifname, netns=netns).stdout
-    stats = json.loads(out)[0]["stats64"]
-    return int(stats["rx"]["bytes"]), int(stats["tx"]["bytes"])
+    w = _links(netns).wire(ifname)
+    return w.rx_bytes, w.tx_bytes
 
 
-def parse_ethtool_k(text: str) -> tuple[tuple[str, str], ...]:
-    """Pure: `ethtool -k` output -> (short name, state) for the offloads the testbed switches."""
-    states = {}
-    for line in text.splitlines():
-        m = re.match(r"^([a-z-]+):\s+(.+)$", line.strip())
-        if m:
-            states[m.group(1)] = m.group(2).strip()
-    return tuple((short, states.get(long, "unknown")) for short, long in _ETHTOOL_K.items())
+#: offloads: one implementation for hosts, namespaces and guests (testbed.hostnet.ops)
+parse_ethtool_k = ops.parse_ethtool_k
 
 
 def read_offloads(ifname: str, netns: str | None) -> tuple[tuple[str, str], ...]:
-    return parse_ethtool_k(proc.run(["ethtool", "-k", ifname], netns=netns, timeout=10).stdout)
+    return ops.read_offloads(ops.netns_executor(netns), ifname)
 
 
 def apply_offloads(ifname: str, netns: str | None, want: Offloads | None) -> tuple[tuple[str, str], ...]:
     """Ask ethtool for each feature separately (one fixed feature must not stop the others),
     then return what the device reports."""
-    for name, on in (want.requested() if want else []):
-        res = proc.run(["ethtool", "-K", ifname, name, "on" if on else "off"], netns=netns,
-                       timeout=10, check=False)
-        if res.rc != 0:
-            log.debug("ethtool -K %s %s: rc %s: %s", ifname, name, res.rc, res.stderr.strip())
-    return read_offloads(ifname, netns)
+    return ops.apply_offloads(ops.netns_executor(netns), ifname, want)
 
 
 def _subnet(subnet: str) -> ipaddress.IPv4Network:
@@ -174,39 +155,26 @@ class _Builder:
         return object_name(self.tag, kind, *parts)
 
     def namespace(self, name: str) -> None:
-        _check_ours(name)
-        _ip("netns", "add", name)
-        self.stack.callback(self._del_netns, name)
-        # Our namespace, so a namespace-wide default: no IPv6 on anything created in it, so
-        # no router solicitations or DAD frames move the counters.
-        for key in ("all", "default"):
-            proc.run(["sysctl", "-q", "-w", f"net.ipv6.conf.{key}.disable_ipv6=1"], netns=name, timeout=10)
-        _ip("link", "set", "lo", "up", netns=name)
-
-    @staticmethod
-    def _del_netns(name: str) -> None:
-        _check_ours(name)
-        _ip("netns", "delete", name, check=False)
+        # No IPv6 on anything created in it: no router solicitations or DAD frames move the
+        # counters (ops.namespace).
+        self.stack.enter_context(ops.namespace(name))
 
     def veth(self, left: str, left_ns: str | None, right: str, right_ns: str | None) -> None:
         """A veth pair created directly in its namespaces; removal deletes the left end."""
-        for n in (left, right):
-            _check_ours(n)
-        _ip("link", "add", left, *(["netns", left_ns] if left_ns else []), "type", "veth",
-            "peer", "name", right, *(["netns", right_ns] if right_ns else []))
+        _check_ours(right)
+        # The peer always names its namespace: created from inside left_ns it would
+        # otherwise land there, not in the root one.
+        _links(left_ns).add_veth(left, right, peer_netns=right_ns or os.getpid())
         self.stack.callback(self._del_link, left, left_ns)
         for n, ns in ((left, left_ns), (right, right_ns)):
             if ns is None:
                 links.no_ipv6(n)
-            _ip("link", "set", n, "mtu", str(self.mtu), "up", netns=ns)
+            _links(ns).set_mtu(n, self.mtu)
+            _links(ns).set_up(n)
 
     @staticmethod
     def _del_link(name: str, netns: str | None) -> None:
-        _check_ours(name)
-        if netns is None:
-            links.delete(name)
-        else:
-            _ip("link", "del", name, netns=netns, check=False)
+        _links(netns).delete(name)
 
     def path_link(self, name: str, netns: str | None) -> None:
         if self.path_offloads is not None:
@@ -214,8 +182,10 @@ class _Builder:
 
     def endpoint(self, ns: str, ifname: str, host: int, want: Offloads | None) -> Endpoint:
         addr = self.net.network_address + host
-        _ip("addr", "add", f"{addr}/{self.net.prefixlen}", "dev", ifname, netns=ns)
-        _ip("link", "set", ifname, "mtu", str(self.mtu), "up", netns=ns)
+        there = _links(ns)
+        there.add_address(ifname, f"{addr}/{self.net.prefixlen}")
+        there.set_mtu(ifname, self.mtu)
+        there.set_up(ifname)
         applied = apply_offloads(ifname, ns, want)
         return Endpoint(ns, ifname, str(addr), self.net.prefixlen, applied)
 
@@ -280,7 +250,7 @@ def linux_bridge(tag: str, *, subnet: str = DEFAULT_SUBNET, mtu: int = 1500,
         a_in, a_out = _veth_to(b, "a", None)
         b_in, b_out = _veth_to(b, "b", None)
         for port in (a_out, b_out):
-            _ip("link", "set", port, "master", br)
+            _links(None).enslave(port, br)
         ea, eb = b.endpoints(a_in, b_in, offloads)
         hops = (Hop(a_in, b.ns_a, "tx"), Hop(a_out, None, "rx"), Hop(b_out, None, "tx"),
                 Hop(b_in, b.ns_b, "rx"))
@@ -321,7 +291,7 @@ def ovs_internal(tag: str, *, subnet: str = DEFAULT_SUBNET, mtu: int = 1500,
             # configure it and would log a failed MTU change at every reconfiguration.
             sw.vsctl("add-port", br, port, "--", "set", "Interface", port, "type=internal")
             stack.callback(_del_port, sw, br, port)
-            _ip("link", "set", port, "netns", ns, netns=sw.netns)
+            _links(sw.netns).move(port, ns)
             ports.append(port)
         ea, eb = b.endpoints(ports[0], ports[1], offloads)
         hops = (Hop(ports[0], b.ns_a, "tx"), Hop(ports[1], b.ns_b, "rx"))
@@ -430,11 +400,11 @@ def macvlan(tag: str, mode: macvtap.MacvtapMode | str = macvtap.MacvtapMode.BRID
         # and passthrough picks the next free lower from that list.
         for side in ("a", "b"):
             dev, lower = b.name("m", side), seg.lower_for()
-            _ip("link", "add", "link", lower, "name", dev, "type", "macvlan", "mode", mode.kernel)
+            _links(None).add_macvtap(dev, lower, mode.kernel, kind="macvlan")
             stack.callback(b._del_link, dev, None)
             devs.append((dev, lower))
         for (dev, _), ns in zip(devs, (b.ns_a, b.ns_b)):
-            _ip("link", "set", dev, "netns", ns)
+            _links(None).move(dev, ns)
             stack.callback(b._del_link, dev, ns)
         ea, eb = b.endpoints(devs[0][0], devs[1][0], offloads)
         hops = [Hop(devs[0][0], b.ns_a, "tx")]

@@ -1,8 +1,10 @@
 """Two real hosts (this machine and one reached over ssh, or two over ssh) joined through
 their underlay interfaces: `bridge-vxlan`, `ovs-vxlan`, and `macvtap` across hosts.
 
-Every command goes through the host's remote.Shell, so the same code drives a local and a
-remote host. The underlay interface belongs to the operator: the testbed reads its IPv4
+Every command goes through the host's remote.Shell, an executor (testbed.executor), so the
+same code drives a local and a remote host, and the Linux-bridge VXLAN datapath is the one
+hostnet/vxlan.py builds for emulated hosts (``vxlan.bridge_vxlan``), on another executor. Link
+operations go through testbed.hostnet.ops: ``ip`` commands over ssh, netlink locally. The underlay interface belongs to the operator: the testbed reads its IPv4
 address and MTU and never changes either; an inner MTU that does not fit is an error naming
 the host and the overhead. What the testbed creates on a host is named ``tb-<tag>-...`` with
 the host's index (a/b), and removed on exit.
@@ -19,14 +21,13 @@ the host's index (a/b), and removed on exit.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from testbed import render
 from testbed.errors import CapabilityError, CommandError, TestbedError
-from testbed.hostnet import links
-from testbed.hostnet.vxlan import VXLAN_OVERHEAD, df_ping
+from testbed.hostnet import links, ops
+from testbed.hostnet.vxlan import VXLAN_OVERHEAD, bridge_vxlan, bridge_vxlan_mtu, df_ping, ovs_vxlan_port
 from testbed.model import Attachment, Backend, HostSpec, MacvtapMode, TunnelSpec, object_name
 from testbed.remote import Shell
 
@@ -80,24 +81,23 @@ class RealFabric:
     def set_mtu(self, mtu: int, taps: Sequence[str]) -> None:
         self.check_fits(mtu)
         for i, s in enumerate(self.sides):
-            devs = [taps[i]]
             if self.kind is Attachment.BRIDGE_VXLAN:
-                devs += [s.vxlan, s.bridge]   # ports first: a bridge cannot exceed its smallest port
-            for dev in devs:
-                s.shell.run(["ip", "link", "set", "dev", dev, "mtu", str(mtu)], timeout=30)
+                assert s.vxlan and s.bridge
+                bridge_vxlan_mtu(s.shell, [taps[i]], s.vxlan, s.bridge, mtu)
+            else:
+                ops.set_mtu(s.shell, taps[i], mtu)
             if self.kind is Attachment.OVS_VXLAN:
                 s.shell.run(["ovs-vsctl", "--timeout=20", "set", "Interface", s.bridge, f"mtu_request={mtu}"],
                             timeout=30)
 
     def counters(self, i: int, dev: str) -> links.Wire:
-        return links.wire_via(dev, lambda argv: self.sides[i].shell.run(argv, timeout=30))
+        return ops.on(self.sides[i].shell).wire(dev)
 
     def df_check(self, inner_mtu: int) -> str | None:
         """A don't-fragment ping between the underlay addresses, the size of a full
         encapsulated frame, each way; returns why it failed, or None."""
         for src, dst in ((self.sides[0], self.sides[1]), (self.sides[1], self.sides[0])):
-            why = df_ping(lambda argv: src.shell.run(argv, timeout=30, check=False),
-                          f"{src.host.name} -> {dst.host.name}", dst.underlay_ip, inner_mtu, self.overhead)
+            why = df_ping(src.shell, f"{src.host.name} -> {dst.host.name}", dst.underlay_ip, inner_mtu, self.overhead)
             if why:
                 return why
         return None
@@ -106,16 +106,16 @@ class RealFabric:
 def underlay_of(shell: Shell, dev: str, *, need_ipv4: bool = True) -> tuple[str, int]:
     """(IPv4 address or "", MTU) of a host's underlay interface, read there. A tunnel needs
     the address; macvtap only needs the device."""
+    on_host = ops.on(shell)
     try:
-        info = json.loads(shell.run(["ip", "-j", "addr", "show", "dev", dev], timeout=30).stdout or "[]")
+        if not on_host.exists(dev):
+            raise CapabilityError(f"host {shell.host.name}: underlay {dev} not found")
+        addrs, mtu = on_host.ipv4_of(dev), on_host.mtu_of(dev)
     except CommandError as e:
         raise CapabilityError(f"host {shell.host.name}: underlay {dev}: {e.stderr_tail or e}") from None
-    if not info:
-        raise CapabilityError(f"host {shell.host.name}: underlay {dev} not found")
-    addrs = [a["local"] for i in info for a in i.get("addr_info", []) if a.get("family") == "inet"]
     if need_ipv4 and not addrs:
         raise CapabilityError(f"host {shell.host.name}: underlay {dev} has no IPv4 address for the tunnel")
-    return (addrs[0] if addrs else ""), int(info[0]["mtu"])
+    return (addrs[0] if addrs else ""), mtu
 
 
 @contextlib.contextmanager
@@ -139,19 +139,11 @@ def fabric(kind: Attachment, tag: str, hosts: tuple[HostSpec, HostSpec], shells:
             br = vx = None
             if kind is Attachment.BRIDGE_VXLAN:
                 br, vx = object_name(tag, "br", ab), object_name(tag, "vx", ab)
-                sh.run(["ip", "link", "add", br, "type", "bridge"])
-                stack.callback(sh.run, ["ip", "link", "del", br], check=False)
-                sh.run(["ip", "link", "add", vx, "mtu", str(mtu), "type", "vxlan", "id", str(tunnel.vni),
-                        "local", ip, "remote", peer_ip, "dstport", str(tunnel.udp_port), "dev", ul])
-                stack.callback(sh.run, ["ip", "link", "del", vx], check=False)
-                sh.run(["ip", "link", "set", "dev", vx, "master", br])
-                for dev in (br, vx):
-                    sh.run(["ip", "link", "set", "dev", dev, "mtu", str(mtu), "up"])
+                bridge_vxlan(stack, sh, br, vx, tunnel, ip, peer_ip, ul, mtu)
             elif kind is Attachment.OVS_VXLAN:
                 br, vx = object_name(tag, "ovs", ab), object_name(tag, "vx", ab)
-                sh.run(["ovs-vsctl", "--timeout=20", "add-br", br, "--", "add-port", br, vx, "--", "set",
-                        "Interface", vx, "type=vxlan", f"options:remote_ip={peer_ip}", f"options:local_ip={ip}",
-                        f"options:key={tunnel.vni}", f"options:dst_port={tunnel.udp_port}"], timeout=30)
+                sh.run(["ovs-vsctl", "--timeout=20", "add-br", br, *ovs_vxlan_port(br, vx, tunnel, ip, peer_ip)],
+                       timeout=30)
                 stack.callback(sh.run, ["ovs-vsctl", "--timeout=20", "--if-exists", "del-br", br],
                                check=False, timeout=30)
                 dp = sh.run(["ovs-vsctl", "--timeout=20", "get", "Bridge", br, "datapath_type"],
@@ -162,7 +154,7 @@ def fabric(kind: Attachment, tag: str, hosts: tuple[HostSpec, HostSpec], shells:
                     raise CapabilityError(f"host {h.name}: OVS kernel datapath unavailable ({err or dp}); "
                                           "ovs-vxlan across real hosts needs it")
                 sh.run(["ovs-vsctl", "--timeout=20", "set", "Interface", br, f"mtu_request={mtu}"], timeout=30)
-                sh.run(["ip", "link", "set", "dev", br, "up"])
+                ops.on(sh).set_up(br)
             sides.append(RealSide(h, sh, ul, ip, ulmtu, br, vx))
         f = RealFabric(kind, tunnel, (sides[0], sides[1]), macvtap_mode)
         f.check_fits(mtu)

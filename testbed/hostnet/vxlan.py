@@ -16,6 +16,12 @@ keeps its file descriptor).
   finds its way out through OVS's own route table, so the underlay address sits on the
   internal port of a second bridge ``tb-<tag>-ul`` whose uplink is the wire.
 
+Each emulated host is reached through its namespace's executor (testbed.executor.Netns) and
+its links are made through testbed.hostnet.ops (pyroute2). The Linux-bridge datapath
+(``bridge_vxlan``, ``bridge_vxlan_mtu``), the OVS VXLAN port (``ovs_vxlan_port``) and the
+underlay check (``df_ping``) are the same code real hosts use (realhost.py), on their ssh
+executor.
+
 VXLAN over IPv4 adds 50 bytes (outer Ethernet 14, IPv4 20, UDP 8, VXLAN 8): an inner MTU
 must leave that much room below the underlay MTU. config.py refuses a topology that does
 not fit before anything is created; ``df_check`` proves the underlay carries full-size
@@ -25,16 +31,16 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from testbed import PREFIX, proc
+from testbed import proc
 from testbed.errors import CommandError, TestbedError
-from testbed.hostnet import links, ovsd
+from testbed.executor import Executor, Netns
+from testbed.hostnet import links, ops, ovsd
 from testbed.model import Attachment, TunnelSpec, object_name
 
 log = logging.getLogger(__name__)
@@ -58,6 +64,11 @@ class HostSide:
     vxlan: str                     # kernel vxlan device or OVS vxlan port
     switch: ovsd.Ovs | None = None  # ovs-vxlan: the host's private switch
 
+    @property
+    def ex(self) -> Netns:
+        """Where this host's commands run: its namespace."""
+        return Netns(self.netns)
+
 
 @dataclass(frozen=True)
 class Fabric:
@@ -73,13 +84,13 @@ class Fabric:
         """Move a root-namespace device (a guest's tap, a veth end) into ``host`` and make it
         a port of its bridge. The device leaves the root namespace for good: deleting it (or
         QEMU closing a tap) removes it from the host namespace."""
-        _check_ours(ifname)
-        _ip("link", "set", "dev", ifname, "netns", host.netns)
+        ops.on(None).move(ifname, host.netns)
+        there = ops.on(host.ex)
         if host.switch is not None:
             host.switch.vsctl("add-port", host.bridge, ifname)
         else:
-            _ip("link", "set", "dev", ifname, "master", host.bridge, netns=host.netns)
-        _ip("link", "set", "dev", ifname, "up", netns=host.netns)
+            there.enslave(ifname, host.bridge)
+        there.set_up(ifname)
 
     def detach(self, host: HostSide, ifname: str) -> None:
         """Take a port out of OVS before its device goes, so vswitchd never polls a vanished
@@ -100,13 +111,9 @@ class Fabric:
                 for dev in [*mine, h.bridge]:
                     args += ["--", "set", "Interface", dev, f"mtu_request={mtu}"]
                 h.switch.vsctl(*args)
-                for dev in mine:
-                    if mtu_of(dev, h.netns) != mtu:
-                        _ip("link", "set", "dev", dev, "mtu", str(mtu), netns=h.netns)
+                ops.set_mtus(h.ex, [d for d in mine if mtu_of(d, h.netns) != mtu], mtu)
             else:
-                # Ports first: a bridge's MTU cannot exceed its smallest port's.
-                for dev in [*mine, h.vxlan, h.bridge]:
-                    _ip("link", "set", "dev", dev, "mtu", str(mtu), netns=h.netns)
+                bridge_vxlan_mtu(h.ex, mine, h.vxlan, h.bridge, mtu)
             for dev in mine:
                 if mtu_of(dev, h.netns) != mtu:
                     raise TestbedError(f"{dev} in {h.netns}: MTU {mtu_of(dev, h.netns)}, asked for {mtu}")
@@ -115,19 +122,19 @@ class Fabric:
         """A don't-fragment ping across the underlay the size of a full encapsulated frame
         (inner MTU + 50) each way; returns why it failed, or None."""
         for src, dst in ((self.hosts[0], self.hosts[1]), (self.hosts[1], self.hosts[0])):
-            why = df_ping(lambda argv: proc.run(argv, netns=src.netns, timeout=20, check=False),
-                          f"{src.name} -> {dst.name}", dst.underlay_ip, inner_mtu, VXLAN_OVERHEAD)
+            why = df_ping(src.ex, f"{src.name} -> {dst.name}", dst.underlay_ip, inner_mtu, VXLAN_OVERHEAD)
             if why:
                 return why
         return None
 
 
-def df_ping(run, label: str, dst_ip: str, inner_mtu: int, overhead: int) -> str | None:
+def df_ping(ex: Executor, label: str, dst_ip: str, inner_mtu: int, overhead: int) -> str | None:
     """One don't-fragment ping to ``dst_ip`` the size of a full frame on the underlay (inner
-    MTU + encapsulation overhead), sent by ``run(argv)`` (which must not raise on failure)
-    from the sending side; returns why it failed, or None."""
+    MTU + encapsulation overhead), sent from the sending side's executor; returns why it
+    failed, or None."""
     size = inner_mtu + overhead - 28   # IPv4 + ICMP headers
-    res = run(["ping", "-n", "-M", "do", "-s", str(size), "-c", "2", "-i", "0.2", "-W", "3", dst_ip])
+    res = ex.run(["ping", "-n", "-M", "do", "-s", str(size), "-c", "2", "-i", "0.2", "-W", "3", dst_ip],
+                 timeout=30, check=False)
     if res.rc == 0:
         return None
     tail = " | ".join((res.stdout + res.stderr).strip().splitlines()[-2:])
@@ -135,20 +142,47 @@ def df_ping(run, label: str, dst_ip: str, inner_mtu: int, overhead: int) -> str 
 
 
 def _check_ours(name: str) -> None:
-    if not name.startswith(PREFIX):
-        raise TestbedError(f"refusing to touch {name!r}: not a {PREFIX} object")
-
-
-def _ip(*args: str, netns: str | None = None, check: bool = True) -> proc.Completed:
-    return proc.run(["ip", *args], netns=netns, timeout=30, check=check)
+    ops.check_ours(name)
 
 
 def mtu_of(dev: str, netns: str) -> int:
-    return int(json.loads(_ip("-j", "link", "show", "dev", dev, netns=netns).stdout)[0]["mtu"])
+    return ops.on(Netns(netns)).mtu_of(dev)
 
 
 def counters(dev: str, netns: str) -> links.Wire:
-    return links.wire_via(dev, lambda argv: proc.run(argv, netns=netns, timeout=10))
+    return ops.on(Netns(netns)).wire(dev)
+
+
+# -- the datapath pieces shared by emulated hosts (here) and real ones (realhost.py) --------
+
+def bridge_vxlan(stack: contextlib.ExitStack, ex: Executor, br: str, vx: str, tunnel: TunnelSpec,
+                 local_ip: str, peer_ip: str, underlay: str, mtu: int) -> None:
+    """A Linux bridge ``br`` with the kernel vxlan device ``vx`` (VNI, UDP port, local and
+    peer underlay address, on ``underlay``) as its port, both up at ``mtu``, on the host
+    ``ex`` runs on; removed in reverse by ``stack``."""
+    links_ = ops.on(ex)
+    links_.add_bridge(br)
+    stack.callback(links_.delete, br)
+    links_.add_vxlan(vx, vni=tunnel.vni, local=local_ip, remote=peer_ip, port=tunnel.udp_port,
+                     dev=underlay, mtu=mtu)
+    stack.callback(links_.delete, vx)
+    links_.enslave(vx, br)
+    for dev in (br, vx):
+        links_.set_mtu(dev, mtu)
+        links_.set_up(dev)
+
+
+def bridge_vxlan_mtu(ex: Executor, ports: Sequence[str], vx: str, br: str, mtu: int) -> None:
+    """The inner MTU on one host's bridge-vxlan hops. Ports first: a bridge's MTU cannot
+    exceed its smallest port's."""
+    ops.set_mtus(ex, [*ports, vx, br], mtu)
+
+
+def ovs_vxlan_port(br: str, vx: str, tunnel: TunnelSpec, local_ip: str, peer_ip: str) -> list[str]:
+    """ovs-vsctl arguments adding the VXLAN port ``vx`` to ``br`` (the same on either switch)."""
+    return ["--", "add-port", br, vx, "--", "set", "Interface", vx, "type=vxlan",
+            f"options:remote_ip={peer_ip}", f"options:local_ip={local_ip}",
+            f"options:key={tunnel.vni}", f"options:dst_port={tunnel.udp_port}"]
 
 
 def emulated_host(tag: str, index: int) -> tuple[str, str]:
@@ -157,26 +191,14 @@ def emulated_host(tag: str, index: int) -> tuple[str, str]:
     return object_name(tag, "h", side), object_name(tag, "w", side)
 
 
-def _namespace(stack: contextlib.ExitStack, name: str) -> None:
-    _check_ours(name)
-    _ip("netns", "add", name)
-    stack.callback(_ip, "netns", "delete", name, check=False)
-    # Nothing in an emulated host needs IPv6; none means no RS/DAD frames on the wire.
-    for key in ("all", "default"):
-        proc.run(["sysctl", "-q", "-w", f"net.ipv6.conf.{key}.disable_ipv6=1"], netns=name, timeout=10)
-    _ip("link", "set", "lo", "up", netns=name)
-
-
 def _wire(stack: contextlib.ExitStack, a: str, ns_a: str, b: str, ns_b: str, mtu: int) -> None:
     """The veth wire, created directly inside the two namespaces (never in the root one)."""
-    _check_ours(a)
-    _check_ours(b)
-    _ip("link", "add", a, "netns", ns_a, "mtu", str(mtu), "type", "veth",
-        "peer", "name", b, "netns", ns_b, "mtu", str(mtu))
+    here = ops.on(Netns(ns_a))
+    here.add_veth(a, b, mtu=mtu, peer_netns=ns_b)
     # Deleted explicitly: a deleted namespace frees its devices asynchronously.
-    stack.callback(_ip, "link", "del", a, netns=ns_a, check=False)
-    for dev, ns in ((a, ns_a), (b, ns_b)):
-        _ip("link", "set", "dev", dev, "up", netns=ns)
+    stack.callback(here.delete, a)
+    here.set_up(a)
+    ops.on(Netns(ns_b)).set_up(b)
 
 
 @contextlib.contextmanager
@@ -186,7 +208,7 @@ def hosts_and_wire(tag: str, mtu: int) -> Iterator[tuple[tuple[str, str], tuple[
     with contextlib.ExitStack() as stack:
         ns, wires = zip(*(emulated_host(tag, i) for i in (0, 1)))
         for n in ns:
-            _namespace(stack, n)
+            stack.enter_context(ops.namespace(n))
         _wire(stack, wires[0], ns[0], wires[1], ns[1], mtu)
         yield (ns[0], ns[1]), (wires[0], wires[1])
 
@@ -210,15 +232,10 @@ def fabric(kind: Attachment, tag: str, host_names: tuple[str, str], tunnel: Tunn
             peer = ips[1 - i]
             br, vx = object_name(tag, "br") if kind is Attachment.BRIDGE_VXLAN else object_name(tag, "ovs"), \
                 object_name(tag, "vx")
+            ex = Netns(ns[i])
             if kind is Attachment.BRIDGE_VXLAN:
-                _ip("addr", "add", f"{ips[i]}/{plen}", "dev", wires[i], netns=ns[i])
-                _ip("link", "add", br, "type", "bridge", netns=ns[i])
-                _ip("link", "add", vx, "mtu", str(mtu), "type", "vxlan", "id", str(tunnel.vni),
-                    "local", ips[i], "remote", peer, "dstport", str(tunnel.udp_port),
-                    "dev", wires[i], netns=ns[i])
-                _ip("link", "set", "dev", vx, "master", br, netns=ns[i])
-                _ip("link", "set", "dev", br, "mtu", str(mtu), "up", netns=ns[i])
-                _ip("link", "set", "dev", vx, "up", netns=ns[i])
+                ops.on(ex).add_address(wires[i], f"{ips[i]}/{plen}")
+                bridge_vxlan(stack, ex, br, vx, tunnel, ips[i], peer, wires[i], mtu)
                 sides.append(HostSide(host_names[i], ns[i], wires[i], wires[i], ips[i], br, vx))
             else:
                 sw = stack.enter_context(ovsd.private(ns[i], workdir / f"ovs-{'ab'[i]}"))
@@ -227,18 +244,16 @@ def fabric(kind: Attachment, tag: str, host_names: tuple[str, str], tunnel: Tunn
                 # holds the underlay address and whose uplink is the wire.
                 sw.vsctl("add-br", br, "--", "set", "Bridge", br, "datapath_type=netdev",
                          "--", "set", "Interface", br, f"mtu_request={mtu}",
-                         "--", "add-port", br, vx, "--", "set", "Interface", vx, "type=vxlan",
-                         f"options:remote_ip={peer}", f"options:local_ip={ips[i]}",
-                         f"options:key={tunnel.vni}", f"options:dst_port={tunnel.udp_port}",
+                         *ovs_vxlan_port(br, vx, tunnel, ips[i], peer),
                          "--", "add-br", ul, "--", "set", "Bridge", ul, "datapath_type=netdev",
                          "--", "set", "Interface", ul, f"mtu_request={tunnel.underlay_mtu}",
                          "--", "add-port", ul, wires[i])
                 # The daemons stop on exit (which removes the bridges with their datapath);
                 # deleting the bridges first keeps their logs free of vanished-device noise.
                 stack.callback(_del_brs, sw, [br, ul])
-                _ip("addr", "add", f"{ips[i]}/{plen}", "dev", ul, netns=ns[i])
+                ops.on(ex).add_address(ul, f"{ips[i]}/{plen}")
                 for dev in (ul, br):
-                    _ip("link", "set", "dev", dev, "up", netns=ns[i])
+                    ops.on(ex).set_up(dev)
                 sides.append(HostSide(host_names[i], ns[i], wires[i], ul, ips[i], br, vx, sw))
         f = Fabric(kind, tunnel, (sides[0], sides[1]))
         _static_neighbours(f)
@@ -248,17 +263,12 @@ def fabric(kind: Attachment, tag: str, host_names: tuple[str, str], tunnel: Tunn
         yield f
 
 
-def _mac_of(dev: str, netns: str) -> str:
-    return json.loads(_ip("-j", "link", "show", "dev", dev, netns=netns).stdout)[0]["address"]
-
-
 def _static_neighbours(f: Fabric) -> None:
     """Each host knows its peer's underlay MAC up front, in the kernel and (ovs-vxlan) in
     OVS's tunnel neighbour cache, so the wire carries no ARP: only encapsulated frames."""
     for me, peer in ((f.hosts[0], f.hosts[1]), (f.hosts[1], f.hosts[0])):
-        lladdr = _mac_of(peer.underlay_dev, peer.netns)
-        _ip("neigh", "replace", peer.underlay_ip, "lladdr", lladdr, "dev", me.underlay_dev,
-            "nud", "permanent", netns=me.netns)
+        lladdr = ops.on(peer.ex).mac_of(peer.underlay_dev)
+        ops.on(me.ex).neigh_permanent(peer.underlay_ip, lladdr, me.underlay_dev)
         if me.switch is not None:
             proc.run(["ovs-appctl", "-t", f"{me.switch.rundir}/ovs-vswitchd.ctl", "tnl/neigh/set",
                       me.underlay_dev, peer.underlay_ip, lladdr], timeout=20)
