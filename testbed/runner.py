@@ -22,6 +22,7 @@ from testbed import (capabilities, cleanup, cpu, environment, guestnic, images, 
 from testbed.errors import CapabilityError, GuestError, ReadinessError, TestbedError
 from testbed.hostnet import attach, links, macvtap
 from testbed.model import Attachment, Backend, Cell, MacvtapSpec, Offloads, Topology, context_of
+from testbed.session import Session, keep_logs
 from testbed.tools import get_tool
 
 log = logging.getLogger(__name__)
@@ -127,25 +128,20 @@ class Outcome:
 def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) -> Outcome:
     preflight(t)
     cells = plan(t)
-    run_id, tag = results.new_run_id()
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(cleanup.host_lock(run_id))
-        host = t.hosts[0]
-        cleanup.refuse_if_leftovers(host.uri)
-        cleanup.refuse_if_leftovers_on([h for h in t.hosts if h.remote])
-        state = stack.enter_context(cleanup.owned_state(tag, run_id))
+    # The session: host lock, leftovers check, owned state folder, then environment and writer.
+    with Session(t) as ses:
+        stack, run_id, tag, state, host = ses.stack, ses.run_id, ses.tag, ses.state, t.hosts[0]
         needs_vms = any(not c.attachment.is_netns for c in cells)
         recipe_image = images.ensure() if needs_vms else None
         if recipe_image is not None:
             guest_tools_preflight(t, cells, recipe_image)
         with _field(t, "accelerator"):
             accel = capabilities.choose_accelerator(t.accelerator, recipe_image.kernel) if recipe_image else None  # type: ignore[arg-type]
-        env = environment.fingerprint(accel, image=recipe_image)
-        writer = stack.enter_context(results.RunWriter(paths.results_dir(), run_id, t, env))
+        writer = ses.open_run(accel, image=recipe_image)
+        env = ses.env
         if len(t.hosts) > 1:
             writer.update(hosts=host_fingerprints(t, env))
         progress(f"run {run_id}: {len(cells)} cells, accelerator {accel.value if accel else 'none (namespaces)'}")
-        stack.callback(_keep_logs, state, writer.dir / "guests")
         if t.matrix.variants:
             from testbed import variants
             variants.run(t, cells, stack, writer, stack.enter_context(virt.connect(host.uri)),
@@ -328,10 +324,5 @@ def _samples_of(writer: results.RunWriter) -> list[dict]:
     return list(results.read_run(writer.dir).samples)
 
 
-def _keep_logs(state: Path, dest: Path) -> None:
-    """Console logs and domain XML go into the run directory before the state folder goes."""
-    dest.mkdir(parents=True, exist_ok=True)
-    for f in state.glob("*"):
-        if f.suffix in (".log", ".xml"):
-            with contextlib.suppress(OSError):
-                shutil.copy2(f, dest / f.name)
+#: kept for callers of the old name (testbed.session.keep_logs is the one implementation)
+_keep_logs = keep_logs
