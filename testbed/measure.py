@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 
 from testbed import cpu, crosscheck, results, stats
 from testbed.errors import CommandError, GuestError, TestbedError
-from testbed.hostnet import links
 from testbed.guest import Agent
-from testbed.model import Cell, Pattern, Profile, Tool
+from testbed.model import Cell, Pattern, Profile
 from testbed.tools import get_tool
 from testbed.tools.base import ToolDriver, ToolResult, sizes, vet
 from testbed.nsagent import NsHost
@@ -82,6 +81,17 @@ class Servers:
         self.stop_all()
 
 
+def device_wire(dev: str) -> crosscheck.Wire:
+    """Counters of a device in this machine's root namespace, read from sysfs (what a
+    collector reads, like cpu reads /proc; creating and configuring devices is host networking's)."""
+    base = f"/sys/class/net/{dev}/statistics"
+    vals = []
+    for k in ("rx_bytes", "tx_bytes", "rx_packets", "tx_packets"):
+        with open(f"{base}/{k}") as f:
+            vals.append(int(f.read()))
+    return crosscheck.Wire(*vals)
+
+
 @dataclass(frozen=True)
 class TestPath:
     client: Endpoint
@@ -91,7 +101,7 @@ class TestPath:
     #: as tx (it transmits towards its lower device), and so does a namespace's own device.
     guest_sends_as_rx: bool = True
     #: byte and packet counters of an endpoint's device; default: the host-side tap in the root namespace
-    read_counters: Callable[[Endpoint], crosscheck.Wire] = field(default=lambda ep: links.wire(ep.tap))
+    read_counters: Callable[[Endpoint], crosscheck.Wire] = field(default=lambda ep: device_wire(ep.tap))
     #: servers kept across samples; None: one server per sample, stopped after it
     servers: Servers | None = None
     #: what forwards between the endpoints: linux-bridge, ovs-netdev, ovs-system, macvtap-<mode>, veth, ...
@@ -151,18 +161,10 @@ def _wait_listening(g: Guest | NsHost, port: int, timeout: float = 30) -> None:
 
 def client_plan(driver: ToolDriver, cell: Cell, server_addr: str, port: int,
                 client: Agent) -> tuple[list[str], int]:
-    """(argv, number of client processes) realising the cell's connection count."""
-    p = cell.profile
-    if driver.connections_as == "processes":
-        return driver.client_argv(p, server_addr, port=port, confidence=p.confidence,
-                                  iterations=p.iterations), cell.connections
-    if driver.name is Tool.IPERF3:
-        return driver.client_argv(p, server_addr, port=port, streams=cell.connections), 1  # type: ignore[call-arg]
-    if driver.name is Tool.UPERF:
-        path = driver.profile_path(p, port)  # type: ignore[attr-defined]
-        client.write_file(path, driver.profile_xml(p, server_addr, cell.connections))  # type: ignore[attr-defined]
-        return driver.client_argv(p, server_addr, port=port, profile_path=path), 1  # type: ignore[call-arg]
-    raise TestbedError(f"{driver.name}: no way to run {cell.connections} connections")
+    """(argv, number of client processes) realising the cell's connection count: the tool
+    driver decides how (ToolDriver.client_plan); files it needs go to the client."""
+    return driver.client_plan(cell.profile, server_addr, port=port, connections=cell.connections,
+                              write_file=client.write_file)
 
 
 def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int, warmup: bool,
@@ -185,7 +187,7 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
 
     server_pid = None
     server_out = ""
-    port = driver.default_port  # type: ignore[attr-defined]
+    port = driver.default_port
     servers = path.servers or Servers(reuse=False)
     try:
         server_pid = servers.start(srv.guest, driver, profile, port)
