@@ -13,9 +13,11 @@ import statistics
 import time
 from pathlib import Path
 
-from testbed import capabilities, cleanup, images, proc, results, virt
+from testbed import capabilities, images, proc, results, transfer, virt
+from testbed.config import default
 from testbed.errors import TestbedError
 from testbed.model import GuestSpec
+from testbed.session import Session
 
 
 def boot(rounds: int) -> dict:
@@ -26,11 +28,10 @@ def boot(rounds: int) -> dict:
     assert img.kernel is not None
     accel = capabilities.choose_accelerator("auto", img.kernel)
     floors, colds, agents, restores, saves = [], [], [], [], []
-    run_id, tag = results.new_run_id()
     spec = GuestSpec("bench", "local")
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(cleanup.host_lock(run_id))
-        state = stack.enter_context(cleanup.owned_state(tag, run_id))
+    # Held like a run (testbed.session): lock, leftovers check, owned state; no results.
+    with Session(default()) as ses:
+        stack, run_id, tag, state = ses.stack, ses.run_id, ses.tag, ses.state
         conn = stack.enter_context(virt.connect("qemu:///system"))
         for i in range(rounds):
             # Alternate floor and guest so drift on a shared machine hits both alike.
@@ -95,12 +96,11 @@ def chain_table(ns: tuple[int, ...] = (1, 2, 4, 8), duration_s: int = 3) -> list
     from testbed.model import Pattern, Profile
     profile = Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=duration_s)
     rows = []
-    run_id, tag = results.new_run_id()
-    with cleanup.owned_state(tag, run_id), tempfile.TemporaryDirectory(prefix="tb-chain-") as out:
+    with Session(default()) as ses, tempfile.TemporaryDirectory(prefix="tb-chain-") as out:
         for link in netns.ChainLink:
             for n in ns:
-                with netns.ovs_chain(tag, n, link) as conn:
-                    t = netns.netperf(conn, profile, out_dir=out)
+                with netns.ovs_chain(ses.tag, n, link) as conn:
+                    t = transfer.netperf(conn, profile, out_dir=out)
                 rows.append({"link": link.value, "bridges": n, "ok": t.result.ok,
                              "throughput_mbps": t.result.metrics.get("throughput_mbps"),
                              "reason": t.result.reason})
@@ -164,7 +164,7 @@ def fidelity(rounds: int = 5, duration_s: int = 5, message_size: int = 16384) ->
         server_ns = path.server.guest.agent.netns  # type: ignore[union-attr]
         server = stack.enter_context(proc.background(["netserver", "-D", "-p", str(BARE_PORT)], out_dir=tmp,
                                                      name="bare-netserver", netns=server_ns))
-        netns.wait_listening(server_ns, BARE_PORT, server)
+        transfer.wait_listening(server_ns, BARE_PORT, server)
         for i in range(rounds):
             # Alternate which goes first, so neither always inherits a warm or cold path.
             for who in (("bare", "harness") if i % 2 == 0 else ("harness", "bare")):
@@ -210,17 +210,15 @@ def fidelity(rounds: int = 5, duration_s: int = 5, message_size: int = 16384) ->
 @contextlib.contextmanager
 def _netns_bench(att):
     """A namespace pair of kind ``att`` (an Attachment) for a benchmark, held like a run
-    (host lock, owned state, a throwaway results folder): (temporary folder, writer, test path)."""
+    (testbed.session: host lock, leftovers check, owned state, this host's environment) with
+    a throwaway results folder: (temporary folder, writer, test path)."""
     import tempfile
     from testbed import runner
-    from testbed.config import default
-    run_id, tag = results.new_run_id()
     with contextlib.ExitStack() as stack:
-        stack.enter_context(cleanup.host_lock(run_id))
-        state = stack.enter_context(cleanup.owned_state(tag, run_id))
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tb-fidelity-"))
-        writer = stack.enter_context(results.RunWriter(Path(tmp), run_id, default(), {"accelerator": "none"}))
-        path = stack.enter_context(runner.netns_mode(att, tag, "198.18.0.0/24", 1500, str(state / "netns")))
+        ses = stack.enter_context(Session(default(), results_dir=Path(tmp), keep_logs=False))
+        writer = ses.open_run(None)
+        path = stack.enter_context(runner.netns_mode(att, ses.tag, "198.18.0.0/24", 1500, str(ses.state / "netns")))
         yield tmp, writer, path
 
 

@@ -68,12 +68,13 @@ class Session:
         return self.stack.__exit__(*exc)  # type: ignore[arg-type]
 
     def open_run(self, accelerator: Accelerator | None, *, image: object = None,
-                 extra: Mapping[str, Any] | None = None) -> results.RunWriter:
+                 extra: Mapping[str, Any] | None = None,
+                 writer_type: type[results.RunWriter] = results.RunWriter) -> results.RunWriter:
         """The run directory (results/<run-id>) with the environment fingerprint of this
         host: the accelerator guests run under (None: namespaces only), the guest image."""
         self.env = environment.fingerprint(accelerator, image=image, extra=extra)  # type: ignore[arg-type]
         root = self.results_root if self.results_root is not None else paths.results_dir()
-        self.writer = self.stack.enter_context(results.RunWriter(root, self.run_id, self.topology, self.env))
+        self.writer = self.stack.enter_context(writer_type(root, self.run_id, self.topology, self.env))
         if self.keep_logs and self.state is not None:
             # Console logs and domain XML go into the run directory before the state folder goes.
             self.stack.callback(keep_logs, self.state, self.writer.dir / "guests")

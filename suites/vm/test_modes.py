@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from testbed import measure, results, runner, stats
-from testbed.config import default
+from testbed import measure, runner, stats
 from testbed.hostnet import attach, links, macvtap
 from testbed.model import (Attachment, Backend, Cell, MacvtapMode, MacvtapSpec, Offloads, Pattern, Profile,
                            Repetitions)
@@ -17,9 +16,9 @@ IFF_MULTI_QUEUE = 0x0100    # <linux/if_tun.h>
 
 
 @pytest.fixture
-def writer(tmp_path):
-    with results.RunWriter(tmp_path, "test-run", default(), {"accelerator": "test"}) as w:
-        yield w
+def writer(run_writer):
+    """The session's run record (pytest_plugin.run_writer): results/<run-id>, real environment."""
+    return run_writer
 
 
 @pytest.fixture(autouse=True)
