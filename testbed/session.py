@@ -132,9 +132,17 @@ def release_tags() -> list[str]:
     return tags
 
 
+def release_tag(tag: str) -> None:
+    """Drop one claim (its objects are gone, or are to be judged as a dead run's)."""
+    with _claim_lock:
+        d = _claimed.pop(tag, None)
+    if d is not None:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def owned(tag: str) -> bool:
     """Whether a live process owns ``tag`` (a Session's or a claimed one)."""
     return tag in cleanup.live_tags()
 
 
-__all__ = ["Session", "claim_tag", "release_tags", "keep_logs", "owned"]
+__all__ = ["Session", "claim_tag", "release_tag", "release_tags", "keep_logs", "owned"]
