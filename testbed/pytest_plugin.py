@@ -159,7 +159,7 @@ def run_writer(request: pytest.FixtureRequest) -> Iterator[object]:
     root = config.getoption("tb_results")
     name = "pytest" + ("" if wanted == "all" else "-" + "-".join(m.strip() for m in wanted.split(",")))
     with Session(_measured_topology(name, []), results_dir=Path(root).absolute() if root else None,  # type: ignore[arg-type]
-                 lock=False, check_leftovers=False) as ses:
+                 lock=False, check_leftovers=False, keep_logs=False) as ses:
         writer_type = type("PytestRunWriter", (SessionRunWriter, results.RunWriter), {})
         writer = ses.open_run(accel, image=image, writer_type=writer_type)
         writer.update(pytest={"args": list(config.invocation_params.args), "attach": wanted})
