@@ -4,6 +4,10 @@ Tiers follow the folders: suites/unit (no root, no VMs), suites/netns (root, nam
 no VMs), suites/store (a database server), suites/vm (boots guests), suites/scenarios (each
 study scenario end to end with --quick: namespaces, and guests for macvtap-vs-ovs). A test that cannot
 run here is skipped with a reason naming what is missing, found by trying it.
+
+A session that measures is a run: tests pass the session-scoped ``run_writer`` to
+measure.measure_cell, and the session leaves results/<run-id> (or --results DIR) with this
+host's environment, finished and indexed at its end (testbed.session.Session).
 """
 from __future__ import annotations
 
