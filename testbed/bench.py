@@ -13,9 +13,11 @@ import statistics
 import time
 from pathlib import Path
 
-from testbed import capabilities, cleanup, images, proc, results, virt
+from testbed import capabilities, images, proc, results, transfer, virt
+from testbed.config import default
 from testbed.errors import TestbedError
 from testbed.model import GuestSpec
+from testbed.session import Session
 
 
 def boot(rounds: int) -> dict:
@@ -26,11 +28,10 @@ def boot(rounds: int) -> dict:
     assert img.kernel is not None
     accel = capabilities.choose_accelerator("auto", img.kernel)
     floors, colds, agents, restores, saves = [], [], [], [], []
-    run_id, tag = results.new_run_id()
     spec = GuestSpec("bench", "local")
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(cleanup.host_lock(run_id))
-        state = stack.enter_context(cleanup.owned_state(tag, run_id))
+    # Held like a run (testbed.session): lock, leftovers check, owned state; no results.
+    with Session(default()) as ses:
+        stack, run_id, tag, state = ses.stack, ses.run_id, ses.tag, ses.state
         conn = stack.enter_context(virt.connect("qemu:///system"))
         for i in range(rounds):
             # Alternate floor and guest so drift on a shared machine hits both alike.
@@ -90,17 +91,15 @@ def chain_table(ns: tuple[int, ...] = (1, 2, 4, 8), duration_s: int = 3) -> list
     """Study B: throughput through N chained OVS bridges joined by patch ports or by veth
     pairs, two namespaces as source and sink. One netperf TCP_STREAM per point."""
     import tempfile
-    from testbed import attachments
     from testbed.hostnet import netns
     from testbed.model import Pattern, Profile
     profile = Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=duration_s)
     rows = []
-    run_id, tag = results.new_run_id()
-    with cleanup.owned_state(tag, run_id), tempfile.TemporaryDirectory(prefix="tb-chain-") as out:
+    with Session(default()) as ses, tempfile.TemporaryDirectory(prefix="tb-chain-") as out:
         for link in netns.ChainLink:
             for n in ns:
-                with netns.ovs_chain(tag, n, link) as conn:
-                    t = netns.netperf(conn, profile, out_dir=out)
+                with netns.ovs_chain(ses.tag, n, link) as conn:
+                    t = transfer.netperf(conn, profile, out_dir=out)
                 rows.append({"link": link.value, "bridges": n, "ok": t.result.ok,
                              "throughput_mbps": t.result.metrics.get("throughput_mbps"),
                              "reason": t.result.reason})
@@ -147,10 +146,7 @@ def fidelity(rounds: int = 5, duration_s: int = 5, message_size: int = 16384) ->
     (its agent, servers, collectors, counters) against bare netperf typed by hand, the two
     alternating in the same run so drift on a shared machine hits both alike. Also the
     host collector's cost as a fraction of one core."""
-    import tempfile
-    from testbed import attachments, cpu, measure, runner
-    from testbed.config import default
-    from testbed.hostnet import netns
+    from testbed import attachments, cpu, measure
     from testbed.model import Attachment, Backend, Cell, Pattern, Profile
     profile = Profile("tcp_stream", pattern=Pattern.STREAM, message_size=message_size, duration_s=duration_s)
     cell = Cell(Attachment.NETNS_VETH, Backend.QEMU, 1500, 1, profile)
@@ -164,7 +160,7 @@ def fidelity(rounds: int = 5, duration_s: int = 5, message_size: int = 16384) ->
         server_ns = path.server.guest.agent.netns  # type: ignore[union-attr]
         server = stack.enter_context(proc.background(["netserver", "-D", "-p", str(BARE_PORT)], out_dir=tmp,
                                                      name="bare-netserver", netns=server_ns))
-        netns.wait_listening(server_ns, BARE_PORT, server)
+        transfer.wait_listening(server_ns, BARE_PORT, server)
         for i in range(rounds):
             # Alternate which goes first, so neither always inherits a warm or cold path.
             for who in (("bare", "harness") if i % 2 == 0 else ("harness", "bare")):
@@ -210,17 +206,15 @@ def fidelity(rounds: int = 5, duration_s: int = 5, message_size: int = 16384) ->
 @contextlib.contextmanager
 def _netns_bench(att):
     """A namespace pair of kind ``att`` (an Attachment) for a benchmark, held like a run
-    (host lock, owned state, a throwaway results folder): (temporary folder, writer, test path)."""
+    (testbed.session: host lock, leftovers check, owned state, this host's environment) with
+    a throwaway results folder: (temporary folder, writer, test path)."""
     import tempfile
     from testbed import runner
-    from testbed.config import default
-    run_id, tag = results.new_run_id()
     with contextlib.ExitStack() as stack:
-        stack.enter_context(cleanup.host_lock(run_id))
-        state = stack.enter_context(cleanup.owned_state(tag, run_id))
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tb-fidelity-"))
-        writer = stack.enter_context(results.RunWriter(Path(tmp), run_id, default(), {"accelerator": "none"}))
-        path = stack.enter_context(runner.netns_mode(att, tag, "198.18.0.0/24", 1500, str(state / "netns")))
+        ses = stack.enter_context(Session(default(), results_dir=Path(tmp), keep_logs=False))
+        writer = ses.open_run(None)
+        path = stack.enter_context(runner.netns_mode(att, ses.tag, "198.18.0.0/24", 1500, str(ses.state / "netns")))
         yield tmp, writer, path
 
 
@@ -261,7 +255,7 @@ def harness(ns: tuple[int, ...] = (1, 2, 4), rounds: int = 3, duration_s: int = 
     import tempfile
     from testbed import pairs, runner
     from testbed.config import default
-    from testbed.model import Attachment, Backend, Cell, Pattern, Profile, Repetitions, Tool
+    from testbed.model import Attachment, Backend, Cell, Pattern, Profile, Tool
     from testbed.tools import iperf3 as iperf3_tool
     profile = Profile("tcp_stream", tool=Tool.IPERF3, pattern=Pattern.STREAM, message_size=131072,
                       duration_s=duration_s)
@@ -271,14 +265,13 @@ def harness(ns: tuple[int, ...] = (1, 2, 4), rounds: int = 3, duration_s: int = 
         bare: list[float] = []
         tb: list[float] = []
         reasons: list[str] = []
-        run_id, tag = results.new_run_id()
         with contextlib.ExitStack() as stack:
-            stack.enter_context(cleanup.host_lock(run_id))
-            state = stack.enter_context(cleanup.owned_state(tag, run_id))
+            # Held like a run (testbed.session): host lock, leftovers check, owned state.
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tb-harness-"))
-            writer = stack.enter_context(results.RunWriter(Path(tmp), run_id, default(), {"accelerator": "none"}))
-            paths = stack.enter_context(runner.pair_paths(Attachment.NETNS_VETH, Backend.QEMU, tag, default(),
-                                                          None, n, 1500, state / "netns"))
+            ses = stack.enter_context(Session(default(), results_dir=Path(tmp), keep_logs=False))
+            writer = ses.open_run(None)
+            paths = stack.enter_context(runner.pair_paths(Attachment.NETNS_VETH, Backend.QEMU, ses.tag, default(),
+                                                          None, n, 1500, ses.state / "netns"))
             nss = [(p.client.guest.agent.netns, p.server.guest.agent.netns, p.server.address)  # type: ignore[union-attr]
                    for p in paths]
             for i, (cns, sns, addr) in enumerate(nss):

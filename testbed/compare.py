@@ -38,7 +38,7 @@ from typing import Any
 
 from testbed import paths, results, stats
 from testbed.errors import TestbedError
-from testbed.records import TRANSACTIONAL, Environment, RunRecord, SampleRecord
+from testbed.records import Environment, RunRecord, SampleRecord
 
 LATENCY_METRICS = ("latency_mean_us", "latency_p99_us")
 #: environment keys that differ between builds by design; shown, never refused

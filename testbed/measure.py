@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from testbed import cpu, crosscheck, results, stats
 from testbed.errors import CommandError, GuestError, TestbedError
 from testbed.guest import Agent
-from testbed.model import Cell, Pattern, Profile, Tool
+from testbed.model import Cell, Pattern, Profile
 from testbed.tools import get_tool
 from testbed.tools.base import ToolDriver, ToolResult, sizes, vet
 from testbed.nsagent import NsHost
@@ -153,18 +153,10 @@ def _wait_listening(g: Guest | NsHost, port: int, timeout: float = 30) -> None:
 
 def client_plan(driver: ToolDriver, cell: Cell, server_addr: str, port: int,
                 client: Agent) -> tuple[list[str], int]:
-    """(argv, number of client processes) realising the cell's connection count."""
-    p = cell.profile
-    if driver.connections_as == "processes":
-        return driver.client_argv(p, server_addr, port=port, confidence=p.confidence,
-                                  iterations=p.iterations), cell.connections
-    if driver.name is Tool.IPERF3:
-        return driver.client_argv(p, server_addr, port=port, streams=cell.connections), 1  # type: ignore[call-arg]
-    if driver.name is Tool.UPERF:
-        path = driver.profile_path(p, port)  # type: ignore[attr-defined]
-        client.write_file(path, driver.profile_xml(p, server_addr, cell.connections))  # type: ignore[attr-defined]
-        return driver.client_argv(p, server_addr, port=port, profile_path=path), 1  # type: ignore[call-arg]
-    raise TestbedError(f"{driver.name}: no way to run {cell.connections} connections")
+    """(argv, number of client processes) realising the cell's connection count: the tool
+    driver decides how (ToolDriver.client_plan); files it needs go to the client."""
+    return driver.client_plan(cell.profile, server_addr, port=port, connections=cell.connections,
+                              write_file=client.write_file)
 
 
 def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int, warmup: bool,
@@ -187,7 +179,7 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
 
     server_pid = None
     server_out = ""
-    port = driver.default_port  # type: ignore[attr-defined]
+    port = driver.default_port
     servers = path.servers or Servers(reuse=False)
     try:
         server_pid = servers.start(srv.guest, driver, profile, port)

@@ -216,7 +216,6 @@ def measure_once(cell: Cell, paths: Sequence[measure.TestPath], writer: results.
                     rest_path.client.guest.agent.kill(rest)
             i, e = errors[0]
             return failed(f"pair {i + 1}: client {'timed out' if e.timed_out else 'failed'}: {e}")
-        window = time.monotonic() - t0
         h_after = cpu.host_reading(pids_q, domains)
         counters_after = [p.counters() for p in paths]
         g_after = {ep.guest.spec.name: cpu.guest_reading(ep.guest.agent) for ep in eps}

@@ -4,6 +4,10 @@ Tiers follow the folders: suites/unit (no root, no VMs), suites/netns (root, nam
 no VMs), suites/store (a database server), suites/vm (boots guests), suites/scenarios (each
 study scenario end to end with --quick: namespaces, and guests for macvtap-vs-ovs). A test that cannot
 run here is skipped with a reason naming what is missing, found by trying it.
+
+A session that measures is a run: tests pass the session-scoped ``run_writer`` to
+measure.measure_cell, and the session leaves results/<run-id> (or --results DIR) with this
+host's environment, finished and indexed at its end (testbed.session.Session).
 """
 from __future__ import annotations
 
@@ -24,6 +28,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="attachment modes to test: bridge, ovs, macvtap, netns, or all (comma list)")
     g.addoption("--tb-accelerator", default="auto", choices=("auto", "kvm", "tcg"),
                 help="accelerator for booted guests (default: probe, kvm else tcg)")
+    g.addoption("--results", dest="tb_results", metavar="DIR", default=None,
+                help="where a session that measures writes its run (default: $TESTBED_RESULTS or ./results)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -98,6 +104,92 @@ def guest_pair(accelerator) -> Iterator[GuestPair]:
         yield GuestPair(gs[0], gs[1], tag, run_id, accelerator, state)
 
 
+class SessionRunWriter:
+    """Mixed into the session's results writer: the cells the tests measured become the
+    run's recorded matrix (attachments, MTUs, profiles...), so compare and history read the
+    run like one of `testbed run`."""
+
+    def add_cell(self, cell, *args, **kwargs):
+        self.tb_cells = [*getattr(self, "tb_cells", []), cell]
+        return super().add_cell(cell, *args, **kwargs)  # type: ignore[misc]
+
+
+def _measured_topology(name: str, cells: list) -> object:
+    """The run's topology, built with the model's constructors from the cells measured."""
+    from testbed.model import Backend, GuestSpec, HostSpec, Matrix, Repetitions, Topology
+
+    def axis(values):
+        return tuple(dict.fromkeys(values))
+    matrix = Matrix(attachments=axis(c.attachment for c in cells),
+                    backends=axis(c.backend for c in cells) or (Backend.QEMU,),
+                    mtus=axis(c.mtu for c in cells), connections=axis(c.connections for c in cells),
+                    profiles=axis(c.profile for c in cells), repetitions=Repetitions(),
+                    queues=axis(c.queues for c in cells) or (1,))
+    return Topology(name=name, source="<pytest>", hosts=(HostSpec("local"),),
+                    guests=(GuestSpec("g1", "local"), GuestSpec("g2", "local")), client="g1", server="g2",
+                    matrix=matrix)
+
+
+_RUN_KEY = pytest.StashKey[Path]()
+_INDEX_KEY = pytest.StashKey[str]()
+_GUEST_FIXTURES = ("guest_pair", "accelerator")
+
+
+@pytest.fixture(scope="session")
+def run_writer(request: pytest.FixtureRequest) -> Iterator[object]:
+    """The session's run record: results/<run-id> (or --results DIR, or $TESTBED_RESULTS)
+    with this host's environment, the accelerator the guests boot with (probed, as for
+    `testbed run`) and the guest image; `testbed report`, `compare` and `history` read it
+    like a run's. Opened by the first test that measures, finished (status, counts) and
+    indexed when the session ends; the session's summary says where it is.
+
+    Held by a testbed.session.Session without the host lock or the leftovers check: tests
+    in this session start `testbed run` processes of their own, and the plugin removes a
+    dead run's leftovers before testing."""
+    require_root()
+    from testbed import results, store
+    from testbed.session import Session
+    config = request.config
+    wanted = config.getoption("--attach")
+    uses_guests = any(f in item.fixturenames for item in request.session.items for f in _GUEST_FIXTURES)
+    accel, image = None, None
+    if uses_guests:
+        from testbed import images
+        try:
+            accel = request.getfixturevalue("accelerator")
+            image = images.ensure()
+        except pytest.skip.Exception:
+            pass            # no guest can boot: the guest tests skip; the rest still measure
+    root = config.getoption("tb_results")
+    name = "pytest" + ("" if wanted == "all" else "-" + "-".join(m.strip() for m in wanted.split(",")))
+    with Session(_measured_topology(name, []), results_dir=Path(root).absolute() if root else None,  # type: ignore[arg-type]
+                 lock=False, check_leftovers=False, keep_logs=False) as ses:
+        writer_type = type("PytestRunWriter", (SessionRunWriter, results.RunWriter), {})
+        writer = ses.open_run(accel, image=image, writer_type=writer_type)
+        writer.update(pytest={"args": list(config.invocation_params.args), "attach": wanted})
+        config.stash[_RUN_KEY] = writer.dir
+        yield writer
+        cells = getattr(writer, "tb_cells", [])
+        if cells:
+            writer.update(topology=results.topology_dict(_measured_topology(name, cells)))  # type: ignore[arg-type]
+    try:
+        # indexed like `testbed run` indexes its runs, so `testbed history` sees it
+        with store.open(writer.dir.parent / "index.sqlite") as st:
+            st.index_run(writer.dir)
+    except Exception as e:      # the record stands without its index entry; the summary says so
+        config.stash[_INDEX_KEY] = f"not indexed: {e}"
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    run_dir = config.stash.get(_RUN_KEY, None)
+    if run_dir is not None:
+        terminalreporter.write_sep("-", "testbed run record")
+        terminalreporter.write_line(f"measurements of this session: {run_dir}")
+        terminalreporter.write_line(f"  report: testbed report {run_dir} -o report.html")
+        if config.stash.get(_INDEX_KEY, None):
+            terminalreporter.write_line(f"  {config.stash[_INDEX_KEY]}", yellow=True)
+
+
 # Host networking before and after the whole suite must be identical: every tier that
 # creates host objects has to have removed them, and touched nothing else.
 _SNAPSHOT_KEY = pytest.StashKey[object]()
@@ -160,6 +252,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    import sys
+    # Tags this process claimed for its tests are released first: objects a test leaked
+    # under one are then a dead run's, which the check below reports.
+    if "testbed.session" in sys.modules:
+        sys.modules["testbed.session"].release_tags()
     before = session.config.stash.get(_SNAPSHOT_KEY, None)
     if not session.config.stash.get(_GUARD_KEY, False) or before is None:
         return

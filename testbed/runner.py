@@ -12,18 +12,18 @@ import dataclasses
 import ipaddress
 import itertools
 import logging
-import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from testbed import (attachments, capabilities, cleanup, cpu, environment, guestnic, images, measure, paths,
+from testbed import (attachments, capabilities, cleanup, cpu, environment, guestnic, images, measure,
                      proc, remote, render, results, stats, virt)
 from testbed import pairs as pairs_mod
 from testbed.errors import CapabilityError, GuestError, ReadinessError, TestbedError
 from testbed.model import Attachment, Backend, Cell, Offloads, Topology, context_of, object_name
+from testbed.session import Session, keep_logs
 from testbed.tools import get_tool
 
 log = logging.getLogger(__name__)
@@ -150,25 +150,20 @@ class Outcome:
 def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) -> Outcome:
     preflight(t)
     cells = plan(t)
-    run_id, tag = results.new_run_id()
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(cleanup.host_lock(run_id))
-        host = t.hosts[0]
-        cleanup.refuse_if_leftovers(host.uri)
-        cleanup.refuse_if_leftovers_on([h for h in t.hosts if h.remote])
-        state = stack.enter_context(cleanup.owned_state(tag, run_id))
+    # The session: host lock, leftovers check, owned state folder, then environment and writer.
+    with Session(t) as ses:
+        stack, run_id, tag, state, host = ses.stack, ses.run_id, ses.tag, ses.state, t.hosts[0]
         needs_vms = any(_guests(c.attachment) for c in cells)
         recipe_image = images.ensure() if needs_vms else None
         if recipe_image is not None:
             guest_tools_preflight(t, cells, recipe_image)
         with _field(t, "accelerator"):
             accel = capabilities.choose_accelerator(t.accelerator, recipe_image.kernel) if recipe_image else None  # type: ignore[arg-type]
-        env = environment.fingerprint(accel, image=recipe_image)
-        writer = stack.enter_context(results.RunWriter(paths.results_dir(), run_id, t, env))
+        writer = ses.open_run(accel, image=recipe_image)
+        env = ses.env
         if len(t.hosts) > 1:
             writer.update(hosts=host_fingerprints(t, env))
         progress(f"run {run_id}: {len(cells)} cells, accelerator {accel.value if accel else 'none (namespaces)'}")
-        stack.callback(_keep_logs, state, writer.dir / "guests")
         if t.matrix.variants:
             from testbed import variants
             variants.run(t, cells, stack, writer, stack.enter_context(virt.connect(host.uri)),
@@ -492,10 +487,5 @@ def _samples_of(writer: results.RunWriter) -> list[results.SampleRecord]:
     return list(results.read_run(writer.dir).samples)
 
 
-def _keep_logs(state: Path, dest: Path) -> None:
-    """Console logs and domain XML go into the run directory before the state folder goes."""
-    dest.mkdir(parents=True, exist_ok=True)
-    for f in state.glob("*"):
-        if f.suffix in (".log", ".xml"):
-            with contextlib.suppress(OSError):
-                shutil.copy2(f, dest / f.name)
+#: kept for callers of the old name (testbed.session.keep_logs is the one implementation)
+_keep_logs = keep_logs

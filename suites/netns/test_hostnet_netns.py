@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from testbed import proc, render
+from testbed import proc, render, transfer
 from testbed import errors
 from testbed.hostnet import links, macvtap, netns, ovs, ovsd
 from testbed.model import Backend, Profile
+from testbed.session import claim_tag
 
 pytestmark = [
     pytest.mark.netns,
@@ -33,7 +34,9 @@ ON, OFF = netns.Offloads.all(True), netns.Offloads.all(False)
 
 
 def new_tag() -> str:
-    return secrets.token_hex(2)          # tb-<4 hex>-... stays within 15 bytes
+    # tb-<4 hex>-... stays within 15 bytes; registered as this process's, so a concurrent
+    # `testbed cleanup` or test session leaves the test's objects alone
+    return claim_tag()
 
 
 def leftovers(tag: str) -> list[str]:
@@ -57,7 +60,7 @@ def switch() -> ovsd.Ovs:
         pytest.skip(f"ovs-vswitchd not startable: {e}")
 
 
-def check_transfer(conn: netns.Connection, tr: netns.Transfer) -> None:
+def check_transfer(conn: netns.Connection, tr: transfer.Transfer) -> None:
     assert tr.result.ok, f"{conn.description}: {tr.result.reason}; hop bytes {tr.hop_bytes}"
     m = tr.result.metrics
     assert m["throughput_mbps"] > 0
@@ -112,7 +115,7 @@ def test_tcp_stream_between_namespaces(case, offloads, tmp_path: Path, request: 
     with netns.connect(kind, tag, offloads=offloads, **kw) as conn:
         check_shape(conn, tag)
         check_offloads(conn, offloads)
-        tr = netns.netperf(conn, STREAM, out_dir=str(tmp_path))
+        tr = transfer.netperf(conn, STREAM, out_dir=str(tmp_path))
         check_transfer(conn, tr)
     assert leftovers(tag) == []
 
@@ -124,7 +127,7 @@ def test_tcp_stream_over_the_macvtap_segment(mode, tmp_path: Path):
     tag = new_tag()
     with netns.macvlan(tag, mode) as conn:
         check_shape(conn, tag)
-        tr = netns.netperf(conn, STREAM, out_dir=str(tmp_path))
+        tr = transfer.netperf(conn, STREAM, out_dir=str(tmp_path))
         check_transfer(conn, tr)
     assert leftovers(tag) == []
 

@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 
 from testbed import proc, render
+from testbed import transfer as xfer
 from testbed import errors
 from testbed.hostnet import links, netns, ovs, ovsd
 from testbed.model import Attachment, Backend, Profile
+from testbed.session import claim_tag
 
 pytestmark = [
     pytest.mark.netns,
@@ -35,7 +37,7 @@ STREAM = Profile(name="tcp_stream", duration_s=2)
 
 
 def new_tag() -> str:
-    return secrets.token_hex(2)
+    return claim_tag()          # registered as this process's (testbed.session)
 
 
 def global_config(sw: ovsd.Ovs) -> str:
@@ -243,7 +245,7 @@ def test_userspace_datapath_without_tso_needs_tx_checksum_off(private_switch: ov
     tag = new_tag()
     with netns.ovs_veth(tag, switch=private_switch, tso=False, offloads=netns.Offloads(tx=False)) as conn:
         assert all(ep.offload("tx") == "off" for ep in (conn.a, conn.b))
-        tr = netns.netperf(conn, STREAM, out_dir=str(tmp_path))
+        tr = xfer.netperf(conn, STREAM, out_dir=str(tmp_path))
         assert tr.result.ok, tr.result.reason
         assert tr.result.metrics["throughput_mbps"] > 0
         for hop, moved in zip(conn.hops, tr.hop_bytes):
@@ -251,7 +253,7 @@ def test_userspace_datapath_without_tso_needs_tx_checksum_off(private_switch: ov
     tag = new_tag()
     with netns.ovs_veth(tag, switch=private_switch, tso=False, offloads=netns.Offloads(tx=True)) as conn:
         assert conn.a.offload("tx") == "on"
-        tr = netns.netperf(conn, STREAM, out_dir=str(tmp_path), timeout_s=12)
+        tr = xfer.netperf(conn, STREAM, out_dir=str(tmp_path), timeout_s=12)
         assert not tr.result.ok, f"TCP passed with tx checksum offload on: {tr.result.metrics}"
         assert tr.hop_bytes[0] > 0, "nothing left namespace a"
     assert private_switch.vsctl("list-br", wait=False).split() == []
@@ -261,7 +263,7 @@ def test_userspace_datapath_with_tso_passes_tcp_with_offloads_on(private_switch:
     tag = new_tag()
     with netns.ovs_veth(tag, switch=private_switch, offloads=netns.Offloads.all(True)) as conn:
         assert conn.datapath == "ovs-netdev" and conn.a.offload("tx") == "on"
-        tr = netns.netperf(conn, STREAM, out_dir=str(tmp_path))
+        tr = xfer.netperf(conn, STREAM, out_dir=str(tmp_path))
         assert tr.result.ok, tr.result.reason
         for hop, moved in zip(conn.hops, tr.hop_bytes):
             assert moved >= tr.result.metrics["bytes"], hop
@@ -271,7 +273,7 @@ def test_userspace_datapath_with_tso_passes_tcp_with_offloads_on(private_switch:
 def test_internal_ports_of_a_private_switch_move_into_namespaces(private_switch: ovsd.Ovs, tmp_path: Path):
     tag = new_tag()
     with netns.ovs_internal(tag, switch=private_switch) as conn:
-        tr = netns.netperf(conn, STREAM, out_dir=str(tmp_path))
+        tr = xfer.netperf(conn, STREAM, out_dir=str(tmp_path))
         assert tr.result.ok, tr.result.reason
         assert proc.run(["ip", "-o", "link", "show", f"tb-{tag}-ia"], netns=conn.a.netns).stdout
     assert private_switch.vsctl("list-br", wait=False).split() == []
@@ -284,10 +286,10 @@ def test_tso_switched_on_in_a_running_switch_breaks_tcp(private_switch: ovsd.Ovs
     """Why ovs.py never sets userspace-tso-enable at runtime: once the switch has forwarded
     traffic, turning it on stops TCP on its netdev ports, even with checksum offload off,
     until ovs-vswitchd restarts. If a newer OVS passes this, that rule can be revisited."""
-    def transfer(timeout_s: float | None = None) -> netns.Transfer:
+    def transfer(timeout_s: float | None = None) -> xfer.Transfer:
         with netns.ovs_veth(new_tag(), switch=private_switch, tso=False,
                             offloads=netns.Offloads(tx=False)) as conn:
-            return netns.netperf(conn, STREAM, out_dir=str(tmp_path), timeout_s=timeout_s)
+            return xfer.netperf(conn, STREAM, out_dir=str(tmp_path), timeout_s=timeout_s)
 
     assert transfer().result.ok
     private_switch.vsctl("set", "Open_vSwitch", ".", f"other_config:{ovs.TSO_KEY}=true")

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
+from testbed.session import claim_tag
 from testbed import PREFIX, errors, proc, snapshot
 from testbed.errors import CommandError
 
@@ -39,7 +40,8 @@ def ours(lines: Sequence[str], *names: str) -> list[str]:
 
 
 def unique(suffix: str = "") -> str:
-    return f"{PREFIX}{secrets.token_hex(3)}{suffix}"        # <= 15 bytes for an ifname
+    # <= 15 bytes for an ifname; the tag is registered as this process's (testbed.session)
+    return f"{PREFIX}{claim_tag()}-s{suffix}"
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from testbed import capabilities, proc, snapshot
 from testbed import errors
 from testbed.hostnet import vxlan
 from testbed.model import Attachment, Profile, TunnelSpec, object_name
+from testbed.session import claim_tag
 from testbed.tools.netperf import NetperfDriver
 
 pytestmark = [
@@ -68,7 +69,7 @@ def test_tunnel_carries_tcp_and_only_vxlan_crosses_the_wire(kind, tmp_path):
     ok, why = (capabilities.vxlan() if kind is Attachment.BRIDGE_VXLAN else (True, ""))
     if not ok:
         pytest.skip(f"vxlan unavailable: {why}")
-    tag = secrets.token_hex(2)
+    tag = claim_tag()
     before = snapshot.take()
     tunnel = TunnelSpec(vni=4242, underlay_mtu=1550)
     with vxlan.fabric(kind, tag, ("ha", "hb"), tunnel, tmp_path / "ovs", 1500) as f, \
@@ -106,7 +107,7 @@ def test_tunnel_carries_tcp_and_only_vxlan_crosses_the_wire(kind, tmp_path):
 
 
 def test_inner_mtu_that_does_not_fit_is_refused_before_anything_exists(tmp_path):
-    tag = secrets.token_hex(2)
+    tag = claim_tag()
     with pytest.raises(errors.TestbedError, match=r"1500 \+ 50 bytes of VXLAN-over-IPv4 overhead"):
         with vxlan.fabric(Attachment.BRIDGE_VXLAN, tag, ("ha", "hb"), TunnelSpec(underlay_mtu=1500),
                           tmp_path, 1500):
@@ -116,7 +117,7 @@ def test_inner_mtu_that_does_not_fit_is_refused_before_anything_exists(tmp_path)
 
 def test_underlay_df_check_fails_when_the_wire_is_too_small(tmp_path):
     """The don't-fragment check across the underlay sees a wire narrower than promised."""
-    tag = secrets.token_hex(2)
+    tag = claim_tag()
     with vxlan.fabric(Attachment.BRIDGE_VXLAN, tag, ("ha", "hb"), TunnelSpec(underlay_mtu=1550),
                       tmp_path, 1500) as f:
         assert f.df_check(1500) is None
@@ -133,7 +134,7 @@ def test_cleanup_stops_a_dead_runs_private_switches(tmp_path):
     from testbed.hostnet import ovsd
     if shutil.which("ovs-vswitchd") is None:
         pytest.skip("`ovs-vswitchd` not found (openvswitch-switch)")
-    tag = secrets.token_hex(2)
+    tag = claim_tag()
     ns = object_name(tag, "h", "a")
     _ip("netns", "add", ns)
     stack = contextlib.ExitStack()

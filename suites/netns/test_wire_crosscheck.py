@@ -17,11 +17,12 @@ import psutil
 
 import pytest
 
-from testbed import crosscheck, proc
+from testbed import crosscheck, proc, transfer
 from testbed.hostnet import links, netns
 from testbed.model import Pattern, Profile, Protocol
 from testbed.tools.base import vet
 from testbed.tools.netperf import NetperfDriver
+from testbed.session import claim_tag
 
 pytestmark = [
     pytest.mark.netns,
@@ -43,7 +44,7 @@ def run_and_count(conn: netns.Connection, profile: Profile, out_dir: str, extra:
     drv = NetperfDriver()
     with proc.background(drv.server_argv(profile, port=12865), out_dir=out_dir,
                          name=f"netserver-{conn.b.netns}", netns=conn.b.netns) as server:
-        netns.wait_listening(conn.b.netns, 12865, server)
+        transfer.wait_listening(conn.b.netns, 12865, server)
         read = lambda: links.wire_via(conn.b.ifname, lambda argv: proc.run(argv, netns=conn.b.netns))  # noqa: E731
         before = read()
         with during():
@@ -62,7 +63,7 @@ def check(profile: Profile, metrics, wire: crosscheck.Wire, mtu: int = 1500) -> 
 
 
 def test_veth_real_netperf_within_tolerance_and_a_20pct_higher_tool_figure_fails(tmp_path):
-    with netns.veth_pair(secrets.token_hex(2)) as conn:
+    with netns.veth_pair(claim_tag()) as conn:
         m, wire = run_and_count(conn, TCP, str(tmp_path))
     c = check(TCP, m, wire)
     assert c.verdict == "ok", c
@@ -84,7 +85,7 @@ def _dropped(conn: netns.Connection, dev: str) -> int:
 def test_tbf_that_drops_on_the_sender(tmp_path, profile):
     """Packets the sender's qdisc drops never reach the receiving device, so the check on
     the receiving side holds through loss: TCP retransmits them, UDP counts them as lost."""
-    with netns.veth_pair(secrets.token_hex(2)) as conn:
+    with netns.veth_pair(claim_tag()) as conn:
         proc.run(["tc", "qdisc", "add", "dev", conn.a.ifname, "root", "tbf", "rate", "50mbit",
                   "burst", "16kb", "limit", "20kb"], netns=conn.a.netns)
         m, wire = run_and_count(conn, profile, str(tmp_path))
@@ -148,7 +149,7 @@ def test_udp_datagrams_the_receiver_did_not_read(tmp_path):
     small receive buffer (-S): datagrams reach b's device and are dropped at the socket, so
     the wire carries more than netperf counted as received. The datagrams sent but not read
     explain the gap; without them the check would fail."""
-    with netns.veth_pair(secrets.token_hex(2)) as conn:
+    with netns.veth_pair(claim_tag()) as conn:
         m, wire = run_and_count(conn, UDP, str(tmp_path), ("-S", "4096"),
                                 during=lambda: receiver_paused(conn.b.netns))
     assert m["udp_sent_msgs"] > 1.05 * m["udp_recv_msgs"], m

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from testbed import proc
-from testbed.hostnet.netns import wait_listening
+from testbed.transfer import wait_listening
 from testbed.model import Pattern, Profile, Protocol, Tool
 from testbed.tools import ToolResult, UnsupportedProfile, get_tool
 from testbed.tools.netperf import SELECTORS

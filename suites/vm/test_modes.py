@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from testbed import attachments, measure, results, runner, stats
+from testbed import attachments, measure, runner, stats
 from testbed.config import default
 from testbed.hostnet import links, macvtap
 from testbed.model import (Attachment, Backend, Cell, MacvtapMode, MacvtapSpec, Offloads, Pattern, Profile,
@@ -18,9 +18,9 @@ IFF_MULTI_QUEUE = 0x0100    # <linux/if_tun.h>
 
 
 @pytest.fixture
-def writer(tmp_path):
-    with results.RunWriter(tmp_path, "test-run", default(), {"accelerator": "test"}) as w:
-        yield w
+def writer(run_writer):
+    """The session's run record (pytest_plugin.run_writer): results/<run-id>, real environment."""
+    return run_writer
 
 
 @pytest.fixture(autouse=True)

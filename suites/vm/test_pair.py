@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from testbed import capabilities, cpu, measure, results, runner, stats, virt
-from testbed.config import default
+from testbed import capabilities, cpu, measure, runner, stats, virt
 from testbed.model import Backend, Cell, Pattern, Profile, Repetitions
 
 PROFILES = [Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=5),
@@ -18,9 +17,9 @@ CELLS = [pytest.param(Cell(a, b, 1500, 1, p), marks=pytest.mark.attach(a.value),
 
 
 @pytest.fixture
-def writer(tmp_path):
-    with results.RunWriter(tmp_path, "test-run", default(), {"accelerator": "test"}) as w:
-        yield w
+def writer(run_writer):
+    """The session's run record (pytest_plugin.run_writer): results/<run-id>, real environment."""
+    return run_writer
 
 
 @pytest.mark.parametrize("cell", CELLS)
@@ -78,3 +77,13 @@ def test_cell_measures(guest_pair, writer, cell):
         assert lv["status"] in ("agree", "unavailable"), lv
     # The raw tool output is kept beside the sample.
     assert (writer.dir / s.raw[0]).read_text().strip()
+
+
+def test_session_run_records_the_guests_accelerator(guest_pair, run_writer):
+    """The session's run record (pytest_plugin.run_writer) carries the accelerator the guests
+    really boot with and their image, like a `testbed run`: never a stand-in."""
+    env = run_writer.record["environment"]
+    assert env["accelerator"] == guest_pair.accelerator.value
+    assert env["comparable_class"] == {"kvm": "kvm", "tcg": "tcg-functional-only"}[env["accelerator"]]
+    assert env["image"]["name"] and env["image"]["digest"]
+    assert run_writer.record["status"] == "running" and run_writer.dir.is_dir()

@@ -20,7 +20,6 @@ import pytest
 import testbed
 
 from testbed import cleanup, guestcache, images, measure, paths, results, runner, stats, virt
-from testbed.config import default
 from testbed.model import Attachment, Backend, Cell, GuestSpec, Pattern, Profile, Repetitions
 
 STREAM = Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=5)
@@ -28,9 +27,9 @@ CELL = Cell(Attachment.BRIDGE, Backend.QEMU, 1500, 1, STREAM)
 
 
 @pytest.fixture
-def writer(tmp_path):
-    with results.RunWriter(tmp_path, "snapshot-run", default(), {"accelerator": "test"}) as w:
-        yield w
+def writer(run_writer):
+    """The session's run record (pytest_plugin.run_writer): results/<run-id>, real environment."""
+    return run_writer
 
 
 def _throughput(client, server, tag, writer) -> float:

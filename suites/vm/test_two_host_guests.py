@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed import attachments, config, guestnic, measure, proc, results, runner, snapshot, stats
+from testbed import attachments, config, guestnic, measure, proc, runner, snapshot, stats
 from testbed.hostnet import vxlan
 from testbed.model import Attachment, Backend, Cell, Pattern, Profile, Repetitions
 
@@ -43,7 +43,7 @@ MODES = [pytest.param(a, marks=pytest.mark.attach(a.value), id=a.value)
 
 
 @pytest.mark.parametrize("attachment", MODES)
-def test_guests_on_two_hosts(guest_pair, attachment, tmp_path):
+def test_guests_on_two_hosts(guest_pair, attachment, tmp_path, run_writer):
     why = attachments.unavailable(attachment)
     if why:
         pytest.skip(f"attachment {attachment.value} unavailable: {why}")
@@ -52,9 +52,9 @@ def test_guests_on_two_hosts(guest_pair, attachment, tmp_path):
     tag = gp.tag
     before = snapshot.take()
     placement = {"g1": "ha", "g2": "hb"}
-    with results.RunWriter(tmp_path / "results", "test-run", topo, {"accelerator": "test"}) as writer, \
-            runner.mode(attachment, Backend.QEMU, tag, gp.client, gp.server, topo.subnet, 1500, topology=topo,
-                        workdir=tmp_path) as path:
+    writer = run_writer       # the session's run record (pytest_plugin.run_writer)
+    with runner.mode(attachment, Backend.QEMU, tag, gp.client, gp.server, topo.subnet, 1500, topology=topo,
+                     workdir=tmp_path) as path:
         # The taps live in their hosts' namespaces, not in the root one.
         root = proc.run(["ip", "-o", "link"], timeout=10).stdout
         assert path.client.tap not in root and path.server.tap not in root
@@ -94,7 +94,7 @@ matrix:
 
 
 @pytest.mark.attach("macvtap")
-def test_macvtap_across_two_hosts(guest_pair, tmp_path):
+def test_macvtap_across_two_hosts(guest_pair, tmp_path, run_writer):
     """macvtap across hosts: each guest's macvtap sits on its host's end of the wire, so the
     wire carries the guests' own frames (no tunnel), at the cell's MTU; the macvtaps end up
     in the host namespaces and nothing is left anywhere afterwards."""
@@ -109,9 +109,9 @@ def test_macvtap_across_two_hosts(guest_pair, tmp_path):
     placement = {"g1": "ha", "g2": "hb"}
     ns_a, wire_a = vxlan.emulated_host(tag, 0)
     profile = Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=4)
-    with results.RunWriter(tmp_path / "results", "test-run", topo, {"accelerator": "test"}) as writer, \
-            runner.mode(Attachment.MACVTAP, Backend.QEMU, tag, gp.client, gp.server, topo.subnet, 9000,
-                        topology=topo, workdir=tmp_path) as path:
+    writer = run_writer       # the session's run record (pytest_plugin.run_writer)
+    with runner.mode(Attachment.MACVTAP, Backend.QEMU, tag, gp.client, gp.server, topo.subnet, 9000,
+                     topology=topo, workdir=tmp_path) as path:
         root = proc.run(["ip", "-o", "link"], timeout=10).stdout
         assert path.client.tap not in root and path.server.tap not in root
         host_a = proc.run(["ip", "-d", "-o", "link", "show", "dev", path.client.tap], netns=ns_a,

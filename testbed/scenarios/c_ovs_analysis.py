@@ -188,26 +188,21 @@ def _flows(s: ses.Session, sw: ovsd.Ovs, cell: Cell, n: int, secs: int) -> dict:
 def _vxlan(quick: bool, progress, hosts, offloads_off: bool = False):
     """VM-OVS-VXLAN-OVS-VM through the runner: guests on two hosts (emulated on this machine
     unless --hosts names others), MTU 1600 inside the tunnel as in the study."""
-    from testbed import config, runner
+    from testbed import runner
+    from testbed.model import Offloads
     secs = 3 if quick else 10
-    text = f"""\
-name: scenario-ovs-analysis-vxlan{"-offloads-off" if offloads_off else ""}
-hosts: [{{name: h1, transport: netns}}, {{name: h2, transport: netns}}]
-guests: [{{name: g1, host: h1}}, {{name: g2, host: h2}}]
-tunnel: {{underlay_mtu: 1650}}
-{"offloads: off" if offloads_off else ""}
-matrix:
-  attachments: [ovs-vxlan]
-  mtus: [1600]
-  connections: [1]
-  profiles:
-    - {{name: tcp_stream, pattern: stream, message_size: 16384, duration: {secs}}}
-    - {{name: udp_stream, protocol: udp, pattern: stream, message_size: 1400, duration: {secs}}}
-    - {{name: tcp_maerts, pattern: maerts, message_size: 16384, duration: {secs}}}
-    - {{name: tcp_rr, pattern: rr, message_size: 1, response_size: 1, duration: {secs}}}
-    - {{name: udp_rr, protocol: udp, pattern: rr, message_size: 1, response_size: 1, duration: {secs}}}
-"""
-    topo = ses.placed(config.parse(text, "<scenario ovs-analysis vxlan>"), hosts, two_hosts=True)
+    profiles = [Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=secs),
+                Profile("udp_stream", protocol=Protocol.UDP, pattern=Pattern.STREAM, message_size=1400,
+                        duration_s=secs),
+                Profile("tcp_maerts", pattern=Pattern.MAERTS, message_size=16384, duration_s=secs),
+                Profile("tcp_rr", pattern=Pattern.RR, message_size=1, response_size=1, duration_s=secs),
+                Profile("udp_rr", protocol=Protocol.UDP, pattern=Pattern.RR, message_size=1, response_size=1,
+                        duration_s=secs)]
+    topo = ses.guests_topology(f"scenario-ovs-analysis-vxlan{'-offloads-off' if offloads_off else ''}",
+                               "<scenario ovs-analysis vxlan>", [Attachment.OVS_VXLAN], profiles,
+                               mtus=[1600], two_hosts=True, underlay_mtu=1650,
+                               offloads=Offloads.all(False) if offloads_off else None)
+    topo = ses.placed(topo, hosts, two_hosts=True)
     out = runner.execute(topo, progress=progress)
     return out.run_dir.name, {c.cell.profile: c for c in results.read_run(out.run_dir).cells}
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from testbed import attachments, config, images, results, runner
-from testbed.model import Attachment
+from testbed import attachments, images, results, runner
+from testbed.model import Attachment, Pattern, Profile, Tool
 from testbed.records import Environment, as_environment
 from testbed.scenarios import session as ses
 from testbed.scenarios.study import Finding, StudyReport, Table, Verdict, env_difference, fmt, ratio_verdict
@@ -41,28 +41,24 @@ def guest_tool() -> tuple[str, str | None]:
     return "uperf", None
 
 
-def _profiles(quick: bool, secs: int, tool: str = "netperf") -> list[str]:
+def _profiles(quick: bool, secs: int, tool: str = "netperf") -> list[Profile]:
     sizes = {"large": SIZES["large"]} if quick else SIZES
     rr_sizes = {"small": 1} if quick else {"small": 1, "medium": 1024, "large": 16384}
-    out = [f"{{name: stream_{k}, tool: {tool}, pattern: stream, message_size: {v}, duration: {secs}}}"
+    out = [Profile(f"stream_{k}", tool=Tool(tool), pattern=Pattern.STREAM, message_size=v, duration_s=secs)
            for k, v in sizes.items()]
-    out += [f"{{name: rr_{k}, tool: {tool}, pattern: rr, message_size: {v}, response_size: {v}, "
-            f"duration: {secs}}}" for k, v in rr_sizes.items()]
+    out += [Profile(f"rr_{k}", tool=Tool(tool), pattern=Pattern.RR, message_size=v, response_size=v,
+                    duration_s=secs) for k, v in rr_sizes.items()]
     return out
 
 
 def _topology(name: str, attachments, quick: bool, two_hosts: bool, hosts, tool: str = "netperf"):
     secs = 3 if quick else 30
-    conns = "[1]" if quick else "[1, 10, 50, 100, 250]"
     # Across hosts: two hosts emulated on this machine (unless --hosts names others), the
     # underlay wide enough for MTU 9000 plus VXLAN's 50 bytes.
-    place = ("hosts: [{name: h1, transport: netns}, {name: h2, transport: netns}]\n"
-             "guests: [{name: g1, host: h1}, {name: g2, host: h2}]\ntunnel: {underlay_mtu: 9050}"
-             if two_hosts else "guests: [{name: g1}, {name: g2}]")
-    profiles = "\n".join(f"    - {p}" for p in _profiles(quick, secs, tool))
-    text = (f"name: {name}\n{place}\nmatrix:\n  attachments: [{', '.join(a.value for a in attachments)}]\n"
-            f"  mtus: [1492, 9000]\n  connections: {conns}\n  profiles:\n{profiles}\n")
-    return ses.placed(config.parse(text, f"<scenario {NAME}>"), hosts, two_hosts=two_hosts)
+    topo = ses.guests_topology(name, f"<scenario {NAME}>", attachments, _profiles(quick, secs, tool),
+                               mtus=(1492, 9000), connections=(1,) if quick else (1, 10, 50, 100, 250),
+                               two_hosts=two_hosts, underlay_mtu=9050 if two_hosts else 1500)
+    return ses.placed(topo, hosts, two_hosts=two_hosts)
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testbed import cleanup, environment, measure, paths, proc, results, runner, stats
+from testbed import measure, proc, results, runner, stats
+from testbed.session import Session as RunSession
 from testbed.errors import CommandError, GuestError, TestbedError
 from testbed.records import CellOutcome, as_outcome
-from testbed.model import (Attachment, Backend, Cell, GuestSpec, HostSpec, Matrix, Profile,
-                           Repetitions, Topology)
+from testbed.model import (Attachment, Backend, Cell, GuestSpec, HostSpec, Matrix, Offloads, Profile,
+                           Repetitions, Topology, TunnelSpec)
 
 log = logging.getLogger(__name__)
 ONE = Repetitions(min_samples=1, max_samples=1)
@@ -33,6 +34,26 @@ def topology(name: str, attachments: Sequence[Attachment], profiles: Sequence[Pr
                     matrix=Matrix(attachments=tuple(dict.fromkeys(attachments)), backends=(Backend.QEMU,),
                                   mtus=tuple(mtus), connections=tuple(connections),
                                   profiles=tuple(profiles), repetitions=ONE))
+
+
+def guests_topology(name: str, source: str, attachments: Sequence[Attachment], profiles: Sequence[Profile], *,
+                    mtus: Sequence[int], connections: Sequence[int] = (1,), two_hosts: bool = False,
+                    underlay_mtu: int = 1500, offloads: Offloads | None = None) -> Topology:
+    """A guest-to-guest topology for the runner, built from the model's constructors (what
+    the YAML loader would make of the same fields, defaults included): two guests g1 and g2
+    on this host, or on two hosts h1 and h2 emulated on this machine joined by a tunnel
+    whose underlay carries ``underlay_mtu``."""
+    if two_hosts:
+        hosts = (HostSpec("h1", transport="netns"), HostSpec("h2", transport="netns"))
+        guests = (GuestSpec("g1", "h1"), GuestSpec("g2", "h2"))
+    else:
+        hosts = (HostSpec("local"),)
+        guests = (GuestSpec("g1", "local"), GuestSpec("g2", "local"))
+    return Topology(name=name, source=source, hosts=hosts, guests=guests, client="g1", server="g2",
+                    matrix=Matrix(attachments=tuple(attachments), backends=(Backend.QEMU,),
+                                  mtus=tuple(mtus), connections=tuple(connections),
+                                  profiles=tuple(profiles), repetitions=Repetitions()),
+                    offloads=offloads, tunnel=TunnelSpec(underlay_mtu=underlay_mtu))
 
 
 @dataclass
@@ -91,15 +112,13 @@ class Session:
 @contextlib.contextmanager
 def session(name: str, topo: Topology, quick: bool,
             progress: Callable[[str], None]) -> Iterator[Session]:
-    run_id, tag = results.new_run_id()
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(cleanup.host_lock(run_id))
-        state = stack.enter_context(cleanup.owned_state(tag, run_id))
-        env = environment.fingerprint(None, extra={"scenario": name, "quick": quick})
-        writer = stack.enter_context(results.RunWriter(paths.results_dir(), run_id, topo, env))
+    # The run's session (testbed.session): host lock, the leftovers check a dead run's tb-
+    # objects would fail, owned state, environment and writer, as `testbed run` holds them.
+    with RunSession(topo, keep_logs=False) as run:
+        writer = run.open_run(None, extra={"scenario": name, "quick": quick})
         writer.update(scenario={"name": name, "quick": quick})
-        progress(f"scenario {name}: run {run_id} (namespaces, accelerator none)")
-        yield Session(writer, tag, state, env, progress)
+        progress(f"scenario {name}: run {run.run_id} (namespaces, accelerator none)")
+        yield Session(writer, run.tag, run.state, run.env, progress)  # type: ignore[arg-type]
 
 
 def summary_mean(cell_record: CellOutcome | Mapping[str, Any] | None, metric: str) -> float | None:

@@ -10,7 +10,7 @@ import ipaddress
 import math
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import ClassVar
@@ -140,6 +140,8 @@ class ToolDriver(ABC):
     #: one to the next (netserver forks a child per test). It is then started once per test
     #: path and checked before each sample, instead of being started and stopped per sample.
     reusable_server: ClassVar[bool] = False
+    #: the port the server listens on unless told otherwise
+    default_port: ClassVar[int | None] = None
 
     @abstractmethod
     def unsupported_reason(self, profile: Profile) -> str | None:
@@ -171,6 +173,17 @@ class ToolDriver(ABC):
     def aggregate(self, results: Sequence[ToolResult]) -> ToolResult:
         """Combine N concurrent instances of this tool into one result."""
         return aggregate(results, cpu_scope=self.cpu_scope)
+
+    def client_plan(self, profile: Profile, server_addr: str, *, port: int | None, connections: int,
+                    write_file: Callable[[str, str], object]) -> tuple[list[str], int]:
+        """(argv, number of client processes) that realise ``connections`` connections. The
+        default runs ``connections`` synchronised instances ("processes"); a tool that opens
+        N streams itself overrides this. ``write_file(path, text)`` writes a file where the
+        client runs, for a tool that reads its test from one (uperf's profile XML)."""
+        if self.connections_as != "processes":
+            raise UnsupportedProfile(f"{self.name.value}: no way to run {connections} connections")
+        return self.client_argv(profile, server_addr, port=port, confidence=profile.confidence,
+                                iterations=profile.iterations), connections
 
     def runs(self, profile: Profile) -> int:
         """How many times the client runs the test back to back (netperf's confidence

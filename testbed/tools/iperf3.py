@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from testbed import pacing
@@ -54,6 +54,11 @@ class Iperf3Driver(ToolDriver):
         elif profile.pattern is Pattern.BIDIRECTIONAL:
             argv.append("--bidir")
         return argv
+
+    def client_plan(self, profile: Profile, server_addr: str, *, port: int | None, connections: int,
+                    write_file: Callable[[str, str], object]) -> tuple[list[str], int]:
+        """One client with ``connections`` parallel streams (-P)."""
+        return self.client_argv(profile, server_addr, port=port, streams=connections), 1
 
     def parse(self, stdout: str, stderr: str = "", rc: int = 0) -> ToolResult:
         return parse(stdout, stderr, rc)

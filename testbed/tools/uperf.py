@@ -10,6 +10,7 @@ errors never reach the master's.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -121,6 +122,14 @@ class UperfDriver(ToolDriver):
         """Where the caller writes ``profile_xml`` on the client; one file per instance."""
         name = _SAFE_NAME.sub("-", profile.name.lower()).strip("-") or "testbed"
         return f"/tmp/tb-uperf-{name}{f'-{port}' if port else ''}.xml"
+
+    def client_plan(self, profile: Profile, server_addr: str, *, port: int | None, connections: int,
+                    write_file: Callable[[str, str], object]) -> tuple[list[str], int]:
+        """One client whose profile XML (written where the client runs) has ``connections``
+        threads, each with its own connection."""
+        path = self.profile_path(profile, port)
+        write_file(path, self.profile_xml(profile, server_addr, connections))
+        return self.client_argv(profile, server_addr, port=port, profile_path=path), 1
 
     def server_argv(self, profile: Profile, *, port: int | None = None) -> list[str]:
         return ["uperf", "-s", *(["-P", str(port)] if check_port(port) else [])]

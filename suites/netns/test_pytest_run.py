@@ -1,0 +1,68 @@
+"""pytest runs are runs: a pytest session whose tests measure (through the plugin's
+``run_writer``) leaves a run directory with this host's real environment, finished with its
+status and counts, that `testbed report` renders like a `testbed run` directory. Proved with
+a child pytest session of one namespace test (no guests), its run written under --results."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import testbed
+from testbed.pytest_plugin import require_root, run_cli
+
+INNER = '''
+from testbed import measure, runner, stats
+from testbed.model import Attachment, Backend, Cell, Pattern, Profile, Repetitions
+from testbed.session import claim_tag
+
+
+def test_measures_into_the_session_run(run_writer, tmp_path):
+    cell = Cell(Attachment.NETNS_VETH, Backend.QEMU, 1500, 1,
+                Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=2))
+    with runner.netns_mode(Attachment.NETNS_VETH, claim_tag(), "198.18.251.0/30", 1500, str(tmp_path)) as path:
+        [s] = measure.measure_cell(cell, path, run_writer, stats.StoppingRule(Repetitions()), 0, {}, {})
+    assert s.status == "ok", s.reason
+    assert (run_writer.dir / s.raw[0]).is_file()
+'''
+
+
+def test_a_measuring_pytest_session_writes_a_run_that_report_renders(tmp_path: Path) -> None:
+    require_root()
+    (tmp_path / "test_inner.py").write_text(INNER)
+    results = tmp_path / "results"
+    env = {**os.environ, "PYTHONPATH": str(Path(testbed.__file__).parent.parent)}
+    env.pop("TESTBED_RESULTS", None)
+    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                        str(tmp_path / "test_inner.py"), "--results", str(results)],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    # The session says where its run is, and it is under --results.
+    m = re.search(r"measurements of this session: (\S+)", p.stdout)
+    assert m, p.stdout[-2000:]
+    run_dir = Path(m.group(1))
+    assert run_dir.parent == results and run_dir.is_dir()
+    run = json.loads((run_dir / "run.json").read_text())
+    # Finished, with its counts, and this host's environment (no stand-in "test" accelerator).
+    assert run["status"] == "complete", run.get("error")
+    assert run["counts"]["samples"] == 1 and run["counts"]["failed"] == 0
+    envr = run["environment"]
+    assert envr["accelerator"] == "none" and envr["comparable_class"] == "host-namespaces"
+    assert envr["kernel"] == platform.release() and envr["cpus"] == os.cpu_count() and envr["cpu_model"]
+    # The recorded matrix is what was measured, so compare and history read it like a run's.
+    assert run["topology"]["matrix"]["attachments"] == ["netns-veth"]
+    assert [pr["name"] for pr in run["topology"]["matrix"]["profiles"]] == ["tcp_stream"]
+    [cell] = run["cells"]
+    assert cell["id"] == "netns-veth-qemu-mtu1500-conn1-tcp_stream" and cell["status"] == "ok"
+    assert cell["summary"]["throughput_mbps"]["mean"] > 0
+    # Indexed beside the results like a `testbed run`, and `testbed report` renders it.
+    assert (results / "index.sqlite").is_file()
+    html = tmp_path / "report.html"
+    r = run_cli(["report", str(run_dir), "-o", str(html)], timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    page = html.read_text()
+    assert run["run_id"] in page and "netns-veth" in page
