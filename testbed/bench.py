@@ -214,7 +214,7 @@ def _netns_bench(att):
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tb-fidelity-"))
         ses = stack.enter_context(Session(default(), results_dir=Path(tmp), keep_logs=False))
         writer = ses.open_run(None)
-        path = stack.enter_context(runner.netns_mode(att, ses.tag, "198.18.0.0/24", 1500, str(ses.state / "netns")))
+        path = stack.enter_context(runner.own_endpoints_path(att, ses.tag, "198.18.0.0/24", 1500, str(ses.state / "netns")))
         yield tmp, writer, path
 
 

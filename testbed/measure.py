@@ -94,7 +94,7 @@ class TestPath:
     read_counters: Callable[[Endpoint], crosscheck.Wire] | None = None
     #: servers kept across samples; None: one server per sample, stopped after it
     servers: Servers | None = None
-    #: what forwards between the endpoints: linux-bridge, ovs-netdev, ovs-system, macvtap-<mode>, veth, ...
+    #: what forwards between the endpoints, as the fabric names it (attachments.Fabric.datapath)
     datapath: str | None = None
     #: per endpoint, the offload states its NIC reports (ethtool -k), after the run's requests
     offloads: Mapping[str, Mapping[str, str]] = field(default_factory=dict)

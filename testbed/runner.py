@@ -383,7 +383,7 @@ def pair_paths(attachment: Attachment, backend: Backend, tag: str, t: Topology,
             wd = Path(workdir) / f"p{len(tags)}" if len(tags) > 1 else Path(workdir)
             wd.mkdir(parents=True, exist_ok=True)
             fab = stack.enter_context(fabric(attachment, t_k, t, max_mtu, wd, offloads))
-            own = fab.own_pairs(str(wd / "netns"))
+            own = fab.own_pairs(str(wd / "endpoints"))
             eps = stack.enter_context(own) if own is not None else list(pairs or ())[:n]
             out += stack.enter_context(plug(fab, eps, tag=t_k, subnet=t.subnet, backend=backend,
                                             max_mtu=max_mtu, queues=queues, offloads=offloads))
@@ -428,9 +428,10 @@ def mode(attachment: Attachment, backend: Backend, tag: str, client: virt.Guest,
 
 
 @contextlib.contextmanager
-def netns_mode(attachment: Attachment, tag: str, subnet: str, max_mtu: int,
+def own_endpoints_path(attachment: Attachment, tag: str, subnet: str, max_mtu: int,
                out_dir: str, offloads: Offloads | None = None) -> Iterator[measure.TestPath]:
-    """Two namespaces joined the classic way, measured with the same tools and records as guests."""
+    """One pair of endpoints that the mode's fabric makes itself (namespaces joined the
+    classic way), measured with the same tools and records as guests."""
     from testbed import config
     t = dataclasses.replace(config.default(), subnet=str(ipaddress.ip_network(subnet)))
     with _one_path(attachment, Backend.QEMU, tag, t, None, max_mtu, Path(out_dir).parent,
@@ -439,11 +440,10 @@ def netns_mode(attachment: Attachment, tag: str, subnet: str, max_mtu: int,
 
 
 @contextlib.contextmanager
-def netns_path(conn, out_dir: str) -> Iterator[measure.TestPath]:
-    """A TestPath over any namespace Connection (hostnet.netns), for measure.measure_cell:
-    the scenarios build connections the matrix cannot express (chains, offloads)."""
-    from testbed.attachments.netns import ConnectionFabric
-    fab = ConnectionFabric(conn)
+def connection_path(conn, out_dir: str) -> Iterator[measure.TestPath]:
+    """A TestPath over a connection built outside the matrix (chains, offloads: the
+    scenarios build those), for measure.measure_cell."""
+    fab = attachments.connection_fabric(conn)
     with fab.own_pairs(out_dir) as pairs, \
             plug(fab, pairs, tag="", subnet=f"{conn.a.address}/{conn.a.prefixlen}", max_mtu=0) as [path]:
         yield path

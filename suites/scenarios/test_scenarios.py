@@ -60,7 +60,8 @@ def scenario(name: str, root: Path) -> tuple[Path, dict, str, str]:
         html = root / f"{name}.html"
         r = _testbed("report", run_dir.name, "-o", str(html), results=root)
         assert r.returncode == 0, r.stderr
-        _DONE[name] = (run_dir, study.load(run_dir), p.stdout, html.read_text())
+        # the study report as written to study.json
+        _DONE[name] = (run_dir, json.loads((run_dir / "study.json").read_text()), p.stdout, html.read_text())
     return _DONE[name]
 
 

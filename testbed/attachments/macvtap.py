@@ -101,14 +101,13 @@ class WireFabric(Fabric):
         return contextlib.nullcontext()
 
     def set_mtu(self, mtu: int, taps: Sequence[str]) -> None:
-        from testbed import proc
-        from testbed.hostnet import vxlan
+        from testbed.hostnet import ops, vxlan
         # A macvtap's MTU cannot exceed its lower's: wires first when raising, last when lowering.
         devs = list(zip(self.wires, self.ns))
         mine = [(tap, self.ns[_across.side(i)]) for i, tap in enumerate(taps)]
         current = vxlan.mtu_of(self.wires[0], self.ns[0])
         for dev, n in ([*devs, *mine] if mtu >= current else [*mine, *devs]):
-            proc.run(["ip", "link", "set", "dev", dev, "mtu", str(mtu)], netns=n, timeout=30)
+            ops.set_mtu(ops.netns_executor(n), dev, mtu)
 
     def counters(self, i: int, tap: str):
         from testbed.hostnet import vxlan

@@ -42,21 +42,18 @@ class ConnectionFabric(Fabric):
         return e.ifname, e.address, dict(e.offloads)
 
     def set_mtu(self, mtu: int, taps: Sequence[str]) -> None:
-        from testbed import proc
-        from testbed.hostnet import links
+        from testbed.hostnet import links, ops
         # The hops between the endpoints; the endpoints' own devices are set by measure.
         for h in self.conn.hops:
             if h.ifname not in (self.conn.a.ifname, self.conn.b.ifname):
-                proc.run(["ip", "link", "set", "dev", h.ifname, "mtu", str(mtu)], netns=h.netns)
+                ops.set_mtu(ops.netns_executor(h.netns), h.ifname, mtu)
         for br in self.conn.bridges:
             if links.exists(br):
                 links.set_mtu(br, mtu)
 
     def counters(self, i: int, tap: str):
-        from testbed import proc
-        from testbed.hostnet import links
-        ns = self._ends[i].netns
-        return links.wire_via(tap, lambda argv: proc.run(argv, netns=ns))
+        from testbed.hostnet import ops
+        return ops.on(ops.netns_executor(self._ends[i].netns)).wire(tap)
 
     def leftovers(self) -> tuple[str, ...]:
         # devices inside the namespaces go with them; the ones in the root namespace are listed

@@ -80,7 +80,7 @@ class Session:
         namespace Connection. Returns the cell record (status, reason, summary)."""
         self.progress(f"  {cell.id}")
         try:
-            with runner.netns_path(conn, self.out_dir("agents")) as path:
+            with runner.connection_path(conn, self.out_dir("agents")) as path:
                 measure.measure_cell(cell, path, self.writer, self.rule, 0, {}, {}, self.clock_ghz)
         except (TestbedError, CommandError, GuestError) as e:
             measure.fail_cell(cell, self.writer, str(e), {})
