@@ -12,6 +12,7 @@ host's environment, finished and indexed at its end (testbed.session.Session).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -107,11 +108,41 @@ def guest_pair(accelerator) -> Iterator[GuestPair]:
 class SessionRunWriter:
     """Mixed into the session's results writer: the cells the tests measured become the
     run's recorded matrix (attachments, MTUs, profiles...), so compare and history read the
-    run like one of `testbed run`."""
+    run like one of `testbed run`.
 
-    def add_cell(self, cell, *args, **kwargs):
+    Tests measure the same cell id under different conditions (macvtap's vepa and
+    passthrough modes are both ``macvtap-qemu-mtu1500-conn1-tcp_stream``). A run holds one
+    outcome per cell id (the index's key, and what compare pairs), so a cell id measured
+    again after its first outcome is recorded as ``<id>-t2``, ``-t3``..., its samples too."""
+
+    def _session_id(self, base: str) -> str:
+        measuring = self.__dict__.setdefault("tb_measuring", {})
+        if base not in measuring:
+            k = self.__dict__.setdefault("tb_recorded", {}).get(base, 0)
+            measuring[base] = base if k == 0 else f"{base}-t{k + 1}"
+        return measuring[base]
+
+    def add_sample(self, s):
+        from testbed.records import SampleRecord
+        rec = s if isinstance(s, SampleRecord) else s.record()
+        new = self._session_id(rec.cell.id)
+        if new != rec.cell.id:
+            d = rec.to_dict()
+            d["cell"] = {**d["cell"], "id": new}
+            rec = SampleRecord.from_dict(d)
+        return super().add_sample(rec)  # type: ignore[misc]
+
+    def add_cell(self, cell, status, reason, converged, summary):
+        from testbed.records import CellOutcome
         self.tb_cells = [*getattr(self, "tb_cells", []), cell]
-        return super().add_cell(cell, *args, **kwargs)  # type: ignore[misc]
+        new = self._session_id(cell.id)
+        self.tb_measuring.pop(cell.id)
+        self.tb_recorded[cell.id] = self.tb_recorded.get(cell.id, 0) + 1
+        if new == cell.id:
+            return super().add_cell(cell, status, reason, converged, summary)  # type: ignore[misc]
+        return self.add_outcome(CellOutcome.from_dict(json.loads(json.dumps(  # type: ignore[attr-defined]
+            {**cell.as_dict(), "id": new, "status": status, "reason": reason, "converged": converged,
+             "summary": dict(summary)}, default=str))))
 
 
 def _measured_topology(name: str, cells: list) -> object:

@@ -28,6 +28,11 @@ def test_measures_into_the_session_run(run_writer, tmp_path):
         [s] = measure.measure_cell(cell, path, run_writer, stats.StoppingRule(Repetitions()), 0, {}, {})
     assert s.status == "ok", s.reason
     assert (run_writer.dir / s.raw[0]).is_file()
+
+
+def test_measures_the_same_cell_again(run_writer, tmp_path):
+    # another test, same cell id (other conditions in real suites: macvtap modes)
+    test_measures_into_the_session_run(run_writer, tmp_path)
 '''
 
 
@@ -49,17 +54,23 @@ def test_a_measuring_pytest_session_writes_a_run_that_report_renders(tmp_path: P
     run = json.loads((run_dir / "run.json").read_text())
     # Finished, with its counts, and this host's environment (no stand-in "test" accelerator).
     assert run["status"] == "complete", run.get("error")
-    assert run["counts"]["samples"] == 1 and run["counts"]["failed"] == 0
+    assert run["counts"]["samples"] == 2 and run["counts"]["failed"] == 0
     envr = run["environment"]
     assert envr["accelerator"] == "none" and envr["comparable_class"] == "host-namespaces"
     assert envr["kernel"] == platform.release() and envr["cpus"] == os.cpu_count() and envr["cpu_model"]
     # The recorded matrix is what was measured, so compare and history read it like a run's.
     assert run["topology"]["matrix"]["attachments"] == ["netns-veth"]
     assert [pr["name"] for pr in run["topology"]["matrix"]["profiles"]] == ["tcp_stream"]
-    [cell] = run["cells"]
+    # One outcome per cell id: the second measurement of the same cell is <id>-t2, its
+    # sample too (the index keys cells by run and id).
+    cell, again = run["cells"]
     assert cell["id"] == "netns-veth-qemu-mtu1500-conn1-tcp_stream" and cell["status"] == "ok"
+    assert again["id"] == cell["id"] + "-t2" and again["status"] == "ok"
     assert cell["summary"]["throughput_mbps"]["mean"] > 0
+    samples = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert [x["cell"]["id"] for x in samples] == [cell["id"], again["id"]]
     # Indexed beside the results like a `testbed run`, and `testbed report` renders it.
+    assert "not indexed" not in p.stdout, p.stdout[-2000:]
     assert (results / "index.sqlite").is_file()
     html = tmp_path / "report.html"
     r = run_cli(["report", str(run_dir), "-o", str(html)], timeout=300)
