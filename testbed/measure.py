@@ -208,11 +208,9 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
                 return failed(f"client {'timed out' if e.timed_out else 'failed'}: {e}")
         window = time.monotonic() - t0
         end_skew = max(ends) - min(ends)
-        if len(pids) > 1 and end_skew > max(1.0, 0.1 * profile.duration_s):
-            # Instances that did not run side by side (one stalled in connection set-up,
-            # say) report rates over different intervals; their sum is no concurrent rate.
-            return failed(f"{len(pids)} instances out of step: they ended {end_skew:.1f} s apart "
-                          f"in a {profile.duration_s} s test, so their sum is not a concurrent rate")
+        why = end_skew_reason(ends, profile.duration_s, f"{len(pids)} instances")
+        if why:
+            return failed(why)
         h_after = cpu.host_reading(qemu_pids, domains)
         taps_after = path.counters()
         g_after = {ep.guest.spec.name: cpu.guest_reading(ep.guest.agent) for ep in (cli, srv)}
@@ -235,11 +233,7 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
         p_srv.write_text(server_out)
         raw.append(str(p_srv.relative_to(writer.dir)))
     res = parsed[0] if len(parsed) == 1 else driver.aggregate(parsed)
-    guest_cpu, guest_s = {}, {}
-    for g in g_before:
-        delta, guest_s[g] = cpu.guest_delta(g_before[g], g_after[g])
-        guest_cpu[g] = _guest_cpu(delta)
-    cpu_info = {"guest": guest_cpu, **cpu.host_delta(h_before, h_after)}
+    cpu_info, guest_s = cpu_over_window(g_before, g_after, h_before, h_after)
     tool_s = res.metrics.get("duration_s")
     extra = {"window": window_record(tool_s, profile.duration_s * runs, cpu_info["window_s"], guest_s),
              "kernel": _kernel()}
@@ -247,15 +241,8 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
     if not res.ok:
         return failed(res.reason or "tool failed without a reason", cpu_info, extra)
     check = wire_check(cell, path, dict(res.metrics), deltas)
-    warnings = list(res.warnings)
-    for g, lv in cpu_info.get("libvirt", {}).items():
-        if lv.get("status") == "disagree":
-            warnings.append(f"{g}: attributed QEMU CPU {lv['attributed_cores']} cores, libvirt reports "
-                            f"{lv['libvirt_cores']} for the domain (gap "
-                            f"{'-' if lv['gap'] is None else format(lv['gap'], '.1%')} > "
-                            f"{cpu.LIBVIRT_AGREEMENT:.0%})")
     extra.update({
-        "warnings": warnings, "datapath": path.datapath,
+        "warnings": [*res.warnings, *cpu_warnings(cpu_info)], "datapath": path.datapath,
         "offloads": {k: dict(v) for k, v in path.offloads.items()},
         "instances": len(pids), "start_skew_s": round(skew_s, 4),
         # seen from the host through the agent's polling, so an upper bound
@@ -264,16 +251,53 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
         "device_mbps": {k: {"from_guest": round(_mbps(d.towards(not path.guest_sends_as_rx)[0], window), 3),
                             "to_guest": round(_mbps(d.towards(path.guest_sends_as_rx)[0], window), 3)}
                         for k, d in deltas.items()}})
-    inv = cpu_info["invariant"]
-    if not inv["holds"]:
-        return failed(f"host CPU does not add up: attributed {inv['attributed']} cores > busy "
-                      f"{inv['busy']} cores (limit {inv['limit']})", cpu_info, extra, check.as_dict())
+    why = invariant_reason(cpu_info)
+    if why:
+        return failed(why, cpu_info, extra, check.as_dict())
     if check.verdict == "fail":
         return failed(f"wire cross-check: {check.reason}", cpu_info, extra, check.as_dict())
     metrics = {**res.metrics, **derived(dict(res.metrics), cpu_info, clock_ghz)}
     return results.Sample(writer.run_id, cell.as_dict(), rep, warmup, "ok", None, metrics,
                           cpu_info, started, results.now(), tuple(raw), placement, extra,
                           check.as_dict())
+
+
+def end_skew_reason(ends: Sequence[float], duration_s: int, who: str) -> str | None:
+    """Clients that did not run side by side (one stalled in connection set-up, say) report
+    rates over different intervals: their sum is no concurrent rate. ``ends``: when each
+    client was seen to end; ``who``: what they are ("4 instances", "2 pairs")."""
+    if len(ends) > 1 and (skew := max(ends) - min(ends)) > max(1.0, 0.1 * duration_s):
+        return (f"{who} out of step: they ended {skew:.1f} s apart in a {duration_s} s test, "
+                f"so their sum is not a concurrent rate")
+    return None
+
+
+def cpu_over_window(g_before: Mapping[str, object], g_after: Mapping[str, object],
+                    h_before: object, h_after: object) -> tuple[dict, dict[str, float]]:
+    """The sample's CPU record (each guest's own busy share, the host's delta) and each
+    guest's window by its own clock, from the readings taken around the tool."""
+    guest_cpu, guest_s = {}, {}
+    for g in g_before:
+        delta, guest_s[g] = cpu.guest_delta(g_before[g], g_after[g])  # type: ignore[arg-type]
+        guest_cpu[g] = _guest_cpu(delta)
+    return {"guest": guest_cpu, **cpu.host_delta(h_before, h_after)}, guest_s  # type: ignore[arg-type]
+
+
+def invariant_reason(cpu_info: Mapping) -> str | None:
+    """Why the host CPU does not add up (attributed above busy), or None."""
+    inv = cpu_info["invariant"]
+    if inv["holds"]:
+        return None
+    return (f"host CPU does not add up: attributed {inv['attributed']} cores > busy "
+            f"{inv['busy']} cores (limit {inv['limit']})")
+
+
+def cpu_warnings(cpu_info: Mapping) -> list[str]:
+    """A guest whose attributed QEMU CPU disagrees with libvirt's own figure for the domain."""
+    return [f"{g}: attributed QEMU CPU {lv['attributed_cores']} cores, libvirt reports "
+            f"{lv['libvirt_cores']} for the domain (gap "
+            f"{'-' if lv['gap'] is None else format(lv['gap'], '.1%')} > {cpu.LIBVIRT_AGREEMENT:.0%})"
+            for g, lv in cpu_info.get("libvirt", {}).items() if lv.get("status") == "disagree"]
 
 
 def _mbps(nbytes: int, secs: float) -> float:

@@ -129,16 +129,6 @@ def combine(profile: Profile, per_pair: Sequence[ToolResult], driver) -> tuple[T
     return driver.aggregate(list(per_pair)), None
 
 
-def end_skew_reason(ends: Sequence[float], duration_s: int, n_pairs: int) -> str | None:
-    """The connection-instances check (measure.measure_once) over every client of every pair."""
-    if len(ends) > 1:
-        skew = max(ends) - min(ends)
-        if skew > max(1.0, 0.1 * duration_s):
-            return (f"{n_pairs} pairs out of step: their clients ended {skew:.1f} s apart in a "
-                    f"{duration_s} s test, so their sum is not a concurrent rate")
-    return None
-
-
 # --------------------------------------------------------------------------- measuring
 
 def _names(path: measure.TestPath) -> list[str]:
@@ -225,7 +215,8 @@ def measure_once(cell: Cell, paths: Sequence[measure.TestPath], writer: results.
         for i, p in enumerate(paths):
             if server_pids[i] is not None:
                 server_out[i] = servers[i].release(p.server.guest, driver, server_pids[i])  # type: ignore[arg-type]
-    why = end_skew_reason(ends, profile.duration_s, len(paths))
+    # the connection-instances check over every client of every pair
+    why = measure.end_skew_reason(ends, profile.duration_s, f"{len(paths)} pairs")
     if why:
         return failed(why)
     per_pair: list[ToolResult] = []
@@ -240,11 +231,7 @@ def measure_once(cell: Cell, paths: Sequence[measure.TestPath], writer: results.
                                                   server_output=server_out[i]), profile))
         per_pair.append(parsed[0] if len(parsed) == 1 else driver.aggregate(parsed))
     res, bad = combine(profile, per_pair, driver)
-    guest_cpu, guest_s = {}, {}
-    for g in g_before:
-        delta, guest_s[g] = cpu.guest_delta(g_before[g], g_after[g])
-        guest_cpu[g] = measure._guest_cpu(delta)
-    cpu_info = {"guest": guest_cpu, **cpu.host_delta(h_before, h_after)}
+    cpu_info, guest_s = measure.cpu_over_window(g_before, g_after, h_before, h_after)
     extra: dict = {"window": measure.window_record(res.metrics.get("duration_s"), profile.duration_s * runs,
                                                    cpu_info["window_s"], guest_s),
                    "kernel": measure._kernel(), "instances": sum(len(s) for s in spawned),
@@ -261,12 +248,11 @@ def measure_once(cell: Cell, paths: Sequence[measure.TestPath], writer: results.
             return failed(f"pair {i + 1}: wire cross-check: {check.reason}", cpu_info, extra)
         checks.append(check.as_dict())
         pair_recs.append(pair_record(profile, r, pair_cores(cpu_info["per_guest"], _names(p))))
-    inv = cpu_info["invariant"]
-    if not inv["holds"]:
-        return failed(f"host CPU does not add up: attributed {inv['attributed']} cores > busy "
-                      f"{inv['busy']} cores (limit {inv['limit']})", cpu_info, extra)
+    why = measure.invariant_reason(cpu_info)
+    if why:
+        return failed(why, cpu_info, extra)
     short = [i + 1 for i, r in enumerate(pair_recs) if r.get("short")]
-    extra.update({"pairs": pair_recs, "warnings": list(res.warnings),
+    extra.update({"pairs": pair_recs, "warnings": [*res.warnings, *measure.cpu_warnings(cpu_info)],
                   "saturated": bool(short), "short_pairs": short})
     metrics = {**res.metrics, **measure.derived(dict(res.metrics), cpu_info, clock_ghz)}
     return results.Sample(writer.run_id, cell.as_dict(), rep, warmup, "ok", None, metrics, cpu_info,

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from testbed import config, pacing, pairs, runner
+from testbed import config, measure, pacing, pairs, runner
 from testbed.model import Attachment, Backend, Cell, Pattern, Profile, Protocol, Tool
 from testbed.tools import get_tool
 from testbed.tools.base import ToolResult
@@ -173,8 +173,8 @@ def test_pair_cores_and_end_skew():
     per_guest = {"g1": {"total": 0.3}, "g2": {"total": 0.2}, "g1-p2": {"total": 0.1}}
     assert pairs.pair_cores(per_guest, ["g1", "g2"]) == pytest.approx(0.5)
     assert pairs.pair_cores(per_guest, ["g1-p2", "g2-p2"]) is None
-    assert pairs.end_skew_reason([10.0, 10.4], 3, 2) is None
-    assert "out of step" in pairs.end_skew_reason([10.0, 12.5], 3, 2)
+    assert measure.end_skew_reason([10.0, 10.4], 3, "2 pairs") is None
+    assert "out of step" in measure.end_skew_reason([10.0, 12.5], 3, "2 pairs")
 
 
 def test_clone_names_stay_within_name_re_and_pairs_share_the_snapshot_slot():
