@@ -231,15 +231,21 @@ def test_the_ssh_executor_runs_reads_writes_and_kills_on_the_host(loopback, tmp_
     pid = sh.spawn(["sh", "-c", "echo out; echo err >&2; exit 4"])
     res = sh.wait(pid, ["sh"], timeout=30)
     assert (res.rc, res.stdout, res.stderr) == (4, "out\n", "err\n")
-    marker = f"tb-{loopback.tag}-sleeper"
-    pid = sh.spawn(["sh", "-c", f"exec -a {marker} sleep 120"])
+    # The remote process is the one whose whole command line is `sleep <secs>` (the local
+    # ssh client's command line carries those words too, inside its own: it must not count).
+    # (`exec -a NAME` is not dash's, so it cannot name the process.)
+    secs = f"120.{os.getpid()}"
+
+    def remote_sleepers() -> list[str]:
+        return [a for a in proc.run(["ps", "-eo", "args"]).stdout.splitlines() if a.strip() == f"sleep {secs}"]
+    pid = sh.spawn(["sleep", secs])
     deadline = time.monotonic() + 15
-    while marker not in proc.run(["ps", "-eo", "args"]).stdout:
+    while not remote_sleepers():
         assert time.monotonic() < deadline, "the remote sleeper never started"
         time.sleep(0.1)
     sh.kill(pid)
     deadline = time.monotonic() + 10
-    while marker in proc.run(["ps", "-eo", "args"]).stdout:
+    while remote_sleepers():
         assert time.monotonic() < deadline, "the remote process outlived kill()"
         time.sleep(0.1)
     sh.stop_all()
