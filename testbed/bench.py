@@ -248,7 +248,7 @@ BARE_IPERF3_PORT = 5301   # the hand-run iperf3 servers; the testbed's own use i
 
 
 def harness(ns: tuple[int, ...] = (1, 2, 4), rounds: int = 3, duration_s: int = 3) -> list[dict]:
-    """Per-pair harness overhead (issue 15): at each N, N namespace veth pairs; the aggregate
+    """Per-pair harness overhead: at each N, N namespace veth pairs; the aggregate
     the testbed reports for a cell with N pairs (testbed.pairs: agents, servers, collectors,
     counters, skew check) against N bare iperf3 clients started by hand at once, the two
     alternating in the same run. One row per N: medians and their ratio."""

@@ -717,7 +717,7 @@ def _check_pairs(node: Node, matrix: Matrix, pair: list[GuestSpec], hosts: dict[
     - a guest's host is a real ssh host: its memory and the guests already there are not
       known before the run, so the placement of N pairs cannot be promised; and a two-host
       attachment (ovs-vxlan, bridge-vxlan, macvtap across hosts): its plumbing joins one
-      client/server pair today (the N-pair fabric across hosts is issue 17's);
+      client/server pair today (the N-pair fabric across hosts was never run, so it is refused);
     - this host cannot hold the 2N guests: 2N x (memory_mib + QEMU_OVERHEAD_MIB) above
       MemTotal less the reserve (max(2 GiB, 10 %)).
     The clones' names (<name>-p<k>) must not collide with the topology's other guests."""

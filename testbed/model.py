@@ -168,7 +168,7 @@ class Profile:
     #: netperf -I level,width (e.g. 99,5) and -i max,min: netperf's own confidence loop
     confidence: tuple[int, int] | None = None
     iterations: tuple[int, int] | None = None
-    #: paced load (issue 15): target transactions per second per pair (rr/crr); a bit-rate
+    #: paced load: target transactions per second per pair (rr/crr); a bit-rate
     #: target is rate_bps. ``rate`` keeps the text the user wrote (``2gbit``, ``5000tps``).
     rate_tps: int | None = None
     rate: str | None = None
@@ -198,7 +198,7 @@ class Cell:
     #: guest size and image, placement, variant), as sorted (key, value) pairs: see
     #: :func:`context_of`. Part of the definition hash, not of the readable id.
     context: tuple[tuple[str, str], ...] = ()
-    #: guest pairs measured at once on the same datapath (issue 15); 1 = one pair
+    #: guest pairs measured at once on the same datapath; 1 = one pair
     pairs: int = 1
 
     @property
@@ -382,7 +382,7 @@ class Matrix:
     queues: tuple[int, ...] = (1,)
     #: A/B alternatives measured interleaved in one run (empty: no variants axis)
     variants: tuple[Variant, ...] = ()
-    #: guest pairs measured at once (issue 15); the run boots max(pairs) pairs
+    #: guest pairs measured at once; the run boots max(pairs) pairs
     pairs: tuple[int, ...] = (1,)
 
 

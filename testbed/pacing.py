@@ -1,4 +1,4 @@
-"""Paced load (issue 15): a profile's target rate per pair, what each tool can express, and
+"""Paced load: a profile's target rate per pair, what each tool can express, and
 whether the installed binary can pace, found by trying it.
 
 ``rate: 2gbit`` (bit, kbit, mbit, gbit: decimal bits per second) paces a stream pattern;

@@ -1,4 +1,4 @@
-"""N client/server pairs measured at once on one datapath (issue 15), and idle readings.
+"""N client/server pairs measured at once on one datapath, and idle readings.
 
 A cell with ``pairs: N`` runs the first N of the run's test paths (one per pair, all plugged
 into the same segment) side by side: every pair's clients are started together, their start

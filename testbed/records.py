@@ -138,7 +138,7 @@ class Environment(Part):
     vhost_net: Any = None
     testbed: str | None = None
     testbed_commit: str | None = None
-    #: the uplink's measured capacity, Gbit/s, when the run measured it (issue 15)
+    #: the uplink's measured capacity, Gbit/s, when the run measured it
     link_gbit: float | None = None
 
     _parts: ClassVar = {}
@@ -233,7 +233,7 @@ class Window(Part):
 
 @dataclass(frozen=True)
 class PairResult(Part):
-    """One guest pair's own figures in an N-pair cell (issue 15, ``extra.pairs``): the rate
+    """One guest pair's own figures in an N-pair cell (``extra.pairs``): the rate
     in the metric's unit, its p99, its own QEMU + vhost cores, and when paced its target and
     what it achieved in the same unit."""
 
@@ -250,7 +250,7 @@ class PairResult(Part):
 
 @dataclass(frozen=True)
 class IdleReading(Part):
-    """N booted guests with no traffic, averaged over a window (issue 15, run-level ``idle``)."""
+    """N booted guests with no traffic, averaged over a window (run-level ``idle``)."""
 
     guests: int | None = None
     window_s: float | None = None
@@ -494,7 +494,7 @@ class RunRecord(Part):
     counts: Counts = field(default_factory=Counts)
     cells: tuple[CellOutcome, ...] = ()
     notes: tuple[str, ...] = ()
-    #: idle readings of N booted guests with no traffic (issue 15)
+    #: idle readings of N booted guests with no traffic
     idle: tuple[IdleReading, ...] = ()
     error: str | None = None
     upgraded_from: int | None = None

@@ -206,7 +206,7 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
         try:
             ready()
             if needs_vms and n_pairs > 1:
-                # Idle cost (issue 15): one pair idle, then every pair; the clones restore from
+                # Idle cost: one pair idle, then every pair; the clones restore from
                 # the first pair's snapshots (one slot per role), so they cost seconds.
                 idle = _idle(guests, t, progress)
                 base = {s.name: b.name for p in guest_pairs for s, b in zip(p, guest_pairs[0])}

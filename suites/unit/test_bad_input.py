@@ -1,4 +1,4 @@
-"""A corpus of hostile and careless topologies, one or more per class of issue 18.
+"""A corpus of hostile and careless topologies, one or more per class of hostile input.
 
 Each goes through the real CLI entry (testbed.cli.main) and must give exit 2 and exactly one
 stderr line naming the file and the field; `testbed run` must create nothing (it never gets
@@ -178,7 +178,7 @@ CORPUS: dict[str, tuple[str, str, str]] = {
                  "repetitions: {min: 1, max: 30}}\n", "matrix", "over the cap of 48 h"),
     "limits_beyond_ceiling": ("limits: {max_cells: 1000000}\n" + G + M, "limits.max_cells", "out of range"),
     "limits_unknown_key": ("limits: {cells: 5}\n" + G + M, "limits.cells", "unknown key"),
-    # issue 15: pairs and paced load
+    # pairs and paced load
     "pairs_zero": (G + "matrix: {pairs: [0], profiles: [{name: a}]}\n", "matrix.pairs[0]", "out of range"),
     "pairs_beyond_memory": ("guests: [{name: g1, memory_mib: 16384}, {name: g2, memory_mib: 16384}]\n"
                             "matrix: {pairs: [1, 8], profiles: [{name: a}]}\n", "matrix.pairs",

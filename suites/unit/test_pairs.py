@@ -1,4 +1,4 @@
-"""Issue 15's measuring half, the parts that need no host: rate parsing, what each tool can
+"""Pairs and paced load, the parts that need no host: rate parsing, what each tool can
 pace and how, pace detection from what a probe printed (and from the installed binaries),
 pair aggregation, clone names, and cell ids/hashes with the pairs axis."""
 from __future__ import annotations

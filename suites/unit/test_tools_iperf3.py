@@ -3,7 +3,6 @@ root) the real iperf3 runs between two network namespaces."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -15,8 +14,7 @@ from testbed.tools import ToolResult, UnsupportedProfile, get_tool
 
 pytestmark = pytest.mark.unit
 
-FIXTURES = Path(os.environ.get("TESTBED_FIXTURES",
-                               Path(__file__).resolve().parents[3] / "shared" / "fixtures"))
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "recorded"   # see its SOURCES.md
 IPERF3 = get_tool(Tool.IPERF3)
 
 

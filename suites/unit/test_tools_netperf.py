@@ -3,7 +3,6 @@ and (as root) the real netperf 2.7.0 runs between two network namespaces."""
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
@@ -17,8 +16,7 @@ from testbed.tools.netperf import SELECTORS
 
 pytestmark = pytest.mark.unit
 
-FIXTURES = Path(os.environ.get("TESTBED_FIXTURES",
-                               Path(__file__).resolve().parents[3] / "shared" / "fixtures"))
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "recorded"   # see its SOURCES.md
 NETPERF = get_tool(Tool.NETPERF)
 SEL = ",".join(SELECTORS)
 

@@ -17,8 +17,7 @@ from testbed.tools import UnsupportedProfile, get_tool
 
 pytestmark = pytest.mark.unit
 
-FIXTURES = Path(os.environ.get("TESTBED_FIXTURES",
-                               Path(__file__).resolve().parents[3] / "shared" / "fixtures"))
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "recorded"   # see its SOURCES.md
 UPERF = get_tool(Tool.UPERF)
 
 
@@ -310,8 +309,8 @@ def test_real_uperf(tmp_path) -> None:
         proc.run(["ip", "netns", "del", ns], check=False)
 
 
-# -- defects found by running uperf 1.0.8 (issue 16) ----------------------------------------
-# The shared fixtures are the only recordings here. Where a defect needs output they lack, the
+# -- defects found by running uperf 1.0.8 --------------------------------------------------
+# fixtures/recorded and fixtures/uperf-real are the only recordings here. Where a defect needs output they lack, the
 # input below is DERIVED: a real capture edited, or lines written in the formats of uperf's
 # src/print.c (raw "timestamp_ms:%.4f name:%s nr_bytes:%lu nr_ops:%lu", Txn/Flowop rows of
 # "%-15s %8lu" + four 11-wide times, Run Statistics rows, "Difference(%)"), src/logging.c

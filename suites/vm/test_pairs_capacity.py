@@ -1,4 +1,4 @@
-"""Issue 15 end to end under this machine's accelerator: `testbed run` with `pairs: [1, 2]` on
+"""Pairs and capacity end to end under this machine's accelerator: `testbed run` with `pairs: [1, 2]` on
 the bridge, one paced profile whose target (20 Gbit/s per pair) no TCG guest reaches, then
 `testbed capacity RUN --profile ...` on the result. Asserts measured facts: per-pair and
 aggregate samples, idle readings of 2 and 4 booted guests, the N = 2 cell saturated, the

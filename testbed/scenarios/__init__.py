@@ -1,4 +1,4 @@
-"""`testbed scenario list|run NAME`: the five studies of ../STUDIES.md as named scenarios.
+"""`testbed scenario list|run NAME`: the five public studies (docs/studies.md) as named scenarios.
 
 Each scenario writes a normal run (results/<run-id>: run.json + samples.jsonl, indexed like
 any run) plus ``study.json``: the study-shaped table, the study's published figure beside each
