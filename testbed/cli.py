@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from testbed import __version__
-from testbed.errors import TestbedError
+from testbed.argtypes import integer
+from testbed.errors import TestbedError, one_line
 
 
 class Interrupted(BaseException):
@@ -212,7 +213,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="testbed", description=__doc__.splitlines()[0])
+    from testbed.argtypes import OneLineParser
+    p = OneLineParser(prog="testbed", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="version", version=f"testbed {__version__}")
     p.add_argument("-v", "--verbose", action="store_true")
     p.add_argument("--results", dest="results_root", metavar="DIR",
@@ -245,7 +247,7 @@ def parser() -> argparse.ArgumentParser:
     k.set_defaults(func=cmd_cache)
     b = sub.add_parser("bench", help="benchmarks that print figures")
     b.add_argument("what", choices=("boot", "matrix", "chain", "fidelity", "harness"))
-    b.add_argument("--rounds", type=int, help="boot: rounds (default 1); fidelity: alternations (default 5)")
+    b.add_argument("--rounds", type=integer(1, 1000), help="boot: rounds (default 1); fidelity: alternations (default 5)")
     b.set_defaults(func=cmd_bench)
     from testbed import cli_results
     cli_results.add_commands(sub)
@@ -254,8 +256,23 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _check_environment() -> None:
+    """Folders a user names through the environment are input too: checked before any work."""
+    from testbed import safeio
+    for name in ("TESTBED_RESULTS", "TESTBED_STATE", "TESTBED_CACHE"):
+        safeio.check_dir_variable(name, os.environ.get(name))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    try:
+        if args.results_root is not None:
+            from testbed import safeio
+            safeio.check_dir_variable("--results", args.results_root)
+        _check_environment()
+    except TestbedError as e:
+        print(f"testbed: {one_line(str(e), 2000)}", file=sys.stderr)
+        return e.exit_status
     if args.results_root:
         # Through the environment, so child processes (scenario parts, test helpers) agree.
         os.environ["TESTBED_RESULTS"] = str(Path(args.results_root).absolute())
@@ -266,7 +283,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except TestbedError as e:
-        print(f"testbed: {e}", file=sys.stderr)
+        # Bad input, a missing capability and a busy host are one line whatever the input held;
+        # other errors may carry the console's last lines.
+        text = one_line(str(e), 2000) if e.exit_status in (2, 3, 4) else str(e)
+        print(f"testbed: {text}", file=sys.stderr)
         return e.exit_status
     except (KeyboardInterrupt, Interrupted):
         print("testbed: interrupted; everything created was torn down", file=sys.stderr)

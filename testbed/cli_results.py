@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed import paths, results
+from testbed.errors import one_line
 
 
 def _results_root(args: argparse.Namespace) -> Path:
@@ -25,28 +26,19 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="where run ids are looked up (default: results/ or $TESTBED_RESULTS)")
 
 
-def _fraction(text: str) -> float:
-    v = float(text)
-    if not 0 <= v < 1:
-        raise argparse.ArgumentTypeError(f"{text}: expected a fraction in [0, 1)")
-    return v
+from testbed.argtypes import fraction as _fraction, integer, number
 
 
-def _positive(text: str) -> float:
-    v = float(text)
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"{text}: expected a positive number")
-    return v
+def _outputs(*named: tuple[str | None, str]) -> dict[str, Path | None]:
+    """Every output a command will write, checked before any work (exit 2 on a directory, a
+    device, a FIFO, an empty name or a parent that is not a directory)."""
+    from testbed import safeio
+    return safeio.check_outputs(named)
 
 
-def _write(path: str, text: str) -> None:
-    if path == "-":
-        sys.stdout.write(text)
-        return
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    results.atomic_write(p, text)
-    p.chmod(0o644)      # atomic_write's temp file is 0600; a report is for sharing
+def _write(path: Path | None, text: str, arg: str) -> None:
+    from testbed import safeio
+    safeio.write_output(path, text, arg)      # 0644: a report is for sharing
 
 
 # --------------------------------------------------------------------------- index
@@ -56,6 +48,9 @@ def cmd_index(args: argparse.Namespace) -> int:
     from testbed.compare import resolve
     root = _results_root(args)
     dirs = [resolve(r, root) for r in args.runs] or list(results.iter_runs(root))
+    # Every run is read and validated before the store is opened: a bad run creates nothing.
+    for d in dirs:
+        results.read_run(d)
     with store.open(args.db or str(root / "index.sqlite")) as st:
         for d in dirs:
             rows = st.index_run(d)
@@ -71,6 +66,7 @@ def cmd_index(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from testbed import compare
     root = _results_root(args)
+    out = _outputs((args.junit, "--junit"))
     if args.variants:
         if args.new is not None:
             raise compare.RunNotFound("compare --variants A B takes one RUN, not BASE and NEW")
@@ -86,17 +82,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
                               min_samples=args.min_samples,
                               variants=tuple(args.variants) if args.variants else None)
     if args.junit:
-        _write(args.junit, compare.render_junit(rc))
+        _write(out["--junit"], compare.render_junit(rc), "--junit")
     if args.json:
         print(json.dumps(compare.to_dict(rc), indent=2, default=str))
     else:
         sys.stdout.write(compare.render_text(rc))
     if rc.refused:
         never = any(d.severity is compare.Severity.FORBIDDEN for d in rc.differences)
-        if never and args.force:
-            print("testbed compare: --force IGNORED: TCG and KVM runs (or different run formats) "
-                  "are never compared", file=sys.stderr)
-        print(f"testbed compare: refused: {rc.refused}", file=sys.stderr)
+        ignored = ("; --force IGNORED: TCG and KVM runs (or different run formats) are never "
+                   "compared") if never and args.force else ""
+        print(f"testbed compare: refused: {one_line(rc.refused, 2000)}{ignored}", file=sys.stderr)
     elif rc.forced:
         print("testbed compare: WARNING: --force compared runs from different environments",
               file=sys.stderr)
@@ -107,8 +102,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_history(args: argparse.Namespace) -> int:
     from testbed import history, report, store
+    from testbed.store.schema import metric_columns
     root = _results_root(args)
-    with store.open(args.db or str(root / "index.sqlite")) as st:
+    out = _outputs((args.output, "--output"))
+    if args.metric is not None and args.metric not in metric_columns():
+        from testbed.safeio import UserFileError
+        raise UserFileError("--metric", f"{args.metric!r} is not a metric the store keeps; "
+                                        f"known: {', '.join(metric_columns())}")
+    # A read: the store must exist and be this testbed's; nothing is created or migrated.
+    with store.open(args.db or str(root / "index.sqlite"), readonly=True) as st:
         found = history.series(st, cell=args.cell, metric=args.metric, threshold=args.threshold)
     if args.json:
         import dataclasses
@@ -118,7 +120,7 @@ def cmd_history(args: argparse.Namespace) -> int:
         sys.stdout.write(history.render_text(found))
     if args.output:
         rep = report.build([], generated=results.now(), history=found)
-        _write(args.output, report.render(rep))
+        _write(out["--output"], report.render(rep), "--output")
         print(f"wrote {args.output}: {len(found)} series", file=sys.stderr)
     return 1 if any(s.newest_regresses for s in found) else 0
 
@@ -128,6 +130,7 @@ def cmd_history(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from testbed import compare, report
     root = _results_root(args)
+    out = _outputs((args.output, "--output"), (args.csv, "--csv"))
     records = [compare.load(r, root) for r in args.runs]
     baseline = compare.load(args.baseline, root) if args.baseline else None
     if baseline is not None and all(r.run_id != baseline.run_id for r in records):
@@ -135,12 +138,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     rep = report.build(records, generated=results.now(), baseline=baseline,
                        threshold=args.threshold, test=args.test,
                        capacity_profile=args.capacity_profile)
-    _write(args.output, report.render(rep))
+    _write(out["--output"], report.render(rep), "--output")
     print(f"wrote {args.output}: {len(records)} runs, {len(rep.plots)} plots", file=sys.stderr)
     if args.csv:
         buf = io.StringIO()
         n = report.write_csv(records, buf)
-        _write(args.csv, buf.getvalue())
+        _write(out["--csv"], buf.getvalue(), "--csv")
         print(f"wrote {args.csv}: {n} samples", file=sys.stderr)
     return 0
 
@@ -148,9 +151,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_export_csv(args: argparse.Namespace) -> int:
     from testbed import compare, report
     root = _results_root(args)
+    out = _outputs((args.output, "--output"))
     buf = io.StringIO()
     n = report.write_csv([compare.load(r, root) for r in args.runs], buf)
-    _write(args.output, buf.getvalue())
+    _write(out["--output"], buf.getvalue(), "--output")
     print(f"{n} samples", file=sys.stderr)
     return 0
 
@@ -219,7 +223,7 @@ def add_commands(subparsers: Any) -> None:
     c.add_argument("--fdr", type=_fraction, default=0.05, metavar="Q",
                    help="Benjamini-Hochberg false-discovery rate across all cells and deciding "
                         "metrics (default 0.05)")
-    c.add_argument("--min-samples", type=int, default=5, metavar="N",
+    c.add_argument("--min-samples", type=integer(2, 10_000), default=5, metavar="N",
                    help="ok samples a side needed for a verdict (default 5)")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.add_argument("--force", action="store_true",
@@ -273,21 +277,21 @@ def add_commands(subparsers: Any) -> None:
                    help="per-VM traffic: stream:2gbit, stream:500mbit, rr:5000tps, rr:5ktps")
     k.add_argument("--headroom", type=_fraction, default=0.2,
                    help="fraction of cores and link kept free (default 0.2)")
-    k.add_argument("--host-cores", type=_positive, default=None, metavar="N",
+    k.add_argument("--host-cores", type=number(0, 100_000, low_open=True), default=None, metavar="N",
                    help="cores on the planned host (default: the run's recorded cpus)")
-    k.add_argument("--link-gbit", type=_positive, default=None, metavar="G",
+    k.add_argument("--link-gbit", type=number(0, 1_000_000, low_open=True), default=None, metavar="G",
                    help="uplink capacity in Gbit/s (default: measured by the run, else 10)")
     k.add_argument("--basis", choices=("host", "qemu"), default="host",
                    help="CPU counted: host busy cores, or QEMU+vhost+ovs-vswitchd (default host)")
-    k.add_argument("--mtu", type=int, default=None, help="only cells at this MTU")
-    k.add_argument("--connections", type=int, default=None, help="only cells with this many")
-    k.add_argument("--memory-reserve-mib", type=_positive, default=2048.0, metavar="MIB",
+    k.add_argument("--mtu", type=integer(68, 65535), default=None, help="only cells at this MTU")
+    k.add_argument("--connections", type=integer(1, 100_000), default=None, help="only cells with this many")
+    k.add_argument("--memory-reserve-mib", type=number(0, 2**40), default=2048.0, metavar="MIB",
                    help="host memory kept for the host itself (default 2048)")
-    k.add_argument("--host-memory-mib", type=_positive, default=None, metavar="MIB",
+    k.add_argument("--host-memory-mib", type=number(0, 2**40, low_open=True), default=None, metavar="MIB",
                    help="memory of the planned host (default: the run's recorded memory)")
-    k.add_argument("--memory-mib", type=int, default=None, metavar="MIB",
+    k.add_argument("--memory-mib", type=integer(1, 2**30), default=None, metavar="MIB",
                    help="memory per planned VM (default: the run's largest guest)")
-    k.add_argument("--overcommit", type=_positive, default=1.0, metavar="R",
+    k.add_argument("--overcommit", type=number(0, 1000, low_open=True), default=1.0, metavar="R",
                    help="vCPUs per host thread (default 1, no overcommit)")
     k.add_argument("--extrapolate", action="store_true",
                    help="allow answers beyond 2x the largest measured number of pairs")

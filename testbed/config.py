@@ -774,21 +774,56 @@ def _node_at(m: dict[str, Node], path: str) -> Node:
     return node
 
 
-def parse(text: str, file: str = "<string>", base: Path | None = None) -> Topology:
+def compose(text: str, file: str, what: str = "topology") -> yaml.Node:
+    """One YAML document composed into nodes (never constructed into objects), bounded in depth;
+    anything malformed is one ConfigError naming the file and line. Shared by every YAML file a
+    user gives (topologies, image recipes)."""
     try:
         root = yaml.compose(text, Loader=_Loader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         problem = getattr(e, "problem", None) or (str(e).splitlines() or [e.__class__.__name__])[0]
         if "another document" in problem:
-            problem = "more than one YAML document (a topology is one)"
+            problem = f"more than one YAML document (a {what} is one)"
         raise ConfigError(file, "(yaml)", f"malformed YAML: {problem}",
                           mark.line + 1 if mark else None) from None
     except RecursionError:
         raise ConfigError(file, "(yaml)", "nested too deeply") from None
     if root is None or (isinstance(root, yaml.ScalarNode) and root.tag == "tag:yaml.org,2002:null"):
         # no document, only comments, or only document markers
-        raise ConfigError(file, "(top level)", "empty file (no topology in it)")
+        raise ConfigError(file, "(top level)", f"empty file (no {what} in it)")
+    return root
+
+
+def read_text(path: str | os.PathLike, limit: int = 0) -> str:
+    """A user's text file: regular, at most ``limit`` bytes (default: a topology's cap), UTF-8.
+    Anything the file system says is one ConfigError naming the file."""
+    limit = limit or MAX_FILE_BYTES
+    p = Path(path)
+    file = str(p)
+    try:
+        st = p.stat()
+        if stat.S_ISDIR(st.st_mode):
+            raise ConfigError(file, "(file)", "cannot read: is a directory")
+        if not stat.S_ISREG(st.st_mode):
+            raise ConfigError(file, "(file)", "cannot read: not a regular file")
+        if st.st_size > limit:
+            raise ConfigError(file, "(file)", f"too large ({st.st_size} bytes; at most {limit})")
+        with p.open("rb") as f:
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            raise ConfigError(file, "(file)", f"too large (over {limit} bytes)")
+        return data.decode("utf-8-sig")
+    except FileNotFoundError:
+        raise ConfigError(file, "(file)", "no such file") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(file, "(file)", f"cannot read: not UTF-8 text (byte {e.start})") from None
+    except (OSError, RuntimeError, ValueError) as e:
+        raise ConfigError(file, "(file)", f"cannot read: {_oserror(e) if isinstance(e, OSError) else e}") from None
+
+
+def parse(text: str, file: str = "<string>", base: Path | None = None) -> Topology:
+    root = compose(text, file)
     try:
         return _parse(root, file, base)
     except RecursionError:

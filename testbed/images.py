@@ -83,38 +83,135 @@ class Image:
         return None if self.tools is None else tool not in self.tools
 
 
-def load_recipe(name: str | Path | None = None) -> Recipe:
+#: what a recipe may say, and in what form (checked before anything is built or fetched)
+RECIPE_KEYS = {"name", "suite", "mirror", "components", "variant", "kernel_package", "packages",
+               "disk_size", "kernel_cmdline", "source_tools", "base"}
+_PLAIN = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+_MIRROR = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[A-Za-z0-9._~%/+-]*)?")
+_VARIANTS = ("extract", "custom", "essential", "apt", "required", "minbase", "buildd",
+             "important", "debootstrap", "standard")
+_SIZE = re.compile(r"([0-9]{1,6})([KMGT]?)")
+#: a guest disk between these bounds; a recipe asking for 100 ZB is a typo or an attack
+DISK_MIN, DISK_MAX = 256 * 2**20, 2 * 2**40
+#: how large a recipe file may be
+RECIPE_MAX_BYTES = 64 * 1024
+
+
+def disk_bytes(text: str) -> int | None:
+    m = _SIZE.fullmatch(text)
+    if not m:
+        return None
+    return int(m.group(1)) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[m.group(2)]
+
+
+def _recipe_folder(name: str | Path) -> Path:
+    if isinstance(name, Path) or "/" in str(name):
+        return Path(name)
+    if not _PLAIN.fullmatch(str(name)):
+        raise ConfigError("TESTBED_IMAGE" if os.environ.get("TESTBED_IMAGE") == name else "recipe",
+                          "image", f"{str(name)!r} is not a recipe name (lower-case letters, "
+                                   f"digits, '.', '_', '-') nor a recipe folder")
+    return paths.images_dir() / str(name)
+
+
+def load_recipe(name: str | Path | None = None, _depth: int = 0) -> Recipe:
     """A recipe by name (a folder under images/) or by folder path. No name: $TESTBED_IMAGE,
-    else debian12, so a run can use an image with source-built tools without a code change."""
+    else debian12, so a run can use an image with source-built tools without a code change.
+
+    Validated in full before anything is built, fetched or created: the YAML (one line with
+    file and line when malformed), every field's form (plain names, Debian package names, an
+    http(s) mirror, a sane disk size that fits the cache's free space), and every path the
+    recipe uses resolved inside its folder."""
+    from testbed import config
     name = name or os.environ.get("TESTBED_IMAGE") or "debian12"
-    folder = Path(name) if isinstance(name, Path) or "/" in name else paths.images_dir() / name
+    folder = _recipe_folder(name)
     file = folder / "recipe.yaml"
-    if not file.is_file():
-        raise ConfigError(str(file), "image", f"no recipe named {str(name)!r}")
-    data = yaml.safe_load(file.read_text()) or {}
+    fname = str(file)
+    if not file.exists():
+        raise ConfigError(fname, "image", f"no recipe named {str(name)!r}")
+    try:
+        if not file.resolve().is_relative_to(folder.resolve()):
+            raise ConfigError(fname, "(file)", "a symbolic link out of the recipe folder")
+    except (OSError, RuntimeError) as e:
+        raise ConfigError(fname, "(file)", f"cannot be resolved: {e}") from None
+    root = config.Node(fname, config.compose(config.read_text(file, RECIPE_MAX_BYTES), fname,
+                                             "recipe"), "")
+    m = root.mapping(RECIPE_KEYS)
+    data: dict = {}
+    for key in ("name", "suite", "variant", "kernel_package", "base"):
+        if key in m:
+            data[key] = m[key].str(_PLAIN if key != "kernel_package" else srctools.PACKAGE,
+                                   "plain name" if key != "kernel_package" else "package name")
+    if "name" not in m:
+        raise root.error("missing required key 'name'")
+    if "mirror" in m:
+        data["mirror"] = m["mirror"].str(_MIRROR, "http(s) URL")
+    if "variant" in m and data["variant"] not in _VARIANTS:
+        raise m["variant"].error(f"unknown variant {data['variant']!r} (one of {', '.join(_VARIANTS)})")
+    if "components" in m:
+        data["components"] = [c.str(_PLAIN, "component") for c in m["components"].seq(1)]
+    if "packages" in m:
+        data["packages"] = [c.str(srctools.PACKAGE, "Debian package name") for c in m["packages"].seq()]
+    if "disk_size" in m:
+        raw = m["disk_size"].scalar()
+        size = disk_bytes(str(raw)) if isinstance(raw, (str, int)) and not isinstance(raw, bool) else None
+        if size is None:
+            raise m["disk_size"].error(f"{raw!r}: a size such as 2G or 1536M")
+        if not DISK_MIN <= size <= DISK_MAX:
+            raise m["disk_size"].error(f"{raw!r}: out of range {DISK_MIN // 2**20}M..{DISK_MAX // 2**40}T")
+        data["disk_size"] = str(raw)
+    if "kernel_cmdline" in m:
+        cmd = m["kernel_cmdline"].str()
+        if len(cmd) > 1024 or not cmd.isprintable():
+            raise m["kernel_cmdline"].error("at most 1024 printable characters")
+        data["kernel_cmdline"] = cmd
     base = None
     if "base" in data:
-        if not isinstance(data["base"], str) or data["base"] == data.get("name"):
-            raise ConfigError(str(file), "base", "must name another recipe")
-        base = load_recipe(data["base"])
+        if data["base"] == data.get("name") or _depth > 4:
+            raise m["base"].error("must name another recipe")
+        base = load_recipe(data["base"], _depth + 1)
         inherited = dict(suite=base.suite, mirror=base.mirror, components=base.components,
                          variant=base.variant, kernel_package=base.kernel_package,
                          packages=base.packages, disk_size=base.disk_size,
                          kernel_cmdline=base.kernel_cmdline)
         extra = set(data) & (set(inherited) - {"disk_size"})
         if extra:
-            raise ConfigError(str(file), sorted(extra)[0], "comes from the base recipe; a derived "
+            raise ConfigError(fname, sorted(extra)[0], "comes from the base recipe; a derived "
                               "recipe adds source_tools (and may set disk_size) only")
         data = {**inherited, **data}
-    tools = srctools.parse(str(file), folder, data.get("source_tools"))
-    try:
-        return Recipe(name=data["name"], folder=folder, suite=data["suite"], mirror=data["mirror"],
-                      components=tuple(data["components"]), variant=data["variant"],
-                      kernel_package=data["kernel_package"], packages=tuple(data["packages"]),
-                      disk_size=str(data["disk_size"]), kernel_cmdline=data["kernel_cmdline"],
-                      source_tools=tools, base=base)
-    except KeyError as e:
-        raise ConfigError(str(file), str(e.args[0]), "missing") from None
+    else:
+        hook = folder / "customize.sh"
+        if not hook.is_file():
+            raise ConfigError(fname, "customize.sh", f"{hook} is missing (a bootstrapped recipe "
+                                                     f"needs its customize hook)")
+        if not hook.resolve().is_relative_to(folder.resolve()):
+            raise ConfigError(fname, "customize.sh", "a symbolic link out of the recipe folder")
+    for key in ("suite", "mirror", "components", "variant", "kernel_package", "packages",
+                "disk_size", "kernel_cmdline"):
+        if key not in data:
+            raise root.error(f"missing required key {key!r}")
+    # The plain YAML, for the source tools' own checks (their fields were composed safely).
+    raw_tools = yaml.safe_load(file.read_text()).get("source_tools") if "source_tools" in m else None
+    tools = srctools.parse(fname, folder, raw_tools)
+    return Recipe(name=data["name"], folder=folder, suite=data["suite"], mirror=data["mirror"],
+                  components=tuple(data["components"]), variant=data["variant"],
+                  kernel_package=data["kernel_package"], packages=tuple(data["packages"]),
+                  disk_size=str(data["disk_size"]), kernel_cmdline=data["kernel_cmdline"],
+                  source_tools=tools, base=base)
+
+
+def check_space(recipe: Recipe) -> None:
+    """Refuse a build whose disk (twice: the ext4 file and its qcow2 copy) does not fit the
+    cache's file system, before anything is created there."""
+    need = 2 * (disk_bytes(recipe.disk_size) or 0)
+    where = paths.cache_dir()
+    probe = where
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if need > free:
+        raise CapabilityError(f"{recipe.folder / 'recipe.yaml'}: disk_size: {recipe.disk_size} needs "
+                              f"{need / 2**30:.1f} GiB in {where}, which has {free / 2**30:.1f} GiB free")
 
 
 def cached(recipe: Recipe) -> Image | None:
@@ -142,6 +239,7 @@ def ensure(recipe: Recipe | None = None) -> Image:
 
 
 def build(recipe: Recipe) -> None:
+    check_space(recipe)
     final = paths.cache_dir() / "images" / f"{recipe.name}-{recipe.digest()}"
     final.parent.mkdir(parents=True, exist_ok=True)
     # Build beside the final place and rename at the end, so a crash never leaves a

@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testbed import records
+from testbed import records, safeio
+from testbed.errors import one_line
 from testbed.model import Cell, Topology
 from testbed.records import (FORMAT_VERSION, CellOutcome, Counts, RunRecord, SampleRecord,
                              cell_hash)
@@ -194,20 +195,109 @@ class RunWriter:
                      json.dumps(self.run.to_dict(), indent=2, sort_keys=True, default=str))
 
 
+#: caps on what a run directory may hold: far above any real run, far below a machine's memory
+MAX_RUN_JSON = 64 * 2**20
+MAX_SAMPLES_JSONL = 2 * 2**30
+
+
+def _json_kinds(annotation: str) -> tuple[type, ...] | None:
+    """The JSON types a record field of this annotation may hold (None: anything)."""
+    a = annotation.replace(" ", "")
+    if a.startswith(("Any", "Mapping[str,Any]|None", "object")) or a == "Any":
+        return None
+    kinds: list[type] = []
+    for part in a.split("|"):
+        if part.startswith(("Mapping", "dict")):
+            kinds.append(dict)
+        elif part.startswith(("tuple", "list", "Sequence")):
+            kinds.append(list)
+        elif part == "str":
+            kinds.append(str)
+        elif part == "bool":
+            kinds.append(bool)
+        elif part == "int":
+            kinds.append(int)
+        elif part == "float":
+            kinds += [int, float]
+        elif part == "None":
+            kinds.append(type(None))
+        elif part == "Any":
+            return None
+        else:
+            kinds.append(dict)          # a nested Part
+    return tuple(kinds)
+
+
+def check_shape(cls: type, d: Any, where: str, path: str = "") -> None:
+    """Refuse a record whose known fields hold the wrong JSON types (``metrics`` as a list, a
+    count as text), naming the field: the typed records would otherwise carry them into the
+    statistics, far from the file."""
+    if not isinstance(d, dict):
+        raise safeio.UserFileError(where, f"{path or 'the record'}: expected an object, "
+                                          f"found {type(d).__name__}")
+    hints = {f.name: f.type for f in dataclasses.fields(cls)}
+    for name in cls._known():
+        key = "extra" if (cls is SampleRecord and name == "data") else name
+        if key not in d or d[key] is None:
+            continue
+        v, field_path = d[key], f"{path}{key}"
+        ann = str(hints.get(name, "Any"))
+        kinds = _json_kinds(ann)
+        if kinds is not None and (not isinstance(v, kinds) or (
+                isinstance(v, bool) and bool not in kinds)):
+            want = "/".join(sorted({k.__name__.replace("NoneType", "null") for k in kinds}))
+            raise safeio.UserFileError(where, f"{field_path}: expected {want}, "
+                                              f"found {type(v).__name__}")
+        if name in cls._parts:
+            part, many = cls._parts[name]
+            for i, x in enumerate(v if many else [v]):
+                check_shape(part, x, where, f"{field_path}[{i}]." if many else f"{field_path}.")
+    if cls is SampleRecord:
+        for k, v in (d.get("metrics") or {}).items():
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise safeio.UserFileError(where, f"metrics.{k}: expected a number, "
+                                                  f"found {type(v).__name__}")
+    if cls is CellOutcome:
+        for k, v in (d.get("summary") or {}).items():
+            if not isinstance(v, dict):
+                raise safeio.UserFileError(where, f"{path}summary.{k}: expected an object, "
+                                                  f"found {type(v).__name__}")
+
+
 def read_run(path: Path) -> RunRecord:
-    """A run directory as a typed record, upgraded to the current format in memory."""
-    run = json.loads((path / "run.json").read_text())
+    """A run directory as a typed record, upgraded to the current format in memory.
+
+    The one reader of run directories (compare, report, index, history, export-csv,
+    capacity and the runner itself): regular files only, size-capped, strict JSON (finite
+    numbers, bounded integers and depth), a known format version, every line of
+    samples.jsonl checked and a bad one refused with its line number; only an unterminated
+    last line, the mark of a writer killed mid-write, is left out. Anything else is a
+    :class:`safeio.UserFileError` (exit status 2) naming the file and, for a line, its number."""
+    path = Path(path)
+    run_file, samples_file = path / "run.json", path / "samples.jsonl"
+    run = safeio.loads(safeio.read_regular(run_file, MAX_RUN_JSON), str(run_file))
+    if not isinstance(run, dict):
+        raise safeio.UserFileError(run_file, f"expected a JSON object, found {type(run).__name__}")
+    version = run.get("format_version", 1)
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
+        raise safeio.UserFileError(run_file, f"format_version {one_line(repr(version), 40)}: "
+                                             f"this testbed reads versions 1 to {FORMAT_VERSION}; "
+                                             f"a newer testbed wrote it")
+    check_shape(RunRecord, run, str(run_file))
+    data = safeio.read_regular(samples_file, MAX_SAMPLES_JSONL)
     samples = []
-    with open(path / "samples.jsonl") as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                # A run killed mid-write can leave one partial last line; skip it, keep the rest.
-                try:
-                    samples.append(json.loads(line))
-                except json.JSONDecodeError:
-                    break
-    return RunRecord.read(path, run, samples)
+    for n, s in safeio.json_lines(data, str(samples_file)):
+        where = f"{samples_file}:{n}"
+        check_shape(SampleRecord, s, where)
+        try:
+            SampleRecord.from_dict(s).validate()
+        except ValueError as e:
+            raise safeio.UserFileError(where, str(e)) from None
+        samples.append(s)
+    try:
+        return RunRecord.read(path, run, samples)
+    except (TypeError, ValueError, AttributeError) as e:
+        raise safeio.UserFileError(run_file, f"not a run record this testbed can read: {e}") from None
 
 
 def iter_runs(root: Path) -> Iterator[Path]:

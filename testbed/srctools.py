@@ -41,6 +41,10 @@ class SourceTool:
     resolved: Path | None = None       # the local file or folder (a URL is fetched to the cache)
 
 
+#: a Debian package name (Debian policy 5.6.1), optionally with :arch
+PACKAGE = re.compile(r"[a-z0-9][a-z0-9+.-]{1,99}(:[a-z0-9-]{1,20})?")
+
+
 class BuildError(TestbedError):
     """A source tool did not build: names the tool and step, with the compiler's last lines."""
 
@@ -65,10 +69,12 @@ def parse(file: str, folder: Path, raw: object, *, fetch: bool = True) -> tuple[
         if ("source" in entry) == ("binary" in entry):
             raise ConfigError(file, where, "give exactly one of source (with build) or binary")
         packages = entry.get("packages", [])
-        if not isinstance(packages, list) or not all(isinstance(p, str) and p for p in packages):
+        if not isinstance(packages, list) or not all(isinstance(p, str) and PACKAGE.fullmatch(p)
+                                                     for p in packages):
             raise ConfigError(file, f"{where}.packages", "must be a list of Debian package names")
         vargs = entry.get("version_args", ["-V"])
-        if not isinstance(vargs, list) or not all(isinstance(a, str) for a in vargs):
+        if not isinstance(vargs, list) or len(vargs) > 8 or not all(
+                isinstance(a, str) and a.isprintable() and len(a) <= 64 for a in vargs):
             raise ConfigError(file, f"{where}.version_args", "must be a list of arguments")
         if "binary" in entry:
             path = _local(file, f"{where}.binary", folder, entry["binary"])
@@ -96,9 +102,18 @@ def parse(file: str, folder: Path, raw: object, *, fetch: bool = True) -> tuple[
 
 
 def _local(file: str, field: str, folder: Path, value: object) -> Path:
-    if not isinstance(value, str) or not value:
+    """A path the recipe names: relative to its folder, and inside it once resolved (symbolic
+    links included), so a recipe cannot feed the build a file from elsewhere on the host."""
+    if not isinstance(value, str) or not value or "\0" in value:
         raise ConfigError(file, field, "must be a path")
-    path = (folder / value).resolve()
+    try:
+        path = (folder / value).resolve()
+        inside = path.is_relative_to(folder.resolve())
+    except (OSError, RuntimeError, ValueError) as e:
+        raise ConfigError(file, field, f"{value!r}: cannot be resolved ({e})") from None
+    if not inside:
+        raise ConfigError(file, field, f"{value!r} resolves to {path}, outside the recipe folder "
+                                       f"{folder}; put the source inside it")
     if not path.exists():
         raise ConfigError(file, field, f"{path} does not exist")
     return path

@@ -174,3 +174,21 @@ def test_postgres_connection_errors_name_the_server_not_the_password():
     with pytest.raises(store.StoreError) as e:
         store.open("postgresql://tb:secret@127.0.0.1:1/none")
     assert "secret" not in str(e.value) and "127.0.0.1" in str(e.value)
+
+
+def test_reading_an_empty_postgres_database_creates_nothing(pg_url, capsys):
+    """`history --db URL` on a database that is not a testbed store is refused (exit 2, one
+    line) and leaves it without a single table: only `index` creates a store."""
+    from testbed import cli
+    assert cli.main(["history", "--db", pg_url]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "not a testbed results store" in err
+    import psycopg
+    with psycopg.connect(pg_url) as c:
+        tables = c.execute("SELECT count(*) FROM information_schema.tables "
+                           "WHERE table_schema = 'public'").fetchone()[0]
+    assert tables == 0
+    with store.open(pg_url) as st:                 # index creates it; now it reads
+        assert st.schema_version() >= 1
+    with store.open(pg_url, readonly=True) as st:
+        assert st.runs() == ()

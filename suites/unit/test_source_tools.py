@@ -18,7 +18,7 @@ DATA = Path(__file__).resolve().parents[1] / "vm" / "data"
 def recipe_dir(tmp_path: Path, tools: str, extra: str = "") -> Path:
     folder = tmp_path / "r"
     folder.mkdir(exist_ok=True)
-    shutil.copytree(DATA / "tbhello", tmp_path / "tbhello", dirs_exist_ok=True)
+    shutil.copytree(DATA / "tbhello-image" / "tbhello", folder / "tbhello", dirs_exist_ok=True)
     (folder / "recipe.yaml").write_text(f"name: r\nbase: debian12\n{extra}source_tools:\n{tools}")
     return folder
 
@@ -31,13 +31,16 @@ def test_the_test_recipe_loads_and_derives_from_debian12() -> None:
 
 
 @pytest.mark.parametrize("tools,field,words", [
-    ("  - {name: tbhello, source: ../nowhere, build: autotools}\n", "source_tools[0].source", "does not exist"),
-    ("  - {name: tbhello, source: ../tbhello, build: cmake}\n", "source_tools[0].build", "one of autotools, make"),
+    ("  - {name: tbhello, source: nowhere, build: autotools}\n", "source_tools[0].source", "does not exist"),
+    ("  - {name: tbhello, source: ../../etc, build: autotools}\n", "source_tools[0].source", "outside the recipe folder"),
+    ("  - {name: tbhello, source: /etc, build: autotools}\n", "source_tools[0].source", "outside the recipe folder"),
+    ("  - {name: tbhello, source: tbhello, build: cmake}\n", "source_tools[0].build", "one of autotools, make"),
     ("  - {name: tbhello, build: make}\n", "source_tools[0]", "exactly one of"),
-    ("  - {name: TB hello, source: ../tbhello, build: make}\n", "source_tools[0].name", "plain"),
-    ("  - {name: tbhello, binary: ../nowhere}\n", "source_tools[0].binary", "does not exist"),
-    ("  - {name: tbhello, source: ../tbhello, build: make, flavour: x}\n", "source_tools[0].flavour", "unknown"),
-    ("  - {name: tbhello, source: ../tbhello/tbhello.c, build: make}\n", "source_tools[0].source", "tarball"),
+    ("  - {name: TB hello, source: tbhello, build: make}\n", "source_tools[0].name", "plain"),
+    ("  - {name: tbhello, binary: nowhere}\n", "source_tools[0].binary", "does not exist"),
+    ("  - {name: tbhello, binary: /bin/true}\n", "source_tools[0].binary", "outside the recipe folder"),
+    ("  - {name: tbhello, source: tbhello, build: make, flavour: x}\n", "source_tools[0].flavour", "unknown"),
+    ("  - {name: tbhello, source: tbhello/tbhello.c, build: make}\n", "source_tools[0].source", "tarball"),
 ])
 def test_bad_source_tools_name_the_field(tmp_path, tools, field, words) -> None:
     with pytest.raises(ConfigError) as e:
@@ -47,23 +50,23 @@ def test_bad_source_tools_name_the_field(tmp_path, tools, field, words) -> None:
 
 
 def test_a_derived_recipe_cannot_change_what_the_base_installs(tmp_path) -> None:
-    folder = recipe_dir(tmp_path, "  - {name: tbhello, source: ../tbhello, build: autotools}\n",
+    folder = recipe_dir(tmp_path, "  - {name: tbhello, source: tbhello, build: autotools}\n",
                         extra="packages: [gcc]\n")
     with pytest.raises(ConfigError, match="packages: comes from the base recipe"):
         images.load_recipe(folder)
 
 
 def test_source_bytes_are_part_of_the_cache_key(tmp_path) -> None:
-    folder = recipe_dir(tmp_path, "  - {name: tbhello, source: ../tbhello, build: autotools}\n")
+    folder = recipe_dir(tmp_path, "  - {name: tbhello, source: tbhello, build: autotools}\n")
     first = images.load_recipe(folder).digest()
     assert images.load_recipe(folder).digest() == first
-    src = tmp_path / "tbhello" / "tbhello.c"
+    src = folder / "tbhello" / "tbhello.c"
     src.write_text(src.read_text().replace("hello from", "hello from a changed"))
-    assert images.load_recipe(folder).digest() != first       # the source is outside the folder
-    tarball = tmp_path / "tbhello.tar.gz"
-    shutil.make_archive(str(tmp_path / "tbhello"), "gztar", tmp_path, "tbhello")
+    assert images.load_recipe(folder).digest() != first
+    tarball = folder / "tbhello.tar.gz"
+    shutil.make_archive(str(folder / "tbhello"), "gztar", folder, "tbhello")
     (folder / "recipe.yaml").write_text("name: r\nbase: debian12\nsource_tools:\n"
-                                        "  - {name: tbhello, source: ../tbhello.tar.gz, build: autotools}\n")
+                                        "  - {name: tbhello, source: tbhello.tar.gz, build: autotools}\n")
     assert images.load_recipe(folder).source_tools[0].resolved == tarball.resolve()
 
 
@@ -78,7 +81,7 @@ def test_a_compiler_error_names_the_step_and_shows_its_last_lines(tmp_path) -> N
     # The build runs for real, chrooted into / (this host has a compiler), on a copy of
     # tbhello with a syntax error: the error must name the step and carry cc's own words.
     broken = tmp_path / "tbbroken"
-    shutil.copytree(DATA / "tbhello", broken)
+    shutil.copytree(DATA / "tbhello-image" / "tbhello", broken)
     (broken / "tbhello.c").write_text((broken / "tbhello.c").read_text().replace("return 0;\n}", "return 0\n}", 1))
     tool = srctools.SourceTool(f"tbbroken{os.getpid()}", source=str(broken), build="autotools",
                                resolved=broken)

@@ -1,5 +1,5 @@
 """A tool built from source into the guest image, the way uperf is: the tests' own C program
-(suites/vm/data/tbhello, configure + make) is built inside an image root derived from the
+(suites/vm/data/tbhello-image/tbhello, configure + make) is built inside an image root derived from the
 cached debian12 image, the guest boots from it and runs the program. The run preflight reads
 the image's recorded tool list, never this host's.
 

@@ -47,27 +47,54 @@ def is_postgres(target: str) -> bool:
     return target.startswith(("postgresql://", "postgres://"))
 
 
-def open(target: str | Path | None = None) -> Store:  # noqa: A001 - store.open reads well
-    """Open (and migrate) the index at ``target``: a path, sqlite:///path or postgresql://..."""
+def open(target: str | Path | None = None, readonly: bool = False) -> Store:  # noqa: A001
+    """Open (and migrate) the index at ``target``: a path, sqlite:///path or postgresql://...
+
+    ``readonly``: for commands that only read (history, compare --db). The store must exist
+    and be this testbed's, at a schema version it knows; nothing is created or migrated, so
+    a missing, foreign, corrupt or newer store is refused (StoreError, exit status 2)."""
     target = str(target) if target is not None else default_target()
+    if not target.strip() or "\0" in target:
+        raise StoreError(f"--db {target!r}: not a store")
     if is_postgres(target):
         from testbed.store.postgres import PostgresBackend
-        return Store(PostgresBackend(target))
+        return Store(PostgresBackend(target), readonly=readonly)
     from testbed.store.sqlite import SqliteBackend
     return Store(SqliteBackend(target.removeprefix("sqlite://") if target.startswith("sqlite://")
-                               else target))
+                               else target, readonly=readonly), readonly=readonly)
 
 
 class Store:
     """One open index. Use as a context manager, or call close()."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, readonly: bool = False) -> None:
         self._db = backend
         try:
-            self.migrate()
+            self.check_readable() if readonly else self.migrate()
         except BaseException:
             backend.close()
             raise
+
+    def check_readable(self) -> None:
+        """A store opened for reading must already be this testbed's: its schema_version
+        table present, at a version this testbed knows, with every table it reads."""
+        known = schema.migrations()[-1].version
+        try:
+            have = self._db.query("SELECT max(version) FROM schema_version")[0][0]
+        except self._db.errors:
+            raise StoreError(f"{self._db.where}: not a testbed results store (no schema_version "
+                             f"table); create one with `testbed index`") from None
+        if not isinstance(have, int) or have < 1:
+            raise StoreError(f"{self._db.where}: a results store with no schema applied")
+        if have > known:
+            raise StoreError(f"{self._db.where}: schema version {have}, newer than this "
+                             f"testbed knows ({known}); upgrade testbed")
+        for table in schema.TABLES:
+            try:
+                self._db.query(f"SELECT count(*) FROM {table}")
+            except self._db.errors as e:
+                raise StoreError(f"{self._db.where}: table {table} unreadable: "
+                                 f"{str(e).strip().splitlines()[0]}") from None
 
     @property
     def backend(self) -> str:

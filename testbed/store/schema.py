@@ -24,7 +24,10 @@ MAIN_METRICS = ("throughput_mbps", "transactions_per_s", "latency_mean_us",
 
 
 class StoreError(TestbedError):
-    """The results index cannot be opened, migrated or written; says which database."""
+    """The results index cannot be opened, migrated or written; says which database. The
+    store is something the user names (--db), so it is bad input: exit status 2."""
+
+    exit_status = 2
 
 
 _MIGRATION_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
@@ -217,3 +220,9 @@ def migrations() -> tuple[Migration, ...]:
 
 def latest_version() -> int:
     return migrations()[-1].version
+
+
+def metric_columns() -> tuple[str, ...]:
+    """The per-sample figures the store keeps as columns: what `history --metric` accepts."""
+    import dataclasses
+    return tuple(f.name for f in dataclasses.fields(SampleRow) if "float" in str(f.type))

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
+import stat
+import urllib.parse
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,18 +19,60 @@ class SqliteBackend:
     name = "sqlite"
     errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
 
-    def __init__(self, path: str | Path) -> None:
+    #: the first bytes of every SQLite 3 database file
+    MAGIC = b"SQLite format 3\x00"
+
+    def __init__(self, path: str | Path, readonly: bool = False) -> None:
         self.where = str(path)
-        if self.where != ":memory:":
+        self.readonly = readonly
+        if readonly:
+            self._check_existing(Path(path))
+        elif self.where != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
+            if Path(path).exists():
+                self._check_existing(Path(path))
         try:
-            # isolation_level=None: no implicit transactions; `transaction()` says where they are.
-            self.conn = sqlite3.connect(self.where, timeout=30.0, isolation_level=None)
+            if readonly:
+                # mode=ro: a read never creates or changes the file (nor its -wal/-shm).
+                uri = "file:" + urllib.parse.quote(str(Path(path).absolute())) + "?mode=ro"
+                self.conn = sqlite3.connect(uri, uri=True, timeout=30.0, isolation_level=None)
+            else:
+                # isolation_level=None: no implicit transactions; `transaction()` says where.
+                self.conn = sqlite3.connect(self.where, timeout=30.0, isolation_level=None)
             self.conn.execute("PRAGMA foreign_keys = ON")
-            # WAL: a report can read the index while a nightly job is writing to it.
-            self.conn.execute("PRAGMA journal_mode = WAL")
+            if not readonly:
+                # WAL: a report can read the index while a nightly job is writing to it.
+                self.conn.execute("PRAGMA journal_mode = WAL")
+            self.conn.execute("SELECT count(*) FROM sqlite_master").fetchall()
         except sqlite3.Error as e:
-            raise StoreError(f"cannot open SQLite index {self.where}: {e}") from None
+            raise StoreError(f"{self.where}: not a usable SQLite index: {e}") from None
+
+    def _check_existing(self, p: Path) -> None:
+        """A store file must be a regular SQLite file: a text file, random bytes or a device
+        is refused before SQLite touches it."""
+        from testbed import safeio
+        try:
+            st = os.stat(p)
+        except FileNotFoundError:
+            raise StoreError(f"{self.where}: no results store here (create one with "
+                             f"`testbed index`)") from None
+        except OSError as e:
+            raise StoreError(f"{self.where}: {e.strerror}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise StoreError(f"{self.where}: is {safeio.kind(st.st_mode)}, not a SQLite file")
+        if st.st_size == 0:
+            if self.readonly:
+                raise StoreError(f"{self.where}: an empty file, not a results store "
+                                 f"(create one with `testbed index`)")
+            raise StoreError(f"{self.where}: an empty file, not a SQLite results store; "
+                             f"remove it or name another")
+        try:
+            with open(p, "rb") as f:
+                head = f.read(16)
+        except OSError as e:
+            raise StoreError(f"{self.where}: {e.strerror}") from None
+        if head != self.MAGIC:
+            raise StoreError(f"{self.where}: not a SQLite database")
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
