@@ -45,6 +45,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.accelerator:
         import dataclasses
         topo = dataclasses.replace(topo, accelerator=args.accelerator)
+    from testbed import store
+    store.check_target(args.db)          # the run is indexed at its end: a bad --db is known now
     out = runner.execute(topo, progress=lambda s: print(s, file=sys.stderr, flush=True))
     print(f"status: {out.status}, {out.samples} samples, {out.failed} failed", file=sys.stderr)
     # Every run is indexed in the results store (SQLite beside the results by default).
@@ -106,6 +108,10 @@ def cmd_image(args: argparse.Namespace) -> int:
 
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
+    from testbed import config
+    if not config.URI_RE.fullmatch(args.uri or ""):
+        from testbed.safeio import UserFileError
+        raise UserFileError("--uri", f"{args.uri!r} is not a libvirt URI such as qemu:///system")
     from testbed import cleanup, config, remote
     rc = _clean("this host", lambda: cleanup.find(args.uri), lambda f: cleanup.remove(f, args.uri))
     # The remote hosts of a topology are cleaned too (over ssh and their libvirt).

@@ -14,6 +14,8 @@ def cmd_scenario(args: argparse.Namespace) -> int:
     if not args.name:
         from testbed.errors import ConfigError
         raise ConfigError("testbed scenario run", "NAME", "which scenario? see `testbed scenario list`")
+    from testbed import store as _store
+    _store.check_target(args.db)         # indexed at the end: a bad --db is known now
     run_dir, rep = scenarios.run(args.name, quick=args.quick, hosts_file=args.hosts,
                                  progress=lambda s: print(s, file=sys.stderr, flush=True))
     from testbed import store

@@ -392,3 +392,14 @@ def test_fuzzed_runs_are_read_or_refused_never_crash(tmp_path_factory, m, comman
     if rc not in (0, 1, 5):
         assert rc in (2, 3), (rc, text_err)
         assert len(text_err.strip().splitlines()) == 1, text_err
+
+
+@pytest.mark.parametrize("db", ["/etc/hostname", "/tmp", "/dev/null"])
+def test_run_refuses_a_bad_store_before_measuring(capsys, tmp_path, db) -> None:
+    topo = tmp_path / "t.yaml"
+    topo.write_text("matrix: {attachments: [netns-veth], profiles: [{name: s, pattern: stream, duration: 1}]}\n")
+    refused(capsys, ["run", str(topo), "--db", db], names=db)
+
+
+def test_cleanup_uri_is_checked(capsys) -> None:
+    refused(capsys, ["cleanup", "--uri", "x\ny"], names="--uri")

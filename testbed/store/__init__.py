@@ -64,6 +64,27 @@ def open(target: str | Path | None = None, readonly: bool = False) -> Store:  # 
                                else target, readonly=readonly), readonly=readonly)
 
 
+def check_target(target: str | Path | None, arg: str = "--db") -> None:
+    """A store a command will write at its end (`run`, `scenario run`), checked before any
+    work: an existing SQLite path must be a SQLite file, a new one must have a folder to go
+    in. A PostgreSQL URL is checked when it is opened."""
+    target = str(target) if target is not None else default_target()
+    if is_postgres(target):
+        return
+    if not target.strip() or "\0" in target:
+        raise StoreError(f"{arg} {target!r}: not a store")
+    from testbed.store.sqlite import SqliteBackend
+    path = Path(target.removeprefix("sqlite://") if target.startswith("sqlite://") else target)
+    if path.exists() or path.is_symlink():
+        SqliteBackend._check_file(path, f"{arg} {path}", readonly=False)
+        return
+    parent = path.absolute().parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise StoreError(f"{arg} {path}: {parent} is not a directory")
+
+
 class Store:
     """One open index. Use as a context manager, or call close()."""
 

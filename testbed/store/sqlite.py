@@ -48,31 +48,35 @@ class SqliteBackend:
             raise StoreError(f"{self.where}: not a usable SQLite index: {e}") from None
 
     def _check_existing(self, p: Path) -> None:
+        self._check_file(p, self.where, self.readonly)
+
+    @classmethod
+    def _check_file(cls, p: Path, where: str, readonly: bool) -> None:
         """A store file must be a regular SQLite file: a text file, random bytes or a device
         is refused before SQLite touches it."""
         from testbed import safeio
         try:
             st = os.stat(p)
         except FileNotFoundError:
-            raise StoreError(f"{self.where}: no results store here (create one with "
+            raise StoreError(f"{where}: no results store here (create one with "
                              f"`testbed index`)") from None
         except OSError as e:
-            raise StoreError(f"{self.where}: {e.strerror}") from None
+            raise StoreError(f"{where}: {e.strerror}") from None
         if not stat.S_ISREG(st.st_mode):
-            raise StoreError(f"{self.where}: is {safeio.kind(st.st_mode)}, not a SQLite file")
+            raise StoreError(f"{where}: is {safeio.kind(st.st_mode)}, not a SQLite file")
         if st.st_size == 0:
-            if self.readonly:
-                raise StoreError(f"{self.where}: an empty file, not a results store "
+            if readonly:
+                raise StoreError(f"{where}: an empty file, not a results store "
                                  f"(create one with `testbed index`)")
-            raise StoreError(f"{self.where}: an empty file, not a SQLite results store; "
+            raise StoreError(f"{where}: an empty file, not a SQLite results store; "
                              f"remove it or name another")
         try:
             with open(p, "rb") as f:
                 head = f.read(16)
         except OSError as e:
-            raise StoreError(f"{self.where}: {e.strerror}") from None
-        if head != self.MAGIC:
-            raise StoreError(f"{self.where}: not a SQLite database")
+            raise StoreError(f"{where}: {e.strerror}") from None
+        if head != cls.MAGIC:
+            raise StoreError(f"{where}: not a SQLite database")
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
