@@ -222,11 +222,22 @@ def apply_live(dom, pid: int | None, p: Placement, all_cpus: CpuSet | None = Non
             dom.pinIOThread(info[0], _cpumap(p.iothreads or allc, ncpus), live)
         applied["iothreads"] = cpulist(p.iothreads or allc)
     if pid and p.vhost is not None:
-        what, tids = vhost_targets(pid)
-        for tid in tids:
-            os.sched_setaffinity(tid, set(p.vhost))
-        applied["vhost"] = {"cpus": cpulist(p.vhost), "threads": tids, "found": what}
+        applied["vhost"] = pin_vhost(pid, p.vhost)
     return applied
+
+
+def pin_vhost(pid: int, cpus: CpuSet) -> dict:
+    """Pin the threads serving the guest's NICs (vhost_targets) to ``cpus``. Called again
+    after each NIC is plugged: vhost workers start with their NIC."""
+    what, tids = vhost_targets(pid)
+    for tid in tids:
+        os.sched_setaffinity(tid, set(cpus))
+    return {"cpus": cpulist(cpus), "threads": tids, "found": what}
+
+
+def single_threaded_vcpus(pid: int) -> str | None:
+    """The name of the one thread running every vCPU (single-threaded TCG), or None."""
+    return next((t.comm for t in threads(pid) if t.role == "vcpu" and t.index is None), None)
 
 
 # --------------------------------------------------------------------------- verifying

@@ -140,6 +140,9 @@ class Environment(Part):
     testbed_commit: str | None = None
     #: the uplink's measured capacity, Gbit/s, when the run measured it
     link_gbit: float | None = None
+    #: host settings that move figures (testbed.tuning): governor, turbo, C-states, SMT,
+    #: NUMA, IRQ affinity of the NICs under test, kernel command line, THP; None unreadable
+    tuning: Mapping[str, Any] = field(default_factory=dict)
 
     _parts: ClassVar = {}
 
