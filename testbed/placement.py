@@ -112,7 +112,9 @@ def role_of(comm: str, tid: int, pid: int) -> tuple[str, int | None]:
         return "vcpu", int(n) if n.isdigit() else None
     if comm.startswith("ALL CPUs/"):
         return "vcpu", None
-    if comm.startswith("IO ") or comm.startswith("iothread"):
+    if comm.startswith(("IO iothread", "iothread")):
+        # libvirt's IO threads are iothread1, iothread2... ('IO mon_iothread' is QEMU's
+        # monitor thread: the emulator's)
         digits = "".join(ch for ch in comm if ch.isdigit())
         return "iothread", int(digits) if digits else None
     if comm.startswith("vhost-"):
@@ -156,13 +158,13 @@ def vhost_kthreads(pid: int) -> list[int]:
     return out
 
 
-def threads(pid: int) -> list[Thread]:
+def threads(pid: int, proc: str = "/proc") -> list[Thread]:
     """Every thread of QEMU process ``pid`` (and its vhost kernel threads) with role, allowed
-    CPUs and last CPU."""
+    CPUs and last CPU. ``proc``: where /proc is (tests read a recorded copy)."""
     out = []
-    tasks = [(pid, t) for t in _tids(pid)] + [(k, k) for k in vhost_kthreads(pid)]
+    tasks = [(pid, t) for t in _tids(pid, proc)] + [(k, k) for k in (vhost_kthreads(pid) if proc == "/proc" else ())]
     for owner, tid in tasks:
-        base = f"/proc/{owner}/task/{tid}"
+        base = f"{proc}/{owner}/task/{tid}"
         try:
             comm = _read(f"{base}/comm").strip()
             allowed = parse_status_affinity(_read(f"{base}/status"))
@@ -176,9 +178,9 @@ def threads(pid: int) -> list[Thread]:
     return out
 
 
-def _tids(pid: int) -> list[int]:
+def _tids(pid: int, proc: str = "/proc") -> list[int]:
     try:
-        return sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+        return sorted(int(t) for t in os.listdir(f"{proc}/{pid}/task"))
     except OSError:
         return []
 

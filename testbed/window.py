@@ -209,9 +209,9 @@ class Watch:
         return self.noise.action.value
 
 
-def _tids(pid: int) -> list[str]:
+def _tids(pid: int) -> list[int]:
     try:
-        return os.listdir(f"/proc/{pid}/task")
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
     except OSError:
         return []
 
