@@ -493,7 +493,7 @@ class NoiseSpec:
     #: retries per cell; beyond it a noisy sample is kept, marked
     max_retries: int = 3
     #: before a retry: the host settles (waited for at most its timeout, then retried anyway)
-    settle: QuietWait = field(default_factory=lambda: QuietWait(0.5, 3.0, 30.0))
+    settle: QuietWait = field(default_factory=lambda: QuietWait(0.5, 2.0, 10.0))
     #: at the run's start, before anything is created; None: no wait. Timeout: exit 3.
     quiet_start: QuietWait | None = None
 
