@@ -40,6 +40,9 @@ PATTERNS = (
     "/sys/kernel/mm/hugepages/hugepages-*/free_hugepages",
     "/proc/interrupts",
     "/proc/irq/*/smp_affinity_list",
+    "/sys/class/net/*/device/msi_irqs/*",
+    # a virtio NIC's device is the virtio device; its PCI function (with the IRQs) is above
+    "/sys/class/net/*/device/../msi_irqs/*",
 )
 #: kernel command line parameters that decide where work may run
 CMDLINE_KEYS = ("isolcpus", "nohz_full", "rcu_nocbs", "irqaffinity", "intel_idle.max_cstate",
@@ -131,26 +134,31 @@ def _numa(files: Mapping[str, str]) -> dict | None:
 
 
 def nic_irqs(files: Mapping[str, str], nics: Iterable[str]) -> dict[str, object]:
-    """Per NIC: its IRQs (from /proc/interrupts, where a queue's IRQ is named after the
-    device: eth0, eth0-TxRx-0, mlx5_comp0@pci:...) with each IRQ's CPUs; a NIC with no IRQ
-    (a veth, tap, bridge port: virtual) says so."""
+    """Per NIC: its IRQs with each one's CPUs (smp_affinity_list). A PCI NIC's IRQs are
+    listed in /sys/class/net/<nic>/device/msi_irqs (virtio and most drivers name them after
+    the device, not the interface: virtio2-input.0); others are found in /proc/interrupts by
+    a name that starts with the interface's (eth0-TxRx-0). A NIC with neither (a veth, tap,
+    bridge port) says so."""
     interrupts = files.get("/proc/interrupts")
+    names: dict[str, str] = {}
+    for line in (interrupts or "").splitlines()[1:]:
+        parts = line.split()
+        if parts and parts[0].rstrip(":").isdigit():
+            names[parts[0].rstrip(":")] = parts[-1]
     out: dict[str, object] = {}
     for nic in nics:
-        if interrupts is None:
+        msi = {p.rsplit("/", 1)[1] for p in files
+               if p.startswith((f"/sys/class/net/{nic}/device/msi_irqs/", f"/sys/class/net/{nic}/device/../msi_irqs/"))}
+        if interrupts is None and not msi:
             out[nic] = None
             continue
+        found = msi | {irq for irq, name in names.items()
+                       if name == nic or name.startswith((f"{nic}-", f"{nic}@"))}
         irqs = {}
-        for line in interrupts.splitlines()[1:]:
-            parts = line.split()
-            if not parts or not parts[0].rstrip(":").isdigit():
-                continue
-            name = parts[-1]
-            if name == nic or name.startswith((f"{nic}-", f"{nic}@")):
-                irq = parts[0].rstrip(":")
-                aff = files.get(f"/proc/irq/{irq}/smp_affinity_list")
-                irqs[f"{irq} {name}"] = aff.strip() if aff is not None else None
-        out[nic] = irqs or "no IRQ named after it in /proc/interrupts (a virtual device, or IRQs the driver names)"
+        for irq in sorted(found, key=int):
+            aff = files.get(f"/proc/irq/{irq}/smp_affinity_list")
+            irqs[f"{irq} {names.get(irq, '?')}"] = aff.strip() if aff is not None else None
+        out[nic] = irqs or "no IRQs (a virtual device)"
     return out
 
 
