@@ -120,6 +120,13 @@ def guest_placement(n, vcpus: int, host: HostSpec) -> Placement:  # noqa: ANN001
         mode = cm["mode"].enum(CpuMode)
     p = Placement(vcpus=vc, emulator=emu, iothreads=io, iothread_count=count, vhost=vh, numa_node=node,
                   hugepages_kib=huge, cpu_mode=mode)
+    if vh is not None and emu is not None and not set(vh) <= set(emu):
+        # libvirt keeps the emulator threads in a cpuset cgroup of the emulator pin; the
+        # thread serving the NIC (QEMU's main loop, or a vhost worker in QEMU's group) is
+        # one of them, and the kernel refuses it an affinity outside that set.
+        raise _field(m["vhost"], "pin").error(
+            f"CPUs {cpulist(set(vh) - set(emu))} are outside emulator.pin ({cpulist(emu)}): the thread "
+            f"serving the NIC lives in the emulator's cgroup, so vhost.pin must lie within emulator.pin")
     if not host.remote:
         _check_host(m, p)
     return p

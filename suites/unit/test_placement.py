@@ -104,6 +104,13 @@ def test_vcpu_and_emulator_overlap_refused_emulator_and_vhost_may_share(tmp_path
         assert rc == 0, err
 
 
+def test_vhost_pin_within_the_emulator_pin(tmp_path, capsys):
+    if len(CPUS) < 2:
+        pytest.skip("needs two CPUs")
+    rc, err = run_validate(tmp_path, topo(f"emulator: {{pin: [{CPUS[0]}]}}\nvhost: {{pin: [{CPUS[1]}]}}"), capsys)
+    assert rc == 2 and "guests[0].placement.vhost.pin" in err and "within emulator.pin" in err, err
+
+
 def test_harness_cpus_and_guest_pins(tmp_path, capsys):
     if len(CPUS) < 2:
         pytest.skip("needs two CPUs")
