@@ -167,9 +167,9 @@ def apply_placement(t: Topology, guests: Mapping[str, virt.Guest]) -> dict:
 
 
 @contextlib.contextmanager
-def harness_cpus(cpus: Sequence[int]) -> Iterator[dict]:
+def harness_cpus(cpus: Sequence[int], daemons: Sequence[str] = ("ovs-vswitchd",)) -> Iterator[dict]:
     """This process (and so every thread and child it starts from now on: agents, namespace
-    tools, collectors) and ovs-vswitchd's threads kept on ``cpus``; their affinity is put
+    tools, collectors) and the ``daemons``' threads kept on ``cpus``; their affinity is put
     back on the way out."""
     if not cpus:
         yield {}
@@ -179,7 +179,7 @@ def harness_cpus(cpus: Sequence[int]) -> Iterator[dict]:
     saved: dict[int, set[int]] = {0: os.sched_getaffinity(0)}
     tids = []
     for p in psutil.process_iter(["name"]):
-        if p.info["name"] == "ovs-vswitchd":
+        if p.info["name"] in daemons:
             with contextlib.suppress(psutil.Error):
                 tids += [th.id for th in p.threads()]
     try:
@@ -188,7 +188,7 @@ def harness_cpus(cpus: Sequence[int]) -> Iterator[dict]:
             with contextlib.suppress(OSError):
                 saved[tid] = os.sched_getaffinity(tid)
                 os.sched_setaffinity(tid, set(cpus))
-        yield {"cpus": list(cpus), "ovs_vswitchd_threads": len(tids)}
+        yield {"cpus": list(cpus), "daemons": list(daemons), "daemon_threads": len(tids)}
     finally:
         for tid, old in saved.items():
             with contextlib.suppress(OSError):

@@ -127,3 +127,24 @@ def test_compare_excludes_noisy_and_lists_differing_host_settings(tmp_path):
     assert compare.to_dict(rc)["noisy"]["new_excluded"] == 1
     # runs recorded before tuning existed: nothing to list
     assert compare.tuning_differences(_run(tmp_path, "old", base, {}), n) == ()
+
+
+def test_wait_quiet_bound_and_timeout():
+    from testbed.model import QuietWait
+    r = window.wait_quiet(QuietWait(bound_cores=1024, for_s=1, timeout_s=5))
+    assert r["quiet"] is True and r["waited_s"] < 5
+    # nothing is ever under a negative bound: the wait ends at its timeout, saying so
+    r = window.wait_quiet(QuietWait(bound_cores=-1, for_s=1, timeout_s=1.5))
+    assert r["quiet"] is False and r["waited_s"] >= 1.5 and r["last_other_cores"] >= 0
+
+
+def test_harness_cpus_set_and_put_back():
+    import os
+    from testbed import runner
+    before = os.sched_getaffinity(0)
+    one = min(before)
+    with runner.harness_cpus([one], daemons=()) as rec:
+        assert os.sched_getaffinity(0) == {one} and rec["cpus"] == [one]
+    assert os.sched_getaffinity(0) == before
+    with runner.harness_cpus([]) as rec:
+        assert rec == {} and os.sched_getaffinity(0) == before
