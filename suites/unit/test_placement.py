@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from testbed import cli, config, placement, render, runner
-from testbed.errors import CapabilityError, ConfigError
+from testbed.errors import CapabilityError
 from testbed.model import CpuMode, NoiseAction, Placement, cpulist, parse_cpulist
 
 GOLDEN = Path(__file__).parent / "golden"
