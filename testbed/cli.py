@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from testbed import __version__
 from testbed.errors import TestbedError
 
 
@@ -181,15 +182,28 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
 
 def _domain_xml_text() -> str:
-    from testbed.lazy import libvirt
+    """What running guests use, from two sources: libvirt's domain XML (when libvirt-python is
+    installed and the daemon answers) and every QEMU process's command line (always readable
+    as root). Either alone can miss a domain: an unprivileged user cannot reach the system
+    daemon, and a package install without libvirt-python has no binding at all."""
+    import psutil
+    texts = []
+    for p in psutil.process_iter(["name", "cmdline"]):
+        if "qemu" in (p.info["name"] or ""):
+            texts.append(" ".join(p.info["cmdline"] or ()))
+    try:
+        import libvirt
+    except ImportError:
+        return "\n".join(texts)
     try:
         conn = libvirt.open("qemu:///system")
     except libvirt.libvirtError:
-        return ""
+        return "\n".join(texts)
     try:
-        return "\n".join(d.XMLDesc(0) for d in conn.listAllDomains())
+        texts.extend(d.XMLDesc(0) for d in conn.listAllDomains())
     finally:
         conn.close()
+    return "\n".join(texts)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -199,6 +213,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="testbed", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"testbed {__version__}")
     p.add_argument("-v", "--verbose", action="store_true")
     p.add_argument("--results", dest="results_root", metavar="DIR",
                    help="where runs are written and looked up (default: ./results, or $TESTBED_RESULTS)")

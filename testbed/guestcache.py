@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 #: Bump when what is saved, or how, changes in a way the key fields cannot see.
 FORMAT = "1"
-#: How a snapshot is made (measured; see README "Guest snapshots").
+#: How a snapshot is made (measured; see docs/images.md, "Guest snapshots").
 METHOD = "libvirt-save-image"
 
 

@@ -209,7 +209,7 @@ def guest_tools_preflight(t: Topology, cells: list[Cell], image: images.Image) -
                 f"{t.source}: matrix.profiles[{i}].tool: "
                 f"profile {', '.join(names)}: {tool} is not in guest image {image.name}-{image.digest} "
                 f"(it has {', '.join(image.tools or {}) or 'no traffic tools'}); build one with "
-                f"source_tools (README: Guest image) and select it with TESTBED_IMAGE")
+                f"source_tools (docs/images.md) and select it with TESTBED_IMAGE")
 
 
 def guest_tools_check(cells: list[Cell], guests: dict[str, virt.Guest]) -> None:

@@ -45,6 +45,8 @@ def test_netns_run_fills_every_field(tmp_path):
     run = json.loads((run_dir / "run.json").read_text())
     assert run["status"] == "complete" and run["counts"]["boots"] == 0
     assert run["environment"]["accelerator"] == "none"
+    from testbed import __version__
+    assert run["environment"]["testbed"] == __version__      # the version that measured it
     assert run["collector"]["fraction_of_one_core_per_10s_window"] < 0.01
     assert len(run["cells"]) == len(modes) * 4
     for c in run["cells"]:

@@ -86,7 +86,7 @@ def regressed(rc: compare.RunComparison) -> set[str]:
 def test_five_of_a_hundred_cells_dropped_by_ten_percent_at_n5_over_many_seeds(tmp_path):
     # Within a family of 105, Benjamini-Hochberg asks p <~ 0.0024 of each of 5 real drops.
     # Per-cell Welch at n = 5 (8 degrees of freedom) misses about half of them (see the
-    # README); the moderated t, its variances squeezed towards a prior from all the cells,
+    # docs/gate.md); the moderated t, its variances squeezed towards a prior from all the cells,
     # has tens of degrees of freedom and must catch all 5, seed after seed, anywhere.
     # No test can call a drop "beyond the 5 % threshold" when its samples show barely 5 %:
     # the mean of 5 samples at 3 % noise misses the true -10 % by more than 3 points in

@@ -1,4 +1,4 @@
-"""`veth-cable` (a toy mode, the example in README "Adding an attachment mode"): each guest's
+"""`veth-cable` (a toy mode, the example in docs/attachments.md, "Adding an attachment mode"): each guest's
 NIC is a bare tap (libvirt ``type='ethernet'``), and the two taps are joined through a tb-
 veth pair ``tb-<tag>-c0``/``-c1`` by tc mirred redirects: whatever enters tap i leaves by
 veth end i, whatever enters veth end i leaves by tap i. Nothing learns or looks at MACs: it

@@ -1,0 +1,142 @@
+"""The repository is a whole project on its own: its docs build, the README is a front page,
+nothing reads outside the clone, every topology key is documented, and the unit tier needs no
+libvirt-python."""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from testbed import __version__, cli
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+#: what a user reads or runs: none of it may cite the project's internal issue numbers
+PUBLIC = ("README.md", "CHANGELOG.md", "docs", "testbed", "suites", "examples", "scripts", "tb",
+          ".ci", "templates", "images")
+TEXT = {".md", ".py", ".yaml", ".yml", ".j2", ".sh", ".toml", ".ini", ".cfg", ""}
+
+
+def public_files():
+    for name in PUBLIC:
+        p = ROOT / name
+        if p.is_file():
+            yield p
+            continue
+        for f in p.rglob("*") if p.is_dir() else ():
+            if f.is_file() and f.suffix in TEXT and "fixtures" not in f.parts \
+                    and "__pycache__" not in f.parts:
+                yield f
+
+
+def test_docs_site_builds_strict(tmp_path):
+    """A broken link, a page missing from the nav or a bad anchor fails the build."""
+    if importlib.util.find_spec("mkdocs") is None:
+        pytest.skip("mkdocs is not installed (the `docs` extra)")
+    p = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q",
+                        "-f", str(ROOT / "mkdocs.yml"), "-d", str(tmp_path / "site")],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-3000:]
+    cli_page = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text()
+    # the generated reference lists every subcommand the parser has
+    for name in cli.parser()._subparsers._group_actions[0].choices:          # type: ignore[union-attr]
+        assert f"testbed {name}" in cli_page, name
+
+
+def test_readme_is_a_front_page():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.encode()) <= 12 * 1024
+    for link in re.findall(r"\]\((docs/[^)#]+)", text):
+        if link != "docs/reference/cli.md":                  # generated at build time
+            assert (ROOT / link).is_file(), link
+
+
+def test_no_internal_issue_numbers():
+    hits = [f"{f.relative_to(ROOT)}:{n}" for f in public_files()
+            for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1)
+            if re.search(r"\bissues? ?#?\d+\b", line, re.IGNORECASE)
+            and f.name != "test_project.py"]
+    assert not hits, hits
+
+
+def test_nothing_reads_outside_the_clone():
+    """A public clone has no folder beside it: no test, script or CI step may reach one."""
+    pattern = re.compile(r"\.\./shared|parents\[3\]\s*/\s*[\"']shared")
+    hits = [str(f.relative_to(ROOT)) for f in public_files()
+            if f.name != "test_project.py" and pattern.search(f.read_text(errors="replace"))]
+    assert not hits, hits
+
+
+def test_recorded_fixtures_have_their_sources():
+    for folder in (ROOT / "suites/unit/fixtures").iterdir():
+        recordings = [f for f in folder.rglob("*") if f.is_file() and f.name != "SOURCES.md"]
+        if folder.is_dir() and folder.name not in ("runs",) and recordings:
+            sources = folder / "SOURCES.md"
+            assert sources.is_file(), f"{folder} has no SOURCES.md"
+            text = sources.read_text()
+            for f in recordings:
+                # each file (or its family, e.g. netperf_real_*) is named in SOURCES.md
+                # named whole, or by a pattern such as `<profile>-conn<N>.client.out` or
+                # netperf/netperf_real_*.txt
+                patterns = [re.escape(t).replace(re.escape("*"), ".*")
+                            for t in re.findall(r"[\w./{},<>*-]+", text)]
+                patterns = [re.sub(r"\\<[^>]*\\>|<[^>]*>", ".+", t) for t in patterns]
+                rel = str(f.relative_to(folder))
+                assert f.name in text or any(re.fullmatch(t, f.name) or re.fullmatch(t, rel)
+                                             for t in patterns), f"{f} not in {sources}"
+
+
+def _accepted_keys() -> set[str]:
+    """Every key the topology loader accepts: the literal sets its `.mapping(...)` calls take."""
+    keys: set[str] = set()
+    for src in [ROOT / "testbed/config.py", *(ROOT / "testbed/attachments").glob("*.py")]:
+        tree = ast.parse(src.read_text())
+        consts = {t.id: n.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                  for t in n.targets if isinstance(t, ast.Name)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "mapping" and node.args:
+                arg = node.args[0]
+                if isinstance(arg, ast.Name):
+                    arg = consts.get(arg.id, arg)
+                if isinstance(arg, ast.Set):
+                    keys |= {e.value for e in arg.elts if isinstance(e, ast.Constant)}
+    return keys
+
+
+def test_every_topology_key_is_documented():
+    page = (ROOT / "docs/topology.md").read_text() + (ROOT / "docs/two-hosts.md").read_text() \
+        + (ROOT / "docs/nightly.md").read_text()
+    keys = _accepted_keys()
+    assert {"matrix", "profiles", "mtus", "guests"} <= keys      # the extraction works
+    missing = sorted(k for k in keys if not re.search(rf"\b{re.escape(k)}\b", page))
+    assert not missing, f"topology keys not described in docs/topology.md: {missing}"
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"testbed {__version__}"
+
+
+def test_no_module_needs_libvirt_at_import():
+    """With libvirt-python made unimportable, every module of the package still imports: the
+    unit tier runs as an unprivileged user in a venv without it."""
+    code = ("import sys, pkgutil, importlib, testbed\n"
+            "sys.modules['libvirt'] = None; sys.modules['libvirt_qemu'] = None\n"
+            "bad = []\n"
+            "for m in pkgutil.walk_packages(testbed.__path__, 'testbed.'):\n"
+            "    if m.name.endswith('__main__'): continue\n"
+            "    try: importlib.import_module(m.name)\n"
+            "    except ImportError as e: bad.append(f'{m.name}: {e}')\n"
+            "print('\\n'.join(bad)); sys.exit(1 if bad else 0)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0, p.stdout + p.stderr[-2000:]
