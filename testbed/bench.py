@@ -315,6 +315,9 @@ def harness(ns: tuple[int, ...] = (1, 2, 4), rounds: int = 3, duration_s: int = 
 
 
 def main(what: str, args: argparse.Namespace) -> int:
+    if what == "placement":
+        from testbed import bench_placement
+        return bench_placement.main(args.rounds)
     if what == "harness":
         rows = harness(rounds=args.rounds or 3)
         print("pairs  bare iperf3 (Mbit/s, sum)  testbed (Mbit/s, aggregate)  ratio  (namespace veth pairs, "

@@ -155,6 +155,38 @@ def differences(base: RunRecord, new: RunRecord) -> tuple[Difference, ...]:
     return tuple(out)
 
 
+def tuning_differences(base: RunRecord, new: RunRecord) -> tuple[Difference, ...]:
+    """The host settings that move figures (environment.tuning, testbed.tuning) that differ
+    between the runs: governor, turbo, C-states, SMT, NUMA, IRQ affinity, kernel command
+    line, THP. Listed next to the verdicts, never refused: a changed setting may be what the
+    comparison is about. A setting one run could not read shows as 'unreadable'."""
+    import json
+    from testbed import tuning
+    tb, tn = base.environment.tuning or {}, new.environment.tuning or {}
+    if not tb or not tn:
+        return ()
+    out = []
+
+    def show(d: Any, k: str) -> str:
+        if k not in d:
+            return "not recorded"
+        v = d[k]
+        return "unreadable" if v is None else (json.dumps(v, sort_keys=True) if not isinstance(v, str) else v)
+    for k in tuning.COMPARED:
+        if tb.get(k) != tn.get(k) or (k in tb) != (k in tn):
+            out.append(Difference(f"tuning.{k}", show(tb, k), show(tn, k), Severity.CHANGED))
+    return tuple(out)
+
+
+def split_noisy(groups: dict[str, list[SampleRecord]]) -> tuple[dict[str, list[SampleRecord]], int, int]:
+    """The samples without those the noise guard set aside (status noisy: measured again,
+    never used), how many those were, and how many noisy samples were kept, marked (used)."""
+    kept = {k: [s for s in v if s.status != "noisy"] for k, v in groups.items()}
+    excluded = sum(len(v) - len(kept[k]) for k, v in groups.items())
+    marked = sum(1 for v in kept.values() for s in v if s.noisy)
+    return kept, excluded, marked
+
+
 # --------------------------------------------------------------------------- cells
 
 class CellVerdict(StrEnum):
@@ -347,6 +379,10 @@ class RunComparison:
     #: per deciding metric, the test behind its p-values (moderated t and its prior, or
     #: per-cell Welch and why); empty when no Welch test ran
     tests_used: tuple[str, ...] = ()
+    #: host settings (environment.tuning) that differ between the runs
+    tuning: tuple[Difference, ...] = ()
+    #: noise guard: samples excluded (set aside as noisy) and kept marked, per side
+    noisy: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def failing(self) -> tuple[CellResult, ...]:
@@ -390,6 +426,7 @@ def compare_runs(base: RunRecord, new: RunRecord, *, threshold: float = 0.05,
         what = "; ".join(f"{d.what} {d.base} vs {d.new}" for d in mismatch)
         refused = f"environments differ: {what}; --force compares anyway"
     accel = {base.environment.accelerator, new.environment.accelerator}
+    noisy: dict[str, int] = {}
     cells: tuple[CellResult, ...] = ()
     tests_used: tuple[str, ...] = ()
     if refused is None:
@@ -399,6 +436,9 @@ def compare_runs(base: RunRecord, new: RunRecord, *, threshold: float = 0.05,
             mb, mn = measured(base, variants[0]), measured(new, variants[1])
             mb = {k: [_no_variant(s) for s in v] for k, v in mb.items()}
             mn = {k: [_no_variant(s) for s in v] for k, v in mn.items()}
+        mb, xb, kb = split_noisy(mb)
+        mn, xn, kn = split_noisy(mn)
+        noisy = {"base_excluded": xb, "new_excluded": xn, "base_kept": kb, "new_kept": kn}
         cells, tests_used = _finish([_cell(new if cid in mn else base, cid, mb.get(cid, []),
                                mn.get(cid, []), threshold=threshold, alpha=alpha, test=test,
                                min_samples=min_samples)
@@ -411,7 +451,8 @@ def compare_runs(base: RunRecord, new: RunRecord, *, threshold: float = 0.05,
                          forced=bool(force and mismatch and not forbidden), tcg=accel == {"tcg"},
                          test=test, threshold=threshold, alpha=alpha, cells=cells,
                          warnings=warnings, q=q, min_samples=min_samples,
-                         tests_used=tests_used)
+                         tests_used=tests_used,
+                         tuning=tuning_differences(base, new) if variants is None else (), noisy=noisy)
 
 
 def variants_of(rec: RunRecord) -> tuple[str, ...]:
@@ -490,6 +531,12 @@ def render_text(rc: RunComparison) -> str:
     if notes:
         lines.append("notes:")
         lines.extend(notes)
+    lines.extend(f"host setting differs: {d.what}: {d.base} -> {d.new}" for d in rc.tuning)
+    if rc.noisy and any(rc.noisy.values()):
+        n = rc.noisy
+        lines.append(f"noisy samples excluded (host busy with other work, measured again): BASE "
+                     f"{n['base_excluded']}, NEW {n['new_excluded']}; kept, marked: BASE {n['base_kept']}, "
+                     f"NEW {n['new_kept']}")
     failures = [f for c in rc.cells for f in (f"{c.cell_id}: {x}" for x in c.failures)]
     if failures:
         lines.append(f"failed samples (excluded from statistics): {len(failures)}")

@@ -24,6 +24,7 @@ from testbed import attachments
 from testbed.errors import CapabilityError, CommandError, ConfigError, one_line
 from testbed.model import (NAME_RE, Variant, Attachment, Backend, GuestSpec, HostSpec, Matrix, Offloads, Pattern,
                            Profile, Protocol, Repetitions, Tool, Topology, TunnelSpec)
+from testbed.config_placement import check_placements, guest_placement, host_placement, noise
 
 BENCHMARK_NET = ipaddress.ip_network("198.18.0.0/15")
 # Every pattern here is applied with fullmatch: with re.match a '$' also matches before a
@@ -423,7 +424,7 @@ def _check_qcow2(n: Node, path: str) -> None:
 
 
 def _guest(n: Node, hosts: dict[str, HostSpec], base: Path) -> GuestSpec:
-    m = n.mapping({"name", "host", "memory_mib", "vcpus", "image"}, required=("name",))
+    m = n.mapping({"name", "host", "memory_mib", "vcpus", "image", "placement"}, required=("name",))
     name = m["name"].str(NAME_RE, "guest name (lowercase letters, digits, '-', at most 10)")
     if "host" in m:
         host = m["host"].str(NAME_RE, "host name")
@@ -431,10 +432,13 @@ def _guest(n: Node, hosts: dict[str, HostSpec], base: Path) -> GuestSpec:
             raise m["host"].error(f"no host named {host!r}")
     else:
         host = next(iter(hosts))
+    vcpus = m["vcpus"].int(1, 64, "vcpus") if "vcpus" in m else 1
     return GuestSpec(name=name, host=host,
                      memory_mib=m["memory_mib"].int(256, 1 << 20, "memory_mib") if "memory_mib" in m else 1024,
-                     vcpus=m["vcpus"].int(1, 64, "vcpus") if "vcpus" in m else 1,
-                     image=_image_path(m["image"], base) if "image" in m else None)
+                     vcpus=vcpus,
+                     image=_image_path(m["image"], base) if "image" in m else None,
+                     **({"placement": guest_placement(m["placement"], vcpus, hosts[host])}
+                        if "placement" in m else {}))
 
 
 def _profile(n: Node) -> Profile:
@@ -840,7 +844,7 @@ def _parse(root: yaml.Node, file: str, base: Path | None) -> Topology:
     # Each mode owns its own top-level fields (macvtap's `macvtap:` block, ...).
     mode_fields = {k: parse for mode in attachments.modes() for k, parse in mode.fields.items()}
     m = doc.mapping({"name", "accelerator", "subnet", "hosts", "guests", "client", "server", "matrix",
-                     "ready_timeout", "offloads", "tunnel", "limits", *mode_fields},
+                     "ready_timeout", "offloads", "tunnel", "limits", "placement", "noise", *mode_fields},
                     required=("matrix",))
     host_nodes = m["hosts"].seq(1) if "hosts" in m else []
     hosts = tuple(_host(h, base) for h in host_nodes) or (HostSpec(name="local"),)
@@ -903,9 +907,12 @@ def _parse(root: yaml.Node, file: str, base: Path | None) -> Topology:
     ready = m["ready_timeout"].int(5, 7200, "ready_timeout") if "ready_timeout" in m else 600
     own = {k: parse(m[k]) for k, parse in mode_fields.items() if k in m}
     off = _offloads(m["offloads"]) if "offloads" in m else None
+    harness, overlap = host_placement(m["placement"]) if "placement" in m else ((), False)
     t = Topology(name=name, source=file, hosts=hosts, guests=guests, client=client, server=server,
                  matrix=matrix, accelerator=accel, subnet=subnet, ready_timeout_s=ready,
-                 offloads=off, tunnel=tunnel, **own)
+                 offloads=off, tunnel=tunnel, harness_cpus=harness, allow_overlap=overlap,
+                 **({"noise": noise(m["noise"])} if "noise" in m else {}), **own)
+    check_placements(t, m.get("placement"), guest_nodes, mnode.get("pairs"))
     if max(matrix.pairs) > 1:
         _check_pairs(mnode["pairs"], matrix, [g for g in guests if g.name in (client, server)],
                      host_map, subnet, names)

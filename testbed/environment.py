@@ -39,8 +39,11 @@ def git_commit() -> str | None:
         return None
 
 
-def fingerprint(accel: Accelerator | None, *, image: Any = None, extra: dict | None = None) -> dict:
-    """None for accel: a run of namespace endpoints only, where no guest runs."""
+def fingerprint(accel: Accelerator | None, *, image: Any = None, extra: dict | None = None,
+                nics: tuple[str, ...] | list[str] = ()) -> dict:
+    """None for accel: a run of namespace endpoints only, where no guest runs. ``nics``: the
+    real NICs under test, whose IRQ affinity the tuning record gives."""
+    from testbed import tuning
     model, mhz = cpu_model()
     return {
         "host": socket.gethostname(),
@@ -61,6 +64,8 @@ def fingerprint(accel: Accelerator | None, *, image: Any = None, extra: dict | N
                                              "tools": getattr(image, "tools", None)},
         "testbed": __version__,
         "testbed_commit": git_commit(),
+        # governor, turbo, C-states, SMT, NUMA, IRQ affinity, kernel command line, THP
+        "tuning": tuning.local(nics),
         **(extra or {}),
     }
 

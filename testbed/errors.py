@@ -68,3 +68,9 @@ class LeftoversError(TestbedError):
     """A dead run left tb- objects behind; a new run refuses to start on top of them."""
 
     exit_status = 4
+
+
+class HostNotQuiet(TestbedError):
+    """The host stayed busy with other work past the wait for a quiet start (noise.quiet_start)."""
+
+    exit_status = 4

@@ -11,12 +11,13 @@ each covered.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from testbed import cpu, crosscheck, results, stats
+from testbed import cpu, crosscheck, results, stats, window
 from testbed.errors import CommandError, GuestError, TestbedError
 from testbed.guest import Agent
 from testbed.model import Cell, Pattern, Profile
@@ -161,7 +162,8 @@ def client_plan(driver: ToolDriver, cell: Cell, server_addr: str, port: int,
 
 def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int, warmup: bool,
                  qemu_pids: Mapping[str, int], placement: Mapping[str, str],
-                 clock_ghz: float | None = None) -> results.Sample:
+                 clock_ghz: float | None = None, watch: window.Watch | None = None) -> results.Sample:
+    watch = watch or window.Watch()
     profile = cell.profile
     driver = get_tool(profile.tool)
     cli, srv = path.client, path.server
@@ -186,11 +188,13 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
     except (CommandError, GuestError, TestbedError) as e:
         return failed(f"server did not start: {e}")
     runs = driver.runs(profile)
+    win = contextlib.ExitStack()
     try:
         argv, nproc = client_plan(driver, cell, srv.address, port, cli.guest.agent)
         g_before = {ep.guest.spec.name: cpu.guest_reading(ep.guest.agent) for ep in (cli, srv)}
         taps_before = path.counters()
         h_before = cpu.host_reading(qemu_pids, domains)
+        obs = win.enter_context(watch.window(qemu_pids, cell.id, rep))
         t0 = time.monotonic()
         pids = [cli.guest.agent.spawn(argv) for _ in range(nproc)]
         skew_s = time.monotonic() - t0
@@ -212,11 +216,13 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
         if why:
             return failed(why)
         h_after = cpu.host_reading(qemu_pids, domains)
+        win.close()
         taps_after = path.counters()
         g_after = {ep.guest.spec.name: cpu.guest_reading(ep.guest.agent) for ep in (cli, srv)}
     except (CommandError, GuestError) as e:
         return failed(f"measurement could not run: {e}")
     finally:
+        win.close()
         if server_pid is not None:
             server_out = servers.release(srv.guest, driver, server_pid)
 
@@ -238,8 +244,12 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
     extra = {"window": window_record(tool_s, profile.duration_s * runs, cpu_info["window_s"], guest_s),
              "kernel": _kernel()}
     deltas = {tap: taps_after[tap] - taps_before[tap] for tap in taps_before}
+    wextra, pin_bad, noisy = watch.verdict(obs, cpu_info, qemu_pids, domains)
+    extra.update(wextra)
     if not res.ok:
         return failed(res.reason or "tool failed without a reason", cpu_info, extra)
+    if pin_bad:
+        return failed(f"placement did not hold: {pin_bad}", cpu_info, extra)
     check = wire_check(cell, path, dict(res.metrics), deltas)
     extra.update({
         "warnings": [*res.warnings, *cpu_warnings(cpu_info)], "datapath": path.datapath,
@@ -257,9 +267,26 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
     if check.verdict == "fail":
         return failed(f"wire cross-check: {check.reason}", cpu_info, extra, check.as_dict())
     metrics = {**res.metrics, **derived(dict(res.metrics), cpu_info, clock_ghz)}
-    return results.Sample(writer.run_id, cell.as_dict(), rep, warmup, "ok", None, metrics,
+    status, reason = noise_outcome(watch, noisy, warmup, extra)
+    if status == "failed":
+        return failed(reason, cpu_info, extra, check.as_dict())   # type: ignore[arg-type]
+    return results.Sample(writer.run_id, cell.as_dict(), rep, warmup, status, reason, metrics,
                           cpu_info, started, results.now(), tuple(raw), placement, extra,
                           check.as_dict())
+
+
+def noise_outcome(watch: window.Watch, noisy: str | None, warmup: bool, extra: dict) -> tuple[str, str | None]:
+    """(status, reason) of a sample that measured well, by the noise guard: ok; noisy (to be
+    measured again: its figures are recorded, and left out of every statistic); or failed.
+    A noisy sample kept is ok, marked in extra.noise. Warm-ups are not judged."""
+    action = None if warmup else watch.action_for(noisy)
+    if "noise" in extra:
+        extra["noise"]["action"] = {"retry": "retried", "keep": "kept", "fail": "failed"}.get(action or "")
+    if action == "retry":
+        return "noisy", f"noisy: {noisy}"
+    if action == "fail":
+        return "failed", f"noisy: {noisy}"
+    return "ok", None
 
 
 def end_skew_reason(ends: Sequence[float], duration_s: int, who: str) -> str | None:
@@ -371,8 +398,12 @@ def derived(metrics: Mapping[str, float], cpu_info: Mapping, clock_ghz: float | 
 
 def measure_cell(cell: Cell, path: TestPath, writer: results.RunWriter, rule: stats.StoppingRule,
                  warmup: int, qemu_pids: Mapping[str, int], placement: Mapping[str, str],
-                 clock_ghz: float | None = None) -> list[results.Sample]:
-    """All samples of one cell. The MTU is applied and checked first; a failed check fails the cell."""
+                 clock_ghz: float | None = None, watch: window.Watch | None = None) -> list[results.Sample]:
+    """All samples of one cell. The MTU is applied and checked first; a failed check fails the cell.
+    A noisy sample (testbed.window) is written and measured again once the host settled; the
+    samples returned are the ones the stopping rule counted."""
+    watch = watch or window.Watch()
+    watch.begin_cell()
     try:
         set_mtu(path, cell.mtu)
     except (CommandError, GuestError, TestbedError) as e:
@@ -382,13 +413,16 @@ def measure_cell(cell: Cell, path: TestPath, writer: results.RunWriter, rule: st
     if why:
         return fail_cell(cell, writer, why, placement)
     for w in range(warmup):
-        writer.add_sample(measure_once(cell, path, writer, w, True, qemu_pids, placement, clock_ghz))
+        writer.add_sample(measure_once(cell, path, writer, w, True, qemu_pids, placement, clock_ghz, watch))
     samples: list[results.Sample] = []
     metric = primary_metric(cell.profile)
     decision = None
     while True:
-        s = measure_once(cell, path, writer, len(samples), False, qemu_pids, placement, clock_ghz)
+        s = measure_once(cell, path, writer, len(samples), False, qemu_pids, placement, clock_ghz, watch)
         writer.add_sample(s)
+        if s.status == "noisy":
+            watch.settle(qemu_pids)
+            continue
         samples.append(s)
         values = [x.metrics[metric] for x in samples if x.status == "ok" and metric in x.metrics]
         if s.status != "ok" and len(samples) >= rule.repetitions.max_samples:

@@ -285,9 +285,30 @@ def context_of(topology: Mapping, variant: str | None = None) -> tuple[tuple[str
             out[f"{role}.host"] = str(g.get("host"))
             if g.get("image"):
                 out[f"{role}.image"] = str(g["image"])
+            label = placement_label(g.get("placement"))
+            if label:
+                out[f"{role}.placement"] = label
     if variant:
         out["variant"] = variant
     return tuple(sorted(out.items()))
+
+
+def placement_label(d: Mapping | None) -> str:
+    """A guest's placement (its JSON dict form, as run.json holds it) as Placement.label()
+    gives it; empty when nothing is set (so every run before placement keeps its hashes)."""
+    if not d:
+        return ""
+    vc = d.get("vcpus")
+    mode = d.get("cpu_mode")
+    p = Placement(vcpus=tuple(tuple(s) for s in vc) if vc is not None else None,
+                  emulator=_tup(d.get("emulator")), iothreads=_tup(d.get("iothreads")),
+                  vhost=_tup(d.get("vhost")), numa_node=d.get("numa_node"),
+                  hugepages_kib=d.get("hugepages_kib"), cpu_mode=CpuMode(mode) if mode else None)
+    return p.label()
+
+
+def _tup(v: object) -> tuple[int, ...] | None:
+    return None if v is None else tuple(v)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -329,6 +350,107 @@ class TunnelSpec:
     underlay_mtu: int = 1500
 
 
+#: a set of host CPU numbers, sorted
+CpuSet = tuple[int, ...]
+
+
+def cpulist(cpus: CpuSet | frozenset[int] | set[int]) -> str:
+    """Linux cpulist text (``0-3,6``) of a set of CPU numbers, as libvirt's cpuset and
+    /proc's Cpus_allowed_list write it."""
+    out: list[str] = []
+    run: list[int] = []
+    for c in sorted(cpus):
+        if run and c == run[-1] + 1:
+            run.append(c)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [c]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
+def parse_cpulist(text: str) -> CpuSet:
+    """Pure: ``0-3,6`` -> (0, 1, 2, 3, 6). Raises ValueError on anything else."""
+    cpus: set[int] = set()
+    text = text.strip()
+    if not text:
+        return ()
+    for part in text.split(","):
+        lo, dash, hi = part.strip().partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()):
+            raise ValueError(f"not a CPU list: {text!r}")
+        a, b = int(lo), int(hi) if dash else int(lo)
+        if b < a or b - a > 4096:
+            raise ValueError(f"not a CPU list: {text!r}")
+        cpus.update(range(a, b + 1))
+    return tuple(sorted(cpus))
+
+
+class CpuMode(StrEnum):
+    """libvirt's <cpu mode=...>. host-passthrough and host-model need KVM; maximum is what
+    the accelerator can offer (TCG included)."""
+
+    HOST_PASSTHROUGH = "host-passthrough"
+    HOST_MODEL = "host-model"
+    MAXIMUM = "maximum"
+
+    @property
+    def needs_kvm(self) -> bool:
+        return self is not CpuMode.MAXIMUM
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a guest's threads and memory go on its host (``guests[].placement``). Every
+    field None leaves it to the host's scheduler, as before placement existed.
+
+    ``vcpus``: one set per vCPU (a single set given in the topology is repeated for each);
+    ``vhost``: the vhost-net worker of the guest's NICs, or with the userspace backend the
+    QEMU main-loop thread that runs virtio-net, found and pinned at run time."""
+
+    vcpus: tuple[CpuSet, ...] | None = None
+    emulator: CpuSet | None = None
+    iothreads: CpuSet | None = None
+    #: IO threads the domain gets (its disks use the first); 1 when iothreads is pinned
+    iothread_count: int = 0
+    vhost: CpuSet | None = None
+    numa_node: int | None = None
+    #: huge page size in KiB for the guest's memory (2048, 1048576); None: normal pages
+    hugepages_kib: int | None = None
+    cpu_mode: CpuMode | None = None
+
+    @property
+    def pinned(self) -> bool:
+        return any(x is not None for x in (self.vcpus, self.emulator, self.iothreads, self.vhost))
+
+    @property
+    def shapes_saved_state(self) -> str | None:
+        """What of this placement is baked into QEMU's start (memory backing, NUMA policy,
+        CPU model, IO thread objects), so a saved guest state made without it cannot be
+        restored with it; None when only pins are set (pins change on a running guest)."""
+        what = [name for name, v in (("iothreads", self.iothread_count), ("numa", self.numa_node is not None),
+                                     ("hugepages", self.hugepages_kib), ("cpu mode", self.cpu_mode)) if v]
+        return ", ".join(what) or None
+
+    def label(self) -> str:
+        """A short text for the cell's definition (context), set fields only."""
+        parts = []
+        if self.vcpus is not None:
+            parts.append("vcpus=" + "/".join(cpulist(s) for s in self.vcpus))
+        for name, v in (("emulator", self.emulator), ("iothreads", self.iothreads), ("vhost", self.vhost)):
+            if v is not None:
+                parts.append(f"{name}={cpulist(v)}")
+        if self.numa_node is not None:
+            parts.append(f"numa={self.numa_node}")
+        if self.hugepages_kib:
+            parts.append(f"hugepages={self.hugepages_kib}k")
+        if self.cpu_mode:
+            parts.append(f"cpu={self.cpu_mode.value}")
+        return ";".join(parts)
+
+
 @dataclass(frozen=True)
 class GuestSpec:
     name: str
@@ -337,6 +459,43 @@ class GuestSpec:
     vcpus: int = 1
     #: None: the testbed's own cached image; else a user-supplied qcow2 cloud image
     image: str | None = None
+    placement: Placement = field(default_factory=Placement)
+
+
+class NoiseAction(StrEnum):
+    """What a noisy sample becomes: measured again once the host settled (``retry``), kept
+    and marked (``keep``), or failed (``fail``)."""
+
+    RETRY = "retry"
+    KEEP = "keep"
+    FAIL = "fail"
+
+
+@dataclass(frozen=True)
+class QuietWait:
+    """Wait until the host's CPU used by others stays under ``bound_cores`` for ``for_s``
+    seconds, at most ``timeout_s``."""
+
+    bound_cores: float = 0.5
+    for_s: float = 5.0
+    timeout_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class NoiseSpec:
+    """The noise guard (topology ``noise``). A sample is noisy when the host CPU used by
+    everything that is not the testbed's, over its window, is above ``threshold_cores``, or
+    (when set) the mean run queue is above ``run_queue``."""
+
+    threshold_cores: float = 0.5
+    run_queue: float | None = None
+    action: NoiseAction = NoiseAction.RETRY
+    #: retries per cell; beyond it a noisy sample is kept, marked
+    max_retries: int = 3
+    #: before a retry: the host settles (waited for at most its timeout, then retried anyway)
+    settle: QuietWait = field(default_factory=lambda: QuietWait(0.5, 2.0, 10.0))
+    #: at the run's start, before anything is created; None: no wait. Timeout: exit 3.
+    quiet_start: QuietWait | None = None
 
 
 @dataclass(frozen=True)
@@ -455,6 +614,13 @@ class Topology:
     #: veths); None: as the drivers set them
     offloads: Offloads | None = None
     tunnel: TunnelSpec = field(default_factory=TunnelSpec)
+    #: host CPUs kept for the harness itself (this process and its children: agents,
+    #: collectors, namespace tools; and ovs-vswitchd); empty: not restricted
+    harness_cpus: CpuSet = ()
+    #: pins may share CPUs across roles (vCPUs with vCPUs or with other threads, guests with
+    #: the harness); off: such an overlap is refused
+    allow_overlap: bool = False
+    noise: NoiseSpec = field(default_factory=NoiseSpec)
 
     def guest(self, name: str) -> GuestSpec:
         return next(g for g in self.guests if g.name == name)

@@ -14,11 +14,12 @@ Takes a list of measure.TestPath, so it does not care how the pairs were plugged
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from testbed import cpu, measure, pacing, results, stats
+from testbed import cpu, measure, pacing, results, stats, window
 from testbed.errors import CommandError, GuestError, TestbedError
 from testbed.model import Cell, GuestSpec, Profile, Topology
 from testbed.tools import get_tool
@@ -137,7 +138,8 @@ def _names(path: measure.TestPath) -> list[str]:
 
 def measure_once(cell: Cell, paths: Sequence[measure.TestPath], writer: results.RunWriter, rep: int,
                  warmup: bool, qemu_pids: Mapping[str, int], placement: Mapping[str, str],
-                 clock_ghz: float | None = None) -> results.Sample:
+                 clock_ghz: float | None = None, watch: window.Watch | None = None) -> results.Sample:
+    watch = watch or window.Watch()
     profile = cell.profile
     driver = get_tool(profile.tool)
     started = results.now()
@@ -157,6 +159,7 @@ def measure_once(cell: Cell, paths: Sequence[measure.TestPath], writer: results.
     server_pids: list[int | None] = [None] * len(paths)
     server_out = [""] * len(paths)
     runs = driver.runs(profile)
+    win = contextlib.ExitStack()
     try:
         for i, p in enumerate(paths):
             try:
@@ -168,6 +171,7 @@ def measure_once(cell: Cell, paths: Sequence[measure.TestPath], writer: results.
         g_before = {ep.guest.spec.name: cpu.guest_reading(ep.guest.agent) for ep in eps}
         counters_before = [p.counters() for p in paths]
         h_before = cpu.host_reading(pids_q, domains)
+        obs = win.enter_context(watch.window(pids_q, cell.id, rep))
         from concurrent.futures import ThreadPoolExecutor
         t0 = time.monotonic()
         # Every pair's clients at once, each pair from its own thread (its own guest agent):
@@ -207,11 +211,13 @@ def measure_once(cell: Cell, paths: Sequence[measure.TestPath], writer: results.
             i, e = errors[0]
             return failed(f"pair {i + 1}: client {'timed out' if e.timed_out else 'failed'}: {e}")
         h_after = cpu.host_reading(pids_q, domains)
+        win.close()
         counters_after = [p.counters() for p in paths]
         g_after = {ep.guest.spec.name: cpu.guest_reading(ep.guest.agent) for ep in eps}
     except (CommandError, GuestError) as e:
         return failed(f"measurement could not run: {e}")
     finally:
+        win.close()
         for i, p in enumerate(paths):
             if server_pids[i] is not None:
                 server_out[i] = servers[i].release(p.server.guest, driver, server_pids[i])  # type: ignore[arg-type]
@@ -238,8 +244,12 @@ def measure_once(cell: Cell, paths: Sequence[measure.TestPath], writer: results.
                    "start_skew_s": round(skew_s, 4),
                    "end_skew_s": round(max(ends) - min(ends), 3) if ends else None,
                    "datapath": paths[0].datapath}
+    wextra, pin_bad, noisy = watch.verdict(obs, cpu_info, pids_q, domains)
+    extra.update(wextra)
     if bad:
         return failed(bad, cpu_info, extra)
+    if pin_bad:
+        return failed(f"placement did not hold: {pin_bad}", cpu_info, extra)
     checks, pair_recs = [], []
     for i, (p, r) in enumerate(zip(paths, per_pair)):
         deltas = {tap: counters_after[i][tap] - counters_before[i][tap] for tap in counters_before[i]}
@@ -255,15 +265,22 @@ def measure_once(cell: Cell, paths: Sequence[measure.TestPath], writer: results.
     extra.update({"pairs": pair_recs, "warnings": [*res.warnings, *measure.cpu_warnings(cpu_info)],
                   "saturated": bool(short), "short_pairs": short})
     metrics = {**res.metrics, **measure.derived(dict(res.metrics), cpu_info, clock_ghz)}
-    return results.Sample(writer.run_id, cell.as_dict(), rep, warmup, "ok", None, metrics, cpu_info,
+    status, reason = measure.noise_outcome(watch, noisy, warmup, extra)
+    if status == "failed":
+        return failed(reason, cpu_info, extra)   # type: ignore[arg-type]
+    return results.Sample(writer.run_id, cell.as_dict(), rep, warmup, status, reason, metrics, cpu_info,
                           started, results.now(), tuple(raw), placement, extra,
                           {"pairs": checks, "verdict": "pass"})
 
 
 def measure_cell(cell: Cell, paths: Sequence[measure.TestPath], writer: results.RunWriter,
                  rule: stats.StoppingRule, warmup: int, qemu_pids: Mapping[str, int],
-                 placement: Mapping[str, str], clock_ghz: float | None = None) -> list[results.Sample]:
-    """measure.measure_cell for N pairs: MTU set and checked on every pair first."""
+                 placement: Mapping[str, str], clock_ghz: float | None = None,
+                 watch: window.Watch | None = None) -> list[results.Sample]:
+    """measure.measure_cell for N pairs: MTU set and checked on every pair first; noisy
+    samples measured again as there."""
+    watch = watch or window.Watch()
+    watch.begin_cell()
     paths = list(paths)[:cell.pairs]
     if len(paths) < cell.pairs:
         return measure.fail_cell(cell, writer, f"{cell.pairs} pairs asked, {len(paths)} plugged", placement)
@@ -276,13 +293,16 @@ def measure_cell(cell: Cell, paths: Sequence[measure.TestPath], writer: results.
         if why:
             return measure.fail_cell(cell, writer, f"pair {i + 1}: {why}", placement)
     for w in range(warmup):
-        writer.add_sample(measure_once(cell, paths, writer, w, True, qemu_pids, placement, clock_ghz))
+        writer.add_sample(measure_once(cell, paths, writer, w, True, qemu_pids, placement, clock_ghz, watch))
     samples: list[results.Sample] = []
     metric = measure.primary_metric(cell.profile)
     decision = None
     while True:
-        s = measure_once(cell, paths, writer, len(samples), False, qemu_pids, placement, clock_ghz)
+        s = measure_once(cell, paths, writer, len(samples), False, qemu_pids, placement, clock_ghz, watch)
         writer.add_sample(s)
+        if s.status == "noisy":
+            watch.settle(qemu_pids)
+            continue
         samples.append(s)
         values = [x.metrics[metric] for x in samples if x.status == "ok" and metric in x.metrics]
         if len(samples) >= rule.repetitions.max_samples:

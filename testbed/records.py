@@ -140,6 +140,9 @@ class Environment(Part):
     testbed_commit: str | None = None
     #: the uplink's measured capacity, Gbit/s, when the run measured it
     link_gbit: float | None = None
+    #: host settings that move figures (testbed.tuning): governor, turbo, C-states, SMT,
+    #: NUMA, IRQ affinity of the NICs under test, kernel command line, THP; None unreadable
+    tuning: Mapping[str, Any] = field(default_factory=dict)
 
     _parts: ClassVar = {}
 
@@ -166,6 +169,8 @@ class Counts(Part):
     samples: int = 0
     failed: int = 0
     boots: int = 0
+    #: samples the noise guard set aside to be measured again (status noisy)
+    noisy: int = 0
 
 
 @dataclass(frozen=True)
@@ -439,12 +444,25 @@ class SampleRecord(Part):
         return tuple(PairResult.from_dict(p) for p in self.data.get("pairs") or ()
                      if isinstance(p, Mapping))
 
+    @property
+    def noise(self) -> Mapping[str, Any]:
+        """The noise guard's record of the window (testbed.window): other_cores, run queue,
+        threshold, noisy, action (retried, kept, failed); empty when not recorded."""
+        n = self.data.get("noise")
+        return n if isinstance(n, Mapping) else {}
+
+    @property
+    def noisy(self) -> bool:
+        """Measured while the host was busy with other work: set aside to be measured
+        again (status noisy), or kept, marked (ok with extra.noise.noisy)."""
+        return self.status == "noisy" or bool(self.noise.get("noisy"))
+
     def validate(self) -> None:
         """What a writer must not record: raises ValueError naming the field."""
-        if self.status not in ("ok", "failed"):
-            raise ValueError(f"sample status {self.status!r}: expected ok or failed")
-        if self.status == "failed" and not self.reason:
-            raise ValueError("a failed sample needs a reason")
+        if self.status not in ("ok", "failed", "noisy"):
+            raise ValueError(f"sample status {self.status!r}: expected ok, failed or noisy")
+        if self.status in ("failed", "noisy") and not self.reason:
+            raise ValueError(f"a {self.status} sample needs a reason")
         if not self.cell.id:
             raise ValueError("sample cell has no id")
         if isinstance(self.rep, bool) or not isinstance(self.rep, int) or self.rep < 0:

@@ -47,6 +47,27 @@ class DomainParams:
     #: machine type; q35 (and pc-q35-*) get PCIe root ports for hot-plug, pc (i440fx)
     #: hot-plugs into its PCI root bus
     machine: str = "q35"
+    #: placement (model.Placement), as libvirt writes it: one cpulist per vCPU (empty: not
+    #: pinned), the emulator's and the IO threads' cpulists, the NUMA node the memory is
+    #: bound to, the huge page size (KiB) and the CPU mode; see placement_params
+    vcpupins: tuple[str, ...] = ()
+    emulatorpin: str | None = None
+    iothreads: int = 0
+    iothreadpin: str | None = None
+    numa_node: int | None = None
+    hugepages_kib: int | None = None
+    cpu_mode: str | None = None
+
+
+def placement_params(p) -> dict:  # p: model.Placement
+    """DomainParams' placement fields from a guest's placement."""
+    from testbed.model import cpulist
+    return {"vcpupins": tuple(cpulist(s) for s in p.vcpus) if p.vcpus else (),
+            "emulatorpin": cpulist(p.emulator) if p.emulator else None,
+            "iothreads": p.iothread_count,
+            "iothreadpin": cpulist(p.iothreads) if p.iothreads else None,
+            "numa_node": p.numa_node, "hugepages_kib": p.hugepages_kib,
+            "cpu_mode": p.cpu_mode.value if p.cpu_mode else None}
 
 
 def domain_xml(p: DomainParams) -> str:

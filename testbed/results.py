@@ -53,7 +53,8 @@ def atomic_write(path: Path, text: str) -> None:
 
 @dataclass(frozen=True)
 class Sample:
-    """One measured repetition of a cell. `status` is ok or failed; failed has a reason."""
+    """One measured repetition of a cell. `status` is ok, failed, or noisy (measured while the
+    host was busy with other work, and measured again); failed and noisy have a reason."""
 
     run_id: str
     cell: Mapping[str, Any]
@@ -176,8 +177,10 @@ class RunWriter:
         self._samples.flush()
         os.fsync(self._samples.fileno())
         c = self.run.counts
+        # A noisy sample is neither ok nor failed: it is measured again (testbed.window).
         self._set(counts=dataclasses.replace(c, samples=c.samples + 1,
-                                             failed=c.failed + (0 if rec.ok else 1)))
+                                             failed=c.failed + (1 if rec.status == "failed" else 0),
+                                             noisy=c.noisy + (1 if rec.status == "noisy" else 0)))
         self._flush()
 
     def raw_path(self, cell_id: str, name: str) -> Path:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testbed import (attachments, capabilities, cleanup, cpu, environment, guestnic, images, measure,
-                     proc, remote, render, results, stats, virt)
+                     placement as placement_mod, proc, remote, render, results, stats, virt, window)
 from testbed import pairs as pairs_mod
 from testbed.errors import CapabilityError, GuestError, ReadinessError, TestbedError
 from testbed.model import Attachment, Backend, Cell, Offloads, Topology, context_of, object_name
@@ -104,12 +104,95 @@ def preflight(t: Topology) -> None:
                                   f"but unavailable: {found}")
     if fields:
         raise CapabilityError(f"{t.source}: {fields[0].field}: {fields[0].why}")
+    placement_preflight(t)
     if any(not _guests(a) for a in t.matrix.attachments) and any(p.paced for p in t.matrix.profiles):
         # Namespaces run this host's binaries: whether they pace is tried here, before anything.
         from testbed import pacing
         pairs_mod.require_pacing(t, [Cell(a, Backend.QEMU, 1500, 1, p) for a in t.matrix.attachments
                                      if not _guests(a) for p in t.matrix.profiles],
                                  pacing.Detector(), "this host's namespaces", _run_local)
+
+
+def placement_preflight(t: Topology) -> None:
+    """Huge pages: the host must have enough free pages of the size asked for, now; never
+    a silent fallback to normal pages (exit 3, naming the field)."""
+    if not any(_guests(a) for a in t.matrix.attachments):
+        return
+    free = placement_mod.hugepage_sizes()
+    asked: dict[int, int] = {}          # page size -> MiB asked for by the guests so far
+    for i, g in enumerate(t.guests):
+        size = g.placement.hugepages_kib
+        if not size or g.name not in (t.client, t.server) or t.host_of(g.name).remote:
+            continue
+        asked[size] = asked.get(size, 0) + g.memory_mib * max(t.matrix.pairs)
+        why = placement_mod.hugepages_shortfall(asked[size], size, free)
+        if why:
+            raise CapabilityError(f"{t.source}: guests[{i}].placement.memory.hugepages: {why}")
+
+
+def placement_accelerator(t: Topology, accel) -> None:
+    """A CPU mode the chosen accelerator cannot give (host-passthrough under TCG): exit 3."""
+    from testbed.model import Accelerator
+    if accel is not Accelerator.TCG:
+        return
+    for i, g in enumerate(t.guests):
+        mode = g.placement.cpu_mode
+        if mode is not None and mode.needs_kvm:
+            raise CapabilityError(f"{t.source}: guests[{i}].placement.cpu.mode: {mode.value} needs KVM, and "
+                                  f"guests run under TCG on this host (use maximum, or drop cpu.mode)")
+
+
+def apply_placement(t: Topology, guests: Mapping[str, virt.Guest]) -> dict:
+    """Every local guest's pins set on the running domain (placement.apply_live: a guest
+    restored from a snapshot gets this run's pins, not its saved ones); a per-vCPU pin QEMU
+    cannot hold (all vCPUs in one thread: single-threaded TCG) is exit 3, naming the field."""
+    out = {}
+    for name, g in guests.items():
+        if g.shell is not None:
+            continue
+        p = g.spec.placement
+        pid = virt.qemu_pid(g)
+        i = next((k for k, x in enumerate(t.guests) if x.name == name), None)
+        where = f"guests[{i}]" if i is not None else f"guest {name}"
+        if pid and p.vcpus is not None and len(set(p.vcpus)) > 1:
+            one = placement_mod.single_threaded_vcpus(pid)
+            if one:
+                raise CapabilityError(f"{t.source}: {where}.placement.vcpus.pin: the vCPUs get different CPUs, "
+                                      f"but QEMU runs them all in one thread ({one}: single-threaded TCG)")
+        try:
+            out[name] = placement_mod.apply_live(g.dom, pid, p)
+        except Exception as e:     # libvirt.libvirtError, OSError from sched_setaffinity
+            raise TestbedError(f"{where}: placement could not be applied: {e}") from None
+    return out
+
+
+@contextlib.contextmanager
+def harness_cpus(cpus: Sequence[int], daemons: Sequence[str] = ("ovs-vswitchd",)) -> Iterator[dict]:
+    """This process (and so every thread and child it starts from now on: agents, namespace
+    tools, collectors) and the ``daemons``' threads kept on ``cpus``; their affinity is put
+    back on the way out."""
+    if not cpus:
+        yield {}
+        return
+    import os
+    import psutil
+    saved: dict[int, set[int]] = {0: os.sched_getaffinity(0)}
+    tids = []
+    for p in psutil.process_iter(["name"]):
+        if p.info["name"] in daemons:
+            with contextlib.suppress(psutil.Error):
+                tids += [th.id for th in p.threads()]
+    try:
+        os.sched_setaffinity(0, set(cpus))
+        for tid in tids:
+            with contextlib.suppress(OSError):
+                saved[tid] = os.sched_getaffinity(tid)
+                os.sched_setaffinity(tid, set(cpus))
+        yield {"cpus": list(cpus), "daemons": list(daemons), "daemon_threads": len(tids)}
+    finally:
+        for tid, old in saved.items():
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(tid, old)
 
 
 def guest_tools_preflight(t: Topology, cells: list[Cell], image: images.Image) -> None:
@@ -150,6 +233,17 @@ class Outcome:
 def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) -> Outcome:
     preflight(t)
     cells = plan(t)
+    quiet = None
+    if t.noise.quiet_start is not None:
+        q = t.noise.quiet_start
+        progress(f"waiting for a quiet host: under {q.bound_cores:g} cores used by others for {q.for_s:g} s "
+                 f"(at most {q.timeout_s:g} s)")
+        quiet = window.wait_quiet(q, progress=progress)
+        if not quiet["quiet"]:
+            from testbed.errors import HostNotQuiet
+            raise HostNotQuiet(f"{t.source}: noise.quiet_start: the host was not quiet within {q.timeout_s:g} s "
+                               f"(last: {quiet['last_other_cores']:.2f} cores used by others, bound "
+                               f"{q.bound_cores:g})")
     # The session: host lock, leftovers check, owned state folder, then environment and writer.
     with Session(t) as ses:
         stack, run_id, tag, state, host = ses.stack, ses.run_id, ses.tag, ses.state, t.hosts[0]
@@ -159,8 +253,13 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
             guest_tools_preflight(t, cells, recipe_image)
         with _field(t, "accelerator"):
             accel = capabilities.choose_accelerator(t.accelerator, recipe_image.kernel) if recipe_image else None  # type: ignore[arg-type]
+        placement_accelerator(t, accel)
         writer = ses.open_run(accel, image=recipe_image)
         env = ses.env
+        harness = stack.enter_context(harness_cpus(t.harness_cpus))
+        writer.update(noise_guard={"threshold_cores": t.noise.threshold_cores, "run_queue": t.noise.run_queue,
+                                   "action": t.noise.action.value, "max_retries": t.noise.max_retries,
+                                   "quiet_start": quiet, "harness_cpus": harness or None})
         if len(t.hosts) > 1:
             writer.update(hosts=host_fingerprints(t, env))
         progress(f"run {run_id}: {len(cells)} cells, accelerator {accel.value if accel else 'none (namespaces)'}")
@@ -234,6 +333,10 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
                     measure.fail_cell(cell, writer, f"guest not ready: {e}", placement)
             cells = [c for c in cells if not _guests(c.attachment)]
         writer.update(guests={g.spec.name: g.record() for g in guests.values()})
+        pins = {n: g.spec.placement for n, g in guests.items()}
+        if any(p.pinned for p in pins.values()):
+            writer.update(placement_applied=apply_placement(t, guests))
+        watch = window.Watch(t.noise, pins)
         # Host-side CPU is read from this machine's /proc: a guest on a remote host has its
         # guest-side CPU only, and the run says so.
         pids = {name: virt.qemu_pid(g) for name, g in guests.items() if g.shell is None}
@@ -259,16 +362,21 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
                          if _guests(attachment) else None)
                 with pair_paths(attachment, backend, tag, t, pairs, n_group, max(t.matrix.mtus), state,
                                  queues=queues, offloads=t.offloads) as tpaths:
+                    for name, p in pins.items():
+                        # vhost workers start with their NIC: pinned once it is plugged
+                        if p.vhost is not None and qemu_pids.get(name):
+                            placement_mod.pin_vhost(qemu_pids[name], p.vhost)
                     for cell in group:
                         eta = ((time.monotonic() - started) / done * (len(cells) - done)) if done else None
                         progress(f"[{done + 1}/{len(cells)}] {cell.id}"
                                  + (f" (eta {eta:.0f} s)" if eta is not None else ""))
                         if cell.pairs > 1 or cell.profile.paced:
                             pairs_mod.measure_cell(cell, tpaths[:cell.pairs], writer, rule,
-                                                   t.matrix.repetitions.warmup, qemu_pids, placement, clock_ghz)
+                                                   t.matrix.repetitions.warmup, qemu_pids, placement, clock_ghz,
+                                                   watch)
                         else:
                             measure.measure_cell(cell, tpaths[0], writer, rule, t.matrix.repetitions.warmup,
-                                                 qemu_pids, placement, clock_ghz)
+                                                 qemu_pids, placement, clock_ghz, watch)
                         done += 1
             except (TestbedError, GuestError) as e:
                 # The mode could not be set up (or torn down): its remaining cells fail with
@@ -473,7 +581,10 @@ def host_fingerprints(t: Topology, env: dict) -> dict[str, dict]:
     out = {}
     for h in t.hosts:
         if h.remote:
+            from testbed import tuning
+            nics = [n for n in (h.underlay or t.tunnel.underlay,) if n]
             out[h.name] = {**environment.remote_fingerprint(remote.shell(h), h.uri),
+                           "tuning": tuning.remote(remote.shell(h), nics),
                            # its guests boot with the run's accelerator
                            "accelerator": env["accelerator"], "comparable_class": env["comparable_class"],
                            "uri": h.uri, "transport": h.transport, "emulated": None}

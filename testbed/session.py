@@ -72,7 +72,9 @@ class Session:
                  writer_type: type[results.RunWriter] = results.RunWriter) -> results.RunWriter:
         """The run directory (results/<run-id>) with the environment fingerprint of this
         host: the accelerator guests run under (None: namespaces only), the guest image."""
-        self.env = environment.fingerprint(accelerator, image=image, extra=extra)  # type: ignore[arg-type]
+        from testbed import tuning
+        self.env = environment.fingerprint(accelerator, image=image, extra=extra,  # type: ignore[arg-type]
+                                           nics=tuning.nics_under_test(self.topology))
         root = self.results_root if self.results_root is not None else paths.results_dir()
         self.writer = self.stack.enter_context(writer_type(root, self.run_id, self.topology, self.env))
         if self.keep_logs and self.state is not None:

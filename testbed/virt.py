@@ -307,6 +307,10 @@ def guest(conn: libvirt.virConnect, spec: GuestSpec, image: images.Image, accel:
     key, why = None, None
     if snapshots == "off":
         why = "snapshots off"
+    elif spec.placement.shapes_saved_state:
+        # Memory backing, NUMA policy, CPU model and IO thread objects are fixed when QEMU
+        # starts, and the snapshot key does not cover them: such a guest boots as asked.
+        why = f"placement with {spec.placement.shapes_saved_state}: not snapshotted"
     elif emulator or machine:
         # The key names the default QEMU and machine; a variant's guests are what is compared,
         # so they boot the way the variant says, every time.
@@ -349,6 +353,7 @@ def guest(conn: libvirt.virConnect, spec: GuestSpec, image: images.Image, accel:
             kernel=str(image.kernel) if image.kernel else None,
             initrd=str(image.initrd) if image.initrd else None, cmdline=image.cmdline,
             # a variant's QEMU binary and machine type (matrix.variants); else the defaults
+            **render.placement_params(spec.placement),
             **({"emulator": emulator} if emulator else {}),
             **({"machine": machine} if machine else {})))
         (state / f"{name}.xml").write_text(xml)

@@ -54,7 +54,9 @@ def test_netns_run_fills_every_field(tmp_path):
         s = c["summary"][key]
         assert s["n"] >= 2 and s["mean"] > 0 and s["ci95"][0] <= s["mean"] <= s["ci95"][1]
         assert c["converged"] in (True, False)
-    samples = [json.loads(l) for l in (run_dir / "samples.jsonl").read_text().splitlines()]
+    # a sample the noise guard set aside (host busy with other work) was measured again
+    samples = [s for s in map(json.loads, (run_dir / "samples.jsonl").read_text().splitlines())
+               if s["status"] != "noisy"]
     assert any(s["warmup"] for s in samples)
     for s in samples:
         assert s["status"] == "ok", s["reason"]

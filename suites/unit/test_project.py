@@ -96,7 +96,8 @@ def test_recorded_fixtures_have_their_sources():
 def _accepted_keys() -> set[str]:
     """Every key the topology loader accepts: the literal sets its `.mapping(...)` calls take."""
     keys: set[str] = set()
-    for src in [ROOT / "testbed/config.py", *(ROOT / "testbed/attachments").glob("*.py")]:
+    for src in [ROOT / "testbed/config.py", ROOT / "testbed/config_placement.py",
+                *(ROOT / "testbed/attachments").glob("*.py")]:
         tree = ast.parse(src.read_text())
         consts = {t.id: n.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
                   for t in n.targets if isinstance(t, ast.Name)}
@@ -112,7 +113,7 @@ def _accepted_keys() -> set[str]:
 
 def test_every_topology_key_is_documented():
     page = (ROOT / "docs/topology.md").read_text() + (ROOT / "docs/two-hosts.md").read_text() \
-        + (ROOT / "docs/nightly.md").read_text()
+        + (ROOT / "docs/nightly.md").read_text() + (ROOT / "docs/placement.md").read_text()
     keys = _accepted_keys()
     assert {"matrix", "profiles", "mtus", "guests"} <= keys      # the extraction works
     missing = sorted(k for k in keys if not re.search(rf"\b{re.escape(k)}\b", page))

@@ -86,7 +86,9 @@ def test_run_default_topology_and_a_second_run_meanwhile(accelerator, tmp_path):
         assert env[key], key
     assert env["versions"]["qemu"] and env["versions"]["libvirt"]
     assert run["counts"]["boots"] == 2
-    samples = [json.loads(l) for l in (run_dir / "samples.jsonl").read_text().splitlines()]
+    # a sample the noise guard set aside (host busy with other work) was measured again
+    samples = [s for s in map(json.loads, (run_dir / "samples.jsonl").read_text().splitlines())
+               if s["status"] != "noisy"]
     # Every single-host mode this host supports, each with a stream and an RR cell.
     from testbed import attachments
     modes = {a.value for a in attachments.supported_single_host()}

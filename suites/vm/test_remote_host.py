@@ -174,7 +174,9 @@ def test_run_across_a_remote_host(loopback, accelerator, tmp_path):
         assert p.returncode == 0, p.stderr[-3000:]
         run_dir = Path(p.stdout.strip().splitlines()[-1])
         run = json.loads((run_dir / "run.json").read_text())
-        samples = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
+        # a sample the noise guard set aside (host busy with other work) was measured again
+        samples = [s for s in map(json.loads, (run_dir / "samples.jsonl").read_text().splitlines())
+                   if s["status"] != "noisy"]
         # Both guests' macvtaps sat on their own host's underlay: the cable carried the test.
         rx, tx = links.counters(ulb)
     assert run["status"] == "complete", run
