@@ -254,12 +254,12 @@ def add_commands(subparsers: Any) -> None:
     h.add_argument("--threshold", type=_fraction, default=0.05,
                    help="smallest relative step counted as a change (default 0.05)")
     h.add_argument("-o", "--output", metavar="FILE", help="also write an HTML report with plots")
-    h.add_argument("--json", action="store_true")
+    h.add_argument("--json", action="store_true", help="machine-readable output")
     _common(h)
     h.set_defaults(func=cmd_history)
 
     r = subparsers.add_parser("report", help="self-contained HTML report (and CSV) of runs")
-    r.add_argument("runs", nargs="+", metavar="RUN")
+    r.add_argument("runs", nargs="+", metavar="RUN", help="run directories or ids")
     r.add_argument("-o", "--output", required=True, metavar="FILE", help="HTML file to write")
     r.add_argument("--baseline", metavar="RUN", help="compare every RUN with this run")
     r.add_argument("--csv", metavar="FILE", help="also write every sample as CSV")
@@ -272,7 +272,7 @@ def add_commands(subparsers: Any) -> None:
     r.set_defaults(func=cmd_report)
 
     k = subparsers.add_parser("capacity", help="how many VMs of a traffic profile fit on a host")
-    k.add_argument("run", metavar="RUN")
+    k.add_argument("run", metavar="RUN", help="a run directory or id (a density run with pairs, or any run)")
     k.add_argument("--profile", required=True, metavar="SPEC",
                    help="per-VM traffic: stream:2gbit, stream:500mbit, rr:5000tps, rr:5ktps")
     k.add_argument("--headroom", type=_fraction, default=0.2,
@@ -295,12 +295,12 @@ def add_commands(subparsers: Any) -> None:
                    help="vCPUs per host thread (default 1, no overcommit)")
     k.add_argument("--extrapolate", action="store_true",
                    help="allow answers beyond 2x the largest measured number of pairs")
-    k.add_argument("--json", action="store_true")
+    k.add_argument("--json", action="store_true", help="machine-readable output")
     _common(k)
     k.set_defaults(func=cmd_capacity)
 
     e = subparsers.add_parser("export-csv", help="every sample of some runs as CSV")
-    e.add_argument("runs", nargs="+", metavar="RUN")
+    e.add_argument("runs", nargs="+", metavar="RUN", help="run directories or ids")
     e.add_argument("-o", "--output", default="-", metavar="FILE", help="default: stdout")
     _common(e)
     e.set_defaults(func=cmd_export_csv)

@@ -30,7 +30,7 @@ def cmd_scenario(args: argparse.Namespace) -> int:
 
 def add_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("scenario", help="rerun one of the five public studies and print its table")
-    p.add_argument("action", choices=("list", "run"))
+    p.add_argument("action", choices=("list", "run"), help="list the scenarios, or run one")
     p.add_argument("name", nargs="?", help="scenario name (see `testbed scenario list`)")
     p.add_argument("--hosts", metavar="FILE", help="topology YAML whose hosts/guests the guest-based "
                    "parts use (default: this host)")
