@@ -47,7 +47,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         topo = dataclasses.replace(topo, accelerator=args.accelerator)
     from testbed import store
     store.check_target(args.db)          # the run is indexed at its end: a bad --db is known now
-    out = runner.execute(topo, progress=lambda s: print(s, file=sys.stderr, flush=True))
+    resume = None
+    if args.resume:
+        from testbed import compare, results
+        resume = compare.resolve(args.resume)
+        rec = results.read_run(resume)       # a bad or foreign run is exit 2 before any work
+        want, have = results._comparable(results.topology_dict(topo)), results._comparable(rec.topology)
+        if want != have:
+            keys = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+            raise config.ConfigError(str(args.topology or "<builtin default>"), "(topology)",
+                                     f"differs from the one run {rec.run_id} was planned from "
+                                     f"({', '.join(keys)}); --resume measures the same matrix")
+    out = runner.execute(topo, progress=lambda s: print(s, file=sys.stderr, flush=True), resume=resume)
     print(f"status: {out.status}, {out.samples} samples, {out.failed} failed", file=sys.stderr)
     # Every run is indexed in the results store (SQLite beside the results by default).
     from testbed import store
@@ -230,6 +241,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("topology", nargs="?", help="topology YAML file (default: the built-in topology)")
     r.add_argument("--accelerator", choices=("auto", "kvm", "tcg"),
                    help="override the topology's accelerator (auto: kvm if a stock kernel boots under it)")
+    r.add_argument("--resume", metavar="RUN", help="go on with an interrupted run (a run "
+                   "directory or id) of the same topology: finished cells are kept, the rest measured")
     r.add_argument("--db", help="results index: SQLite path or postgresql:// URL "
                                "(default: results/index.sqlite)")
     r.set_defaults(func=cmd_run)

@@ -88,6 +88,11 @@ class Sample:
         return json.dumps(self.record().to_dict(), sort_keys=True)
 
 
+def _comparable(topology: Mapping[str, Any]) -> dict:
+    """A recorded topology less what does not change the matrix (where the file was)."""
+    return {k: v for k, v in topology.items() if k not in ("source", "base")}
+
+
 def topology_dict(t: Topology) -> dict:
     return json.loads(json.dumps(asdict(t), default=str))
 
@@ -111,6 +116,71 @@ class RunWriter:
         }, dir=self.dir)
         self._samples = open(self.dir / "samples.jsonl", "a")
         self._flush()
+
+    @classmethod
+    def reopen(cls, run_dir: Path, topology: Topology, environment: Mapping[str, Any]) -> RunWriter:
+        """An interrupted run's directory, made ready to go on (`testbed run --resume`).
+
+        - The topology must be the one the run was planned from (its recorded form, less the
+          file it was read from): another is refused, since its cells would not be the run's.
+        - A torn last line of samples.jsonl (a writer killed mid-write) is set aside in
+          samples.jsonl.torn; samples of cells that never finished (no outcome in run.json)
+          are set aside in samples.jsonl.unfinished. Those cells are measured again, so no
+          sample counts twice, and nothing is thrown away.
+        - run.json records the resume: when, on which environment, and which cells were left."""
+        run_dir = Path(run_dir)
+        rec = read_run(run_dir)             # the one validating reader: a bad run is exit 2
+        want, have = _comparable(topology_dict(topology)), _comparable(rec.topology)
+        if want != have:
+            keys = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+            raise safeio.UserFileError(run_dir / "run.json", f"the topology differs from the one "
+                                       f"this run was planned from ({', '.join(keys)}); a resumed "
+                                       f"run measures the same matrix")
+        samples_file = run_dir / "samples.jsonl"
+        data = samples_file.read_bytes()
+        if data and not data.endswith(b"\n"):
+            cut = data.rfind(b"\n") + 1
+            with open(run_dir / "samples.jsonl.torn", "ab") as f:
+                f.write(data[cut:] + b"\n")
+            data = data[:cut]
+        finished = {c.cell.id for c in rec.cells}
+        keep, unfinished = [], []
+        for line in data.splitlines(keepends=True):
+            if not line.strip():
+                continue
+            cell_id = (json.loads(line).get("cell") or {}).get("id")
+            (keep if cell_id in finished else unfinished).append(line)
+        if unfinished:
+            with open(run_dir / "samples.jsonl.unfinished", "ab") as f:
+                f.writelines(unfinished)
+        tmp = samples_file.with_name(".samples.jsonl.resume")
+        tmp.write_bytes(b"".join(keep))
+        os.replace(tmp, samples_file)
+        self = cls.__new__(cls)
+        self.run_id, self.dir, self.raw_dir = rec.run_id, run_dir, run_dir / "raw"
+        kept = [SampleRecord.from_dict(json.loads(x)) for x in keep]
+        counts = {**rec.counts.to_dict(), "samples": len(kept),
+                  "failed": sum(1 for x in kept if x.status == "failed")}
+        if "noisy" in Counts._known():
+            counts["noisy"] = sum(1 for x in kept if x.status == "noisy")
+        resumes = list(rec.extra.get("resumes") or [])
+        resumes.append({"at": now(), "finished_cells": len(finished),
+                        "set_aside_samples": len(unfinished),
+                        "torn_line": (run_dir / "samples.jsonl.torn").exists(),
+                        "environment": json.loads(json.dumps(dict(environment), default=str))})
+        self.run = dataclasses.replace(rec, status="running", ended=None, samples=(),
+                                       counts=Counts.from_dict(counts))
+        self.run = RunRecord.from_dict({**self.run.to_dict(), "resumes": resumes}, dir=run_dir)
+        self._samples = open(samples_file, "a")
+        self._flush()
+        return self
+
+    def note_resume(self, cells_left: list[str]) -> None:
+        """Which cells the resume measures, in its entry of ``resumes``."""
+        resumes = list(self.run.extra.get("resumes") or [])
+        if resumes:
+            resumes[-1] = {**resumes[-1], "cells_left": cells_left}
+            self.update(resumes=resumes)
 
     @property
     def record(self) -> dict[str, Any]:

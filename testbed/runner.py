@@ -230,9 +230,16 @@ class Outcome:
     failed: int
 
 
-def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) -> Outcome:
+def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None,
+            resume: Path | None = None) -> Outcome:
+    """Measure ``t``'s matrix into a new run directory, or, with ``resume``, go on with an
+    interrupted run: its finished cells (those with an outcome in run.json, matched by their
+    definition hash) are skipped and the rest measured into the same directory."""
     preflight(t)
     cells = plan(t)
+    if resume is not None:
+        # Read (and refused when bad or of another topology) before anything is created.
+        done_before = {c.cell.hash for c in results.read_run(resume).cells}
     quiet = None
     if t.noise.quiet_start is not None:
         q = t.noise.quiet_start
@@ -245,7 +252,7 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
                                f"(last: {quiet['last_other_cores']:.2f} cores used by others, bound "
                                f"{q.bound_cores:g})")
     # The session: host lock, leftovers check, owned state folder, then environment and writer.
-    with Session(t) as ses:
+    with Session(t, resume=resume) as ses:
         stack, run_id, tag, state, host = ses.stack, ses.run_id, ses.tag, ses.state, t.hosts[0]
         needs_vms = any(_guests(c.attachment) for c in cells)
         recipe_image = images.ensure() if needs_vms else None
@@ -256,6 +263,11 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
         placement_accelerator(t, accel)
         writer = ses.open_run(accel, image=recipe_image)
         env = ses.env
+        if resume is not None:
+            cells = [c for c in cells if c.hash not in done_before]
+            writer.note_resume([c.id for c in cells])
+            progress(f"resuming {writer.run_id}: {len(done_before)} cells finished before, "
+                     f"{len(cells)} left")
         harness = stack.enter_context(harness_cpus(t.harness_cpus))
         writer.update(noise_guard={"threshold_cores": t.noise.threshold_cores, "run_queue": t.noise.run_queue,
                                    "action": t.noise.action.value, "max_retries": t.noise.max_retries,

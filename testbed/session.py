@@ -39,14 +39,18 @@ class Session:
 
     def __init__(self, topology: Topology, *, results_dir: Path | None = None, lock: bool = True,
                  check_leftovers: bool = True, keep_logs: bool = True,
-                 hosts: Sequence[HostSpec] | None = None) -> None:
+                 hosts: Sequence[HostSpec] | None = None, resume: Path | None = None) -> None:
         self.topology = topology
+        #: an interrupted run's directory to go on with (`testbed run --resume`)
+        self.resume = resume
         self.results_root = results_dir
         self.lock = lock
         self.check_leftovers = check_leftovers
         self.keep_logs = keep_logs
         self.hosts = tuple(hosts if hosts is not None else topology.hosts)
         self.run_id, self.tag = results.new_run_id()
+        if resume is not None:
+            self.run_id = Path(resume).name     # the lock and the owner say which run goes on
         self.stack = contextlib.ExitStack()
         self.state: Path | None = None
         self.env: Mapping[str, Any] = {}
@@ -76,7 +80,11 @@ class Session:
         self.env = environment.fingerprint(accelerator, image=image, extra=extra,  # type: ignore[arg-type]
                                            nics=tuning.nics_under_test(self.topology))
         root = self.results_root if self.results_root is not None else paths.results_dir()
-        self.writer = self.stack.enter_context(writer_type(root, self.run_id, self.topology, self.env))
+        if self.resume is not None:
+            self.writer = self.stack.enter_context(
+                writer_type.reopen(Path(self.resume), self.topology, self.env))
+        else:
+            self.writer = self.stack.enter_context(writer_type(root, self.run_id, self.topology, self.env))
         if self.keep_logs and self.state is not None:
             # Console logs and domain XML go into the run directory before the state folder goes.
             self.stack.callback(keep_logs, self.state, self.writer.dir / "guests")
