@@ -23,7 +23,7 @@ import yaml
 from testbed import attachments
 from testbed.errors import CapabilityError, CommandError, ConfigError, one_line
 from testbed.model import (NAME_RE, Variant, Attachment, Backend, GuestSpec, HostSpec, Matrix, Offloads, Pattern,
-                           Profile, Protocol, Repetitions, Tool, Topology, TunnelSpec)
+                           Profile, Protocol, RateSearch, Repetitions, Tool, Topology, TunnelSpec)
 
 BENCHMARK_NET = ipaddress.ip_network("198.18.0.0/15")
 # Every pattern here is applied with fullmatch: with re.match a '$' also matches before a
@@ -439,7 +439,8 @@ def _guest(n: Node, hosts: dict[str, HostSpec], base: Path) -> GuestSpec:
 
 def _profile(n: Node) -> Profile:
     m = n.mapping({"name", "tool", "protocol", "pattern", "message_size", "response_size",
-                   "duration", "rate_bps", "rate", "confidence", "iterations"}, required=("name",))
+                   "duration", "rate_bps", "rate", "confidence", "iterations", "kind", "search"},
+                  required=("name",))
     p = Profile(
         name=m["name"].str(PROFILE_NAME_RE, "profile name (lowercase, digits, '_')"),
         tool=m["tool"].enum(Tool) if "tool" in m else Tool.NETPERF,
@@ -454,12 +455,83 @@ def _profile(n: Node) -> Profile:
     )
     if "rate" in m:
         p = _rate(m, p)
+    p = _kind(n, m, p)
     if (p.confidence or p.iterations) and p.tool is not Tool.NETPERF:
         raise (m.get("confidence") or m["iterations"]).error("confidence/iterations are netperf options")
     if p.iterations and p.iterations[0] < p.iterations[1]:
         raise m["iterations"].error(f"max {p.iterations[0]} is below min {p.iterations[1]}")
     _check_tool(n, m, p)
     return p
+
+
+#: the tools whose UDP rate the search can set per trial (testbed.ratesearch)
+SEARCH_TOOLS = {Tool.IPERF3: None,
+                Tool.NETPERF: "Debian's netperf is built without pacing (it needs --enable-intervals "
+                              "and --enable-burst, and then sends bursts per interval); use iperf3",
+                Tool.UPERF: "uperf paces transactions per second on request/response only here; "
+                            "use iperf3"}
+
+
+def _kind(n: Node, m: dict[str, Node], p: Profile) -> Profile:
+    """``kind: udp_ndr``: a loss-bounded rate search over a UDP stream (testbed.ratesearch),
+    its parameters under ``search``; the default kind measures at a given rate or flat out."""
+    kind = m["kind"].str(re.compile(r"measure|udp_ndr"), "kind (measure or udp_ndr)") if "kind" in m else "measure"
+    if kind != "udp_ndr":
+        if "search" in m:
+            raise m["search"].error("search is for profiles of kind udp_ndr")
+        return p
+    node = m["kind"]
+    if "protocol" in m and p.protocol is not Protocol.UDP:
+        raise m["protocol"].error("kind udp_ndr searches a UDP rate: protocol must be udp")
+    if "pattern" in m and p.pattern is not Pattern.STREAM:
+        raise m["pattern"].error("kind udp_ndr searches a stream's rate: pattern must be stream")
+    for k in ("rate", "rate_bps", "confidence", "iterations", "duration"):
+        if k in m:
+            raise m[k].error(f"kind udp_ndr chooses its own rates and trial durations (see search); "
+                             f"{k} does not apply")
+    tool = p.tool if "tool" in m else Tool.IPERF3
+    why = SEARCH_TOOLS.get(tool)
+    if why:
+        raise (m.get("tool") or node).error(f"kind udp_ndr cannot drive {tool.value}: {why}")
+    s = _search(m["search"]) if "search" in m else RateSearch()
+    return dataclasses.replace(p, tool=tool, protocol=Protocol.UDP, pattern=Pattern.STREAM,
+                               duration_s=s.trial_s[1], search=s)
+
+
+def _search(n: Node) -> RateSearch:
+    from testbed import pacing
+    m = n.mapping({"pdr_loss", "trial", "precision", "max_search", "min_rate", "max_rate",
+                   "exceed_ratio", "duration_sum"})
+    d = RateSearch()
+
+    def rate(k: str, default: int) -> int:
+        if k not in m:
+            return default
+        try:
+            r = pacing.parse_rate(m[k].scalar())
+        except ValueError as e:
+            raise m[k].error(str(e)) from None
+        if r.bps is None:
+            raise m[k].error(f"{k} is a bit rate (e.g. 100mbit), not {r.text}")
+        return r.bps
+    trial = _pair(m["trial"], (1, 600), (1, 600)) if "trial" in m else d.trial_s
+    if trial[1] < trial[0]:
+        raise m["trial"].error(f"the final trial ({trial[1]} s) is shorter than the first ({trial[0]} s)")
+    lo, hi = rate("min_rate", d.min_rate_bps), rate("max_rate", d.max_rate_bps)
+    if lo >= hi:
+        raise (m.get("min_rate") or m.get("max_rate") or n).error(
+            f"min_rate ({lo} bit/s) must lie below max_rate ({hi} bit/s)")
+    dsum = m["duration_sum"].int(1, 3600, "duration_sum") if "duration_sum" in m else None
+    if dsum is not None and dsum < trial[1]:
+        raise m["duration_sum"].error(f"duration_sum {dsum} s is shorter than the final trial ({trial[1]} s)")
+    return RateSearch(
+        pdr_loss=m["pdr_loss"].float(1e-9, 0.5) if "pdr_loss" in m else d.pdr_loss,
+        trial_s=trial,
+        precision=m["precision"].float(0.001, 0.5) if "precision" in m else d.precision,
+        max_search_s=m["max_search"].int(10, 86400, "max_search") if "max_search" in m else d.max_search_s,
+        min_rate_bps=lo, max_rate_bps=hi,
+        exceed_ratio=m["exceed_ratio"].float(0.0, 0.9) if "exceed_ratio" in m else d.exceed_ratio,
+        duration_sum_s=dsum)
 
 
 def _rate(m: dict[str, Node], p: Profile) -> Profile:
@@ -679,7 +751,8 @@ def _check_limits(m: dict[str, Node], doc: Node, matrix: Matrix) -> None:
     per_cell_samples = matrix.repetitions.warmup + matrix.repetitions.max_samples
     per = len(matrix.mtus) * len(matrix.connections) * len(matrix.pairs)
     # netperf's own confidence loop (-i max,min) runs up to max iterations per sample
-    by_profile = sum(p.duration_s * (p.iterations[0] if p.iterations else 1) for p in matrix.profiles)
+    by_profile = sum(p.search.max_search_s if p.search else p.duration_s * (p.iterations[0] if p.iterations else 1)
+                     for p in matrix.profiles)
     groups = sum(1 if a.is_netns else len(matrix.backends) * len(matrix.queues) for a in matrix.attachments)
     seconds = groups * per * by_profile * per_cell_samples
     if seconds > max_hours * 3600:

@@ -11,6 +11,7 @@ each covered.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -245,6 +246,9 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
         "warnings": [*res.warnings, *cpu_warnings(cpu_info)], "datapath": path.datapath,
         "offloads": {k: dict(v) for k, v in path.offloads.items()},
         "instances": len(pids), "start_skew_s": round(skew_s, 4),
+        # per device under test: its counter deltas over the window, for checks that need
+        # both ends (the rate search's loss check, testbed.ratesearch)
+        "counters": {k: dataclasses.asdict(d) for k, d in deltas.items()},
         # seen from the host through the agent's polling, so an upper bound
         "end_skew_s": round(end_skew, 3),
         # per host-side device: Mbit/s the guest sent and received over the window

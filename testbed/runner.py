@@ -21,6 +21,7 @@ from pathlib import Path
 from testbed import (attachments, capabilities, cleanup, cpu, environment, guestnic, images, measure,
                      proc, remote, render, results, stats, virt)
 from testbed import pairs as pairs_mod
+from testbed import ratesearch_cell
 from testbed.errors import CapabilityError, GuestError, ReadinessError, TestbedError
 from testbed.model import Attachment, Backend, Cell, Offloads, Topology, context_of, object_name
 from testbed.session import Session, keep_logs
@@ -263,7 +264,9 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
                         eta = ((time.monotonic() - started) / done * (len(cells) - done)) if done else None
                         progress(f"[{done + 1}/{len(cells)}] {cell.id}"
                                  + (f" (eta {eta:.0f} s)" if eta is not None else ""))
-                        if cell.pairs > 1 or cell.profile.paced:
+                        if cell.profile.search is not None:
+                            ratesearch_cell.measure_cell(cell, tpaths[0], writer, qemu_pids, placement, clock_ghz)
+                        elif cell.pairs > 1 or cell.profile.paced:
                             pairs_mod.measure_cell(cell, tpaths[:cell.pairs], writer, rule,
                                                    t.matrix.repetitions.warmup, qemu_pids, placement, clock_ghz)
                         else:
