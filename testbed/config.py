@@ -65,7 +65,7 @@ SUBNET_MAX_PREFIX = 32 - math.ceil(math.log2(SUBNET_ENDPOINTS + 2))
 DEFAULT_MAX_CELLS, HARD_MAX_CELLS = 2000, 100_000
 DEFAULT_MAX_HOURS, HARD_MAX_HOURS = 48, 8760
 MATRIX_KEYS = {"attachments", "backends", "queues", "mtus", "connections", "profiles", "repetitions",
-               "variants", "pairs",
+               "variants", "pairs", "percentiles",
                "randomize", "seed"}
 #: outer Ethernet 14 + IPv4 20 + UDP 8 + VXLAN 8 (hostnet/vxlan.py)
 VXLAN_OVERHEAD = 50
@@ -534,6 +534,21 @@ def _search(n: Node) -> RateSearch:
         duration_sum_s=dsum)
 
 
+def _percentiles(n: Node) -> tuple[float, ...]:
+    """``percentiles: [50, 90, 99, 99.9, 99.99]``: percent, each in 1..99.999 with at most
+    three decimals (a metric name holds them: latency_p99_99_us), no repeats."""
+    items = n.seq(1)
+    out: list[float] = []
+    for item in items:
+        v = item.float(1, 99.999)
+        if round(v, 3) != v:
+            raise item.error(f"{v:g}: a percentile has at most three decimals")
+        if v in out:
+            raise item.error(f"percentile {v:g} given twice")
+        out.append(v)
+    return tuple(sorted(out))
+
+
 def _rate(m: dict[str, Node], p: Profile) -> Profile:
     """`rate: 2gbit` / `rate: 5000tps`: a paced target per pair (testbed.pacing); a bit rate
     is the profile's rate_bps, the one figure iperf3's -b already took for UDP."""
@@ -697,6 +712,9 @@ def _matrix(n: Node, base: Path | None = None) -> Matrix:
     m = n.mapping(MATRIX_KEYS, required=("profiles",))
     profiles_nodes = m["profiles"].seq(1)
     profiles = tuple(_profile(p) for p in profiles_nodes)
+    if "percentiles" in m:
+        chosen = _percentiles(m["percentiles"])
+        profiles = tuple(dataclasses.replace(p, percentiles=chosen) for p in profiles)
     _unique(profiles_nodes, [p.name for p in profiles], "profile")
     mx = Matrix(
         attachments=_distinct(m, "attachments", lambda a: a.enum(Attachment), (Attachment.BRIDGE,)),

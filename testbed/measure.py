@@ -261,9 +261,31 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
     if check.verdict == "fail":
         return failed(f"wire cross-check: {check.reason}", cpu_info, extra, check.as_dict())
     metrics = {**res.metrics, **derived(dict(res.metrics), cpu_info, clock_ghz)}
+    if profile.pattern.is_transactional:
+        metrics = latency_percentiles(profile, driver, [o.stdout for o in outs], metrics, extra)
     return results.Sample(writer.run_id, cell.as_dict(), rep, warmup, "ok", None, metrics,
                           cpu_info, started, results.now(), tuple(raw), placement, extra,
                           check.as_dict())
+
+
+def latency_percentiles(profile: Profile, driver: ToolDriver, stdouts: Sequence[str],
+                        metrics: Mapping[str, float], extra: dict) -> dict[str, float]:
+    """The profile's chosen percentiles (testbed.percentiles) from the fullest source the
+    clients' output has (the tool's histogram, ToolDriver.distribution, all instances' added
+    up; else the tool's own figures), each with its transaction count under
+    ``extra.percentiles``; the sample's metrics keep only the sufficient ones."""
+    from testbed import percentiles
+    hists = [driver.distribution(t) for t in stdouts]
+    hist = percentiles.merge(hists) if hists and all(hists) else None   # type: ignore[arg-type]
+    chosen = percentiles.choose(profile.percentiles or percentiles.DEFAULT, metrics, histogram=hist,
+                                tool=driver.name.value)
+    extra["percentiles"] = [c.as_dict() for c in chosen]
+    if hist:
+        extra["histogram"] = [list(b) for b in hist if b[2]]
+    if len(stdouts) > 1 and not hist:
+        extra.setdefault("warnings", []).append(
+            f"percentiles of {len(stdouts)} instances without their distributions: the largest of each")
+    return percentiles.apply(metrics, chosen)
 
 
 def end_skew_reason(ends: Sequence[float], duration_s: int, who: str) -> str | None:

@@ -200,6 +200,9 @@ class Profile:
     rate: str | None = None
     #: kind ``udp_ndr``: the rate is searched, not given (None: an ordinary measurement)
     search: RateSearch | None = None
+    #: latency percentiles to record, percent (matrix.percentiles; None: p50, p90, p99, p99.9).
+    #: What is computed from a measurement, not what is measured: left out of the hash.
+    percentiles: tuple[float, ...] | None = None
 
     @property
     def kind(self) -> str:
@@ -278,6 +281,8 @@ class Cell:
 _AXES = ("attachment", "backend", "queues", "mtu", "connections")
 #: Profile fields added after results were first recorded: left out of the hash while unset
 _NEW_PROFILE_KEYS = ("rate_tps", "rate", "search")
+#: Profile fields that choose what is computed from the measurement, never part of the hash
+_ANALYSIS_KEYS = ("percentiles",)
 
 
 def definition(cell: Mapping, profile: Mapping, context: Mapping) -> dict:
@@ -289,7 +294,8 @@ def definition(cell: Mapping, profile: Mapping, context: Mapping) -> dict:
         # Only N > 1 enters the hash, so every cell defined before the pairs axis keeps its hash.
         axes["pairs"] = cell["pairs"]
     # The paced-load fields likewise enter only when set.
-    prof = {k: v for k, v in dict(profile).items() if not (k in _NEW_PROFILE_KEYS and v is None)}
+    prof = {k: v for k, v in dict(profile).items()
+            if not (k in _NEW_PROFILE_KEYS and v is None) and k not in _ANALYSIS_KEYS}
     return {"axes": axes, "profile": prof, "context": {str(k): str(v) for k, v in context.items()}}
 
 
