@@ -280,6 +280,9 @@ def latency_percentiles(profile: Profile, driver: ToolDriver, stdouts: Sequence[
     chosen = percentiles.choose(profile.percentiles or percentiles.DEFAULT, metrics, histogram=hist,
                                 tool=driver.name.value)
     extra["percentiles"] = [c.as_dict() for c in chosen]
+    if profile.paced:
+        from testbed import pacing
+        extra["latency_loop"] = pacing.loop_label(profile.tool)
     if hist:
         extra["histogram"] = [list(b) for b in hist if b[2]]
     if len(stdouts) > 1 and not hist:

@@ -76,6 +76,23 @@ def express_reason(tool: Tool, protocol: Protocol, pattern: Pattern, rate: Rate)
     return None
 
 
+#: how each tool's pacing schedules work: "open" (sends on a schedule whatever the replies:
+#: queueing delay shows in the latency) or "closed" (the next transaction waits for the last
+#: reply, so a slow reply delays the schedule and hides queueing: coordinated omission)
+LOOP: dict[Tool, str] = {
+    Tool.IPERF3: "open",     # UDP datagrams on its pacing timer; iperf3 times no transactions
+    Tool.UPERF: "closed",    # rate.c paces each thread's transactions, one outstanding at a time
+    Tool.NETPERF: "closed",  # -w/-b: bursts of transactions per interval, each waiting its reply
+}
+
+
+def loop_label(tool: Tool) -> str:
+    """What a paced sample's latency is: the label the records and report carry."""
+    return ("open-loop" if LOOP.get(tool) == "open" else
+            "closed-loop (coordinated omission: a late reply delays the next request, so "
+            "queueing delay is under-reported)")
+
+
 def per_stream(target: int, streams: int) -> int:
     """iperf3 -b and uperf's rate are per stream/thread: split a pair's target among them."""
     return max(1, target // max(1, streams))

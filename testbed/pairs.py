@@ -266,6 +266,8 @@ def measure_once(cell: Cell, paths: Sequence[measure.TestPath], writer: results.
     short = [i + 1 for i, r in enumerate(pair_recs) if r.get("short")]
     extra.update({"pairs": pair_recs, "warnings": [*res.warnings, *measure.cpu_warnings(cpu_info)],
                   "saturated": bool(short), "short_pairs": short})
+    if profile.paced and profile.pattern.is_transactional:
+        extra["latency_loop"] = pacing.loop_label(profile.tool)
     metrics = {**res.metrics, **measure.derived(dict(res.metrics), cpu_info, clock_ghz)}
     return results.Sample(writer.run_id, cell.as_dict(), rep, warmup, "ok", None, metrics, cpu_info,
                           started, results.now(), tuple(raw), placement, extra,

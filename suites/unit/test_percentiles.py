@@ -113,3 +113,12 @@ def test_bad_percentiles_name_the_field(value, words):
     with pytest.raises(ConfigError) as e:
         config.parse(BASE.replace("PCT", f"percentiles: {value}"), "t.yaml")
     assert "percentiles" in str(e.value) and words in str(e.value)
+
+
+def test_each_tool_says_whether_its_pacing_is_open_or_closed_loop():
+    from testbed import pacing
+    from testbed.model import Tool
+    assert set(pacing.LOOP) == set(Tool)
+    assert pacing.loop_label(Tool.IPERF3) == "open-loop"
+    for t in (Tool.UPERF, Tool.NETPERF):
+        assert pacing.loop_label(t).startswith("closed-loop (coordinated omission")
