@@ -126,7 +126,8 @@ def cmd_history(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- report
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from testbed import compare, report
+    from testbed import compare, report, slo
+    spec = slo.parse(args.slo) if args.slo else None     # bad text: exit 2 before reading runs
     root = _results_root(args)
     records = [compare.load(r, root) for r in args.runs]
     baseline = compare.load(args.baseline, root) if args.baseline else None
@@ -134,7 +135,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         records.insert(0, baseline)     # its environment and numbers belong on the page too
     rep = report.build(records, generated=results.now(), baseline=baseline,
                        threshold=args.threshold, test=args.test,
-                       capacity_profile=args.capacity_profile)
+                       capacity_profile=args.capacity_profile,
+                       slo_answers=[a for r in records for a in slo.answer(r, spec)] if spec else ())
     _write(args.output, report.render(rep))
     print(f"wrote {args.output}: {len(records)} runs, {len(rep.plots)} plots", file=sys.stderr)
     if args.csv:
@@ -281,6 +283,9 @@ def add_commands(subparsers: Any) -> None:
     r.add_argument("--threshold", type=_fraction, default=0.05)
     r.add_argument("--test", choices=("auto", "welch", "permutation", "bootstrap", "mannwhitney"),
                    default="auto")
+    r.add_argument("--slo", default=None, metavar="SLO",
+                   help='plot a density run\'s figure against N pairs with this service level, '
+                        'e.g. "p99.9<500us@5000tps" (see capacity --slo)')
     r.add_argument("--capacity-profile", metavar="SPEC", default=None,
                    help="add the capacity table at this per-VM profile (stream:2gbit, rr:5ktps)")
     _common(r)

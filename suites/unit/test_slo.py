@@ -138,3 +138,16 @@ def test_cli_bad_slo_is_exit_2_one_line_naming_slo(tmp_path):
     assert p.returncode == 0, p.stderr
     (d,) = json.loads(p.stdout)
     assert d["largest_met"] == 1 and d["slo"]["metric"] == "latency_p99_9_us"
+
+
+def test_report_with_slo_plots_the_figure_against_n(tmp_path):
+    run = write(tmp_path, "r", {1: [rr_pair(200)], 2: [rr_pair(250), rr_pair(700)]})
+    out = tmp_path / "r.html"
+    p = subprocess.run([sys.executable, "-m", "testbed", "report", str(run), "-o", str(out), "--slo",
+                        "p99.9<500us@5000tps"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    page = out.read_text()
+    assert "Capacity at p99.9&lt;500us@5000tps" in page and 'id="tb-slo"' in page
+    bad = subprocess.run([sys.executable, "-m", "testbed", "report", str(run), "-o", str(out), "--slo", "x"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--slo" in bad.stderr and bad.stderr.count("\n") == 1
