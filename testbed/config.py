@@ -439,7 +439,7 @@ def _guest(n: Node, hosts: dict[str, HostSpec], base: Path) -> GuestSpec:
 
 def _profile(n: Node) -> Profile:
     m = n.mapping({"name", "tool", "protocol", "pattern", "message_size", "response_size",
-                   "duration", "rate_bps", "rate", "confidence", "iterations", "kind", "search"},
+                   "duration", "rate_bps", "rate", "confidence", "iterations", "kind", "search", "rates"},
                   required=("name",))
     p = Profile(
         name=m["name"].str(PROFILE_NAME_RE, "profile name (lowercase, digits, '_')"),
@@ -532,6 +532,30 @@ def _search(n: Node) -> RateSearch:
         min_rate_bps=lo, max_rate_bps=hi,
         exceed_ratio=m["exceed_ratio"].float(0.0, 0.9) if "exceed_ratio" in m else d.exceed_ratio,
         duration_sum_s=dsum)
+
+
+def _with_rates(n: Node, p: Profile) -> list[Profile]:
+    """``rates: [1000tps, 4000tps, 8000tps]``: the profile at each paced load, named
+    ``<name>_<rate>`` (tcp_rr_4000tps), for a latency-against-load curve per cell (the report
+    joins them by that name). Without ``rates``: the profile itself."""
+    m = n.mapping({"name", "tool", "protocol", "pattern", "message_size", "response_size", "duration",
+                   "rate_bps", "rate", "confidence", "iterations", "kind", "search", "rates"})
+    if "rates" not in m:
+        return [p]
+    node = m["rates"]
+    for k in ("rate", "rate_bps", "kind"):
+        if k in m:
+            raise m[k].error(f"give either rates or {k}, not both")
+    out: list[Profile] = []
+    for item in node.seq(2):
+        one = _rate({"rate": item}, p)
+        name = f"{p.name}_{one.rate}".replace(".", "_")
+        if not PROFILE_NAME_RE.fullmatch(name):
+            raise item.error(f"profile name {name!r} (name_rate) longer than 24 characters: shorten the name")
+        if name in (q.name for q in out):
+            raise item.error(f"rate {one.rate} given twice")
+        out.append(dataclasses.replace(one, name=name))
+    return out
 
 
 def _percentiles(n: Node) -> tuple[float, ...]:
@@ -711,7 +735,9 @@ def _variant(n: Node, base: Path) -> Variant:
 def _matrix(n: Node, base: Path | None = None) -> Matrix:
     m = n.mapping(MATRIX_KEYS, required=("profiles",))
     profiles_nodes = m["profiles"].seq(1)
-    profiles = tuple(_profile(p) for p in profiles_nodes)
+    expanded = [(node, p) for node in profiles_nodes for p in _with_rates(node, _profile(node))]
+    profiles_nodes = [node for node, _ in expanded]
+    profiles = tuple(p for _, p in expanded)
     if "percentiles" in m:
         chosen = _percentiles(m["percentiles"])
         profiles = tuple(dataclasses.replace(p, percentiles=chosen) for p in profiles)

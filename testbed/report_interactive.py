@@ -93,7 +93,11 @@ def load_curve_plot(records: Sequence[RunRecord]) -> Interactive | None:
             tps = s.metric("transactions_per_s")
             if tps is None:
                 continue
-            key = (rec.run_id, f"{s.cell.mode} {s.cell.series()}")
+            # the profiles `rates:` made (tcp_rr_1000tps, tcp_rr_4000tps) are one curve
+            c = s.cell
+            base = str(c.profile).removesuffix("_" + str(c.rate).replace(".", "_"))
+            key = (rec.run_id, f"{c.mode} mtu{c.mtu}-conn{c.connections}-q{c.queues or 1}-{base}"
+                               + (f"-p{c.pairs}" if (c.pairs or 1) > 1 else ""))
             loops[key] = str(s.data.get("latency_loop") or "")
             for name, v in s.metrics.items():
                 p = percentiles.from_metric(name)

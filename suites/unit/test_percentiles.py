@@ -122,3 +122,32 @@ def test_each_tool_says_whether_its_pacing_is_open_or_closed_loop():
     assert pacing.loop_label(Tool.IPERF3) == "open-loop"
     for t in (Tool.UPERF, Tool.NETPERF):
         assert pacing.loop_label(t).startswith("closed-loop (coordinated omission")
+
+
+RATES = """\
+guests: [{name: g1}, {name: g2}]
+matrix:
+  profiles:
+    - PROFILE
+"""
+
+
+def test_rates_expand_a_profile_into_one_per_paced_load():
+    t = config.parse(RATES.replace("PROFILE", "{name: tcp_rr, pattern: rr, tool: uperf, rates: [1000tps, 4000tps]}"),
+                     "t.yaml")
+    ps = t.matrix.profiles
+    assert [(p.name, p.rate, p.rate_tps) for p in ps] == [("tcp_rr_1000tps", "1000tps", 1000),
+                                                          ("tcp_rr_4000tps", "4000tps", 4000)]
+
+
+@pytest.mark.parametrize("profile, words", [
+    ("{name: tcp_rr, pattern: rr, rates: [1000tps, 1000tps]}", "twice"),
+    ("{name: tcp_rr, pattern: rr, rates: [1000tps], rate: 5tps}", "either rates or rate"),
+    ("{name: tcp_rr, pattern: rr, tool: uperf, rates: [1gbit, 2gbit]}", "transactions per second"),
+    ("{name: a_very_long_profile_nam, pattern: rr, rates: [1000tps, 2000tps]}", "longer than 24"),
+    ("{name: tcp_rr, pattern: rr, rates: [1000tps]}", "at least 2"),
+])
+def test_bad_rates(profile, words):
+    with pytest.raises(ConfigError) as e:
+        config.parse(RATES.replace("PROFILE", profile), "t.yaml")
+    assert words in str(e.value) and "matrix.profiles[0]" in str(e.value)
