@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from testbed import stats
-from testbed.percentiles import METRIC_RE
+from testbed.percentiles import METRIC_RE, from_metric
 
 TEST = "quantile-permutation"
 BOOTSTRAP_RESAMPLES = 4000
@@ -40,8 +40,7 @@ def tail_metrics(base: Iterable[Mapping[str, float]], new: Iterable[Mapping[str,
     if not all(sides):
         return []
     common = set.intersection(*(set(m) for side in sides for m in side))
-    return sorted((k for k in common if METRIC_RE.fullmatch(k) and k not in skip),
-                  key=lambda k: float(METRIC_RE.fullmatch(k).group(1) + "." + (METRIC_RE.fullmatch(k).group(2) or "0")))
+    return sorted((k for k in common if METRIC_RE.fullmatch(k) and k not in skip), key=from_metric)
 
 
 def _diff(b: np.ndarray, n: np.ndarray) -> float:
