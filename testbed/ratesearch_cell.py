@@ -1,8 +1,8 @@
 """One ``udp_ndr`` cell on a test path: MLRsearch's trials through measure.measure_once.
 
 Each trial is a sample of the cell (the cell's own id and hash), measured like any other
-(server, client, CPU collectors, the wire cross-check on the receiving device) at the rate
-and duration the search asked for, with the trial's record under ``extra.trial``: the
+(server, client, CPU collectors; the receiving device's byte ratio recorded, the trial's
+loss check on both devices deciding) at the rate and duration the search asked for, with the trial's record under ``extra.trial``: the
 offered and received rates, the loss ratio and the wire figures of both devices. The
 cell's entry carries the answer under ``search``: NDR and PDR as lower and upper bounds,
 trials and time.
@@ -74,7 +74,10 @@ def measure_cell(cell: Cell, path: measure.TestPath, writer: results.RunWriter,
     def run_trial(index: int, duration_s: float, load_pps: float) -> ratesearch.Trial:
         tcell = dataclasses.replace(cell, profile=trial_profile(cell, duration_s, load_pps))
         t0 = time.monotonic()
-        s = measure.measure_once(tcell, path, writer, index, False, qemu_pids, placement, clock_ghz)
+        # the trial's wire check is loss_check's, on both devices (measure_once's byte ratio
+        # on the receiver alone is kept in the sample as information)
+        s = measure.measure_once(tcell, path, writer, index, False, qemu_pids, placement, clock_ghz,
+                                 wire_fails=False)
         wall = time.monotonic() - t0
         t = dataclasses.replace(trial_of(s, index, duration_s, load_pps, size=size, mtu=cell.mtu,
                                          sender=path.client.tap, receiver=path.server.tap,
