@@ -547,8 +547,23 @@ def _with_rates(n: Node, p: Profile) -> list[Profile]:
         if k in m:
             raise m[k].error(f"give either rates or {k}, not both")
     out: list[Profile] = []
-    for item in node.seq(2):
-        one = _rate({"rate": item}, p)
+    items = node.seq(2)
+    fractions = [i for i in items if isinstance(i.scalar(), str) and str(i.scalar()).strip().endswith("max")]
+    if fractions:
+        if not p.pattern.is_transactional:
+            raise fractions[0].error("fractions of the measured maximum pace request/response only; "
+                                     "give a stream bit rates (e.g. 1gbit)")
+        out.append(p)                       # the maximum the fractions are of, measured first
+    for item in items:
+        if item in fractions:
+            m = re.fullmatch(r"(0(?:\.\d{1,3})?|1(?:\.0+)?)max", str(item.scalar()).strip())
+            f = float(m.group(1)) if m else 0.0
+            if not 0 < f <= 1:
+                raise item.error(f"{_show(item.scalar())}: a fraction of the maximum lies in 0.001max..1max")
+            text = f"{f:g}max"
+            one = dataclasses.replace(p, rate=text, rate_fraction=f, rate_of=p.name)
+        else:
+            one = _rate({"rate": item}, p)
         name = f"{p.name}_{one.rate}".replace(".", "_")
         if not PROFILE_NAME_RE.fullmatch(name):
             raise item.error(f"profile name {name!r} (name_rate) longer than 24 characters: shorten the name")

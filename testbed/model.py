@@ -200,6 +200,11 @@ class Profile:
     rate: str | None = None
     #: kind ``udp_ndr``: the rate is searched, not given (None: an ordinary measurement)
     search: RateSearch | None = None
+    #: paced at this fraction of the maximum the profile ``rate_of`` measured in the same run
+    #: (``rates: [0.5max]``): the runner resolves rate_tps from it before measuring, and the
+    #: hash holds the fraction, not the resolved rate
+    rate_fraction: float | None = None
+    rate_of: str | None = None
     #: latency percentiles to record, percent (matrix.percentiles; None: p50, p90, p99, p99.9).
     #: What is computed from a measurement, not what is measured: left out of the hash.
     percentiles: tuple[float, ...] | None = None
@@ -280,7 +285,7 @@ class Cell:
 #: the Cell fields that are matrix axes (the rest of its definition is the profile and context)
 _AXES = ("attachment", "backend", "queues", "mtu", "connections")
 #: Profile fields added after results were first recorded: left out of the hash while unset
-_NEW_PROFILE_KEYS = ("rate_tps", "rate", "search")
+_NEW_PROFILE_KEYS = ("rate_tps", "rate", "search", "rate_fraction", "rate_of")
 #: Profile fields that choose what is computed from the measurement, never part of the hash
 _ANALYSIS_KEYS = ("percentiles",)
 
@@ -296,6 +301,9 @@ def definition(cell: Mapping, profile: Mapping, context: Mapping) -> dict:
     # The paced-load fields likewise enter only when set.
     prof = {k: v for k, v in dict(profile).items()
             if not (k in _NEW_PROFILE_KEYS and v is None) and k not in _ANALYSIS_KEYS}
+    if prof.get("rate_fraction") is not None:
+        # resolved from this run's own maximum: the fraction is the definition
+        prof.pop("rate_tps", None)
     return {"axes": axes, "profile": prof, "context": {str(k): str(v) for k, v in context.items()}}
 
 

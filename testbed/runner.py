@@ -260,7 +260,15 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None) ->
                          if _guests(attachment) else None)
                 with pair_paths(attachment, backend, tag, t, pairs, n_group, max(t.matrix.mtus), state,
                                  queues=queues, offloads=t.offloads) as tpaths:
+                    # a fraction of a maximum comes after the maximum it is a fraction of
+                    from testbed import pacing
+                    group.sort(key=lambda c: c.profile.rate_fraction is not None)
                     for cell in group:
+                        cell, why = pacing.resolve_fraction(cell, t.matrix.profiles, writer.record["cells"])
+                        if why:
+                            measure.fail_cell(cell, writer, why, placement)
+                            done += 1
+                            continue
                         eta = ((time.monotonic() - started) / done * (len(cells) - done)) if done else None
                         progress(f"[{done + 1}/{len(cells)}] {cell.id}"
                                  + (f" (eta {eta:.0f} s)" if eta is not None else ""))

@@ -151,3 +151,34 @@ def test_bad_rates(profile, words):
     with pytest.raises(ConfigError) as e:
         config.parse(RATES.replace("PROFILE", profile), "t.yaml")
     assert words in str(e.value) and "matrix.profiles[0]" in str(e.value)
+
+
+def test_fractions_of_the_measured_maximum():
+    t = config.parse(RATES.replace("PROFILE", "{name: tcp_rr, pattern: rr, tool: uperf, rates: [0.5max, 0.9max, 2000tps]}"),
+                     "t.yaml")
+    ps = t.matrix.profiles
+    assert [(p.name, p.rate, p.rate_fraction, p.rate_of) for p in ps] == [
+        ("tcp_rr", None, None, None), ("tcp_rr_0_5max", "0.5max", 0.5, "tcp_rr"),
+        ("tcp_rr_0_9max", "0.9max", 0.9, "tcp_rr"), ("tcp_rr_2000tps", "2000tps", None, None)]
+    from testbed import pacing
+    cell = Cell(Attachment.BRIDGE, Backend.QEMU, 1500, 1, ps[1], pairs=2)
+    base_id = Cell(Attachment.BRIDGE, Backend.QEMU, 1500, 1, ps[0], pairs=2).id
+    got, why = pacing.resolve_fraction(cell, ps, [{"id": base_id, "status": "ok",
+                                                   "summary": {"transactions_per_s": {"mean": 9000.0}}}])
+    assert why is None and got.profile.rate_tps == 2250 and got.profile.rate == "0.5max"   # half of 4500 per pair
+    # the hash holds the fraction, not what this run's maximum made of it
+    assert got.hash == cell.hash and got.id == cell.id
+    _, why = pacing.resolve_fraction(cell, ps, [{"id": base_id, "status": "failed", "reason": "boom", "summary": {}}])
+    assert "was not measured in this run (boom)" in why
+    _, why = pacing.resolve_fraction(cell, ps, [])
+    assert why.startswith("0.5max: the maximum of " + base_id)
+
+
+@pytest.mark.parametrize("profile, words", [
+    ("{name: tcp_rr, pattern: rr, rates: [1.5max, 0.5max]}", "0.001max..1max"),
+    ("{name: s, rates: [0.5max, 1gbit]}", "request/response only"),
+])
+def test_bad_fractions(profile, words):
+    with pytest.raises(ConfigError) as e:
+        config.parse(RATES.replace("PROFILE", profile), "t.yaml")
+    assert words in str(e.value)
