@@ -204,15 +204,18 @@ def fidelity(rounds: int = 5, duration_s: int = 5, message_size: int = 16384) ->
 
 
 @contextlib.contextmanager
-def _netns_bench(att):
+def _netns_bench(att, lock: bool = True):
     """A namespace pair of kind ``att`` (an Attachment) for a benchmark, held like a run
     (testbed.session: host lock, leftovers check, owned state, this host's environment) with
-    a throwaway results folder: (temporary folder, writer, test path)."""
+    a throwaway results folder: (temporary folder, writer, test path). ``lock=False``: as
+    the test sessions hold theirs, without the host lock and the leftovers check (a test
+    beside other runs; its objects are its own tag's)."""
     import tempfile
     from testbed import runner
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tb-fidelity-"))
-        ses = stack.enter_context(Session(default(), results_dir=Path(tmp), keep_logs=False))
+        ses = stack.enter_context(Session(default(), results_dir=Path(tmp), keep_logs=False, lock=lock,
+                                          check_leftovers=lock))
         writer = ses.open_run(None)
         path = stack.enter_context(runner.own_endpoints_path(att, ses.tag, "198.18.0.0/24", 1500, str(ses.state / "netns")))
         yield tmp, writer, path
@@ -314,10 +317,63 @@ def harness(ns: tuple[int, ...] = (1, 2, 4), rounds: int = 3, duration_s: int = 
     return rows
 
 
+#: the rate search's benchmark: a veth pair whose sender is shaped by tbf to this rate
+NDR_LIMIT_MBIT = 20
+#: the shaper's bucket and queue, bytes: a few frames each, so that what the queue absorbs over
+#: a one-second trial (limit x 8 / rate) stays well inside the search's precision
+NDR_BURST, NDR_QUEUE = 4 * 1514, 10 * 1514
+
+
+def ndr(limit_mbit: int = NDR_LIMIT_MBIT, precision: float = 0.05, trial_s: tuple[int, int] = (1, 2),
+        message_size: int = 1472, lock: bool = True) -> dict:
+    """Rate search on a namespace veth pair whose sending end is shaped by a tbf qdisc to a
+    known rate: NDR and PDR found against the limit (as payload rates: the shaper counts
+    whole frames), the trials, their wire verdicts and the wall time of the search."""
+    from testbed import ratesearch, ratesearch_cell
+    from testbed.hostnet import ops
+    from testbed.model import Attachment, Backend, Cell, Pattern, Profile, Protocol, RateSearch, Tool
+    spec = RateSearch(trial_s=trial_s, precision=precision, min_rate_bps=limit_mbit * 10**6 // 20,
+                      max_rate_bps=limit_mbit * 10**6 * 4, max_search_s=600)
+    profile = Profile("udp_ndr", tool=Tool.IPERF3, protocol=Protocol.UDP, pattern=Pattern.STREAM,
+                      message_size=message_size, duration_s=trial_s[1], search=spec)
+    cell = Cell(Attachment.NETNS_VETH, Backend.QEMU, 1500, 1, profile)
+    with _netns_bench(Attachment.NETNS_VETH, lock=lock) as (_, writer, path):
+        links = ops.on(ops.netns_executor(path.client.guest.agent.netns))  # type: ignore[union-attr]
+        links.shape(path.client.ifname, limit_mbit * 10**6, NDR_BURST, NDR_QUEUE)
+        r = ratesearch_cell.measure_cell(cell, path, writer, {}, {})
+        drops = links.qdisc_drops(path.client.ifname)
+    if r is None:
+        raise TestbedError("the rate search did not start (MTU check failed)")
+    frame = ratesearch.frame_bytes(message_size, 1500)
+    expected = limit_mbit * message_size / frame          # payload Mbit/s at the shaper's limit
+    ndr_lo, pdr_lo = r.ndr.mbps(r.ndr.lower_pps), r.pdr.mbps(r.pdr.lower_pps)
+    return {"limit_mbit": limit_mbit, "expected_payload_mbps": round(expected, 4), "precision": precision,
+            "search": r.as_dict(), "stopped": r.stopped, "qdisc_drops": drops,
+            "ndr_ratio": round(ndr_lo / expected, 4) if ndr_lo else None,
+            "pdr_ratio": round(pdr_lo / expected, 4) if pdr_lo else None,
+            "trials": [t.as_dict() for t in r.trials],
+            "wire_verdicts": [t.wire.get("verdict") for t in r.trials]}
+
+
 def main(what: str, args: argparse.Namespace) -> int:
     if what == "placement":
         from testbed import bench_placement
         return bench_placement.main(args.rounds)
+    if what == "ndr":
+        r = ndr()
+        s = r["search"]
+        print(f"shaper               tbf {r['limit_mbit']} Mbit/s of frames = {r['expected_payload_mbps']:.3f} "
+              f"Mbit/s of 1472-byte UDP payload (namespace veth pair, iperf3)")
+        for g in ("ndr", "pdr"):
+            b = s[g]
+            print(f"{g.upper()} (loss <= {b['loss_ratio']:g})  {b['lower_mbps']}..{b['upper_mbps']} Mbit/s  "
+                  f"ratio to limit {r[g + '_ratio']}  (precision {r['precision']:g})")
+        print(f"trials               {s['trials']} ({s['trial_seconds']:.1f} s of trials), wall {s['wall_s']:.1f} s")
+        print(f"wire cross-check     {', '.join(sorted(set(map(str, r['wire_verdicts']))))} "
+              f"on every trial; shaper dropped {r['qdisc_drops']} packets")
+        if r["stopped"]:
+            print(f"stopped: {r['stopped']}")
+        return 0 if not r["stopped"] and r["ndr_ratio"] else 1
     if what == "harness":
         rows = harness(rounds=args.rounds or 3)
         print("pairs  bare iperf3 (Mbit/s, sum)  testbed (Mbit/s, aggregate)  ratio  (namespace veth pairs, "

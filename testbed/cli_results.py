@@ -128,7 +128,8 @@ def cmd_history(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- report
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from testbed import compare, report
+    from testbed import compare, report, slo
+    spec = slo.parse(args.slo) if args.slo else None     # bad text: exit 2 before reading runs
     root = _results_root(args)
     out = _outputs((args.output, "--output"), (args.csv, "--csv"))
     records = [compare.load(r, root) for r in args.runs]
@@ -137,7 +138,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         records.insert(0, baseline)     # its environment and numbers belong on the page too
     rep = report.build(records, generated=results.now(), baseline=baseline,
                        threshold=args.threshold, test=args.test,
-                       capacity_profile=args.capacity_profile)
+                       capacity_profile=args.capacity_profile,
+                       slo_answers=[a for r in records for a in slo.answer(r, spec)] if spec else ())
     _write(out["--output"], report.render(rep), "--output")
     print(f"wrote {args.output}: {len(records)} runs, {len(rep.plots)} plots", file=sys.stderr)
     if args.csv:
@@ -163,6 +165,10 @@ def cmd_export_csv(args: argparse.Namespace) -> int:
 
 def cmd_capacity(args: argparse.Namespace) -> int:
     from testbed import capacity, capacity_model, capacity_plan, compare
+    if args.slo is not None:
+        return _capacity_slo(args)
+    if args.profile is None:
+        raise capacity.CapacityError("--profile or --slo is required")
     rec = compare.load(args.run, _results_root(args))
     demand = capacity.parse_demand(args.profile)
     if capacity_model.has_pairs_data(rec):
@@ -189,6 +195,21 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(capacity.render_text(p) + capacity_plan.ONE_PAIR_NOTE + "\n")
     if p.tcg:
+        print(f"testbed capacity: {capacity.TCG_BANNER}", file=sys.stderr)
+    return 0
+
+
+def _capacity_slo(args: argparse.Namespace) -> int:
+    """--slo: the largest N pairs meeting a service level (testbed.slo)."""
+    from testbed import capacity, compare, slo
+    spec = slo.parse(args.slo)              # bad text: exit 2 before the run is read
+    rec = compare.load(args.run, _results_root(args))
+    answers = slo.answer(rec, spec, host_cores=args.host_cores, mtu=args.mtu, connections=args.connections)
+    if args.json:
+        print(json.dumps([a.as_dict() for a in answers], indent=2, default=str))
+    else:
+        sys.stdout.write(slo.render_text(answers))
+    if rec.environment.accelerator == "tcg":
         print(f"testbed capacity: {capacity.TCG_BANNER}", file=sys.stderr)
     return 0
 
@@ -266,6 +287,9 @@ def add_commands(subparsers: Any) -> None:
     r.add_argument("--threshold", type=_fraction, default=0.05)
     r.add_argument("--test", choices=("auto", "welch", "permutation", "bootstrap", "mannwhitney"),
                    default="auto")
+    r.add_argument("--slo", default=None, metavar="SLO",
+                   help='plot a density run\'s figure against N pairs with this service level, '
+                        'e.g. "p99.9<500us@5000tps" (see capacity --slo)')
     r.add_argument("--capacity-profile", metavar="SPEC", default=None,
                    help="add the capacity table at this per-VM profile (stream:2gbit, rr:5ktps)")
     _common(r)
@@ -273,7 +297,10 @@ def add_commands(subparsers: Any) -> None:
 
     k = subparsers.add_parser("capacity", help="how many VMs of a traffic profile fit on a host")
     k.add_argument("run", metavar="RUN", help="a run directory or id (a density run with pairs, or any run)")
-    k.add_argument("--profile", required=True, metavar="SPEC",
+    k.add_argument("--slo", default=None, metavar="SLO",
+                   help='a service level per pair, e.g. "p99.9<500us@5000tps" or "loss<0.1%%@2gbit": '
+                        "the largest N pairs at which every pair met it, the first N that broke it")
+    k.add_argument("--profile", default=None, metavar="SPEC",
                    help="per-VM traffic: stream:2gbit, stream:500mbit, rr:5000tps, rr:5ktps")
     k.add_argument("--headroom", type=_fraction, default=0.2,
                    help="fraction of cores and link kept free (default 0.2)")

@@ -36,7 +36,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from testbed import paths, results, stats
+from testbed import paths, results, stats, tailgate
+from testbed.percentiles import METRIC_RE
 from testbed.errors import TestbedError
 from testbed.records import Environment, RunRecord, SampleRecord
 
@@ -296,12 +297,16 @@ def _cell(run: RunRecord, cid: str, base: list[SampleRecord], new: list[SampleRe
     primary, rr = run.primary_metric(profile), run.is_transactional(profile)
     results_: list[MetricResult] = []
     for metric, higher, decides in ((primary, True, True),
-                                    *((m, False, rr) for m in LATENCY_METRICS)):
+                                    *((m, False, rr) for m in LATENCY_METRICS if not METRIC_RE.fullmatch(m))):
         vb, vn = _values(ok_b, metric), _values(ok_n, metric)
         if vb and vn:
             results_.append(MetricResult(metric, decides, stats.compare(
                 vb, vn, higher_is_better=higher, threshold=threshold, alpha=alpha, test=test,
                 min_samples=min_samples)))
+    # percentiles (p50 .. p99.9, as chosen) by a method fit for quantiles: testbed.tailgate
+    results_ += [MetricResult(k, rr, c) for k, c in tailgate.comparisons(
+        [s.metrics for s in ok_b], [s.metrics for s in ok_n], threshold=threshold, alpha=alpha,
+        min_samples=min_samples)]
     return CellResult(**ident, verdict=CellVerdict.INCONCLUSIVE, metrics=tuple(results_),
                       note="" if any(m.metric == primary for m in results_)
                       else f"{primary} missing from the successful samples")

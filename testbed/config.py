@@ -23,7 +23,7 @@ import yaml
 from testbed import attachments
 from testbed.errors import CapabilityError, CommandError, ConfigError, one_line
 from testbed.model import (NAME_RE, Variant, Attachment, Backend, GuestSpec, HostSpec, Matrix, Offloads, Pattern,
-                           Profile, Protocol, Repetitions, Tool, Topology, TunnelSpec)
+                           Profile, Protocol, RateSearch, Repetitions, Tool, Topology, TunnelSpec)
 from testbed.config_placement import check_placements, guest_placement, host_placement, noise
 
 BENCHMARK_NET = ipaddress.ip_network("198.18.0.0/15")
@@ -66,7 +66,7 @@ SUBNET_MAX_PREFIX = 32 - math.ceil(math.log2(SUBNET_ENDPOINTS + 2))
 DEFAULT_MAX_CELLS, HARD_MAX_CELLS = 2000, 100_000
 DEFAULT_MAX_HOURS, HARD_MAX_HOURS = 48, 8760
 MATRIX_KEYS = {"attachments", "backends", "queues", "mtus", "connections", "profiles", "repetitions",
-               "variants", "pairs",
+               "variants", "pairs", "percentiles",
                "randomize", "seed"}
 #: outer Ethernet 14 + IPv4 20 + UDP 8 + VXLAN 8 (hostnet/vxlan.py)
 VXLAN_OVERHEAD = 50
@@ -443,7 +443,8 @@ def _guest(n: Node, hosts: dict[str, HostSpec], base: Path) -> GuestSpec:
 
 def _profile(n: Node) -> Profile:
     m = n.mapping({"name", "tool", "protocol", "pattern", "message_size", "response_size",
-                   "duration", "rate_bps", "rate", "confidence", "iterations"}, required=("name",))
+                   "duration", "rate_bps", "rate", "confidence", "iterations", "kind", "search", "rates"},
+                  required=("name",))
     p = Profile(
         name=m["name"].str(PROFILE_NAME_RE, "profile name (lowercase, digits, '_')"),
         tool=m["tool"].enum(Tool) if "tool" in m else Tool.NETPERF,
@@ -458,12 +459,137 @@ def _profile(n: Node) -> Profile:
     )
     if "rate" in m:
         p = _rate(m, p)
+    p = _kind(n, m, p)
     if (p.confidence or p.iterations) and p.tool is not Tool.NETPERF:
         raise (m.get("confidence") or m["iterations"]).error("confidence/iterations are netperf options")
     if p.iterations and p.iterations[0] < p.iterations[1]:
         raise m["iterations"].error(f"max {p.iterations[0]} is below min {p.iterations[1]}")
     _check_tool(n, m, p)
     return p
+
+
+#: the tools whose UDP rate the search can set per trial (testbed.ratesearch)
+SEARCH_TOOLS = {Tool.IPERF3: None,
+                Tool.NETPERF: "Debian's netperf is built without pacing (it needs --enable-intervals "
+                              "and --enable-burst, and then sends bursts per interval); use iperf3",
+                Tool.UPERF: "uperf paces transactions per second on request/response only here; "
+                            "use iperf3"}
+
+
+def _kind(n: Node, m: dict[str, Node], p: Profile) -> Profile:
+    """``kind: udp_ndr``: a loss-bounded rate search over a UDP stream (testbed.ratesearch),
+    its parameters under ``search``; the default kind measures at a given rate or flat out."""
+    kind = m["kind"].str(re.compile(r"measure|udp_ndr"), "kind (measure or udp_ndr)") if "kind" in m else "measure"
+    if kind != "udp_ndr":
+        if "search" in m:
+            raise m["search"].error("search is for profiles of kind udp_ndr")
+        return p
+    node = m["kind"]
+    if "protocol" in m and p.protocol is not Protocol.UDP:
+        raise m["protocol"].error("kind udp_ndr searches a UDP rate: protocol must be udp")
+    if "pattern" in m and p.pattern is not Pattern.STREAM:
+        raise m["pattern"].error("kind udp_ndr searches a stream's rate: pattern must be stream")
+    for k in ("rate", "rate_bps", "confidence", "iterations", "duration"):
+        if k in m:
+            raise m[k].error(f"kind udp_ndr chooses its own rates and trial durations (see search); "
+                             f"{k} does not apply")
+    tool = p.tool if "tool" in m else Tool.IPERF3
+    why = SEARCH_TOOLS.get(tool)
+    if why:
+        raise (m.get("tool") or node).error(f"kind udp_ndr cannot drive {tool.value}: {why}")
+    s = _search(m["search"]) if "search" in m else RateSearch()
+    return dataclasses.replace(p, tool=tool, protocol=Protocol.UDP, pattern=Pattern.STREAM,
+                               duration_s=s.trial_s[1], search=s)
+
+
+def _search(n: Node) -> RateSearch:
+    from testbed import pacing
+    m = n.mapping({"pdr_loss", "trial", "precision", "max_search", "min_rate", "max_rate",
+                   "exceed_ratio", "duration_sum"})
+    d = RateSearch()
+
+    def rate(k: str, default: int) -> int:
+        if k not in m:
+            return default
+        try:
+            r = pacing.parse_rate(m[k].scalar())
+        except ValueError as e:
+            raise m[k].error(str(e)) from None
+        if r.bps is None:
+            raise m[k].error(f"{k} is a bit rate (e.g. 100mbit), not {r.text}")
+        return r.bps
+    trial = _pair(m["trial"], (1, 600), (1, 600)) if "trial" in m else d.trial_s
+    if trial[1] < trial[0]:
+        raise m["trial"].error(f"the final trial ({trial[1]} s) is shorter than the first ({trial[0]} s)")
+    lo, hi = rate("min_rate", d.min_rate_bps), rate("max_rate", d.max_rate_bps)
+    if lo >= hi:
+        raise (m.get("min_rate") or m.get("max_rate") or n).error(
+            f"min_rate ({lo} bit/s) must lie below max_rate ({hi} bit/s)")
+    dsum = m["duration_sum"].int(1, 3600, "duration_sum") if "duration_sum" in m else None
+    if dsum is not None and dsum < trial[1]:
+        raise m["duration_sum"].error(f"duration_sum {dsum} s is shorter than the final trial ({trial[1]} s)")
+    return RateSearch(
+        pdr_loss=m["pdr_loss"].float(1e-9, 0.5) if "pdr_loss" in m else d.pdr_loss,
+        trial_s=trial,
+        precision=m["precision"].float(0.001, 0.5) if "precision" in m else d.precision,
+        max_search_s=m["max_search"].int(10, 86400, "max_search") if "max_search" in m else d.max_search_s,
+        min_rate_bps=lo, max_rate_bps=hi,
+        exceed_ratio=m["exceed_ratio"].float(0.0, 0.9) if "exceed_ratio" in m else d.exceed_ratio,
+        duration_sum_s=dsum)
+
+
+def _with_rates(n: Node, p: Profile) -> list[Profile]:
+    """``rates: [1000tps, 4000tps, 8000tps]``: the profile at each paced load, named
+    ``<name>_<rate>`` (tcp_rr_4000tps), for a latency-against-load curve per cell (the report
+    joins them by that name). Without ``rates``: the profile itself."""
+    m = n.mapping({"name", "tool", "protocol", "pattern", "message_size", "response_size", "duration",
+                   "rate_bps", "rate", "confidence", "iterations", "kind", "search", "rates"})
+    if "rates" not in m:
+        return [p]
+    node = m["rates"]
+    for k in ("rate", "rate_bps", "kind"):
+        if k in m:
+            raise m[k].error(f"give either rates or {k}, not both")
+    out: list[Profile] = []
+    items = node.seq(2)
+    fractions = [i for i in items if isinstance(i.scalar(), str) and str(i.scalar()).strip().endswith("max")]
+    if fractions:
+        if not p.pattern.is_transactional:
+            raise fractions[0].error("fractions of the measured maximum pace request/response only; "
+                                     "give a stream bit rates (e.g. 1gbit)")
+        out.append(p)                       # the maximum the fractions are of, measured first
+    for item in items:
+        if item in fractions:
+            m = re.fullmatch(r"(0(?:\.\d{1,3})?|1(?:\.0+)?)max", str(item.scalar()).strip())
+            f = float(m.group(1)) if m else 0.0
+            if not 0 < f <= 1:
+                raise item.error(f"{_show(item.scalar())}: a fraction of the maximum lies in 0.001max..1max")
+            text = f"{f:g}max"
+            one = dataclasses.replace(p, rate=text, rate_fraction=f, rate_of=p.name)
+        else:
+            one = _rate({"rate": item}, p)
+        name = f"{p.name}_{one.rate}".replace(".", "_")
+        if not PROFILE_NAME_RE.fullmatch(name):
+            raise item.error(f"profile name {name!r} (name_rate) longer than 24 characters: shorten the name")
+        if name in (q.name for q in out):
+            raise item.error(f"rate {one.rate} given twice")
+        out.append(dataclasses.replace(one, name=name))
+    return out
+
+
+def _percentiles(n: Node) -> tuple[float, ...]:
+    """``percentiles: [50, 90, 99, 99.9, 99.99]``: percent, each in 1..99.999 with at most
+    three decimals (a metric name holds them: latency_p99_99_us), no repeats."""
+    items = n.seq(1)
+    out: list[float] = []
+    for item in items:
+        v = item.float(1, 99.999)
+        if round(v, 3) != v:
+            raise item.error(f"{v:g}: a percentile has at most three decimals")
+        if v in out:
+            raise item.error(f"percentile {v:g} given twice")
+        out.append(v)
+    return tuple(sorted(out))
 
 
 def _rate(m: dict[str, Node], p: Profile) -> Profile:
@@ -628,7 +754,12 @@ def _variant(n: Node, base: Path) -> Variant:
 def _matrix(n: Node, base: Path | None = None) -> Matrix:
     m = n.mapping(MATRIX_KEYS, required=("profiles",))
     profiles_nodes = m["profiles"].seq(1)
-    profiles = tuple(_profile(p) for p in profiles_nodes)
+    expanded = [(node, p) for node in profiles_nodes for p in _with_rates(node, _profile(node))]
+    profiles_nodes = [node for node, _ in expanded]
+    profiles = tuple(p for _, p in expanded)
+    if "percentiles" in m:
+        chosen = _percentiles(m["percentiles"])
+        profiles = tuple(dataclasses.replace(p, percentiles=chosen) for p in profiles)
     _unique(profiles_nodes, [p.name for p in profiles], "profile")
     mx = Matrix(
         attachments=_distinct(m, "attachments", lambda a: a.enum(Attachment), (Attachment.BRIDGE,)),
@@ -683,7 +814,8 @@ def _check_limits(m: dict[str, Node], doc: Node, matrix: Matrix) -> None:
     per_cell_samples = matrix.repetitions.warmup + matrix.repetitions.max_samples
     per = len(matrix.mtus) * len(matrix.connections) * len(matrix.pairs)
     # netperf's own confidence loop (-i max,min) runs up to max iterations per sample
-    by_profile = sum(p.duration_s * (p.iterations[0] if p.iterations else 1) for p in matrix.profiles)
+    by_profile = sum(p.search.max_search_s if p.search else p.duration_s * (p.iterations[0] if p.iterations else 1)
+                     for p in matrix.profiles)
     groups = sum(1 if a.is_netns else len(matrix.backends) * len(matrix.queues) for a in matrix.attachments)
     seconds = groups * per * by_profile * per_cell_samples
     if seconds > max_hours * 3600:

@@ -12,6 +12,7 @@ each covered.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -162,7 +163,12 @@ def client_plan(driver: ToolDriver, cell: Cell, server_addr: str, port: int,
 
 def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int, warmup: bool,
                  qemu_pids: Mapping[str, int], placement: Mapping[str, str],
-                 clock_ghz: float | None = None, watch: window.Watch | None = None) -> results.Sample:
+                 clock_ghz: float | None = None, watch: window.Watch | None = None, *,
+                 wire_fails: bool = True) -> results.Sample:
+    """One sample. ``wire_fails=False``: the receiving device's byte check is recorded but
+    does not fail the sample, for a caller that checks the wire its own way (the rate
+    search's per-trial loss check on both devices: a one-second UDP trial in a slow guest
+    has datagrams arriving after the receiver stopped counting, several percent of it)."""
     watch = watch or window.Watch()
     profile = cell.profile
     driver = get_tool(profile.tool)
@@ -255,6 +261,9 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
         "warnings": [*res.warnings, *cpu_warnings(cpu_info)], "datapath": path.datapath,
         "offloads": {k: dict(v) for k, v in path.offloads.items()},
         "instances": len(pids), "start_skew_s": round(skew_s, 4),
+        # per device under test: its counter deltas over the window, for checks that need
+        # both ends (the rate search's loss check, testbed.ratesearch)
+        "counters": {k: dataclasses.asdict(d) for k, d in deltas.items()},
         # seen from the host through the agent's polling, so an upper bound
         "end_skew_s": round(end_skew, 3),
         # per host-side device: Mbit/s the guest sent and received over the window
@@ -264,9 +273,11 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
     why = invariant_reason(cpu_info)
     if why:
         return failed(why, cpu_info, extra, check.as_dict())
-    if check.verdict == "fail":
+    if check.verdict == "fail" and wire_fails:
         return failed(f"wire cross-check: {check.reason}", cpu_info, extra, check.as_dict())
     metrics = {**res.metrics, **derived(dict(res.metrics), cpu_info, clock_ghz)}
+    if profile.pattern.is_transactional:
+        metrics = latency_percentiles(profile, driver, [o.stdout for o in outs], metrics, extra)
     status, reason = noise_outcome(watch, noisy, warmup, extra)
     if status == "failed":
         return failed(reason, cpu_info, extra, check.as_dict())   # type: ignore[arg-type]
@@ -287,6 +298,29 @@ def noise_outcome(watch: window.Watch, noisy: str | None, warmup: bool, extra: d
     if action == "fail":
         return "failed", f"noisy: {noisy}"
     return "ok", None
+
+
+def latency_percentiles(profile: Profile, driver: ToolDriver, stdouts: Sequence[str],
+                        metrics: Mapping[str, float], extra: dict) -> dict[str, float]:
+    """The profile's chosen percentiles (testbed.percentiles) from the fullest source the
+    clients' output has (the tool's histogram, ToolDriver.distribution, all instances' added
+    up; else the tool's own figures), each with its transaction count under
+    ``extra.percentiles``; the sample's metrics keep only the sufficient ones."""
+    from testbed import percentiles
+    hists = [driver.distribution(t) for t in stdouts]
+    hist = percentiles.merge(hists) if hists and all(hists) else None   # type: ignore[arg-type]
+    chosen = percentiles.choose(profile.percentiles or percentiles.DEFAULT, metrics, histogram=hist,
+                                tool=driver.name.value)
+    extra["percentiles"] = [c.as_dict() for c in chosen]
+    if profile.paced:
+        from testbed import pacing
+        extra["latency_loop"] = pacing.loop_label(profile.tool)
+    if hist:
+        extra["histogram"] = [list(b) for b in hist if b[2]]
+    if len(stdouts) > 1 and not hist:
+        extra.setdefault("warnings", []).append(
+            f"percentiles of {len(stdouts)} instances without their distributions: the largest of each")
+    return percentiles.apply(metrics, chosen)
 
 
 def end_skew_reason(ends: Sequence[float], duration_s: int, who: str) -> str | None:

@@ -153,6 +153,32 @@ class Pattern(StrEnum):
 
 
 @dataclass(frozen=True)
+class RateSearch:
+    """A loss-bounded rate search (profile kind ``udp_ndr``): the offered UDP rate is searched
+    for NDR (no datagram lost) and PDR (at most ``pdr_loss`` of them lost) by CSIT's
+    MLRsearch (testbed.ratesearch), one trial through the tool per load it asks for. Rates
+    are payload bits per second; the search's own unit is datagrams per second."""
+
+    #: the partial-drop goal's loss ratio (0.005 = 0.5 %)
+    pdr_loss: float = 0.005
+    #: the shortest and the longest trial, seconds (MLRsearch's initial and final durations)
+    trial_s: tuple[int, int] = (1, 5)
+    #: relative width at which the search stops: upper - lower bound <= precision x upper
+    precision: float = 0.05
+    #: the search gives up after this many seconds, with the bounds it has
+    max_search_s: int = 600
+    #: the rates searched between, payload bit/s; their text as the user wrote it
+    min_rate_bps: int = 1_000_000
+    max_rate_bps: int = 1_000_000_000
+    #: share of trial seconds that may fail a goal while a load still counts as its lower
+    #: bound (MLRsearch's exceed ratio; 0 = every trial must meet it)
+    exceed_ratio: float = 0.0
+    #: trial seconds at a load before it counts as a bound (MLRsearch's duration sum);
+    #: None: the longest trial's duration, so one final trial decides
+    duration_sum_s: int | None = None
+
+
+@dataclass(frozen=True)
 class Profile:
     """A traffic pattern: tool, protocol, pattern, sizes and duration."""
 
@@ -172,6 +198,20 @@ class Profile:
     #: target is rate_bps. ``rate`` keeps the text the user wrote (``2gbit``, ``5000tps``).
     rate_tps: int | None = None
     rate: str | None = None
+    #: kind ``udp_ndr``: the rate is searched, not given (None: an ordinary measurement)
+    search: RateSearch | None = None
+    #: paced at this fraction of the maximum the profile ``rate_of`` measured in the same run
+    #: (``rates: [0.5max]``): the runner resolves rate_tps from it before measuring, and the
+    #: hash holds the fraction, not the resolved rate
+    rate_fraction: float | None = None
+    rate_of: str | None = None
+    #: latency percentiles to record, percent (matrix.percentiles; None: p50, p90, p99, p99.9).
+    #: What is computed from a measurement, not what is measured: left out of the hash.
+    percentiles: tuple[float, ...] | None = None
+
+    @property
+    def kind(self) -> str:
+        return "udp_ndr" if self.search is not None else "measure"
 
     @property
     def paced(self) -> bool:
@@ -245,7 +285,9 @@ class Cell:
 #: the Cell fields that are matrix axes (the rest of its definition is the profile and context)
 _AXES = ("attachment", "backend", "queues", "mtu", "connections")
 #: Profile fields added after results were first recorded: left out of the hash while unset
-_NEW_PROFILE_KEYS = ("rate_tps", "rate")
+_NEW_PROFILE_KEYS = ("rate_tps", "rate", "search", "rate_fraction", "rate_of")
+#: Profile fields that choose what is computed from the measurement, never part of the hash
+_ANALYSIS_KEYS = ("percentiles",)
 
 
 def definition(cell: Mapping, profile: Mapping, context: Mapping) -> dict:
@@ -257,7 +299,11 @@ def definition(cell: Mapping, profile: Mapping, context: Mapping) -> dict:
         # Only N > 1 enters the hash, so every cell defined before the pairs axis keeps its hash.
         axes["pairs"] = cell["pairs"]
     # The paced-load fields likewise enter only when set.
-    prof = {k: v for k, v in dict(profile).items() if not (k in _NEW_PROFILE_KEYS and v is None)}
+    prof = {k: v for k, v in dict(profile).items()
+            if not (k in _NEW_PROFILE_KEYS and v is None) and k not in _ANALYSIS_KEYS}
+    if prof.get("rate_fraction") is not None:
+        # resolved from this run's own maximum: the fraction is the definition
+        prof.pop("rate_tps", None)
     return {"axes": axes, "profile": prof, "context": {str(k): str(v) for k, v in context.items()}}
 
 

@@ -76,6 +76,46 @@ def express_reason(tool: Tool, protocol: Protocol, pattern: Pattern, rate: Rate)
     return None
 
 
+#: how each tool's pacing schedules work: "open" (sends on a schedule whatever the replies:
+#: queueing delay shows in the latency) or "closed" (the next transaction waits for the last
+#: reply, so a slow reply delays the schedule and hides queueing: coordinated omission)
+LOOP: dict[Tool, str] = {
+    Tool.IPERF3: "open",     # UDP datagrams on its pacing timer; iperf3 times no transactions
+    Tool.UPERF: "closed",    # rate.c paces each thread's transactions, one outstanding at a time
+    Tool.NETPERF: "closed",  # -w/-b: bursts of transactions per interval, each waiting its reply
+}
+
+
+def loop_label(tool: Tool) -> str:
+    """What a paced sample's latency is: the label the records and report carry."""
+    return ("open-loop" if LOOP.get(tool) == "open" else
+            "closed-loop (coordinated omission: a late reply delays the next request, so "
+            "queueing delay is under-reported)")
+
+
+def resolve_fraction(cell, profiles, outcomes) -> tuple[object, str | None]:
+    """A cell paced at a fraction of a maximum (``rates: [0.5max]``) with its target per
+    pair resolved from the maximum its base profile measured earlier in this run: (cell,
+    None), or (cell, why not) when that maximum is missing or failed. ``profiles``: the
+    matrix's; ``outcomes``: the run's cell entries so far (run.json ``cells``)."""
+    import dataclasses
+    p = cell.profile
+    if p.rate_fraction is None:
+        return cell, None
+    base = next((q for q in profiles if q.name == p.rate_of), None)
+    if base is None:
+        return cell, f"profile {p.rate_of!r}, whose maximum {p.rate} is a fraction of, is not in the matrix"
+    sibling = dataclasses.replace(cell, profile=base).id
+    out = next((o for o in outcomes if o.get("id") == sibling), None)
+    mean = (((out or {}).get("summary") or {}).get(base.pattern.primary_metric) or {}).get("mean")
+    if out is None or out.get("status") == "failed" or not mean:
+        return cell, (f"{p.rate}: the maximum of {sibling} was not measured in this run"
+                      + (f" ({out.get('reason')})" if out and out.get("reason") else ""))
+    per_pair = mean / max(1, cell.pairs)
+    tps = max(1, round(p.rate_fraction * per_pair))
+    return dataclasses.replace(cell, profile=dataclasses.replace(p, rate_tps=tps)), None
+
+
 def per_stream(target: int, streams: int) -> int:
     """iperf3 -b and uperf's rate are per stream/thread: split a pair's target among them."""
     return max(1, target // max(1, streams))

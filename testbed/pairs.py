@@ -107,6 +107,18 @@ def pair_record(profile: Profile, res: ToolResult, cores: float | None) -> dict:
     metric = measure.primary_metric(profile)
     rec: dict = {metric: res.metrics.get(metric), "latency_p99_us": res.metrics.get("latency_p99_us"),
                  "cpu_cores": None if cores is None else round(cores, 4)}
+    # what an SLO may bound (testbed.slo): the pair's loss, its chosen percentiles that have
+    # enough transactions behind them (testbed.percentiles), its mean latency
+    if "loss_pct" in res.metrics:
+        rec["loss_pct"] = res.metrics["loss_pct"]
+    if profile.pattern.is_transactional and res.ok:
+        from testbed import percentiles
+        chosen = percentiles.choose(profile.percentiles or percentiles.DEFAULT, res.metrics,
+                                    tool=profile.tool.value)
+        rec.update(percentiles.apply({}, chosen))
+        rec["latency_p99_us"] = rec.get("latency_p99_us")
+        if "latency_mean_us" in res.metrics:
+            rec["latency_mean_us"] = res.metrics["latency_mean_us"]
     if profile.paced:
         target = profile.rate_tps if profile.rate_tps is not None else (profile.rate_bps or 0) / 1e6
         rec["target"] = target
@@ -264,6 +276,8 @@ def measure_once(cell: Cell, paths: Sequence[measure.TestPath], writer: results.
     short = [i + 1 for i, r in enumerate(pair_recs) if r.get("short")]
     extra.update({"pairs": pair_recs, "warnings": [*res.warnings, *measure.cpu_warnings(cpu_info)],
                   "saturated": bool(short), "short_pairs": short})
+    if profile.paced and profile.pattern.is_transactional:
+        extra["latency_loop"] = pacing.loop_label(profile.tool)
     metrics = {**res.metrics, **measure.derived(dict(res.metrics), cpu_info, clock_ghz)}
     status, reason = measure.noise_outcome(watch, noisy, warmup, extra)
     if status == "failed":

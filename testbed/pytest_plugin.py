@@ -132,16 +132,16 @@ class SessionRunWriter:
             rec = SampleRecord.from_dict(d)
         return super().add_sample(rec)  # type: ignore[misc]
 
-    def add_cell(self, cell, status, reason, converged, summary):
+    def add_cell(self, cell, status, reason, converged, summary, extra=None):
         from testbed.records import CellOutcome
         self.tb_cells = [*getattr(self, "tb_cells", []), cell]
         new = self._session_id(cell.id)
         self.tb_measuring.pop(cell.id)
         self.tb_recorded[cell.id] = self.tb_recorded.get(cell.id, 0) + 1
         if new == cell.id:
-            return super().add_cell(cell, status, reason, converged, summary)  # type: ignore[misc]
+            return super().add_cell(cell, status, reason, converged, summary, extra)  # type: ignore[misc]
         return self.add_outcome(CellOutcome.from_dict(json.loads(json.dumps(  # type: ignore[attr-defined]
-            {**cell.as_dict(), "id": new, "status": status, "reason": reason, "converged": converged,
+            {**cell.as_dict(), **(extra or {}), "id": new, "status": status, "reason": reason, "converged": converged,
              "summary": dict(summary)}, default=str))))
 
 

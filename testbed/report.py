@@ -412,6 +412,9 @@ class Report:
     capacity_profile: str | None = None
     #: `testbed history` series (testbed.history.Series) shown with their change points
     history: tuple[Any, ...] = ()
+    #: Plotly plots (report_interactive.Interactive): CDFs, latency against load, rate-search
+    #: trials, a service level against N
+    interactive: tuple[Any, ...] = ()
 
     @property
     def any_tcg(self) -> bool:
@@ -447,8 +450,8 @@ def history_plot(series: Sequence[Any]) -> Plot | None:
 
 def build(records: Sequence[RunRecord], *, generated: str, baseline: RunRecord | None = None,
           threshold: float = 0.05, test: str = "auto", history: Sequence[Any] = (),
-          capacity_profile: str | None = None) -> Report:
-    from testbed import report_capacity
+          capacity_profile: str | None = None, slo_answers: Sequence[Any] = ()) -> Report:
+    from testbed import report_capacity, report_interactive
     views = tuple(run_view(r) for r in records)
     cells = [c for v in views for c in v.cells]
     runs = [v.run_id for v in views]
@@ -468,7 +471,8 @@ def build(records: Sequence[RunRecord], *, generated: str, baseline: RunRecord |
                   baseline=None if baseline is None else baseline.run_id,
                   comparisons=comparisons, plots=plots, history=tuple(history),
                   capacity=report_capacity.table(records, capacity_profile),
-                  capacity_profile=capacity_profile)
+                  capacity_profile=capacity_profile,
+                  interactive=report_interactive.plots(records, slo_answers))
 
 
 def write_run_report(rec: RunRecord, generated: str) -> Any:
@@ -492,7 +496,12 @@ def render(report: Report) -> str:
                              trim_blocks=True, lstrip_blocks=True)
     env.filters["num"] = _num
     env.filters["pct"] = lambda v: "-" if v is None else f"{v:+.1f}%"
-    return env.get_template("report.html.j2").render(r=report, tcg_banner=TCG_BANNER)
+    js = ""
+    if report.interactive:
+        from testbed.report_interactive import plotly_js
+        # inlined once: the page must open with no network; "</script" cannot occur in it
+        js = plotly_js().replace("</script", "<\\/script")
+    return env.get_template("report.html.j2").render(r=report, tcg_banner=TCG_BANNER, plotly_js=js)
 
 
 # --------------------------------------------------------------------------- CSV

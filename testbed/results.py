@@ -229,9 +229,10 @@ class RunWriter:
         self._flush()
 
     def add_cell(self, cell: Cell, status: str, reason: str | None, converged: bool | None,
-                 summary: Mapping[str, Any]) -> None:
+                 summary: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> None:
+        """``extra``: keys a kind of cell adds to its entry (a rate search's ``search``)."""
         out = CellOutcome.from_dict(json.loads(json.dumps(
-            {**cell.as_dict(), "status": status, "reason": reason, "converged": converged,
+            {**cell.as_dict(), **(extra or {}), "status": status, "reason": reason, "converged": converged,
              "summary": dict(summary)}, default=str)))
         self.add_outcome(out)
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from testbed import (attachments, capabilities, cleanup, cpu, environment, guestnic, images, measure,
                      placement as placement_mod, proc, remote, render, results, stats, virt, window)
 from testbed import pairs as pairs_mod
+from testbed import ratesearch_cell
 from testbed.errors import CapabilityError, GuestError, ReadinessError, TestbedError
 from testbed.model import Attachment, Backend, Cell, Offloads, Topology, context_of, object_name
 from testbed.session import Session, keep_logs
@@ -374,15 +375,25 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None,
                          if _guests(attachment) else None)
                 with pair_paths(attachment, backend, tag, t, pairs, n_group, max(t.matrix.mtus), state,
                                  queues=queues, offloads=t.offloads) as tpaths:
+                    # a fraction of a maximum comes after the maximum it is a fraction of
+                    from testbed import pacing
+                    group.sort(key=lambda c: c.profile.rate_fraction is not None)
                     for name, p in pins.items():
                         # vhost workers start with their NIC: pinned once it is plugged
                         if p.vhost is not None and qemu_pids.get(name):
                             placement_mod.pin_vhost(qemu_pids[name], p.vhost)
                     for cell in group:
+                        cell, why = pacing.resolve_fraction(cell, t.matrix.profiles, writer.record["cells"])
+                        if why:
+                            measure.fail_cell(cell, writer, why, placement)
+                            done += 1
+                            continue
                         eta = ((time.monotonic() - started) / done * (len(cells) - done)) if done else None
                         progress(f"[{done + 1}/{len(cells)}] {cell.id}"
                                  + (f" (eta {eta:.0f} s)" if eta is not None else ""))
-                        if cell.pairs > 1 or cell.profile.paced:
+                        if cell.profile.search is not None:
+                            ratesearch_cell.measure_cell(cell, tpaths[0], writer, qemu_pids, placement, clock_ghz)
+                        elif cell.pairs > 1 or cell.profile.paced:
                             pairs_mod.measure_cell(cell, tpaths[:cell.pairs], writer, rule,
                                                    t.matrix.repetitions.warmup, qemu_pids, placement, clock_ghz,
                                                    watch)

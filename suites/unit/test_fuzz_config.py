@@ -97,6 +97,20 @@ def _paths(node: Any, prefix: tuple = ()) -> list[tuple]:
     return out
 
 
+def _holds(node: Any, obj: Any) -> bool:
+    """``obj`` is ``node`` or somewhere inside it (by identity)."""
+    stack, seen = [node], set()
+    while stack:
+        n = stack.pop()
+        if n is obj:
+            return True
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        stack.extend(n.values() if isinstance(n, dict) else n if isinstance(n, list) else ())
+    return False
+
+
 def _get(doc: Any, path: tuple) -> Any:
     for p in path:
         doc = doc[p]
@@ -136,8 +150,10 @@ def mutated(draw) -> str:
         elif op == "alias":
             # one object in two places: safe_dump writes an anchor and an alias
             target = draw(st.sampled_from(paths))
-            if path[:len(target)] != target:    # not an ancestor: no cycle
-                parent[key] = _get(doc, target)
+            value = _get(doc, target)
+            # not an ancestor, by path or (after a shared duplicate) by identity: no cycle
+            if path[:len(target)] != target and not _holds(value, parent):
+                parent[key] = value
     try:
         text = yaml.safe_dump(doc, sort_keys=False, allow_unicode=draw(st.booleans()))
     except (yaml.YAMLError, ValueError, RecursionError):

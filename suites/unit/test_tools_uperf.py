@@ -95,6 +95,9 @@ def test_every_fixture_parses(path: Path) -> None:
         assert tags(text)[:3] == ["?xml", "profile", "group"] and tags(text)[-1] == "/profile"
         return
     result = UPERF.parse(text)
+    if "_stalled" in path.name:         # threads out of step: a failed sample naming them
+        assert not result.ok and result.reason.startswith("uperf threads stalled"), result.reason
+        return
     assert result.ok, result.reason
     assert result.metrics["throughput_mbps"] > 0
     for name, value in EXPECTED.get(path.name, {}).items():

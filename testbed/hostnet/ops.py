@@ -208,6 +208,28 @@ class Netlink:
         st = self._get(name, "IFLA_STATS64")
         return Wire(*(int(st[k]) for k in _WIRE))
 
+    def shape(self, name: str, rate_bps: int, burst: int, limit: int) -> None:
+        """A token-bucket (tbf) root qdisc on ``name``: ``rate_bps`` bits of frames per
+        second, a ``burst`` bytes bucket, ``limit`` bytes queued before it drops. Replaces
+        any root qdisc; it goes with the device."""
+        check_ours(name)
+        # pyroute2 takes the rate in bytes per second
+        self._do(f"cannot shape {name} to {rate_bps} bit/s", lambda ipr: ipr.tc(
+            "replace", "tbf", self._need(ipr, name), rate=rate_bps // 8, burst=burst, limit=limit))
+
+    def qdisc_drops(self, name: str) -> int:
+        """Packets the root qdisc of ``name`` dropped (its own statistics)."""
+        with self._ipr() as ipr:
+            idx = self._need(ipr, name)
+            for q in ipr.get_qdiscs(index=idx):
+                if q.get("parent") == 0xFFFFFFFF:
+                    st = q.get("TCA_STATS2")
+                    basic = st.get("TCA_STATS_QUEUE") if st else None
+                    if basic:
+                        return int(basic["drops"])
+                    return int(q.get("TCA_STATS")["drops"])
+        raise CommandError(["netlink", "qdisc", "show", name], 2, f"no root qdisc on {name} in {self.where}")
+
 
 class IpCommands:
     """The same operations as ``Netlink``, as ``ip`` commands run by an executor (a real
@@ -296,6 +318,18 @@ class IpCommands:
     def ipv4_of(self, name: str) -> list[str]:
         info = json.loads(self._ip("-j", "addr", "show", "dev", name) or "[]")
         return [a["local"] for i in info for a in i.get("addr_info", []) if a.get("family") == "inet"]
+
+    def shape(self, name: str, rate_bps: int, burst: int, limit: int) -> None:
+        check_ours(name)
+        self.ex.run(["tc", "qdisc", "replace", "dev", name, "root", "tbf", "rate", f"{rate_bps}bit",
+                     "burst", str(burst), "limit", str(limit)], timeout=30)
+
+    def qdisc_drops(self, name: str) -> int:
+        info = json.loads(self.ex.run(["tc", "-s", "-j", "qdisc", "show", "dev", name, "root"],
+                                      timeout=30).stdout or "[]")
+        if not info:
+            raise CommandError(["tc", "qdisc", "show", "dev", name], 2, f"no root qdisc on {name}")
+        return int(info[0].get("drops", 0))
 
     def wire(self, name: str) -> Wire:
         out = self.ex.run(["cat", *(f"/sys/class/net/{name}/statistics/{k}" for k in _WIRE)],

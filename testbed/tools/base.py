@@ -84,8 +84,10 @@ class UnsupportedProfile(TestbedError, ValueError):
 
 
 def _frozen(values: Mapping[str, float], allowed: Iterable[str], what: str) -> Mapping[str, float]:
+    from testbed.percentiles import METRIC_RE
     out = {str(k): float(v) for k, v in dict(values).items()}
-    unknown = sorted(set(out) - set(allowed))
+    # any chosen percentile (latency_p99_9_us...) is canonical too (testbed.percentiles)
+    unknown = sorted(k for k in set(out) - set(allowed) if not METRIC_RE.fullmatch(k))
     if unknown:
         raise ValueError(f"{what}: not canonical names: {unknown}")
     bad = sorted(k for k, v in out.items() if not math.isfinite(v))
@@ -169,6 +171,11 @@ class ToolDriver(ABC):
                      server_output: str = "") -> ToolResult:
         """``parse`` with what only a measurement knows: the profile that ran, the server's output."""
         return self.parse(stdout, stderr, rc)
+
+    def distribution(self, stdout: str) -> list[tuple[float, float, int]] | None:
+        """The latency histogram the client printed, as (lower us, upper us, count) buckets
+        (testbed.percentiles); None when the tool prints none."""
+        return None
 
     def aggregate(self, results: Sequence[ToolResult]) -> ToolResult:
         """Combine N concurrent instances of this tool into one result."""

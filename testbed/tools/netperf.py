@@ -136,6 +136,12 @@ class NetperfDriver(ToolDriver):
             argv += ["-m", str(size)]
         return argv
 
+    def distribution(self, stdout: str) -> list[tuple[float, float, int]] | None:
+        """netperf's -v 2 histogram, printed by builds with --enable-histogram (Debian's
+        prints none: its P50/P90/P99 selectors are then all there is)."""
+        from testbed.percentiles import netperf_histogram
+        return netperf_histogram(stdout)
+
     def parse(self, stdout: str, stderr: str = "", rc: int = 0) -> ToolResult:
         return parse(stdout, stderr, rc)
 

@@ -304,10 +304,40 @@ def parse(stdout: str, stderr: str = "", rc: int = 0, *, server_output: str = ""
         return ToolResult.failed("uperf output ends before its totals (run cut short?): "
                                  f"{lines[-1] if lines else 'no output'}")
     try:
-        return _figures(out, profile, warnings)
+        res = _figures(out, profile, warnings)
     except Unparseable as e:
         return ToolResult.failed(f"uperf output is not parseable: {e}; the testbed runs uperf "
                                  "with -R for exact figures", warnings)
+    if res.ok and (profile is None or profile.pattern is not Pattern.BIDIRECTIONAL) and \
+            (why := stalled_threads(out.raw)):
+        secs = res.metrics.get("duration_s")
+        return ToolResult.failed(why + (f"; the run's time is {secs:.2f} s" + (
+            f" of the requested {profile.duration_s} s" if profile is not None else "") if secs else ""),
+            res.warnings)
+    return res
+
+
+#: threads of one sample whose operation counts lie more than this factor apart: the slow
+#: ones stalled (seen: paced threads in TCG guests, three stopping at 127 operations while
+#: one ran 2,488). Unpaced threads measured here were at most 1.8x apart.
+STALL_FACTOR = 4.0
+
+
+def stalled_threads(raw: dict[str, list[tuple[float, int, int]]], factor: float = STALL_FACTOR) -> str | None:
+    """Pure: from uperf's per-strand totals (``-R``'s "Strand Details", Thr<N> lines), why
+    the sample's threads did not run side by side, naming the slow ones and their counts;
+    None when every thread ran within ``factor`` of the busiest."""
+    thr = {n: v[-1][2] for n, v in raw.items() if re.fullmatch(r"Thr\d+", n) and v}
+    if len(thr) < 2:
+        return None
+    top = max(thr.values())
+    slow = {n: c for n, c in thr.items() if c * factor < top}
+    if not slow:
+        return None
+    order = lambda n: int(n[3:])  # noqa: E731
+    fast = ", ".join(f"{n} {thr[n]}" for n in sorted(thr, key=order) if n not in slow)
+    return (f"uperf threads stalled: {', '.join(f'{n} {slow[n]}' for n in sorted(slow, key=order))} "
+            f"operations against {fast} (more than {factor:g}x apart)")
 
 
 def _figures(out: _Output, profile: Profile | None, warnings: list[str]) -> ToolResult:

@@ -1,0 +1,47 @@
+"""The rate search on a real shaper: a namespace veth pair whose sending end is limited by a
+tbf qdisc to a known rate. The NDR MLRsearch finds through iperf3 lies within the search's
+stated precision of that rate, every trial's loss is cross-checked against both devices, and
+the loss the receiver counted over all trials is what the shaper says it dropped.
+
+Every object is tb-<random>-..., addressed in 198.18.0.0/15, and removed on exit."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from testbed import bench
+
+pytestmark = [
+    pytest.mark.netns,
+    pytest.mark.attach("netns"),
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates namespaces, veths and a qdisc"),
+    pytest.mark.skipif(shutil.which("iperf3") is None, reason="`iperf3` not found (iperf3)"),
+]
+
+
+def test_ndr_on_a_tbf_limited_veth_is_the_limit_within_the_precision():
+    r = bench.ndr(limit_mbit=20, precision=0.05, trial_s=(1, 2), lock=False)
+    s = r["search"]
+    assert r["stopped"] is None, r["stopped"]
+    expected = r["expected_payload_mbps"]
+    ndr = s["ndr"]
+    # the bounds bracket the shaper's rate and are no wider than the precision; the queue
+    # (10 frames) lets a trial run a little above the rate without loss, hence the 1 %
+    assert ndr["relative_width"] <= 0.05 + 1e-9, ndr
+    assert expected * (1 - 0.05) <= ndr["lower_mbps"] <= expected * 1.01, (ndr, expected)
+    assert ndr["upper_mbps"] >= expected * 0.99, (ndr, expected)
+    assert abs(r["ndr_ratio"] - 1) <= 0.05
+    assert s["pdr"]["lower_mbps"] >= ndr["lower_mbps"]
+    # every trial checked against the wire, and the search did run into loss
+    assert r["wire_verdicts"] and set(r["wire_verdicts"]) == {"ok"}, r["trials"]
+    lossy = [t for t in r["trials"] if t["lost"]]
+    assert lossy, "no trial lost anything: the shaper was never reached"
+    for t in r["trials"]:
+        w = t["wire"]
+        assert w["sender_datagrams"] >= w["receiver_datagrams"] >= t["received"] - w["slack"], t
+    # a second source for the loss: what the receiver counted lost is what tbf dropped
+    lost = sum(t["lost"] for t in r["trials"])
+    assert abs(lost - r["qdisc_drops"]) <= 3 * len(r["trials"]) + 0.01 * r["qdisc_drops"], (lost, r["qdisc_drops"])
+    assert s["trials"] == len(r["trials"]) and s["wall_s"] > s["trial_seconds"] > 0

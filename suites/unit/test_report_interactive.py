@@ -1,0 +1,206 @@
+"""The report's interactive plots (testbed.report_interactive): built from a run in the real
+format with a rate search, histograms and paced loads; the page carries plotly.js itself;
+and in headless Chromium with no network at all (its own network namespace) the plots
+render and a real mouse move over a point brings up its hover label.
+
+Chromium is driven over the DevTools protocol on a pipe (--remote-debugging-pipe: JSON
+messages ending in NUL on fds 3 and 4), so no port is opened and no websocket client is
+needed. Skipped when Chromium is not installed (Debian: apt-get install -y chromium)."""
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from testbed import compare, report, report_interactive, slo
+from testbed.model import (Attachment, Backend, Cell, GuestSpec, HostSpec, Matrix, Pattern, Profile, Protocol,
+                           RateSearch, Tool, Topology)
+from testbed.results import RunWriter, Sample, now
+
+pytestmark = pytest.mark.unit
+
+NDR = Profile("udp_ndr", tool=Tool.IPERF3, protocol=Protocol.UDP, message_size=1472, duration_s=2,
+              search=RateSearch(trial_s=(1, 2)))
+RR = Profile("tcp_rr", pattern=Pattern.RR, message_size=1, response_size=1)
+
+
+def paced(tps: int) -> Profile:
+    return Profile("tcp_rr_paced", pattern=Pattern.RR, message_size=1, response_size=1, rate_tps=tps,
+                   rate=f"{tps}tps")
+
+
+def write(root: Path) -> Path:
+    profiles = (NDR, RR, paced(1000), paced(4000))
+    topo = Topology("t", "<test>", (HostSpec("local"),), (GuestSpec("g1", "local"), GuestSpec("g2", "local")),
+                    "g1", "g2", Matrix((Attachment("bridge"),), (Backend.QEMU,), (1500,), (1,), profiles))
+    env = {"accelerator": "kvm", "comparable_class": "kvm", "cpu_model": "AMD EPYC", "cpus": 2}
+    with RunWriter(root, "r1", topo, env) as w:
+        c = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, NDR)
+        for i, (mbps, loss) in enumerate(((40.0, 0.5), (19.0, 0.0), (21.0, 0.05), (19.8, 0.0))):
+            trial = {"index": i, "intended_duration_s": 1.0, "offered_mbps": mbps, "loss_ratio": loss,
+                     "wire": {"verdict": "ok"}}
+            w.add_sample(Sample("r1", c.as_dict(), i, False, "ok", None, {"throughput_mbps": mbps * (1 - loss)},
+                                {}, now(), now(), extra={"trial": trial}))
+        w.add_cell(c, "ok", None, True, {}, extra={"search": {
+            "ndr": {"lower_mbps": 19.8, "upper_mbps": 21.0}, "pdr": {"lower_mbps": 19.8, "upper_mbps": 21.0}}})
+        c = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, RR)
+        hist = [[100, 200, 30000], [200, 300, 4000], [1000, 2000, 90]]
+        for rep in range(3):
+            w.add_sample(Sample("r1", c.as_dict(), rep, False, "ok", None,
+                                {"transactions_per_s": 3400.0, "latency_p50_us": 150.0},
+                                {}, now(), now(), extra={"histogram": hist, "percentiles": [
+                                    {"p": 50.0, "value_us": 150.0, "sufficient": True, "source": "histogram"},
+                                    {"p": 99.9, "value_us": 1900.0, "sufficient": True, "source": "histogram"}]}))
+        w.add_cell(c, "ok", None, True, {})
+        for tps, p99 in ((1000, 300.0), (4000, 900.0)):
+            c = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, paced(tps))
+            w.add_sample(Sample("r1", c.as_dict(), 0, False, "ok", None,
+                                {"transactions_per_s": tps * 0.99, "latency_p99_us": p99, "latency_p50_us": p99 / 3},
+                                {}, now(), now(), extra={"latency_loop": "closed-loop (coordinated omission)"}))
+            w.add_cell(c, "ok", None, True, {})
+    return w.dir
+
+
+def test_the_plots_are_built_from_the_records(tmp_path):
+    rec = compare.load(write(tmp_path))
+    titles = [p.title for p in report_interactive.plots(rec and [rec])]
+    assert titles == ["Latency CDF", "Latency against load", "Rate search trials"]
+    load = report_interactive.load_curve_plot([rec])
+    assert "(closed-loop)" in load.html and "tb-load" in load.html
+    search = report_interactive.search_plot([rec])
+    assert "NDR 19.8 Mbit" in search.html      # plotly writes "/" as \\u002f in its JSON
+
+
+def test_slo_plot_draws_the_bound():
+    lv = [slo.Level(n, 1, w, w < 500, (), None, None) for n, w in ((1, 200.0), (2, 300.0), (4, 700.0))]
+    a = slo.Answer(slo.parse("p99.9<500us@5000tps"), "bridge/qemu tcp_rr", tuple(lv), 2, lv[2], "x", 8)
+    p = report_interactive.slo_plot([a])
+    # plotly's JSON writes "<" as \u003c; the bound is drawn across the measured N
+    assert "SLO p99.9\\u003c500us@5000tps" in p.html and p.title == "Capacity at p99.9<500us@5000tps"
+    assert '"x":[1,4],"y":[500.0,500.0]' in p.html.replace(" ", "")
+
+
+def test_the_page_carries_plotly_itself(tmp_path):
+    rec = compare.load(write(tmp_path))
+    page = report.render(report.build([rec], generated="now"))
+    assert "cdn.plot.ly" not in page.split("<script>", 1)[0]
+    assert page.count(report_interactive.plotly_js()[:2000]) == 1
+    assert 'src="http' not in page and "src='http" not in page
+
+
+# -- in a browser ------------------------------------------------------------------------------
+
+class Cdp:
+    """Chromium's DevTools protocol over --remote-debugging-pipe."""
+
+    def __init__(self, argv: list[str]) -> None:
+        to_child, self._w = os.pipe()
+        self._r, from_child = os.pipe()
+
+        def fds() -> None:
+            os.dup2(to_child, 3)
+            os.dup2(from_child, 4)
+        # 3 and 4 are kept too: the child closes what is not listed after preexec_fn ran
+        self.proc = subprocess.Popen(argv, preexec_fn=fds, pass_fds=(to_child, from_child, 3, 4),
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        os.close(to_child)
+        os.close(from_child)
+        self._buf = b""
+        self._id = 0
+
+    def call(self, method: str, params: dict | None = None, session: str | None = None,
+             timeout: float = 30) -> dict:
+        self._id += 1
+        msg = {"id": self._id, "method": method, "params": params or {}}
+        if session:
+            msg["sessionId"] = session
+        os.write(self._w, json.dumps(msg).encode() + b"\0")
+        deadline = time.monotonic() + timeout
+        while True:
+            while b"\0" in self._buf:
+                raw, self._buf = self._buf.split(b"\0", 1)
+                reply = json.loads(raw)
+                if reply.get("id") == self._id:
+                    if "error" in reply:
+                        raise RuntimeError(f"{method}: {reply['error']}")
+                    return reply["result"]
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self._r], [], [], left)[0]:
+                raise TimeoutError(f"no answer to {method} within {timeout} s")
+            chunk = os.read(self._r, 1 << 16)
+            if not chunk:
+                raise RuntimeError(f"Chromium closed the pipe while waiting for {method}")
+            self._buf += chunk
+
+    def close(self) -> None:
+        os.close(self._w)
+        os.close(self._r)
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def _browser() -> str:
+    for name in ("/usr/bin/chromium", "chromium", "chromium-browser"):
+        if found := shutil.which(name):
+            return found
+    pytest.skip("Chromium not installed (Debian: apt-get install -y chromium)")
+
+
+def test_plots_render_and_answer_hover_in_headless_chromium_with_no_network(tmp_path):
+    browser = _browser()
+    rec = compare.load(write(tmp_path))
+    page = tmp_path / "report.html"
+    page.write_text(report.render(report.build([rec], generated="now")))
+    # its own network namespace when we may make one: no network at all, not just none used
+    wrap = ["unshare", "--net"] if os.geteuid() == 0 and shutil.which("unshare") else []
+    profile = tempfile.mkdtemp(prefix="tb-chromium-")
+    cdp = Cdp([*wrap, browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+               "--disable-background-networking", "--disable-component-update", "--disable-sync",
+               f"--user-data-dir={profile}", "--remote-debugging-pipe", "--window-size=1200,900",
+               "about:blank"])
+    try:
+        target = cdp.call("Target.createTarget", {"url": page.as_uri()})["targetId"]
+        sess = cdp.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+
+        def js(expr: str):
+            r = cdp.call("Runtime.evaluate", {"expression": expr, "returnByValue": True, "awaitPromise": True},
+                         session=sess)
+            return r["result"].get("value")
+        deadline = time.monotonic() + 60
+        while js("document.querySelectorAll('.js-plotly-plot .main-svg').length") < 3:
+            assert time.monotonic() < deadline, "the plots did not render within 60 s"
+            time.sleep(0.2)
+        assert js("typeof Plotly") == "object"
+        # every interactive plot drew its traces
+        assert js("Array.from(document.querySelectorAll('.js-plotly-plot')).every("
+                  "g => g.querySelectorAll('.scatterlayer .trace').length > 0)")
+        # a real mouse move over the first trial of the rate-search plot
+        pos = js("""(() => {
+            const gd = document.getElementById('tb-search');
+            gd.scrollIntoView();
+            const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, r = gd.getBoundingClientRect();
+            return [r.left + xa._offset + xa.d2p(gd.data[0].x[0]), r.top + ya._offset + ya.d2p(gd.data[0].y[0])];
+        })()""")
+        cdp.call("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": pos[0] + 1, "y": pos[1] + 1}, session=sess)
+        deadline = time.monotonic() + 10
+        text = ""
+        while not text:
+            text = js("Array.from(document.querySelectorAll('#tb-search .hoverlayer .hovertext'))"
+                      ".map(e => e.textContent).join(' | ')")
+            assert text or time.monotonic() < deadline, "no hover label after moving the mouse over a point"
+            time.sleep(0.2)
+        assert "trial 0 (1.00 s): 40.00 Mbit/s offered, loss 50.000%, wire ok" in text, text
+    finally:
+        cdp.close()
+        shutil.rmtree(profile, ignore_errors=True)

@@ -1,0 +1,93 @@
+"""The gate judges tails: two runs in the real format that differ only in their p99.9
+(same transaction rate, same mean latency, same p50..p99) -> the p99.9 regression is
+flagged within the same false-discovery family and the mean passes; an insufficient
+percentile (absent from the metrics) is never gated; the quantile test on its own."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from testbed import compare, stats, tailgate
+from testbed.model import Attachment, Backend, Cell, GuestSpec, HostSpec, Matrix, Pattern, Profile, Topology
+from testbed.results import RunWriter, Sample, now
+
+pytestmark = pytest.mark.unit
+
+RR = Profile("tcp_rr", pattern=Pattern.RR, message_size=1, response_size=1)
+CELL = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, RR)
+ENV = {"accelerator": "kvm", "comparable_class": "kvm", "cpu_mhz": 2596.1, "cpu_model": "AMD EPYC",
+       "cpus": 2, "host": "vm", "kernel": "6.18", "memory_bytes": 25276510208, "testbed": "0.1.0",
+       "versions": {"netperf": "2.7.0", "qemu": "7.2.22"}, "vhost_net": False}
+
+
+def write_run(root: Path, run_id: str, metrics: list[dict]) -> Path:
+    matrix = Matrix(attachments=(CELL.attachment,), backends=(Backend.QEMU,), mtus=(1500,), connections=(1,),
+                    profiles=(RR,))
+    topo = Topology("t", "<test>", (HostSpec("local"),), (GuestSpec("g1", "local"), GuestSpec("g2", "local")),
+                    "g1", "g2", matrix)
+    with RunWriter(root, run_id, topo, ENV) as w:
+        for rep, m in enumerate(metrics):
+            w.add_sample(Sample(run_id, CELL.as_dict(), rep, False, "ok", None, m, {}, now(), now()))
+        w.add_cell(CELL, "ok", None, True, {})
+    return w.dir
+
+
+def rr(i: int, rng, p999: float | None) -> dict:
+    """One sample: ~1 % noise on rate and mean, tails as given."""
+    tps = 12000 * (1 + 0.01 * rng.standard_normal())
+    m = {"transactions_per_s": tps, "duration_s": 10.0, "latency_mean_us": 1e6 / tps,
+         "latency_p50_us": 75.0 + rng.integers(0, 2), "latency_p90_us": 90.0 + rng.integers(0, 2),
+         "latency_p99_us": 127.0 + rng.integers(0, 3)}
+    if p999 is not None:
+        m["latency_p99_9_us"] = p999 * (1 + 0.03 * rng.standard_normal())
+    return m
+
+
+def test_a_tail_regression_with_an_unchanged_mean_fails_the_gate(tmp_path):
+    rng = np.random.default_rng(7)
+    write_run(tmp_path, "base", [rr(i, rng, 400.0) for i in range(6)])
+    write_run(tmp_path, "new", [rr(i, rng, 900.0) for i in range(6)])
+    res = compare.compare_runs(compare.load("base", tmp_path), compare.load("new", tmp_path))
+    (c,) = res.cells
+    by = {m.metric: m for m in c.metrics}
+    tail = by["latency_p99_9_us"]
+    assert tail.decides and tail.comparison.test == tailgate.TEST
+    assert tail.comparison.verdict is stats.Verdict.REGRESSED, tail.comparison
+    assert tail.comparison.p_adjusted is not None and tail.comparison.p_adjusted < 0.05
+    lo, hi = tail.comparison.ratio_ci
+    assert 1.8 < lo < hi < 2.8
+    # the means pass: rate and mean latency unchanged
+    for k in ("transactions_per_s", "latency_mean_us"):
+        assert by[k].comparison.verdict is stats.Verdict.UNCHANGED, (k, by[k].comparison)
+    assert by["latency_p99_us"].comparison.test == tailgate.TEST      # p99 by the quantile test too
+    assert c.verdict is compare.CellVerdict.REGRESSED and res.exit_status == 1
+    assert "latency_p99_9_us" in compare.render_text(res)
+
+
+def test_same_tails_pass(tmp_path):
+    rng = np.random.default_rng(3)
+    write_run(tmp_path, "base", [rr(i, rng, 400.0) for i in range(6)])
+    write_run(tmp_path, "new", [rr(i, rng, 400.0) for i in range(6)])
+    res = compare.compare_runs(compare.load("base", tmp_path), compare.load("new", tmp_path))
+    assert res.cells[0].verdict is compare.CellVerdict.UNCHANGED and res.exit_status == 0
+
+
+def test_an_insufficient_percentile_is_not_gated(tmp_path):
+    """A short NEW run: its p99.9 was marked insufficient, so no sample carries it."""
+    rng = np.random.default_rng(5)
+    write_run(tmp_path, "base", [rr(i, rng, 400.0) for i in range(6)])
+    write_run(tmp_path, "new", [rr(i, rng, None) for i in range(6)])
+    res = compare.compare_runs(compare.load("base", tmp_path), compare.load("new", tmp_path))
+    assert "latency_p99_9_us" not in {m.metric for m in res.cells[0].metrics}
+    assert res.exit_status == 0
+
+
+def test_quantile_test_exact_and_insufficient():
+    assert tailgate.permutation_p([1, 2, 3, 4, 5], [6, 7, 8, 9, 10]) == pytest.approx(2 / 252)
+    assert tailgate.permutation_p([1, 2, 3], [1, 2, 3]) == 1.0
+    c = tailgate.compare_quantile([1.0] * 3, [2.0] * 3)
+    assert c.verdict is stats.Verdict.INSUFFICIENT
+    assert tailgate.tail_metrics([{"latency_p99_9_us": 1, "latency_p50_us": 1, "x": 1}],
+                                 [{"latency_p99_9_us": 2, "latency_p50_us": 1}]) == ["latency_p50_us", "latency_p99_9_us"]
