@@ -216,7 +216,7 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
                 for rest in pids[i + 1:]:
                     cli.guest.agent.kill(rest)
                 return failed(f"client {'timed out' if e.timed_out else 'failed'}: {e}")
-        window = time.monotonic() - t0
+        span = time.monotonic() - t0
         end_skew = max(ends) - min(ends)
         why = end_skew_reason(ends, profile.duration_s, f"{len(pids)} instances")
         if why:
@@ -267,8 +267,8 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
         # seen from the host through the agent's polling, so an upper bound
         "end_skew_s": round(end_skew, 3),
         # per host-side device: Mbit/s the guest sent and received over the window
-        "device_mbps": {k: {"from_guest": round(_mbps(d.towards(not path.guest_sends_as_rx)[0], window), 3),
-                            "to_guest": round(_mbps(d.towards(path.guest_sends_as_rx)[0], window), 3)}
+        "device_mbps": {k: {"from_guest": round(_mbps(d.towards(not path.guest_sends_as_rx)[0], span), 3),
+                            "to_guest": round(_mbps(d.towards(path.guest_sends_as_rx)[0], span), 3)}
                         for k, d in deltas.items()}})
     why = invariant_reason(cpu_info)
     if why:
