@@ -244,8 +244,10 @@ def parser() -> argparse.ArgumentParser:
     k.add_argument("--images", action="store_true", help="prune: also images other than the current recipe's")
     k.set_defaults(func=cmd_cache)
     b = sub.add_parser("bench", help="benchmarks that print figures")
-    b.add_argument("what", choices=("boot", "matrix", "chain", "fidelity", "harness"))
+    b.add_argument("what", choices=("boot", "matrix", "chain", "fidelity", "harness", "density"))
     b.add_argument("--rounds", type=int, help="boot: rounds (default 1); fidelity: alternations (default 5)")
+    b.add_argument("--pairs", default="1,2,4,8", metavar="N,N,...",
+                   help="density: pair counts to bring up together (default 1,2,4,8)")
     b.set_defaults(func=cmd_bench)
     from testbed import cli_results
     cli_results.add_commands(sub)
