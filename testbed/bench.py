@@ -50,7 +50,7 @@ def boot(rounds: int) -> dict:
                 saves.append(g.snapshot_saved_s)
                 # Where the cold boot's time went, from inside the guest (it runs on from its
                 # new snapshot; systemd and cloud-init kept their account of the boot).
-                breakdowns.append(bootprofile.collect(g.agent, g.console_log.read_text(errors="replace")))
+                breakdowns.append(bootprofile.collect(g.agent, g.boot_console or ""))
             with virt.guest(conn, spec, img, accel, run_id, tag, state) as g:
                 restores.append(g.wait_ready(120))
                 if g.boot != "restored":
@@ -394,6 +394,10 @@ def main(what: str, args: argparse.Namespace) -> int:
         print(f"cold boot breakdown (last round, read in the guest; system {b.get('system_state') or '?'}):")
         for line in bootprofile.format_breakdown(b):
             print(line)
+        k = (b.get("systemd") or {}).get("kernel_s")
+        if k is not None:
+            print(f"  kernel + initrd       {k:.2f} s = {k / r['floor_s']:.1f}x the floor; userspace "
+                  f"{b['systemd'].get('userspace_s', 0) / r['floor_s']:.1f}x the floor")
         for reason in b.get("failed", []):
             print(f"  failed: {reason}")
         return 0

@@ -152,6 +152,9 @@ class Guest:
     run_id: str = ""
     #: restored: seconds the restore itself took (copy of the image, restoreFlags)
     restore_s: float | None = None
+    #: a cold guest saved into the cache: its console as it was before the save (the
+    #: restored QEMU starts the log afresh); the boot breakdown reads it (testbed.bootprofile)
+    boot_console: str | None = None
 
     def record(self) -> dict:
         """What the run record says about this guest's boot."""
@@ -224,6 +227,9 @@ class Guest:
         key, conn, disk, seed, state, replace = self.save_to
         self.save_to = None
         builder = guestcache.Builder(key)
+        if self.shell is None or not self.shell.remote:
+            with contextlib.suppress(OSError):
+                self.boot_console = self.console_log.read_text(errors="replace")
         started = time.monotonic()
         try:
             shutil.copy2(seed, builder.seed)
