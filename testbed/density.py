@@ -152,7 +152,7 @@ def format_table(one_pair_s: float | None, rows: Sequence[dict]) -> str:
         lines.append(f"one pair restored one guest after the other: {one_pair_s:.2f} s")
     lines.append(f"{'pairs':>5} {'ready s':>8} {'vs N x one':>10} {'RSS MiB/guest':>13} {'PSS MiB/guest':>13} "
                  f"{'shared MiB':>10} {'disk layer cached MiB':>21} {'KSM saved MiB':>13} "
-                 f"{'harness CPU %/pair':>18} {'QEMU idle cores/pair':>20}")
+                 f"{'harness CPU %/pair':>18} {'agent CPU %/pair':>16} {'QEMU idle cores/pair':>20}")
     for r in rows:
         if "refused" in r or "failed" in r:
             what = "refused" if "refused" in r else "failed"
@@ -167,12 +167,16 @@ def format_table(one_pair_s: float | None, rows: Sequence[dict]) -> str:
             f"{(format(r['ratio'], '.2f') if r.get('ratio') is not None else '-'):>10} "
             f"{_f(m['rss_per_guest_mib']):>13} {_f(m['pss_per_guest_mib']):>13} {m['shared_mib']:>10.1f} "
             f"{_f(cache):>21} {ksm_s:>13} {r['harness_cpu_pct_per_pair']:>18.3f} "
-            f"{r['qemu_idle_cores_per_pair']:>20.3f}")
+            f"{_f3(r.get('agent_cpu_pct_per_pair')):>16} {r['qemu_idle_cores_per_pair']:>20.3f}")
     return "\n".join(lines)
 
 
 def _f(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
+
+
+def _f3(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
 
 
 # --------------------------------------------------------------------------- the bench

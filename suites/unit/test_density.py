@@ -60,13 +60,15 @@ def test_memory_row_of_this_process():
 def test_table():
     ok = {"pairs": 2, "ready_s": 6.5, "ratio": 0.41, "memory": {"rss_per_guest_mib": 610.2,
           "pss_per_guest_mib": 600.0, "shared_mib": 40.0}, "ksm": {"enabled": False, "saved_mib": 0.0},
-          "disk_layer_cached_mib": 300.0, "harness_cpu_pct_per_pair": 0.05, "qemu_idle_cores_per_pair": 0.12}
+          "disk_layer_cached_mib": 300.0, "harness_cpu_pct_per_pair": 0.05, "agent_cpu_pct_per_pair": None,
+          "qemu_idle_cores_per_pair": 0.12}
     refused = {"pairs": 8, "refused": density.fit(8, 1024, 10000).refusal()}
     failed = {"pairs": 4, "failed": "guest tb-x-g1-p3 (waiting for guest agent)"}
     text = density.format_table(8.0, [ok, failed, refused])
     lines = text.splitlines()
     assert lines[0] == "one pair restored one guest after the other: 8.00 s"
     assert lines[2].split()[:3] == ["2", "6.50", "0.41"] and "610.2" in lines[2] and "off" in lines[2]
+    assert lines[2].split()[-2:] == ["-", "0.120"]     # agents not read: "-", never 0
     assert lines[3].startswith("    4 failed: guest tb-x-g1-p3")
     assert lines[4].startswith("    8 refused: 8 pairs (16 guests) need") and "at most 3 pairs fit" in lines[4]
 
