@@ -6,6 +6,8 @@ root="$1"
 here="$(dirname "$0")"
 
 install -m 0644 "$here/files/99-testbed.cfg" "$root/etc/cloud/cloud.cfg.d/99-testbed.cfg"
+install -m 0644 "$here/files/cloud.cfg" "$root/etc/cloud/cloud.cfg"
+rm -f "$root/etc/cloud/cloud.cfg.d/README"
 
 # A small initrd: the build host's static busybox, the virtio modules the root disk needs
 # (with their dependencies, in load order) and files/init, which mounts the root and
