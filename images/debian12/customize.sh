@@ -14,7 +14,10 @@ rm -f "$root/etc/cloud/cloud.cfg.d/README"
 # switches to systemd. It replaces initramfs-tools' image: that one starts its own udev
 # and runs its scripts, about as long again as the kernel itself under TCG.
 busybox="$(command -v busybox)"
-file -L "$busybox" | grep -q "statically linked" || { echo "customize: busybox is not static (install busybox-static)" >&2; exit 1; }
+# ldd fails on a static binary ("not a dynamic executable"); libc-bin has it on every host.
+if [ -z "$busybox" ] || ldd "$busybox" >/dev/null 2>&1; then
+  echo "customize: no static busybox on the build host (install busybox-static)" >&2; exit 1
+fi
 for kdir in "$root"/lib/modules/*; do
   kver="$(basename "$kdir")"
   ird="$(mktemp -d)"
