@@ -12,6 +12,7 @@ import dataclasses
 import ipaddress
 import itertools
 import logging
+import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -293,24 +294,28 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None,
         def boot(specs, slot_of=lambda s: None) -> None:
             # Each guest boots on its own host: that host's libvirt, and for a real remote
             # host its shell (overlay, seed and console live there).
+            # Guests are booted or restored in parallel, up to the host's cores (a pair's
+            # clones restore in seconds each; one after the other, N pairs cost N times that).
+            cms = []
             for spec in specs:
                 h = next(x for x in t.hosts if x.name == spec.host)
                 if h.uri not in conns:
                     conns[h.uri] = stack.enter_context(virt.connect(h.uri))
                 img = images.user_image(spec.image) if spec.image else recipe_image
-                guests[spec.name] = stack.enter_context(
-                    virt.guest(conns[h.uri], spec, img, accel, run_id, tag, state,  # type: ignore[arg-type]
-                               shell=remote.shell(h) if h.remote else None, slot=slot_of(spec)))
+                cms.append(virt.guest(conns[h.uri], spec, img, accel, run_id, tag, state,  # type: ignore[arg-type]
+                                      shell=remote.shell(h) if h.remote else None, slot=slot_of(spec)))
+            for spec, g in zip(specs, virt.enter_parallel(stack, cms, os.cpu_count() or 1)):
+                guests[spec.name] = g
                 writer.count("boots")
-                if guests[spec.name].boot == "restored":
+                if g.boot == "restored":
                     writer.count("restores")
 
         def ready() -> None:
-            for g in guests.values():
-                if g.ready_s is None:
-                    g.wait_ready(t.ready_timeout_s)
-                    progress(f"guest {g.name} ready in {g.ready_s:.1f} s ({g.boot}"
-                             + (f": {g.boot_reason})" if g.boot_reason else ")"))
+            def wait(g: virt.Guest) -> None:
+                g.wait_ready(t.ready_timeout_s)
+                progress(f"guest {g.name} ready in {g.ready_s:.1f} s ({g.boot}"
+                         + (f": {g.boot_reason})" if g.boot_reason else ")"))
+            virt.map_parallel(wait, [g for g in guests.values() if g.ready_s is None], os.cpu_count() or 1)
 
         if needs_vms:
             boot(guest_pairs[0])

@@ -38,6 +38,41 @@ def connect(uri: str) -> Iterator[libvirt.virConnect]:
             conn.close()
 
 
+def enter_parallel(stack: contextlib.ExitStack, cms: list, workers: int) -> list:
+    """Enter context managers (guests being booted or restored) in up to ``workers`` threads
+    and register each one entered on ``stack``, so it is left (destroyed) with the stack,
+    also when another failed or on Ctrl-C: then the ones in flight are waited for, those
+    not started are cancelled, and the first error is raised. Returns what each yielded, in
+    order. libvirt's connections are thread-safe, and each guest's calls are its own."""
+    from concurrent.futures import ThreadPoolExecutor
+    ex = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="tb-enter")
+    futs = [ex.submit(cm.__enter__) for cm in cms]
+    try:
+        for f in futs:
+            f.exception()           # waits; errors are raised below, after every one is known
+    finally:
+        ex.shutdown(wait=True, cancel_futures=True)
+        for cm, f in zip(cms, futs):
+            if f.done() and not f.cancelled() and f.exception() is None:
+                stack.push(cm)
+    for f in futs:
+        if f.exception() is not None:
+            raise f.exception()     # type: ignore[misc]
+    return [f.result() for f in futs]
+
+
+def map_parallel(fn, items: list, workers: int) -> list:
+    """``fn`` over ``items`` in up to ``workers`` threads (readiness waits of guests that
+    are independent of each other); the first error is raised once all have finished."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="tb-wait") as ex:
+        futs = [ex.submit(fn, x) for x in items]
+    for f in futs:
+        if f.exception() is not None:
+            raise f.exception()     # type: ignore[misc]
+    return [f.result() for f in futs]
+
+
 def destroy(dom: libvirt.virDomain) -> None:
     """Stop and forget a domain; tolerates 'already gone'."""
     with contextlib.suppress(libvirt.libvirtError):
@@ -117,6 +152,9 @@ class Guest:
     run_id: str = ""
     #: restored: seconds the restore itself took (copy of the image, restoreFlags)
     restore_s: float | None = None
+    #: a cold guest saved into the cache: its console as it was before the save (the
+    #: restored QEMU starts the log afresh); the boot breakdown reads it (testbed.bootprofile)
+    boot_console: str | None = None
 
     def record(self) -> dict:
         """What the run record says about this guest's boot."""
@@ -154,8 +192,9 @@ class Guest:
                 time.sleep(0.2)
         self.ready_s = time.monotonic() - self.boot_started
         if self.restore_s is not None:
-            # Restores are made one after the other before any is waited for: the time a
-            # restored guest sat running while another was being restored is not its own.
+            # Restores are made before any is waited for (in parallel up to the host's
+            # cores): the time a restored guest sat running while others were still being
+            # restored is not its own.
             self.ready_s = self.restore_s + (time.monotonic() - waited_from)
         if self.save_to is not None:
             self._save_snapshot()
@@ -188,6 +227,9 @@ class Guest:
         key, conn, disk, seed, state, replace = self.save_to
         self.save_to = None
         builder = guestcache.Builder(key)
+        if self.shell is None or not self.shell.remote:
+            with contextlib.suppress(OSError):
+                self.boot_console = self.console_log.read_text(errors="replace")
         started = time.monotonic()
         try:
             shutil.copy2(seed, builder.seed)

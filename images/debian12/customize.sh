@@ -6,11 +6,35 @@ root="$1"
 here="$(dirname "$0")"
 
 install -m 0644 "$here/files/99-testbed.cfg" "$root/etc/cloud/cloud.cfg.d/99-testbed.cfg"
+install -m 0644 "$here/files/cloud.cfg" "$root/etc/cloud/cloud.cfg"
+rm -f "$root/etc/cloud/cloud.cfg.d/README"
 
-# A small initrd: only the virtio modules needed to find the root disk.
-sed -i 's/^MODULES=.*/MODULES=list/' "$root/etc/initramfs-tools/initramfs.conf"
-cat "$here/files/initramfs-modules" >> "$root/etc/initramfs-tools/modules"
-chroot "$root" update-initramfs -u -k all
+# A small initrd: the build host's static busybox, the virtio modules the root disk needs
+# (with their dependencies, in load order) and files/init, which mounts the root and
+# switches to systemd. It replaces initramfs-tools' image: that one starts its own udev
+# and runs its scripts, about as long again as the kernel itself under TCG.
+busybox="$(command -v busybox)"
+# ldd fails on a static binary ("not a dynamic executable"); libc-bin has it on every host.
+if [ -z "$busybox" ] || ldd "$busybox" >/dev/null 2>&1; then
+  echo "customize: no static busybox on the build host (install busybox-static)" >&2; exit 1
+fi
+for kdir in "$root"/lib/modules/*; do
+  kver="$(basename "$kdir")"
+  ird="$(mktemp -d)"
+  mkdir -p "$ird/bin" "$ird/dev" "$ird/proc" "$ird/root" "$ird/modules"
+  cp "$busybox" "$ird/bin/busybox"
+  install -m 0755 "$here/files/init" "$ird/init"
+  chroot "$root" modprobe -S "$kver" --show-depends -a virtio_pci virtio_blk \
+    | awk '$1 == "insmod" && !seen[$2]++ { print $2 }' > "$ird/order.paths"
+  [ -s "$ird/order.paths" ] || { echo "customize: no virtio modules found for $kver" >&2; exit 1; }
+  while read -r ko; do
+    cp "$root$ko" "$ird/modules/"
+    basename "$ko" >> "$ird/modules/order"
+  done < "$ird/order.paths"
+  rm "$ird/order.paths"
+  (cd "$ird" && find . | sort | cpio --quiet -o -H newc -R 0:0) | gzip -1 > "$root/boot/initrd.img-$kver"
+  rm -rf "$ird"
+done
 
 # No passwords anywhere: root stays locked, there is no login user and no sshd.
 chroot "$root" passwd -l root
@@ -27,5 +51,71 @@ for u in apt-daily.timer apt-daily-upgrade.timer man-db.timer e2scrub_all.timer 
          cloud-config.service; do
   chroot "$root" systemctl mask "$u" >/dev/null 2>&1 || true
 done
+# What else systemd-analyze blame / critical-chain showed on the way to the guest agent
+# and cloud-init final (docs/performance.md): kernel filesystems nobody mounts, modules
+# nobody loads, utmp and login bookkeeping for a guest nobody logs in to, the random seed
+# file (virtio-rng feeds the pool and the testbed mixes host randomness in after a
+# restore), sysusers (users were made at build time), and the journal's flush to disk
+# (the journal stays in /run, see journald.conf.d below).
+for u in systemd-update-utmp.service systemd-update-utmp-runlevel.service \
+         systemd-user-sessions.service systemd-random-seed.service systemd-sysusers.service \
+         systemd-journal-flush.service kmod-static-nodes.service \
+         modprobe@fuse.service modprobe@configfs.service modprobe@dm_mod.service \
+         modprobe@loop.service modprobe@drm.service \
+         sys-kernel-debug.mount sys-kernel-tracing.mount sys-kernel-config.mount \
+         sys-fs-fuse-connections.mount dev-hugepages.mount dev-mqueue.mount \
+         systemd-ask-password-console.path systemd-ask-password-wall.path \
+         systemd-initctl.socket systemd-fsckd.socket; do
+  chroot "$root" systemctl mask "$u" >/dev/null 2>&1 || true
+done
+# cloud-init's network stage: the seed's meta-data says dsmode: local, so the local stage
+# applies everything (hostname, write_files) and the network stage would only start
+# Python (10-30 s under TCG) to log "datasource in local mode" and exit.
+chroot "$root" systemctl mask cloud-init.service >/dev/null 2>&1 || true
+mkdir -p "$root/etc/systemd/journald.conf.d"
+printf '[Journal]\nStorage=volatile\n' > "$root/etc/systemd/journald.conf.d/10-testbed.conf"
+
+# systemd-modules-load: the image lists no modules to load (modules.conf is all comments),
+# yet the unit starts because the file exists.
+chroot "$root" systemctl mask systemd-modules-load.service >/dev/null 2>&1 || true
+# udev rules for hardware a testbed guest has not got (input, sound, cameras, seats, tape,
+# device mapper, btrfs, Azure disks) and the persistent-storage symlinks nothing here
+# uses (fstab names /dev/vda; cloud-init finds its seed with blkid). udev runs every
+# rule file for every device at coldplug, one vCPU shared with the rest of the boot. Kept:
+# the defaults, virtio-ports names (the guest agent's channel), driver autoloading
+# (hot-plugged NICs), network naming and systemd's device tagging.
+mkdir -p "$root/etc/udev/rules.d"
+for r in 50-firmware 55-dm 60-autosuspend 60-cdrom_id 60-drm 60-evdev 60-fido-id 60-infiniband \
+         60-input-id 60-persistent-alsa 60-persistent-input 60-persistent-storage-dm \
+         60-persistent-storage-tape 60-persistent-storage 60-persistent-v4l 60-sensor 60-serial \
+         64-btrfs 66-azure-ephemeral 70-camera 70-joystick 70-memory 70-mouse 70-power-switch \
+         70-touchpad 70-uaccess 71-seat 73-seat-late 75-probe_mtd 78-sound-card 85-hwclock \
+         95-dm-notify 96-e2scrub; do
+  ln -sf /dev/null "$root/etc/udev/rules.d/$r.rules"
+done
+
+# Modules udev's coldplug loads for devices the guest does not use: kvm (1.2 MiB, for
+# nested guests: none here), input and serial-mouse drivers, CPU frequency drivers (TCG has
+# no frequency to set). Loading a module under TCG costs a second or more of the one vCPU
+# while cloud-init starts. Only autoloading is stopped; modprobe by name still works.
+printf 'blacklist %s\n' kvm kvm_amd kvm_intel irqbypass evdev serio_raw psmouse joydev pcspkr \
+  powernow_k8 acpi_cpufreq > "$root/etc/modprobe.d/testbed-unused.conf"
+
+# Generators run before any unit starts, each one a process under TCG. Kept: fstab (the
+# root remount) and cloud-init's (it enables cloud-init.target). No getty on the serial
+# console either: nobody logs in; the console is the boot log.
+mkdir -p "$root/etc/systemd/system-generators"
+for g in systemd-gpt-auto-generator systemd-cryptsetup-generator systemd-integritysetup-generator \
+         systemd-veritysetup-generator systemd-hibernate-resume-generator \
+         systemd-system-update-generator systemd-sysv-generator systemd-rc-local-generator \
+         systemd-run-generator systemd-debug-generator systemd-getty-generator; do
+  ln -sf /dev/null "$root/etc/systemd/system-generators/$g"
+done
+# ds-identify (run by cloud-init's generator) probes DMI, block devices and the kernel
+# command line for every datasource cloud-init knows, in shell, on every boot; the image's
+# datasource_list is NoCloud only, so there is nothing to identify. Without it the
+# generator enables cloud-init directly.
+chroot "$root" dpkg-divert --quiet --local --rename --add /usr/lib/cloud-init/ds-identify
+
 # Keep the image small.
 rm -rf "$root/var/cache/apt/archives/"*.deb "$root/var/lib/apt/lists/"* "$root/usr/share/doc" "$root/usr/share/man"
