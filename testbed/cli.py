@@ -266,10 +266,11 @@ def parser() -> argparse.ArgumentParser:
     k.add_argument("--images", action="store_true", help="prune: also images other than the current recipe's")
     k.set_defaults(func=cmd_cache)
     b = sub.add_parser("bench", help="benchmarks that print figures")
-    b.add_argument("what", choices=("boot", "matrix", "chain", "fidelity", "harness", "placement", "ndr"),
+    b.add_argument("what", choices=("boot", "matrix", "chain", "fidelity", "harness", "placement", "ndr", "gate"),
                    help="which benchmark")
     b.add_argument("--rounds", type=integer(1, 1000), help="boot: rounds (default 1); fidelity: alternations (default 5); "
-                                              "placement: rounds of apart/together/unpinned (default 5)")
+                                              "placement: rounds of apart/together/unpinned (default 5); "
+                                              "gate: simulated nights per scenario (default 10)")
     b.set_defaults(func=cmd_bench)
     from testbed import cli_results
     cli_results.add_commands(sub)
