@@ -18,8 +18,10 @@ a side to carry a verdict, else it is INSUFFICIENT. The p-values of every cell's
 metrics form one family, adjusted with Benjamini-Hochberg at ``q`` (0.05), after (with
 ``--test auto``) each metric's Welch tests became moderated t-tests sharing a variance
 prior across the cells (:func:`testbed.stats.moderate`); a regression
-needs the adjusted significance and an effect beyond the threshold. A cell whose failure
-rate rose is BROKEN, whatever its surviving samples say.
+needs the adjusted significance and an effect beyond the threshold. A cell whose samples
+all failed in NEW is BROKEN; one whose failure rate rose is BROKEN only when Fisher's exact
+test says the rate is credibly higher, its p adjusted in the same family: one transient
+failure is listed, not a red night.
 
 Exit statuses (``RunComparison.exit_status``): 2 refused; 1 a cell regressed, broke, was
 redefined or is missing from NEW; 5 no cell failed but some could not be decided
@@ -247,6 +249,10 @@ class CellResult:
     note: str = ""
     base_hash: str = ""             # definition hash(es) of the cell's samples on each side
     new_hash: str = ""
+    #: NEW failed more often than BASE: Fisher's one-sided p that its failure rate is higher,
+    #: and that p after Benjamini-Hochberg in the family of the deciding metrics
+    failure_p: float | None = None
+    failure_p_adjusted: float | None = None
 
 
 def _values(samples: Iterable[SampleRecord], metric: str) -> list[float]:
@@ -284,11 +290,11 @@ def _cell(run: RunRecord, cid: str, base: list[SampleRecord], new: list[SampleRe
     if not ok_b:
         return CellResult(**ident, verdict=CellVerdict.NO_BASELINE, metrics=(),
                           note="no successful samples in BASE")
-    rate_b, rate_n = (len(base) - len(ok_b)) / len(base), (len(new) - len(ok_n)) / len(new)
-    if not ok_n or rate_n > rate_b:
+    if not ok_n:
         return CellResult(**ident, verdict=CellVerdict.BROKEN, metrics=(),
-                          note=f"failure rate rose: BASE {len(base) - len(ok_b)}/{len(base)}, "
-                               f"NEW {len(new) - len(ok_n)}/{len(new)}")
+                          note=f"every NEW sample failed: BASE {len(base) - len(ok_b)}/{len(base)}, "
+                               f"NEW {len(new)}/{len(new)} failed")
+    ident["failure_p"] = failure_rate(len(base) - len(ok_b), len(base), len(new) - len(ok_n), len(new))
     if len(ok_b) < min_samples or len(ok_n) < min_samples:
         return CellResult(**ident, verdict=CellVerdict.INSUFFICIENT, metrics=(),
                           note=f"insufficient: {len(ok_b)} BASE and {len(ok_n)} NEW ok samples, "
@@ -310,6 +316,24 @@ def _cell(run: RunRecord, cid: str, base: list[SampleRecord], new: list[SampleRe
     return CellResult(**ident, verdict=CellVerdict.INCONCLUSIVE, metrics=tuple(results_),
                       note="" if any(m.metric == primary for m in results_)
                       else f"{primary} missing from the successful samples")
+
+
+def failure_rate(base_failed: int, base_n: int, new_failed: int, new_n: int) -> float | None:
+    """The failure-rate test's p when NEW failed more often than BASE, else None. A cell is
+    broken only when that rate is credibly higher (the p survives Benjamini-Hochberg with
+    the gate's other tests, :func:`_failure_verdicts`): a single transient failure among
+    hundreds of samples is listed and judged, never a red night on its own."""
+    if new_failed / new_n <= base_failed / base_n:
+        return None
+    return stats.failure_rate_p(base_failed, base_n, new_failed, new_n)
+
+
+def _failure_verdicts(cells: list[CellResult], adjusted: list[float]) -> None:
+    """Cells whose failure-rate p, adjusted in the deciding family, is below q: BROKEN."""
+    at = [i for i, c in enumerate(cells) if c.failure_p is not None]
+    for i, pa in zip(at, adjusted):
+        c = cells[i]
+        cells[i] = dataclasses.replace(c, failure_p_adjusted=pa)
 
 
 def _finish(cells: list[CellResult], q: float,
@@ -334,7 +358,10 @@ def _finish(cells: list[CellResult], q: float,
                     comps[k] = c
                 if decides and prior.cells:
                     priors.append(f"{metric}: {prior.describe()}")
-        adjusted = stats.adjust(comps, q)
+        extra = [c.failure_p for c in cells if c.failure_p is not None] if decides else []
+        adjusted, fail_adj = stats.adjust_family(comps, extra, q)
+        if decides:
+            _failure_verdicts(cells, fail_adj)
         for (i, j), comp in zip(slots, adjusted):
             ms = list(cells[i].metrics)
             ms[j] = dataclasses.replace(ms[j], comparison=comp)
@@ -346,6 +373,11 @@ def _finish(cells: list[CellResult], q: float,
             if not c.note and deciding:
                 worst = next(v for v in _WORST if v in deciding)
                 c = dataclasses.replace(c, verdict=CellVerdict(worst.value))
+        if c.failure_p_adjusted is not None and c.failure_p_adjusted < q:
+            c = dataclasses.replace(c, verdict=CellVerdict.BROKEN, note=(
+                f"failure rate rose, credibly: BASE {c.base_failed}/{c.base_ok + c.base_failed}, "
+                f"NEW {c.new_failed}/{c.new_ok + c.new_failed} failed (Fisher p "
+                f"{c.failure_p:.2g}, adjusted {c.failure_p_adjusted:.2g} < q {q})"))
         out.append(c)
     return tuple(out), tuple(priors)
 
@@ -531,6 +563,10 @@ def render_text(rc: RunComparison) -> str:
     notes = [f"  {c.cell_id}: ok samples BASE {c.base_ok}/{c.base_ok + c.base_failed}, NEW "
              f"{c.new_ok}/{c.new_ok + c.new_failed}" + (f"; {c.note}" if c.note else "")
              for c in rc.cells if c.base_failed or c.new_failed or c.note]
+    notes += [f"  {c.cell_id}: failure rate rose but not credibly (Fisher p {c.failure_p:.2g}, "
+              f"adjusted {c.failure_p_adjusted:.2g} >= q {rc.q}): measure again if it persists"
+              for c in rc.cells if c.failure_p_adjusted is not None
+              and c.verdict is not CellVerdict.BROKEN]
     notes += [f"  {c.cell_id} {m.metric}: {m.comparison.note}" for c in rc.cells
               for m in c.metrics if m.comparison.note and m.decides]
     if notes:

@@ -482,16 +482,33 @@ def adjust(comparisons: Sequence[Comparison], q: float = FDR_Q) -> list[Comparis
     """Benjamini-Hochberg across one family (every cell and deciding metric of a run
     comparison): each comparison decided again at its adjusted p, with ``alpha`` = ``q``
     as the false-discovery rate. Comparisons without a p keep their verdict."""
+    return adjust_family(comparisons, (), q)[0]
+
+
+def adjust_family(comparisons: Sequence[Comparison], extra: Sequence[float],
+                  q: float = FDR_Q) -> tuple[list[Comparison], list[float]]:
+    """:func:`adjust` with further p-values in the same family (a cell's failure-rate test:
+    it is one more way a cell can fail the gate, so it shares the false-discovery budget);
+    returns the comparisons decided again and the extra p-values adjusted."""
     if not 0.0 < q < 1.0:
         raise ValueError(f"q must be in (0, 1), got {q}")
     idx = [i for i, c in enumerate(comparisons) if c.p_value is not None]
     out = list(comparisons)
-    if not idx:
-        return out
-    adj = sps.false_discovery_control([comparisons[i].p_value for i in idx], method="bh")
+    ps = [comparisons[i].p_value for i in idx] + [float(p) for p in extra]
+    if not ps:
+        return out, []
+    adj = [float(a) for a in sps.false_discovery_control(ps, method="bh")]
     for i, pa in zip(idx, adj):
-        out[i] = decide(dataclasses.replace(comparisons[i], alpha=q), float(pa))
-    return out
+        out[i] = decide(dataclasses.replace(comparisons[i], alpha=q), pa)
+    return out, adj[len(idx):]
+
+
+def failure_rate_p(base_failed: int, base_n: int, new_failed: int, new_n: int) -> float:
+    """One-sided p that NEW's failure rate is above BASE's: Fisher's exact test on the 2x2
+    table of failed and ok samples. One transient failure in 5 against none gives p = 0.5,
+    far from any corrected level; 5 of 5 against none gives 1/252."""
+    table = [[new_failed, new_n - new_failed], [base_failed, base_n - base_failed]]
+    return float(sps.fisher_exact(table, alternative="greater").pvalue)
 
 
 # --------------------------------------------------------------------------- efficiency

@@ -28,3 +28,37 @@ def test_simulate_counts_detections_and_is_seeded():
     assert a.dropped_total == 6 and a.detected == 6
     assert (a.exit_counts, a.false_cells) == (b.exit_counts, b.false_cells)
     assert "detected" in bench_gate.format_outcomes([a])
+
+
+def test_one_transient_failure_among_200_unchanged_cells_does_not_fail_the_gate(tmp_path):
+    tpl = bench_gate.template(200, tmp_path)
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        base = bench_gate.night(tpl, "base", rng, noise=0.03, reps="5")
+        new = bench_gate.night(tpl, "new", rng, noise=0.03, reps="6")
+        # one failed sample in one cell (its other 5 ok): a transient, not a broken cell
+        victim = new.samples[7]
+        samples = list(new.samples)
+        samples[7] = victim.__class__(**{**victim.__dict__, "status": "failed",
+                                         "reason": "transient", "metrics": {}})
+        new = new.__class__(**{**new.__dict__, "samples": tuple(samples)})
+        rc = compare.compare_runs(base, new)
+        assert rc.exit_status != 1, [(c.cell_id, c.verdict, c.note) for c in rc.failing]
+        (hit,) = [c for c in rc.cells if c.new_failed]
+        assert hit.failure_p is not None and hit.verdict is not compare.CellVerdict.BROKEN
+        assert "not credibly" in compare.render_text(rc)
+
+
+def test_a_cell_failing_nine_of_ten_samples_is_broken_among_200(tmp_path):
+    tpl = bench_gate.template(200, tmp_path)
+    rng = np.random.default_rng(1)
+    base = bench_gate.night(tpl, "base", rng, noise=0.03, reps="10")
+    new = bench_gate.night(tpl, "new", rng, noise=0.03, reps="10")
+    cid = tpl.samples[0].cell.id
+    samples = [s if s.cell.id != cid or s.rep < 1 else
+               s.__class__(**{**s.__dict__, "status": "failed", "reason": "x", "metrics": {}})
+               for s in new.samples]
+    new = new.__class__(**{**new.__dict__, "samples": tuple(samples)})
+    rc = compare.compare_runs(base, new)
+    assert [c.cell_id for c in rc.failing] == [cid]
+    assert rc.failing[0].verdict is compare.CellVerdict.BROKEN
