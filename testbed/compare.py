@@ -530,6 +530,13 @@ def fmt(v: float | None, digits: int = 4) -> str:
     return f"{v:.{digits}g}" if abs(v) < 10 ** digits else f"{v:.0f}"
 
 
+def change_interval(cm: stats.Comparison) -> str:
+    """The change's (1 - 2 alpha) interval, as the equivalence test reads it."""
+    if cm.change_ci is None:
+        return "-"
+    return f"[{cm.change_ci[0] * 100:+.1f}, {cm.change_ci[1] * 100:+.1f}]%"
+
+
 def render_text(rc: RunComparison) -> str:
     lines = [f"BASE {rc.base.run_id} ({rc.base.accelerator}, {rc.base.cpu_model}, {rc.base.status})",
              f"NEW  {rc.new.run_id} ({rc.new.accelerator}, {rc.new.cpu_model}, {rc.new.status})"]
@@ -543,18 +550,19 @@ def render_text(rc: RunComparison) -> str:
         return "\n".join(lines) + "\n"
     if rc.forced:
         lines.append("!! --force: compared despite the mismatches above")
-    header = ("cell", "verdict", "metric", "base", "new", "delta", "test", "p", "p adj",
-              "metric verdict")
+    header = ("cell", "verdict", "metric", "base", "new", "delta", "interval", "mdc", "test",
+              "p", "p adj", "metric verdict")
     rows: list[tuple[str, ...]] = []
     for c in rc.cells:
         first = (c.cell_id, c.verdict.value.upper())
         if not c.metrics:
-            rows.append((*first, "-", "-", "-", "-", "-", "-", "-", "-"))
+            rows.append((*first, "-", "-", "-", "-", "-", "-", "-", "-", "-", "-"))
         for i, m in enumerate(c.metrics):
             cm = m.comparison
             rows.append((*(first if i == 0 else ("", "")), m.metric,
                          f"{fmt(cm.base.mean)} (n={cm.base.n})", f"{fmt(cm.new.mean)} (n={cm.new.n})",
                          "-" if cm.delta_pct is None else f"{cm.delta_pct:+.1f}%",
+                         change_interval(cm), "-" if cm.mdc is None else f"{cm.mdc:.1%}",
                          cm.test or "-", fmt(cm.p_value, 2), fmt(cm.p_adjusted, 2),
                          cm.verdict.value + ("" if m.decides else " (info)")))
     widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
@@ -583,6 +591,9 @@ def render_text(rc: RunComparison) -> str:
         lines.append(f"failed samples (excluded from statistics): {len(failures)}")
         lines.extend(f"  {f}" for f in failures)
     summary = ", ".join(f"{n} {v}" for v, n in sorted(rc.counts().items()))
+    lines.append("interval: (1 - 2 alpha) interval of the change; unchanged only when it lies "
+                 f"within +-{rc.threshold:.0%} (equivalence); mdc: smallest change the cell could "
+                 "detect at its noise and n (80 % power)")
     lines.append(f"{len(rc.cells)} cells: {summary or 'none'}; test {rc.test}, threshold "
                  f"{rc.threshold:.0%}, alpha {rc.alpha}, Benjamini-Hochberg q {rc.q}, "
                  f"at least {rc.min_samples} ok samples a side")

@@ -206,6 +206,42 @@ class Comparison:
     test_note: str = ""
     #: the log-scale figures :func:`moderate` needs (Welch comparisons of positive samples)
     log_spread: LogSpread | None = None
+    #: (1 - 2 alpha) interval of the relative change (the two one-sided tests' interval):
+    #: UNCHANGED needs all of it within +-threshold
+    change_ci: tuple[float, float] | None = None
+    #: the smallest relative change this cell could detect at its noise and n (two-sided
+    #: alpha, 80 % power); None when the spread is undefined
+    mdc: float | None = None
+
+
+#: power at which :attr:`Comparison.mdc` is stated
+MDC_POWER = 0.80
+
+
+def interval_and_mdc(diff: float, se: float, df: float, alpha: float, *,
+                     log: bool = False, base_mean: float = 1.0) -> tuple[tuple[float, float], float]:
+    """The (1 - 2 alpha) interval of a relative change and its minimum detectable change,
+    from a difference ``diff`` with standard error ``se`` on ``df`` degrees of freedom: of
+    mean logs when ``log`` (the interval is exp(.) - 1), else of means (divided by
+    |base_mean|)."""
+    half = float(sps.t.ppf(1.0 - alpha, df)) * se
+    mdc = (float(sps.t.ppf(1.0 - alpha / 2, df)) + float(sps.t.ppf(MDC_POWER, df))) * se
+    if log:
+        return (math.expm1(diff - half), math.expm1(diff + half)), -math.expm1(-mdc)
+    b = abs(base_mean)
+    return ((diff - half) / b, (diff + half) / b), mdc / b
+
+
+def welch_interval(sb: Summary, sn: Summary, alpha: float) -> tuple[tuple[float, float] | None, float | None]:
+    if sb.stddev is None or sn.stddev is None or sb.mean == 0.0:
+        return None, None
+    vb, vn = sb.stddev ** 2 / sb.n, sn.stddev ** 2 / sn.n
+    se = math.sqrt(vb + vn)
+    d = sn.mean - sb.mean
+    if se == 0.0:
+        return (d / abs(sb.mean), d / abs(sb.mean)), 0.0
+    df = (vb + vn) ** 2 / ((vb ** 2 / (sb.n - 1) if vb else 0.0) + (vn ** 2 / (sn.n - 1) if vn else 0.0))
+    return interval_and_mdc(d, se, df, alpha, base_mean=sb.mean)
 
 
 @dataclass(frozen=True)
@@ -295,6 +331,10 @@ def _p_value(test: str, b: np.ndarray, nw: np.ndarray, sb: Summary,
     return float(res.pvalue), None
 
 
+def _fmt_ci(ci: tuple[float, float] | None) -> str:
+    return "undefined" if ci is None else f"[{ci[0]:+.1%}, {ci[1]:+.1%}]"
+
+
 def decide(c: Comparison, p: float | None) -> Comparison:
     """``c`` with its verdict taken again at significance ``p`` (an adjusted p)."""
     if c.verdict is Verdict.INSUFFICIENT or (c.p_value is None and c.test is not None):
@@ -308,8 +348,14 @@ def decide(c: Comparison, p: float | None) -> Comparison:
     elif c.delta_rel is None:
         v = Verdict.INCONCLUSIVE
         notes.append("base mean is 0; relative change undefined")
-    elif abs(c.delta_rel) <= c.threshold:
+    elif c.change_ci is not None and -c.threshold <= c.change_ci[0] and c.change_ci[1] <= c.threshold:
+        # equivalence (two one-sided tests): the whole interval lies within +-threshold
         v = Verdict.UNCHANGED
+    elif abs(c.delta_rel) <= c.threshold:
+        v = Verdict.INCONCLUSIVE
+        notes.append(f"change {c.delta_rel:+.1%} within +-{c.threshold:.0%}, but not shown "
+                     f"unchanged: its interval {_fmt_ci(c.change_ci)} reaches beyond"
+                     + ("" if c.mdc is None else f" (smallest detectable change {c.mdc:.1%})"))
     elif p is None or p >= c.alpha:
         v = Verdict.INCONCLUSIVE
         notes.append("change beyond threshold but not significant"
@@ -326,8 +372,9 @@ def compare(base: Sequence[float], new: Sequence[float], *, higher_is_better: bo
     """Decide whether ``new`` improved, regressed or left a metric unchanged against ``base``.
 
     IMPROVED/REGRESSED needs both a significant difference (p < alpha) and a relative
-    change beyond ``threshold`` in that direction. A change within the threshold is
-    UNCHANGED whatever p says (a significant 2 % is not worth failing a nightly over).
+    change beyond ``threshold`` in that direction. UNCHANGED needs equivalence: the
+    (1 - 2 alpha) interval of the change (two one-sided tests) lies within +-threshold; a
+    small observed change whose interval reaches beyond is INCONCLUSIVE (measure again).
     A change beyond the threshold with p >= alpha is INCONCLUSIVE rather than UNCHANGED:
     a noisy 30 % drop must not pass a gate silently. The verdict here uses the raw p;
     :func:`adjust` takes it again with Benjamini-Hochberg across a family of comparisons.
@@ -376,7 +423,8 @@ def compare(base: Sequence[float], new: Sequence[float], *, higher_is_better: bo
         p, ci = _p_value(used, b, nw, sb, sn)
     if not math.isfinite(p):
         return dataclasses.replace(c, test=used, note=f"{used} test gave p={p}")
-    c = dataclasses.replace(c, p_value=p, test=used, ratio_ci=ci,
+    cci, mdc = welch_interval(sb, sn, alpha)
+    c = dataclasses.replace(c, p_value=p, test=used, ratio_ci=ci, change_ci=cci, mdc=mdc,
                             test_note=f"{used}: {why}" if why else "",
                             log_spread=log_spread(b, nw) if used == "welch" else None)
     return decide(c, p)
@@ -473,7 +521,10 @@ def moderate(comparisons: Sequence[Comparison],
         df = min(d0 + x.df, pooled)
         t = x.diff / (math.sqrt(s2_post) * x.scale)
         p = float(2.0 * sps.t.sf(abs(t), df))
-        c = dataclasses.replace(comparisons[i], p_value=p, test="moderated")
+        cci, mdc = interval_and_mdc(x.diff, math.sqrt(s2_post) * x.scale, df,
+                                    comparisons[i].alpha, log=True)
+        c = dataclasses.replace(comparisons[i], p_value=p, test="moderated", change_ci=cci,
+                                mdc=mdc)
         out[i] = decide(c, p)
     return out, Prior("moderated", len(idx), d0, s0_2)
 

@@ -62,3 +62,27 @@ def test_a_cell_failing_nine_of_ten_samples_is_broken_among_200(tmp_path):
     rc = compare.compare_runs(base, new)
     assert [c.cell_id for c in rc.failing] == [cid]
     assert rc.failing[0].verdict is compare.CellVerdict.BROKEN
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_ten_percent_drop_at_ten_percent_noise_is_never_unchanged(seed):
+    """Lognormal 10 % noise, n=5 a side, 100 cells all 10 % down: the point estimate often
+    lands within 5 %, the interval never does."""
+    from testbed import stats
+    rng = np.random.default_rng(seed)
+    comps = [stats.compare(2000 * rng.lognormal(0, 0.1, 5), 1800 * rng.lognormal(0, 0.1, 5),
+                           higher_is_better=True) for _ in range(100)]
+    mod, _ = stats.moderate(comps)
+    for family in (comps, stats.adjust(mod)):
+        assert not [c for c in family if c.verdict is stats.Verdict.UNCHANGED]
+    assert all(c.change_ci is not None and c.mdc is not None for c in mod)
+
+
+def test_an_unchanged_verdict_shows_its_interval_and_mdc(tmp_path):
+    tpl = bench_gate.template(3, tmp_path)
+    rng = np.random.default_rng(0)
+    rc = compare.compare_runs(bench_gate.night(tpl, "b", rng, noise=0.005, reps="5"),
+                              bench_gate.night(tpl, "n", rng, noise=0.005, reps="5"))
+    assert rc.exit_status == 0
+    text = compare.render_text(rc)
+    assert "interval" in text and "mdc" in text and "]%" in text
