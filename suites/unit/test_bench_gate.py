@@ -86,3 +86,42 @@ def test_an_unchanged_verdict_shows_its_interval_and_mdc(tmp_path):
     assert rc.exit_status == 0
     text = compare.render_text(rc)
     assert "interval" in text and "mdc" in text and "]%" in text
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_integer_p99_raised_20pct_in_5_plus_5_of_100_cells_is_regressed(seed):
+    """Integer microseconds with ties (netperf's p99): the cell that rose by 20 % is found."""
+    from testbed import stats
+    rng = np.random.default_rng(seed)
+    comps = []
+    for k in range(100):
+        up = 1.2 if k == 0 else 1.0
+        b = np.round(rng.normal(100, 3, 5))
+        n = np.round(rng.normal(100 * up, 3 * up, 5))
+        comps.append(stats.compare(b, n, higher_is_better=False))
+    assert stats.quantum_of(np.round(rng.normal(100, 3, 5))) == 1.0
+    mod, _ = stats.moderate(comps)
+    out = stats.adjust(mod)
+    assert out[0].verdict is stats.Verdict.REGRESSED, out[0]
+    assert sum(c.verdict is stats.Verdict.REGRESSED for c in out) == 1
+
+
+def test_a_floored_test_says_insufficient_with_the_n_that_would_do():
+    from testbed import stats
+    rng = np.random.default_rng(0)
+    comps = [stats.compare([100.0] * 5, [130.0] * 5, higher_is_better=True)]
+    comps += [stats.compare(rng.normal(100, 3, 5), rng.normal(100, 3, 5), higher_is_better=True)
+              for _ in range(99)]
+    assert comps[0].test == "permutation"
+    c = stats.adjust(comps)[0]
+    assert c.verdict is stats.Verdict.INSUFFICIENT and "samples a side would do" in c.note
+
+
+def test_bootstrap_is_studentized_and_floored():
+    from testbed import stats
+    c = stats.compare([1.0, 2, 3, 4, 5], [1.5, 2.5, 3.5, 4.5, 5.5], higher_is_better=True,
+                      test="bootstrap")
+    assert c.p_value > 0.3
+    b = np.array([100, 101, 99, 100.5, 99.5])
+    p = stats.bootstrap_t_p(b, b * 1.3)
+    assert p >= 1 / stats.distinct_resamples(5, 5)
