@@ -132,3 +132,9 @@ def test_history_finds_a_lasting_step_within_three_nights_and_rarely_alarms_unch
     sequences; unchanged 30-night series replayed night by night alarm in at most 1 of 6."""
     h = bench_gate.history_sim(sequences=6, seed=0)
     assert h.step_found_within_3 >= 5 and h.unchanged_alarms <= 1, h
+
+
+def test_variants_are_measured_a_b_b_a():
+    from testbed import variants
+    order = [x for r in range(4) for x in variants.round_order(["A", "B"], r)]
+    assert "".join(order) == "ABBAABBA"
