@@ -21,11 +21,11 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TypeVar
 
-T = TypeVar("T")
-
 from testbed import images, measure, proc, results, stats, virt
 from testbed.errors import CommandError, GuestError, ReadinessError, TestbedError
 from testbed.model import Attachment, Backend, Cell, Topology, Variant
+
+T = TypeVar("T")
 
 #: attachments a variant pair can share a segment on
 SUPPORTED = (Attachment.BRIDGE, Attachment.OVS)
