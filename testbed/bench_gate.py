@@ -101,6 +101,7 @@ class Outcome:
     dropped_total: int
     false_cells: int                # unchanged cells called regressed or broken
     seconds: float
+    undecided_cells: int = 0        # cells undecided over all nights (what a re-measure costs)
 
 
 SCENARIOS = (Scenario("unchanged n=5"), Scenario("unchanged gate reps", reps="gate"),
@@ -118,7 +119,7 @@ def simulate(sc: Scenario, nights: int, cells: int = 200, seed: int = 0,
     ids = [s.cell.id for s in tpl.samples]
     drop_ids = set(ids[:sc.dropped])
     exits: dict[int, int] = {}
-    false_nights = detected = false_cells = 0
+    false_nights = detected = false_cells = undecided = 0
     for k in range(nights):
         rng = np.random.default_rng([seed, k])
         base = night(tpl, "base", rng, noise=sc.noise, reps=sc.reps, fail_p=sc.fail_p)
@@ -126,13 +127,14 @@ def simulate(sc: Scenario, nights: int, cells: int = 200, seed: int = 0,
                     scale={i: 1.0 - sc.drop for i in drop_ids})
         rc = compare.compare_runs(base, new)
         exits[rc.exit_status] = exits.get(rc.exit_status, 0) + 1
+        undecided += len(rc.undecided)
         bad = [c for c in rc.failing if c.cell_id not in drop_ids]
         false_cells += len(bad)
         false_nights += bool(bad)
         detected += sum(1 for c in rc.cells if c.cell_id in drop_ids
                         and c.verdict is compare.CellVerdict.REGRESSED)
     return Outcome(sc, nights, exits, false_nights, detected, len(drop_ids) * nights,
-                   false_cells, time.monotonic() - t0)
+                   false_cells, time.monotonic() - t0, undecided)
 
 
 def run(nights: int = 10, seed: int = 0, scenarios: Iterable[Scenario] = SCENARIOS,
@@ -144,14 +146,15 @@ def run(nights: int = 10, seed: int = 0, scenarios: Iterable[Scenario] = SCENARI
 
 def format_outcomes(rows: list[Outcome]) -> str:
     head = (f"{'scenario':<24} {'nights':>6} {'exit0':>6} {'exit1':>6} {'exit5':>6} "
-            f"{'false-regr nights':>17} {'detected':>12} {'s':>5}")
+            f"{'false-regr nights':>17} {'detected':>12} {'undecided/night':>15} {'s':>5}")
     lines = [head]
     for o in rows:
         det = (f"{o.detected}/{o.dropped_total} {o.detected / o.dropped_total:.0%}"
                if o.dropped_total else "-")
         lines.append(f"{o.scenario.name:<24} {o.nights:>6} {o.exit_counts.get(0, 0):>6} "
                      f"{o.exit_counts.get(1, 0):>6} {o.exit_counts.get(5, 0):>6} "
-                     f"{o.false_regression_nights:>17} {det:>12} {o.seconds:>5.1f}")
+                     f"{o.false_regression_nights:>17} {det:>12} "
+                     f"{o.undecided_cells / o.nights:>15.1f} {o.seconds:>5.1f}")
     return "\n".join(lines)
 
 
