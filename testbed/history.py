@@ -73,8 +73,18 @@ class Series:
     environment: str        # accelerator/comparable class and CPU model
     points: tuple[Point, ...]
     change_points: tuple[ChangePoint, ...]
+    #: first bad runs of this cell's acknowledged changes (`testbed history --ack`)
+    acked: frozenset[str] = frozenset()
 
     def recent_regressions(self, window: int = WINDOW) -> tuple[ChangePoint, ...]:
+        """Confirmed recent regressions not acknowledged: what fails the job."""
+        return tuple(c for c in self.confirmed_recent(window) if c.run_id not in self.acked)
+
+    def acknowledged(self, window: int = WINDOW) -> tuple[ChangePoint, ...]:
+        """Confirmed recent regressions acknowledged with `testbed history --ack`."""
+        return tuple(c for c in self.confirmed_recent(window) if c.run_id in self.acked)
+
+    def confirmed_recent(self, window: int = WINDOW) -> tuple[ChangePoint, ...]:
         """Regressions whose change point lies within the newest ``window`` runs and that
         the runs from it on confirm (at least CONFIRM points in the new segment): a lasting
         step keeps failing the job for ``window`` nights, not only on the night it began."""
@@ -253,9 +263,51 @@ def render_text(all_series: Sequence[Series]) -> str:
             diff = "; ".join(f"{k} {g} -> {b}" for k, g, b in c.bisect) or "no environment difference"
             lines.append(f"REGRESSION {s.cell_id} {s.metric} {c.delta_pct:+.1f}%: last good "
                          f"{c.last_good}, first bad {c.run_id} ({diff})")
+        for c in s.acknowledged():
+            lines.append(f"acknowledged {s.cell_id} {s.metric} {c.delta_pct:+.1f}% at {c.run_id} "
+                         f"(testbed history --ack): not failing the job")
         if s.suspect:
             lines.append(f"SUSPECT {s.cell_id} {s.metric}: newest run {s.points[-1].run_id} "
                          f"alone is worse; measure it again (not a regression yet)")
     if not all_series:
         lines.append("no series (index some runs with `testbed index`)")
     return "\n".join(lines) + "\n"
+
+
+ACKS = "history-acks.jsonl"
+
+
+def acknowledge(root: object, spec: str, by: str | None, why: str | None) -> int:
+    """Store an acknowledgement (who, when, why) of CELL@RUN, a known change whose first bad
+    run is RUN; it no longer fails `testbed history`. Bad input: UserFileError (exit 2)."""
+    from pathlib import Path
+    from testbed import results
+    from testbed.safeio import UserFileError
+    cell, sep, run = spec.partition("@")
+    if not sep or not cell or not run:
+        raise UserFileError("--ack", f"{spec!r}: expected CELL@RUN (cell id @ first bad run id)")
+    if not by or not why:
+        raise UserFileError("--ack", "needs --by WHO and --why TEXT: an acknowledgement says who and why")
+    path = Path(str(root)) / ACKS
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps({"cell": cell, "run": run, "by": by, "why": why,
+                            "when": results.now()}) + "\n")
+    print(f"acknowledged {cell} change at {run} by {by}: {why}")
+    return 0
+
+
+def read_acks(root: object) -> list[dict]:
+    from pathlib import Path
+    path = Path(str(root)) / ACKS
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def with_acks(found: Sequence[Series], acks: Sequence[dict]) -> list[Series]:
+    import dataclasses
+    by_cell: dict[str, set[str]] = defaultdict(set)
+    for a in acks:
+        by_cell[str(a.get("cell"))].add(str(a.get("run")))
+    return [dataclasses.replace(s, acked=frozenset(by_cell.get(s.cell_id, ()))) for s in found]

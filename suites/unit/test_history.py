@@ -95,3 +95,17 @@ def test_change_points_need_an_effect_beyond_the_threshold():
     assert history.change_points(small) == []           # a real 2 %, below the 5 % that counts
     big = list(rng.normal(100, 2, 8)) + list(rng.normal(88, 2, 8))
     assert [i for i, _, _ in history.change_points(big)] == [8]
+
+
+def test_an_acknowledged_change_no_longer_fails_the_job(tmp_path, capsys):
+    ids = nightly(tmp_path, 12, step_at=7)
+    assert run_cli(["history", "--results", str(tmp_path)], capsys)[0] == 1
+    code, _, err = run_cli(["history", "--results", str(tmp_path), "--ack", f"{S.id}@{ids[7]}"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "--by" in err
+    code, out, _ = run_cli(["history", "--results", str(tmp_path), "--ack", f"{S.id}@{ids[7]}",
+                            "--by", "ana", "--why", "new QEMU default, accepted"], capsys)
+    assert code == 0
+    (ack,) = history.read_acks(tmp_path)
+    assert ack["by"] == "ana" and ack["why"].startswith("new QEMU") and ack["when"]
+    code, out, _ = run_cli(["history", "--results", str(tmp_path)], capsys)
+    assert code == 0 and f"acknowledged {S.id}" in out
