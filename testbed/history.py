@@ -74,7 +74,7 @@ class Series:
     points: tuple[Point, ...]
     change_points: tuple[ChangePoint, ...]
     #: first bad runs of this cell's acknowledged changes (`testbed history --ack`)
-    acked: frozenset[str] = frozenset()
+    acked: tuple[str, ...] = ()
 
     def recent_regressions(self, window: int = WINDOW) -> tuple[ChangePoint, ...]:
         """Confirmed recent regressions not acknowledged: what fails the job."""
@@ -310,4 +310,4 @@ def with_acks(found: Sequence[Series], acks: Sequence[dict]) -> list[Series]:
     by_cell: dict[str, set[str]] = defaultdict(set)
     for a in acks:
         by_cell[str(a.get("cell"))].add(str(a.get("run")))
-    return [dataclasses.replace(s, acked=frozenset(by_cell.get(s.cell_id, ()))) for s in found]
+    return [dataclasses.replace(s, acked=tuple(sorted(by_cell.get(s.cell_id, ())))) for s in found]

@@ -109,3 +109,11 @@ def test_an_acknowledged_change_no_longer_fails_the_job(tmp_path, capsys):
     assert ack["by"] == "ana" and ack["why"].startswith("new QEMU") and ack["when"]
     code, out, _ = run_cli(["history", "--results", str(tmp_path)], capsys)
     assert code == 0 and f"acknowledged {S.id}" in out
+
+
+def test_json_output_carries_points_with_spread(tmp_path, capsys):
+    import json
+    nightly(tmp_path, 6, step_at=None)
+    code, out, _ = run_cli(["history", "--results", str(tmp_path), "--json"], capsys)
+    (s, *_) = json.loads(out)
+    assert code == 0 and s["points"][0]["n"] == 5 and s["points"][0]["spread"] > 0
