@@ -362,6 +362,9 @@ def ndr(limit_mbit: int = NDR_LIMIT_MBIT, precision: float = 0.05, trial_s: tupl
 
 
 def main(what: str, args: argparse.Namespace) -> int:
+    if what == "gate":
+        from testbed import bench_gate
+        return bench_gate.main(args.rounds)
     if what == "placement":
         from testbed import bench_placement
         return bench_placement.main(args.rounds)

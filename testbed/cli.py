@@ -267,9 +267,10 @@ def parser() -> argparse.ArgumentParser:
     k.set_defaults(func=cmd_cache)
     b = sub.add_parser("bench", help="benchmarks that print figures")
     b.add_argument("what", choices=("boot", "matrix", "chain", "fidelity", "harness", "placement", "ndr",
-                                    "density"), help="which benchmark")
+                                    "density", "gate"), help="which benchmark")
     b.add_argument("--rounds", type=integer(1, 1000), help="boot: rounds (default 1); fidelity: alternations (default 5); "
-                                              "placement: rounds of apart/together/unpinned (default 5)")
+                                              "placement: rounds of apart/together/unpinned (default 5); "
+                                              "gate: simulated nights per scenario (default 10)")
     b.add_argument("--pairs", default="1,2,4,8", metavar="N,N,...",
                    help="density: pair counts to bring up together (default 1,2,4,8)")
     b.set_defaults(func=cmd_bench)

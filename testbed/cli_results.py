@@ -104,6 +104,8 @@ def cmd_history(args: argparse.Namespace) -> int:
     from testbed import history, report, store
     from testbed.store.schema import metric_columns
     root = _results_root(args)
+    if args.ack is not None:
+        return history.acknowledge(root, args.ack, args.by, args.why)
     out = _outputs((args.output, "--output"))
     if args.metric is not None and args.metric not in metric_columns():
         from testbed.safeio import UserFileError
@@ -112,6 +114,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     # A read: the store must exist and be this testbed's; nothing is created or migrated.
     with store.open(args.db or str(root / "index.sqlite"), readonly=True) as st:
         found = history.series(st, cell=args.cell, metric=args.metric, threshold=args.threshold)
+    found = history.with_acks(found, history.read_acks(root))
     if args.json:
         import dataclasses
         print(json.dumps([dataclasses.asdict(s) | {"newest_regresses": s.newest_regresses}
@@ -261,11 +264,19 @@ def add_commands(subparsers: Any) -> None:
 
     h = subparsers.add_parser(
         "history", help="each cell's metric over the indexed runs, with change points; "
-                        "exit 1 when the newest run starts a regression",
+                        "exit 1 on a confirmed regression within the newest 7 runs",
         description="Reads the results index (testbed index), per cell in run order; runs "
                     "with incomparable environments start a new series. Change points: "
-                    "ruptures PELT, counted beyond --threshold. Exit status: 1 when the "
-                    "newest run of a series starts a regression, else 0; 2 bad input.")
+                    "ruptures PELT, counted beyond --threshold. Exit status: 1 when a "
+                    "confirmed regression starts within the newest 7 runs of a series and "
+                    "is not acknowledged (--ack), else 0 (a lone worse newest run is "
+                    "printed as suspect); 2 bad input.")
+    h.add_argument("--ack", metavar="CELL@RUN",
+                   help="acknowledge the known change of CELL whose first bad run is RUN "
+                        "(stored in <results>/history-acks.jsonl with --by and --why); it "
+                        "no longer fails the job")
+    h.add_argument("--by", metavar="WHO", help="--ack: who acknowledges")
+    h.add_argument("--why", metavar="TEXT", help="--ack: why the change is accepted")
     h.add_argument("--db", metavar="PATH|URL",
                    help="SQLite file or postgresql:// URL (default: <results>/index.sqlite)")
     h.add_argument("--cell", metavar="ID", help="only this cell id")

@@ -18,8 +18,10 @@ a side to carry a verdict, else it is INSUFFICIENT. The p-values of every cell's
 metrics form one family, adjusted with Benjamini-Hochberg at ``q`` (0.05), after (with
 ``--test auto``) each metric's Welch tests became moderated t-tests sharing a variance
 prior across the cells (:func:`testbed.stats.moderate`); a regression
-needs the adjusted significance and an effect beyond the threshold. A cell whose failure
-rate rose is BROKEN, whatever its surviving samples say.
+needs the adjusted significance and an effect beyond the threshold. A cell whose samples
+all failed in NEW is BROKEN; one whose failure rate rose is BROKEN only when Fisher's exact
+test says the rate is credibly higher, its p adjusted in the same family: one transient
+failure is listed, not a red night.
 
 Exit statuses (``RunComparison.exit_status``): 2 refused; 1 a cell regressed, broke, was
 redefined or is missing from NEW; 5 no cell failed but some could not be decided
@@ -247,6 +249,10 @@ class CellResult:
     note: str = ""
     base_hash: str = ""             # definition hash(es) of the cell's samples on each side
     new_hash: str = ""
+    #: NEW failed more often than BASE: Fisher's one-sided p that its failure rate is higher,
+    #: and that p after Benjamini-Hochberg in the family of the deciding metrics
+    failure_p: float | None = None
+    failure_p_adjusted: float | None = None
 
 
 def _values(samples: Iterable[SampleRecord], metric: str) -> list[float]:
@@ -284,11 +290,11 @@ def _cell(run: RunRecord, cid: str, base: list[SampleRecord], new: list[SampleRe
     if not ok_b:
         return CellResult(**ident, verdict=CellVerdict.NO_BASELINE, metrics=(),
                           note="no successful samples in BASE")
-    rate_b, rate_n = (len(base) - len(ok_b)) / len(base), (len(new) - len(ok_n)) / len(new)
-    if not ok_n or rate_n > rate_b:
+    if not ok_n:
         return CellResult(**ident, verdict=CellVerdict.BROKEN, metrics=(),
-                          note=f"failure rate rose: BASE {len(base) - len(ok_b)}/{len(base)}, "
-                               f"NEW {len(new) - len(ok_n)}/{len(new)}")
+                          note=f"every NEW sample failed: BASE {len(base) - len(ok_b)}/{len(base)}, "
+                               f"NEW {len(new)}/{len(new)} failed")
+    ident["failure_p"] = failure_rate(len(base) - len(ok_b), len(base), len(new) - len(ok_n), len(new))
     if len(ok_b) < min_samples or len(ok_n) < min_samples:
         return CellResult(**ident, verdict=CellVerdict.INSUFFICIENT, metrics=(),
                           note=f"insufficient: {len(ok_b)} BASE and {len(ok_n)} NEW ok samples, "
@@ -310,6 +316,24 @@ def _cell(run: RunRecord, cid: str, base: list[SampleRecord], new: list[SampleRe
     return CellResult(**ident, verdict=CellVerdict.INCONCLUSIVE, metrics=tuple(results_),
                       note="" if any(m.metric == primary for m in results_)
                       else f"{primary} missing from the successful samples")
+
+
+def failure_rate(base_failed: int, base_n: int, new_failed: int, new_n: int) -> float | None:
+    """The failure-rate test's p when NEW failed more often than BASE, else None. A cell is
+    broken only when that rate is credibly higher (the p survives Benjamini-Hochberg with
+    the gate's other tests, :func:`_failure_verdicts`): a single transient failure among
+    hundreds of samples is listed and judged, never a red night on its own."""
+    if new_failed / new_n <= base_failed / base_n:
+        return None
+    return stats.failure_rate_p(base_failed, base_n, new_failed, new_n)
+
+
+def _failure_verdicts(cells: list[CellResult], adjusted: list[float]) -> None:
+    """Cells whose failure-rate p, adjusted in the deciding family, is below q: BROKEN."""
+    at = [i for i, c in enumerate(cells) if c.failure_p is not None]
+    for i, pa in zip(at, adjusted):
+        c = cells[i]
+        cells[i] = dataclasses.replace(c, failure_p_adjusted=pa)
 
 
 def _finish(cells: list[CellResult], q: float,
@@ -334,7 +358,10 @@ def _finish(cells: list[CellResult], q: float,
                     comps[k] = c
                 if decides and prior.cells:
                     priors.append(f"{metric}: {prior.describe()}")
-        adjusted = stats.adjust(comps, q)
+        extra = [c.failure_p for c in cells if c.failure_p is not None] if decides else []
+        adjusted, fail_adj = stats.adjust_family(comps, extra, q)
+        if decides:
+            _failure_verdicts(cells, fail_adj)
         for (i, j), comp in zip(slots, adjusted):
             ms = list(cells[i].metrics)
             ms[j] = dataclasses.replace(ms[j], comparison=comp)
@@ -346,6 +373,11 @@ def _finish(cells: list[CellResult], q: float,
             if not c.note and deciding:
                 worst = next(v for v in _WORST if v in deciding)
                 c = dataclasses.replace(c, verdict=CellVerdict(worst.value))
+        if c.failure_p_adjusted is not None and c.failure_p_adjusted < q:
+            c = dataclasses.replace(c, verdict=CellVerdict.BROKEN, note=(
+                f"failure rate rose, credibly: BASE {c.base_failed}/{c.base_ok + c.base_failed}, "
+                f"NEW {c.new_failed}/{c.new_ok + c.new_failed} failed (Fisher p "
+                f"{c.failure_p:.2g}, adjusted {c.failure_p_adjusted:.2g} < q {q})"))
         out.append(c)
     return tuple(out), tuple(priors)
 
@@ -498,6 +530,13 @@ def fmt(v: float | None, digits: int = 4) -> str:
     return f"{v:.{digits}g}" if abs(v) < 10 ** digits else f"{v:.0f}"
 
 
+def change_interval(cm: stats.Comparison) -> str:
+    """The change's (1 - 2 alpha) interval, as the equivalence test reads it."""
+    if cm.change_ci is None:
+        return "-"
+    return f"[{cm.change_ci[0] * 100:+.1f}, {cm.change_ci[1] * 100:+.1f}]%"
+
+
 def render_text(rc: RunComparison) -> str:
     lines = [f"BASE {rc.base.run_id} ({rc.base.accelerator}, {rc.base.cpu_model}, {rc.base.status})",
              f"NEW  {rc.new.run_id} ({rc.new.accelerator}, {rc.new.cpu_model}, {rc.new.status})"]
@@ -511,18 +550,19 @@ def render_text(rc: RunComparison) -> str:
         return "\n".join(lines) + "\n"
     if rc.forced:
         lines.append("!! --force: compared despite the mismatches above")
-    header = ("cell", "verdict", "metric", "base", "new", "delta", "test", "p", "p adj",
-              "metric verdict")
+    header = ("cell", "verdict", "metric", "base", "new", "delta", "interval", "mdc", "test",
+              "p", "p adj", "metric verdict")
     rows: list[tuple[str, ...]] = []
     for c in rc.cells:
         first = (c.cell_id, c.verdict.value.upper())
         if not c.metrics:
-            rows.append((*first, "-", "-", "-", "-", "-", "-", "-", "-"))
+            rows.append((*first, "-", "-", "-", "-", "-", "-", "-", "-", "-", "-"))
         for i, m in enumerate(c.metrics):
             cm = m.comparison
             rows.append((*(first if i == 0 else ("", "")), m.metric,
                          f"{fmt(cm.base.mean)} (n={cm.base.n})", f"{fmt(cm.new.mean)} (n={cm.new.n})",
                          "-" if cm.delta_pct is None else f"{cm.delta_pct:+.1f}%",
+                         change_interval(cm), "-" if cm.mdc is None else f"{cm.mdc:.1%}",
                          cm.test or "-", fmt(cm.p_value, 2), fmt(cm.p_adjusted, 2),
                          cm.verdict.value + ("" if m.decides else " (info)")))
     widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
@@ -531,6 +571,10 @@ def render_text(rc: RunComparison) -> str:
     notes = [f"  {c.cell_id}: ok samples BASE {c.base_ok}/{c.base_ok + c.base_failed}, NEW "
              f"{c.new_ok}/{c.new_ok + c.new_failed}" + (f"; {c.note}" if c.note else "")
              for c in rc.cells if c.base_failed or c.new_failed or c.note]
+    notes += [f"  {c.cell_id}: failure rate rose but not credibly (Fisher p {c.failure_p:.2g}, "
+              f"adjusted {c.failure_p_adjusted:.2g} >= q {rc.q}): measure again if it persists"
+              for c in rc.cells if c.failure_p_adjusted is not None
+              and c.verdict is not CellVerdict.BROKEN]
     notes += [f"  {c.cell_id} {m.metric}: {m.comparison.note}" for c in rc.cells
               for m in c.metrics if m.comparison.note and m.decides]
     if notes:
@@ -547,6 +591,9 @@ def render_text(rc: RunComparison) -> str:
         lines.append(f"failed samples (excluded from statistics): {len(failures)}")
         lines.extend(f"  {f}" for f in failures)
     summary = ", ".join(f"{n} {v}" for v, n in sorted(rc.counts().items()))
+    lines.append("interval: (1 - 2 alpha) interval of the change; unchanged only when it lies "
+                 f"within +-{rc.threshold:.0%} (equivalence); mdc: smallest change the cell could "
+                 "detect at its noise and n (80 % power)")
     lines.append(f"{len(rc.cells)} cells: {summary or 'none'}; test {rc.test}, threshold "
                  f"{rc.threshold:.0%}, alpha {rc.alpha}, Benjamini-Hochberg q {rc.q}, "
                  f"at least {rc.min_samples} ok samples a side")

@@ -206,6 +206,42 @@ class Comparison:
     test_note: str = ""
     #: the log-scale figures :func:`moderate` needs (Welch comparisons of positive samples)
     log_spread: LogSpread | None = None
+    #: (1 - 2 alpha) interval of the relative change (the two one-sided tests' interval):
+    #: UNCHANGED needs all of it within +-threshold
+    change_ci: tuple[float, float] | None = None
+    #: the smallest relative change this cell could detect at its noise and n (two-sided
+    #: alpha, 80 % power); None when the spread is undefined
+    mdc: float | None = None
+
+
+#: power at which :attr:`Comparison.mdc` is stated
+MDC_POWER = 0.80
+
+
+def interval_and_mdc(diff: float, se: float, df: float, alpha: float, *,
+                     log: bool = False, base_mean: float = 1.0) -> tuple[tuple[float, float], float]:
+    """The (1 - 2 alpha) interval of a relative change and its minimum detectable change,
+    from a difference ``diff`` with standard error ``se`` on ``df`` degrees of freedom: of
+    mean logs when ``log`` (the interval is exp(.) - 1), else of means (divided by
+    |base_mean|)."""
+    half = float(sps.t.ppf(1.0 - alpha, df)) * se
+    mdc = (float(sps.t.ppf(1.0 - alpha / 2, df)) + float(sps.t.ppf(MDC_POWER, df))) * se
+    if log:
+        return (math.expm1(diff - half), math.expm1(diff + half)), -math.expm1(-mdc)
+    b = abs(base_mean)
+    return ((diff - half) / b, (diff + half) / b), mdc / b
+
+
+def welch_interval(sb: Summary, sn: Summary, alpha: float) -> tuple[tuple[float, float] | None, float | None]:
+    if sb.stddev is None or sn.stddev is None or sb.mean == 0.0:
+        return None, None
+    vb, vn = sb.stddev ** 2 / sb.n, sn.stddev ** 2 / sn.n
+    se = math.sqrt(vb + vn)
+    d = sn.mean - sb.mean
+    if se == 0.0:
+        return (d / abs(sb.mean), d / abs(sb.mean)), 0.0
+    df = (vb + vn) ** 2 / ((vb ** 2 / (sb.n - 1) if vb else 0.0) + (vn ** 2 / (sn.n - 1) if vn else 0.0))
+    return interval_and_mdc(d, se, df, alpha, base_mean=sb.mean)
 
 
 @dataclass(frozen=True)
@@ -245,17 +281,17 @@ def min_mannwhitney_p(n1: int, n2: int) -> float:
 
 
 def choose_test(base: np.ndarray, new: np.ndarray) -> tuple[str, str]:
-    """The test ``auto`` uses, and why. Welch's t by default. The exact (or 9999-resample)
-    permutation test of the difference of means where Welch's normal model is doubtful:
-    a side with zero variance (Welch is undefined there), quantised samples (integer
-    values with ties: a lattice, not a normal), or, from 8 samples a side (Shapiro-Wilk
-    has no power below), Shapiro-Wilk rejecting normality at 0.01. Mann-Whitney is never
+    """The test ``auto`` uses, and why. Welch's t by default, also for quantised samples
+    with ties (netperf's integer-microsecond p99): the exact permutation test's smallest p at
+    5+5 is 2/252, which no cell of a hundred-cell family can bring below its corrected level,
+    while Welch's t on the logs (moderated across the family) can. The exact (or
+    9999-resample) permutation test of the difference of means only where Welch is
+    undefined (both sides constant) or, from 8 samples a side (Shapiro-Wilk has no power
+    below), Shapiro-Wilk rejects normality at 0.01. Mann-Whitney is never
     chosen automatically: it tests ranks, not means, and at small n cannot reach alpha."""
+    if _is_constant(base) and _is_constant(new):
+        return "permutation", "both sides have zero variance"
     for name, arr in (("base", base), ("new", new)):
-        if _is_constant(arr):
-            return "permutation", f"{name} has zero variance"
-        if quantum_of(arr) and len(np.unique(arr)) < arr.size:
-            return "permutation", f"{name} is quantised with ties"
         if arr.size >= 8 and float(sps.shapiro(arr).pvalue) < 0.01:
             return "permutation", f"{name} fails Shapiro-Wilk (p < 0.01)"
     return "welch", ""
@@ -281,18 +317,52 @@ def _p_value(test: str, b: np.ndarray, nw: np.ndarray, sb: Summary,
                                    alternative="two-sided", rng=np.random.default_rng(0))
         return float(res.pvalue), None
     if test == "bootstrap":
-        ratio = lambda x, y, axis=-1: np.mean(y, axis=axis) / np.mean(x, axis=axis)  # noqa: E731
-        res = sps.bootstrap((b, nw), ratio, vectorized=True, n_resamples=RESAMPLES,
-                            method="percentile", rng=np.random.default_rng(0))
-        dist = np.asarray(res.bootstrap_distribution)
-        # p: twice the smaller tail of the bootstrap distribution beyond ratio 1, floored
-        # at 1/(resamples+1) so that no resampling can claim p = 0.
-        tail = min(np.mean(dist <= 1.0), np.mean(dist >= 1.0))
-        p = min(1.0, max(2.0 * float(tail), 1.0 / (RESAMPLES + 1)))
-        ci = res.confidence_interval
-        return p, (float(ci.low), float(ci.high))
+        return bootstrap_t_p(b, nw), _ratio_ci(b, nw)
     res = sps.mannwhitneyu(b, nw, alternative="two-sided")
     return float(res.pvalue), None
+
+
+def _fmt_ci(ci: tuple[float, float] | None) -> str:
+    return "undefined" if ci is None else f"[{ci[0]:+.1%}, {ci[1]:+.1%}]"
+
+
+def distinct_resamples(n1: int, n2: int) -> int:
+    """How many different pairs of bootstrap resamples (multisets) two samples have."""
+    return math.comb(2 * n1 - 1, n1) * math.comb(2 * n2 - 1, n2)
+
+
+def bootstrap_t_p(b: np.ndarray, nw: np.ndarray, resamples: int = RESAMPLES) -> float:
+    """Two-sided p of the studentized (bootstrap-t) test of equal means (Efron and
+    Tibshirani 1993, 16.4): each side is shifted to the pooled mean so that the null holds,
+    resampled, and Welch's t of each resample is held against the observed one. Studentizing
+    is what keeps it near its nominal level at n=5, where the percentile bootstrap of the
+    ratio gave 1e-4 to data Welch put at 0.04. The p is floored at one over the distinct
+    resamples (at most 252 distinct splits of two 5-sample sides cannot give 1e-4)."""
+    def t_of(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        se = np.sqrt(np.var(x, axis=-1, ddof=1) / x.shape[-1] + np.var(y, axis=-1, ddof=1) / y.shape[-1])
+        d = np.mean(y, axis=-1) - np.mean(x, axis=-1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = np.where(se > 0, d / np.where(se > 0, se, 1.0), np.where(d == 0, 0.0, np.inf))
+        return t
+    t_obs = float(np.abs(t_of(b, nw)))
+    pooled = float(np.mean(np.concatenate([b, nw])))
+    b0, n0 = b - b.mean() + pooled, nw - nw.mean() + pooled
+    rng = np.random.default_rng(0)
+    tb = t_of(rng.choice(b0, (resamples, b.size)), rng.choice(n0, (resamples, nw.size)))
+    p = (float(np.sum(np.abs(tb) >= t_obs * (1 - 1e-12))) + 1.0) / (resamples + 1.0)
+    return min(1.0, max(p, 1.0 / distinct_resamples(b.size, nw.size)))
+
+
+def _ratio_ci(b: np.ndarray, nw: np.ndarray) -> tuple[float, float] | None:
+    """95 % percentile interval of mean(NEW) / mean(BASE), shown beside the bootstrap-t p;
+    None when BASE's mean can come near 0 (the ratio is then meaningless)."""
+    if b.min() <= 0:
+        return None
+    rng = np.random.default_rng(0)
+    mb = np.mean(rng.choice(b, (RESAMPLES, b.size)), axis=1)
+    mn = np.mean(rng.choice(nw, (RESAMPLES, nw.size)), axis=1)
+    lo, hi = np.percentile(mn / mb, [2.5, 97.5])
+    return float(lo), float(hi)
 
 
 def decide(c: Comparison, p: float | None) -> Comparison:
@@ -308,8 +378,14 @@ def decide(c: Comparison, p: float | None) -> Comparison:
     elif c.delta_rel is None:
         v = Verdict.INCONCLUSIVE
         notes.append("base mean is 0; relative change undefined")
-    elif abs(c.delta_rel) <= c.threshold:
+    elif c.change_ci is not None and -c.threshold <= c.change_ci[0] and c.change_ci[1] <= c.threshold:
+        # equivalence (two one-sided tests): the whole interval lies within +-threshold
         v = Verdict.UNCHANGED
+    elif abs(c.delta_rel) <= c.threshold:
+        v = Verdict.INCONCLUSIVE
+        notes.append(f"change {c.delta_rel:+.1%} within +-{c.threshold:.0%}, but not shown "
+                     f"unchanged: its interval {_fmt_ci(c.change_ci)} reaches beyond"
+                     + ("" if c.mdc is None else f" (smallest detectable change {c.mdc:.1%})"))
     elif p is None or p >= c.alpha:
         v = Verdict.INCONCLUSIVE
         notes.append("change beyond threshold but not significant"
@@ -326,8 +402,9 @@ def compare(base: Sequence[float], new: Sequence[float], *, higher_is_better: bo
     """Decide whether ``new`` improved, regressed or left a metric unchanged against ``base``.
 
     IMPROVED/REGRESSED needs both a significant difference (p < alpha) and a relative
-    change beyond ``threshold`` in that direction. A change within the threshold is
-    UNCHANGED whatever p says (a significant 2 % is not worth failing a nightly over).
+    change beyond ``threshold`` in that direction. UNCHANGED needs equivalence: the
+    (1 - 2 alpha) interval of the change (two one-sided tests) lies within +-threshold; a
+    small observed change whose interval reaches beyond is INCONCLUSIVE (measure again).
     A change beyond the threshold with p >= alpha is INCONCLUSIVE rather than UNCHANGED:
     a noisy 30 % drop must not pass a gate silently. The verdict here uses the raw p;
     :func:`adjust` takes it again with Benjamini-Hochberg across a family of comparisons.
@@ -363,7 +440,7 @@ def compare(base: Sequence[float], new: Sequence[float], *, higher_is_better: bo
             c, verdict=Verdict.INSUFFICIENT,
             note=f"insufficient: {sb.n} BASE and {sn.n} NEW samples, {min_samples} needed a side")
     used, why = (choose_test(b, nw) if test == "auto" else (test, ""))
-    if used == "welch" and (_is_constant(b) or _is_constant(nw)):
+    if used == "welch" and _is_constant(b) and _is_constant(nw):
         used, why = "permutation", "zero variance: Welch undefined"
     if used == "mannwhitney" and min_mannwhitney_p(sb.n, sn.n) >= alpha:
         return dataclasses.replace(
@@ -376,7 +453,8 @@ def compare(base: Sequence[float], new: Sequence[float], *, higher_is_better: bo
         p, ci = _p_value(used, b, nw, sb, sn)
     if not math.isfinite(p):
         return dataclasses.replace(c, test=used, note=f"{used} test gave p={p}")
-    c = dataclasses.replace(c, p_value=p, test=used, ratio_ci=ci,
+    cci, mdc = welch_interval(sb, sn, alpha)
+    c = dataclasses.replace(c, p_value=p, test=used, ratio_ci=ci, change_ci=cci, mdc=mdc,
                             test_note=f"{used}: {why}" if why else "",
                             log_spread=log_spread(b, nw) if used == "welch" else None)
     return decide(c, p)
@@ -473,7 +551,10 @@ def moderate(comparisons: Sequence[Comparison],
         df = min(d0 + x.df, pooled)
         t = x.diff / (math.sqrt(s2_post) * x.scale)
         p = float(2.0 * sps.t.sf(abs(t), df))
-        c = dataclasses.replace(comparisons[i], p_value=p, test="moderated")
+        cci, mdc = interval_and_mdc(x.diff, math.sqrt(s2_post) * x.scale, df,
+                                    comparisons[i].alpha, log=True)
+        c = dataclasses.replace(comparisons[i], p_value=p, test="moderated", change_ci=cci,
+                                mdc=mdc)
         out[i] = decide(c, p)
     return out, Prior("moderated", len(idx), d0, s0_2)
 
@@ -482,16 +563,64 @@ def adjust(comparisons: Sequence[Comparison], q: float = FDR_Q) -> list[Comparis
     """Benjamini-Hochberg across one family (every cell and deciding metric of a run
     comparison): each comparison decided again at its adjusted p, with ``alpha`` = ``q``
     as the false-discovery rate. Comparisons without a p keep their verdict."""
+    return adjust_family(comparisons, (), q)[0]
+
+
+def adjust_family(comparisons: Sequence[Comparison], extra: Sequence[float],
+                  q: float = FDR_Q) -> tuple[list[Comparison], list[float]]:
+    """:func:`adjust` with further p-values in the same family (a cell's failure-rate test:
+    it is one more way a cell can fail the gate, so it shares the false-discovery budget);
+    returns the comparisons decided again and the extra p-values adjusted."""
     if not 0.0 < q < 1.0:
         raise ValueError(f"q must be in (0, 1), got {q}")
     idx = [i for i, c in enumerate(comparisons) if c.p_value is not None]
     out = list(comparisons)
-    if not idx:
-        return out
-    adj = sps.false_discovery_control([comparisons[i].p_value for i in idx], method="bh")
+    ps = [comparisons[i].p_value for i in idx] + [float(p) for p in extra]
+    if not ps:
+        return out, []
+    adj = [float(a) for a in sps.false_discovery_control(ps, method="bh")]
     for i, pa in zip(idx, adj):
-        out[i] = decide(dataclasses.replace(comparisons[i], alpha=q), float(pa))
-    return out
+        out[i] = _unreachable(decide(dataclasses.replace(comparisons[i], alpha=q), pa), len(ps))
+    return out, adj[len(idx):]
+
+
+#: tests whose p has a floor set by the sample sizes (exact over the splits of the samples)
+FLOORED = ("permutation", "mannwhitney")
+
+
+def p_floor(n1: int, n2: int) -> float:
+    """The smallest two-sided p of an exact permutation or rank test of n1 + n2 samples."""
+    return min(1.0, 2.0 / math.comb(n1 + n2, n1))
+
+
+def samples_needed(family: int, q: float, n_max: int = 50) -> int | None:
+    """Samples a side at which a floored test's smallest p clears q / family (so one cell
+    alone can reach Benjamini-Hochberg's level), or None beyond ``n_max``."""
+    for n in range(2, n_max + 1):
+        if p_floor(n, n) * family < q:
+            return n
+    return None
+
+
+def _unreachable(c: Comparison, family: int) -> Comparison:
+    """A floored test that came out inconclusive at its smallest possible p cannot say more
+    at this n in this family: INSUFFICIENT, with the samples a side that would do."""
+    if (c.test not in FLOORED or c.verdict is not Verdict.INCONCLUSIVE or c.p_value is None
+            or c.p_value > p_floor(c.base.n, c.new.n) * (1 + 1e-9)):
+        return c
+    need = samples_needed(family, c.alpha)
+    return dataclasses.replace(c, verdict=Verdict.INSUFFICIENT, note="; ".join(filter(None, [
+        c.note, f"insufficient: {c.test} at n={c.base.n}+{c.new.n} cannot go below p "
+                f"{p_floor(c.base.n, c.new.n):.3g}, short of q/{family}; "
+                + (f"{need} samples a side would do" if need else "more than 50 a side needed")])))
+
+
+def failure_rate_p(base_failed: int, base_n: int, new_failed: int, new_n: int) -> float:
+    """One-sided p that NEW's failure rate is above BASE's: Fisher's exact test on the 2x2
+    table of failed and ok samples. One transient failure in 5 against none gives p = 0.5,
+    far from any corrected level; 5 of 5 against none gives 1/252."""
+    table = [[new_failed, new_n - new_failed], [base_failed, base_n - base_failed]]
+    return float(sps.fisher_exact(table, alternative="greater").pvalue)
 
 
 # --------------------------------------------------------------------------- efficiency

@@ -99,7 +99,9 @@ def compare_quantile(base: Sequence[float], new: Sequence[float], *, threshold: 
                                    note=f"insufficient: {sb.n} BASE and {sn.n} NEW samples, "
                                         f"{min_samples} needed a side")
     p = permutation_p(base, new)
+    cci, mdc = stats.welch_interval(sb, sn, alpha)
     c = dataclasses.replace(c, p_value=p, test=TEST, ratio_ci=bootstrap_ratio_ci(base, new),
+                            change_ci=cci, mdc=mdc,
                             test_note=f"{TEST}: per-sample percentiles, mean "
                                       f"{mb:.4g} -> {mn:.4g} us")
     return stats.decide(c, p)

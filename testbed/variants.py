@@ -3,9 +3,11 @@
 Each variant (model.Variant: QEMU binary, machine type, guest image, NIC driver options)
 gets its own guest pair, booted once. Per attachment mode, one host segment carries the
 NICs of every pair (the pairs never send at the same time, so they share it without
-disturbing each other); per cell, samples alternate A B A B ... until every variant's
-stopping rule is satisfied, so drift of the machine (thermal, neighbours, page cache) falls
-on both variants alike. `testbed compare RUN --variants A B` then compares them.
+disturbing each other); per cell, samples are taken in A B B A order (each round reverses
+the one before: A B | B A | A B ...) until every variant's stopping rule is satisfied, so a
+linear drift of the machine (thermal, neighbours, page cache) falls on both variants alike,
+where A B A B would favour the variant measured first in each round. The order taken is
+the order of the lines in samples.jsonl. `testbed compare RUN --variants A B` then compares them.
 
 Two guest pairs alive at once rather than re-plugging one pair: re-plugging would need a
 reboot to change the emulator, machine type or image, which is what is being compared.
@@ -17,10 +19,13 @@ import dataclasses
 import itertools
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TypeVar
 
 from testbed import images, measure, proc, results, stats, virt
 from testbed.errors import CommandError, GuestError, ReadinessError, TestbedError
 from testbed.model import Attachment, Backend, Cell, Topology, Variant
+
+T = TypeVar("T")
 
 #: attachments a variant pair can share a segment on
 SUPPORTED = (Attachment.BRIDGE, Attachment.OVS)
@@ -95,6 +100,12 @@ def mode(attachment: Attachment, backend: Backend, tag: str, pairs: Sequence[Pai
         yield {p.variant.name: path for p, path in zip(pairs, paths)}
 
 
+def round_order(items: Sequence[T], rnd: int) -> list[T]:
+    """Round ``rnd``'s order: as given on even rounds, reversed on odd ones, so consecutive
+    rounds read A B B A (a counterbalanced design: linear drift cancels in the mean)."""
+    return list(items) if rnd % 2 == 0 else list(reversed(items))
+
+
 def measure_interleaved(cells: Sequence[Cell], paths: Mapping[str, measure.TestPath],
                         writer: results.RunWriter, rule: stats.StoppingRule, warmup: int,
                         pids: Mapping[str, Mapping[str, int]], placement: Mapping[str, str],
@@ -123,8 +134,9 @@ def measure_interleaved(cells: Sequence[Cell], paths: Mapping[str, measure.TestP
     samples: dict[Cell, list[results.Sample]] = {c: [] for c in live}
     decisions: dict[Cell, stats.Decision | None] = {c: None for c in live}
     active = list(live)
+    rnd = 0
     while active:
-        for c in list(active):
+        for c in round_order(list(active), rnd):
             v = variant_of(c)
             s = measure.measure_once(c, paths[v], writer, len(samples[c]), False, pids[v],
                                      placement, clock_ghz)
@@ -135,6 +147,7 @@ def measure_interleaved(cells: Sequence[Cell], paths: Mapping[str, measure.TestP
             d = decisions[c]
             if len(samples[c]) >= rule.repetitions.max_samples or (d is not None and not d.more):
                 active.remove(c)
+        rnd += 1
     for c in live:
         ok = [x for x in samples[c] if x.status == "ok"]
         status = "ok" if ok and len(ok) == len(samples[c]) else ("partial" if ok else "failed")

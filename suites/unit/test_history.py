@@ -39,10 +39,11 @@ def test_a_step_in_one_cell_of_twelve_runs_is_found_at_its_run(tmp_path, capsys)
     assert [p.run_id for p in s.points] == ids
     (cp,) = s.change_points
     assert cp.run_id == ids[7] and cp.regression and cp.delta_pct == pytest.approx(-15, abs=3)
-    assert not s.newest_regresses
+    # within the newest WINDOW runs and confirmed by the four after it: fails the job
+    assert s.newest_regresses
     html = tmp_path / "history.html"
     code, out, _ = run_cli(["history", "--results", str(tmp_path), "-o", str(html)], capsys)
-    assert code == 0
+    assert code == 1 and f"last good {ids[6]}, first bad {ids[7]}" in out
     assert "<- CHANGE" in out and ids[7] in out.split("<- CHANGE")[0].splitlines()[-1]
     page = html.read_text()
     assert "History and change points" in page and ids[7] in page and "regression" in page
@@ -54,11 +55,17 @@ def test_no_step_no_change_point(tmp_path, capsys):
     assert code == 0 and "0 change point(s)" in out and "CHANGE" not in out
 
 
-def test_newest_run_starting_a_regression_exits_1(tmp_path, capsys):
+def test_a_lone_low_newest_run_is_suspect_not_a_regression(tmp_path, capsys):
     ids = nightly(tmp_path, 12, step_at=11)
     code, out, _ = run_cli(["history", "--results", str(tmp_path), "--cell", S.id], capsys)
-    assert code == 1 and "NEWEST RUN STARTS A REGRESSION" in out
-    assert ids[11] in out.split("<- CHANGE")[0].splitlines()[-1]
+    assert code == 0 and "\nREGRESSION " not in out and "unconfirmed" in out
+    assert f"SUSPECT {S.id} throughput_mbps: newest run {ids[11]}" in out
+
+
+def test_a_step_confirmed_by_the_next_run_exits_1(tmp_path, capsys):
+    ids = nightly(tmp_path, 12, step_at=10)
+    code, out, _ = run_cli(["history", "--results", str(tmp_path), "--cell", S.id], capsys)
+    assert code == 1 and f"first bad {ids[10]}" in out
 
 
 def test_an_incomparable_environment_splits_the_series(tmp_path, capsys):
@@ -88,3 +95,25 @@ def test_change_points_need_an_effect_beyond_the_threshold():
     assert history.change_points(small) == []           # a real 2 %, below the 5 % that counts
     big = list(rng.normal(100, 2, 8)) + list(rng.normal(88, 2, 8))
     assert [i for i, _, _ in history.change_points(big)] == [8]
+
+
+def test_an_acknowledged_change_no_longer_fails_the_job(tmp_path, capsys):
+    ids = nightly(tmp_path, 12, step_at=7)
+    assert run_cli(["history", "--results", str(tmp_path)], capsys)[0] == 1
+    code, _, err = run_cli(["history", "--results", str(tmp_path), "--ack", f"{S.id}@{ids[7]}"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "--by" in err
+    code, out, _ = run_cli(["history", "--results", str(tmp_path), "--ack", f"{S.id}@{ids[7]}",
+                            "--by", "ana", "--why", "new QEMU default, accepted"], capsys)
+    assert code == 0
+    (ack,) = history.read_acks(tmp_path)
+    assert ack["by"] == "ana" and ack["why"].startswith("new QEMU") and ack["when"]
+    code, out, _ = run_cli(["history", "--results", str(tmp_path)], capsys)
+    assert code == 0 and f"acknowledged {S.id}" in out
+
+
+def test_json_output_carries_points_with_spread(tmp_path, capsys):
+    import json
+    nightly(tmp_path, 6, step_at=None)
+    code, out, _ = run_cli(["history", "--results", str(tmp_path), "--json"], capsys)
+    (s, *_) = json.loads(out)
+    assert code == 0 and s["points"][0]["n"] == 5 and s["points"][0]["spread"] > 0

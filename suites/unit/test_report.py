@@ -191,7 +191,10 @@ def test_report_command_writes_html_and_csv_and_includes_the_baseline(tmp_path, 
     assert run_cli(["report", "new", "--baseline", "base", "-o", str(out), "--csv",
                     str(tmp_path / "out" / "all.csv"), "--results", str(tmp_path)]) == 0
     html = out.read_text()
-    assert "<code>base</code> &rarr; <code>new</code>" in html and "gate passes" in html
+    # 5 samples a side may not show every cell unchanged (equivalence needs the interval
+    # within the threshold): undecided is as valid a gate line here as passes
+    assert "<code>base</code> &rarr; <code>new</code>" in html
+    assert "gate passes" in html or "gate undecided" in html
     assert (out.stat().st_mode & 0o777) == 0o644
     # header + 2 runs x 4 cells x 5 samples
     assert len((tmp_path / "out" / "all.csv").read_text().splitlines()) == 1 + 2 * 4 * 5

@@ -228,7 +228,8 @@ def test_different_constant_samples_get_the_exact_permutation_p_never_zero(test)
 def test_quantised_metric_within_one_quantum_is_unchanged():
     # integer-microsecond p99s: 3 -> 4 us is +33 % but one quantum, not a regression
     c = compare([3.0, 3, 3, 3, 4], [4.0, 4, 4, 3, 4], higher_is_better=False, threshold=0.05)
-    assert c.quantum == 1.0 and c.test == "permutation"
+    # ties go to Welch (the permutation test's floor of 2/252 cannot pass a family's level)
+    assert c.quantum == 1.0 and c.test == "welch"
     assert c.verdict is Verdict.UNCHANGED and "one quantum" in c.note
 
 
@@ -247,10 +248,13 @@ def test_bootstrap_interval_of_the_ratio_of_means():
     assert c.verdict is Verdict.REGRESSED and 0 < c.p_value <= 2 / 10000
 
 
-def test_one_constant_side_uses_the_permutation_test():
+def test_one_constant_side_uses_welch_both_constant_the_permutation_test():
+    # Welch is defined with one constant side (the other's variance carries the error)
     c = compare([100.0] * 5, [80.0, 81.0, 79.0, 80.5, 79.5], higher_is_better=True)
-    assert c.test == "permutation" and 0 < c.p_value < 0.01
+    assert c.test == "welch" and 0 < c.p_value < 0.01
     assert c.verdict is Verdict.REGRESSED
+    c = compare([100.0] * 5, [80.0] * 5, higher_is_better=True)
+    assert c.test == "permutation" and c.p_value == pytest.approx(2 / 252)
 
 
 def test_zero_base_mean_is_inconclusive():

@@ -1,0 +1,140 @@
+"""`testbed bench gate`: synthetic nights in the run format, replayed through compare (seeded)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from testbed import bench_gate, compare
+
+pytestmark = pytest.mark.unit
+
+
+def test_night_is_a_run_record_compare_reads(tmp_path):
+    tpl = bench_gate.template(10, tmp_path)
+    rng = np.random.default_rng(0)
+    base = bench_gate.night(tpl, "base", rng, noise=0.03, reps="5")
+    new = bench_gate.night(tpl, "new", rng, noise=0.03, reps="5",
+                           scale={tpl.samples[0].cell.id: 0.6})
+    assert len(base.samples) == 50
+    rc = compare.compare_runs(base, new)
+    assert rc.exit_status == 1
+    assert [c.cell_id for c in rc.failing] == [tpl.samples[0].cell.id]
+
+
+def test_simulate_counts_detections_and_is_seeded():
+    sc = bench_gate.Scenario("drop", drop=0.3, dropped=3)
+    a = bench_gate.simulate(sc, nights=2, cells=20, seed=3)
+    b = bench_gate.simulate(sc, nights=2, cells=20, seed=3)
+    assert a.dropped_total == 6 and a.detected == 6
+    assert (a.exit_counts, a.false_cells) == (b.exit_counts, b.false_cells)
+    assert "detected" in bench_gate.format_outcomes([a])
+
+
+def test_one_transient_failure_among_200_unchanged_cells_does_not_fail_the_gate(tmp_path):
+    tpl = bench_gate.template(200, tmp_path)
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        base = bench_gate.night(tpl, "base", rng, noise=0.03, reps="5")
+        new = bench_gate.night(tpl, "new", rng, noise=0.03, reps="6")
+        # one failed sample in one cell (its other 5 ok): a transient, not a broken cell
+        victim = new.samples[7]
+        samples = list(new.samples)
+        samples[7] = victim.__class__(**{**victim.__dict__, "status": "failed",
+                                         "reason": "transient", "metrics": {}})
+        new = new.__class__(**{**new.__dict__, "samples": tuple(samples)})
+        rc = compare.compare_runs(base, new)
+        assert rc.exit_status != 1, [(c.cell_id, c.verdict, c.note) for c in rc.failing]
+        (hit,) = [c for c in rc.cells if c.new_failed]
+        assert hit.failure_p is not None and hit.verdict is not compare.CellVerdict.BROKEN
+        assert "not credibly" in compare.render_text(rc)
+
+
+def test_a_cell_failing_nine_of_ten_samples_is_broken_among_200(tmp_path):
+    tpl = bench_gate.template(200, tmp_path)
+    rng = np.random.default_rng(1)
+    base = bench_gate.night(tpl, "base", rng, noise=0.03, reps="10")
+    new = bench_gate.night(tpl, "new", rng, noise=0.03, reps="10")
+    cid = tpl.samples[0].cell.id
+    samples = [s if s.cell.id != cid or s.rep < 1 else
+               s.__class__(**{**s.__dict__, "status": "failed", "reason": "x", "metrics": {}})
+               for s in new.samples]
+    new = new.__class__(**{**new.__dict__, "samples": tuple(samples)})
+    rc = compare.compare_runs(base, new)
+    assert [c.cell_id for c in rc.failing] == [cid]
+    assert rc.failing[0].verdict is compare.CellVerdict.BROKEN
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_ten_percent_drop_at_ten_percent_noise_is_never_unchanged(seed):
+    """Lognormal 10 % noise, n=5 a side, 100 cells all 10 % down: the point estimate often
+    lands within 5 %, the interval never does."""
+    from testbed import stats
+    rng = np.random.default_rng(seed)
+    comps = [stats.compare(2000 * rng.lognormal(0, 0.1, 5), 1800 * rng.lognormal(0, 0.1, 5),
+                           higher_is_better=True) for _ in range(100)]
+    mod, _ = stats.moderate(comps)
+    for family in (comps, stats.adjust(mod)):
+        assert not [c for c in family if c.verdict is stats.Verdict.UNCHANGED]
+    assert all(c.change_ci is not None and c.mdc is not None for c in mod)
+
+
+def test_an_unchanged_verdict_shows_its_interval_and_mdc(tmp_path):
+    tpl = bench_gate.template(3, tmp_path)
+    rng = np.random.default_rng(0)
+    rc = compare.compare_runs(bench_gate.night(tpl, "b", rng, noise=0.005, reps="5"),
+                              bench_gate.night(tpl, "n", rng, noise=0.005, reps="5"))
+    assert rc.exit_status == 0
+    text = compare.render_text(rc)
+    assert "interval" in text and "mdc" in text and "]%" in text
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_integer_p99_raised_20pct_in_5_plus_5_of_100_cells_is_regressed(seed):
+    """Integer microseconds with ties (netperf's p99): the cell that rose by 20 % is found."""
+    from testbed import stats
+    rng = np.random.default_rng(seed)
+    comps = []
+    for k in range(100):
+        up = 1.2 if k == 0 else 1.0
+        b = np.round(rng.normal(100, 3, 5))
+        n = np.round(rng.normal(100 * up, 3 * up, 5))
+        comps.append(stats.compare(b, n, higher_is_better=False))
+    assert stats.quantum_of(np.round(rng.normal(100, 3, 5))) == 1.0
+    mod, _ = stats.moderate(comps)
+    out = stats.adjust(mod)
+    assert out[0].verdict is stats.Verdict.REGRESSED, out[0]
+    assert sum(c.verdict is stats.Verdict.REGRESSED for c in out) == 1
+
+
+def test_a_floored_test_says_insufficient_with_the_n_that_would_do():
+    from testbed import stats
+    rng = np.random.default_rng(0)
+    comps = [stats.compare([100.0] * 5, [130.0] * 5, higher_is_better=True)]
+    comps += [stats.compare(rng.normal(100, 3, 5), rng.normal(100, 3, 5), higher_is_better=True)
+              for _ in range(99)]
+    assert comps[0].test == "permutation"
+    c = stats.adjust(comps)[0]
+    assert c.verdict is stats.Verdict.INSUFFICIENT and "samples a side would do" in c.note
+
+
+def test_bootstrap_is_studentized_and_floored():
+    from testbed import stats
+    c = stats.compare([1.0, 2, 3, 4, 5], [1.5, 2.5, 3.5, 4.5, 5.5], higher_is_better=True,
+                      test="bootstrap")
+    assert c.p_value > 0.3
+    b = np.array([100, 101, 99, 100.5, 99.5])
+    p = stats.bootstrap_t_p(b, b * 1.3)
+    assert p >= 1 / stats.distinct_resamples(5, 5)
+
+
+def test_history_finds_a_lasting_step_within_three_nights_and_rarely_alarms_unchanged():
+    """-8 % step at 2.4 % nightly noise: exit 1 within 3 nights in at least 5 of 6 seeded
+    sequences; unchanged 30-night series replayed night by night alarm in at most 1 of 6."""
+    h = bench_gate.history_sim(sequences=6, seed=0)
+    assert h.step_found_within_3 >= 5 and h.unchanged_alarms <= 1, h
+
+
+def test_variants_are_measured_a_b_b_a():
+    from testbed import variants
+    order = [x for r in range(4) for x in variants.round_order(["A", "B"], r)]
+    assert "".join(order) == "ABBAABBA"
