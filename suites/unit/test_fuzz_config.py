@@ -38,7 +38,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _seeds() -> list[Any]:
-    docs = [yaml.safe_load(p.read_text()) for p in sorted(EXAMPLES.glob("*.yaml"))]
+    docs = [yaml.safe_load(p.read_text()) for p in sorted(EXAMPLES.rglob("*.yaml"))]
     docs.append(yaml.safe_load(config.DEFAULT_TOPOLOGY.replace("{attachments}", "bridge, ovs, macvtap")))
     # a richer one: every optional section present
     docs.append({"name": "full", "accelerator": "tcg", "subnet": "198.18.4.0/24", "ready_timeout": 300,

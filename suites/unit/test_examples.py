@@ -1,0 +1,108 @@
+"""The worked examples under examples/: every topology file validates, every folder explains
+itself, the pytest example collects the ids its --attach asks for, and the nightly job's
+files are well formed. (The examples run for real in the netns, store and vm tiers.)"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+import testbed
+from testbed import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+FOLDERS = ("pytest-per-mode", "nightly", "capacity", "two-hosts", "variants")
+TOPOLOGIES = sorted(EXAMPLES.rglob("*.yaml"))
+
+
+def test_every_use_has_a_folder_with_a_readme_and_an_entry_in_the_docs():
+    assert {p.name for p in EXAMPLES.iterdir() if p.is_dir()} >= set(FOLDERS)
+    assert not list(EXAMPLES.glob("*.yaml")), "topology files live in their example's folder"
+    index = (ROOT / "docs" / "examples.md").read_text()
+    for name in FOLDERS:
+        readme = (EXAMPLES / name / "README.md").read_text()
+        assert len(readme) > 800, name
+        assert f"examples/{name}/" in index, name
+
+
+@pytest.mark.parametrize("path", TOPOLOGIES, ids=lambda p: str(p.relative_to(EXAMPLES)))
+def test_example_topology_validates(path, capsys):
+    assert cli.main(["validate", str(path)]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert out.startswith(f"{path}: ok (") and " 0 cells" not in out, out
+
+
+def test_there_are_topologies_for_each_use():
+    names = {str(p.relative_to(EXAMPLES)) for p in TOPOLOGIES}
+    assert {"two-hosts/emulated.yaml", "two-hosts/ssh.yaml", "variants/nic-rings.yaml",
+            "nightly/gate.yaml", "nightly/gate-ab.yaml", "capacity/density.yaml"} <= names
+
+
+# --------------------------------------------------------------------------- pytest-per-mode
+
+def _collect(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """The example copied into a team's repository (a tests/ folder of its own, outside this
+    project), collected there by pytest with the testbed plugin from its entry point."""
+    team = tmp_path / "team"
+    if not team.exists():
+        shutil.copytree(EXAMPLES / "pytest-per-mode", team / "tests", ignore=shutil.ignore_patterns("*.md"))
+    env = {**os.environ, "PYTHONPATH": str(Path(testbed.__file__).parent.parent)}
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q",
+                           "tests", *args], capture_output=True, text=True, timeout=120, cwd=team, env=env)
+
+
+def _ids(p: subprocess.CompletedProcess) -> list[str]:
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    return [line.split("::", 1)[1] for line in p.stdout.splitlines() if "::" in line]
+
+
+def test_pytest_example_collects_the_modes_attach_names(tmp_path):
+    assert _ids(_collect(tmp_path, "--attach", "bridge")) == [
+        "test_guests[bridge-qemu-mtu1500-conn1-tcp_stream]", "test_guests[bridge-qemu-mtu1500-conn1-tcp_rr]"]
+    assert _ids(_collect(tmp_path, "--attach", "netns")) == [
+        "test_namespaces[netns-veth-qemu-mtu1500-conn1-tcp_stream]",
+        "test_namespaces[netns-veth-qemu-mtu1500-conn1-tcp_rr]"]
+    both = _ids(_collect(tmp_path, "--attach", "ovs,netns"))
+    assert [i.split("[")[1].split("-")[0] for i in both] == ["ovs", "ovs", "netns", "netns"], both
+    every = _ids(_collect(tmp_path))                     # the plugin's default: all
+    assert {i.split("[")[1].split("-qemu")[0] for i in every} == {"bridge", "ovs", "macvtap", "netns-veth"}
+    assert len(every) == 8
+
+
+def test_pytest_example_refuses_an_unknown_mode(tmp_path):
+    p = _collect(tmp_path, "--attach", "brigde")
+    assert p.returncode == 4            # pytest's usage error: nothing collected, nothing created
+    assert "--attach brigde: expected a comma list of all, bridge, macvtap, netns, ovs" in p.stderr
+    assert "Traceback" not in p.stdout + p.stderr
+
+
+# --------------------------------------------------------------------------- nightly
+
+def test_nightly_script_parses_and_the_pipeline_runs_it_with_5_as_a_warning():
+    script = EXAMPLES / "nightly" / "nightly.sh"
+    assert os.access(script, os.X_OK)
+    subprocess.run(["bash", "-n", str(script)], check=True, timeout=30)
+    ci = yaml.safe_load((EXAMPLES / "nightly" / ".gitlab-ci.yml").read_text())
+    job = ci["nightly-gate"]
+    assert job["script"] == ["examples/nightly/nightly.sh"]
+    assert job["allow_failure"] == {"exit_codes": [5]}
+    assert job["artifacts"]["reports"]["junit"] == "nightly-out/compare.xml"
+    assert job["variables"]["NIGHTLY_OUT"].endswith("/nightly-out")
+    # every status the script can end with is handled in its one decide() case statement
+    text = script.read_text()
+    assert text.count("case \"$1:$2\" in") == 1
+    for status in ("echo 0 ", "echo 1 ", "echo 5 ", "echo 2 "):
+        assert status in text
+
+
+def test_nightly_script_refuses_an_unknown_mode(tmp_path):
+    p = subprocess.run(["bash", str(EXAMPLES / "nightly" / "nightly.sh")], capture_output=True, text=True,
+                       timeout=30, cwd=tmp_path, env={**os.environ, "NIGHTLY_MODE": "nightly"})
+    assert p.returncode == 2
+    assert p.stderr.strip() == "nightly: NIGHTLY_MODE=nightly: expected baseline or variants"
