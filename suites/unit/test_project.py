@@ -142,3 +142,10 @@ def test_no_module_needs_libvirt_at_import():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert p.returncode == 0, p.stdout + p.stderr[-2000:]
+
+
+def test_test_modules_have_unique_names():
+    """The suites are folders without __init__.py, so pytest imports test modules by their
+    base name: two files of one name in different tiers fail collection of the whole suite."""
+    names = [p.name for p in (ROOT / "suites").rglob("test_*.py")]
+    assert sorted(n for n in set(names) if names.count(n) > 1) == []
