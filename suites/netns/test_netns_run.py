@@ -107,7 +107,8 @@ def test_offloads_switched_for_the_run_and_recorded(tmp_path, monkeypatch):
                      "offloads: {tso: false, gso: false, gro: false}\n", "off.yaml")
     out = runner.execute(t)
     assert out.status == "complete" and out.failed == 0
-    [s] = list(results.read_run(out.run_dir).samples)
+    # a sample the noise guard set aside (host busy with other work) was measured again
+    [s] = [x for x in results.read_run(out.run_dir).samples if x.status != "noisy"]
     assert s.data["datapath"] == "veth"
     assert set(s.data["offloads"]) == {"ns-a", "ns-b"}
     for states in s.data["offloads"].values():
