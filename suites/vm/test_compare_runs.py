@@ -45,8 +45,12 @@ def test_same_path_unchanged_throttled_path_regressed(guest_pair, tmp_path):
     slow, t = _run(guest_pair, tmp_path, "throttled", throttle_mbit=max(10, int(min(b) / 5)))
     assert max(t) < 0.5 * min(b), (b, t)
     p = _compare(base, same)
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert "unchanged" in p.stdout.lower()
+    # The same path never regresses. "Unchanged" must be shown by equivalence (the change's
+    # interval within +-30 %), which 5 TCG samples a side may not be precise enough for: then
+    # the gate says undecided (exit 5), never regressed.
+    assert p.returncode in (0, 5), p.stdout + p.stderr
+    assert ("unchanged" if p.returncode == 0 else "inconclusive") in p.stdout.lower()
+    assert "regressed" not in p.stdout.lower()
     p = _compare(base, slow)
     assert p.returncode == 1, p.stdout + p.stderr
     assert "regressed" in p.stdout.lower()
