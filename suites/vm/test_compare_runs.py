@@ -50,7 +50,7 @@ def test_same_path_unchanged_throttled_path_regressed(guest_pair, tmp_path):
     # the gate says undecided (exit 5), never regressed.
     assert p.returncode in (0, 5), p.stdout + p.stderr
     assert ("unchanged" if p.returncode == 0 else "inconclusive") in p.stdout.lower()
-    assert "regressed" not in p.stdout.lower()
+    assert "REGRESSED" not in p.stdout          # the verdict column
     p = _compare(base, slow)
     assert p.returncode == 1, p.stdout + p.stderr
     assert "regressed" in p.stdout.lower()
