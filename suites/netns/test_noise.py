@@ -110,19 +110,25 @@ def _topology():
 
 def test_quiet_start_timeout_is_exit_4(tmp_path):
     """A run that waits for a quiet host and never gets one stops before anything is
-    created, exit 4, naming the field. (A bound of 0 cores: never met on a host where
-    anything else runs; the test reads the host first and skips when it is idle.)"""
-    if window.other_cores_now({}, 1.0) == 0.0:
-        pytest.skip("this host is idle: a bound of 0 cores would be met")
+    created, exit 4, naming the field. The test makes the host busy itself: a process
+    outside the run spins one core for the whole wait (an idle CI machine would otherwise
+    be quiet, and the run would rightly go ahead)."""
     topo = tmp_path / "quiet.yaml"
-    topo.write_text("name: quiet\nnoise: {quiet_start: {bound_cores: 0, for_s: 1, timeout_s: 2}}\n"
+    topo.write_text("name: quiet\nnoise: {quiet_start: {bound_cores: 0.3, for_s: 1, timeout_s: 3}}\n"
                     "matrix:\n  attachments: [netns-veth]\n  profiles:\n"
                     "    - {name: tcp_rr, pattern: rr, message_size: 1, response_size: 1, duration: 1}\n")
-    p = subprocess.run([sys.executable, "-m", "testbed.cli", "--results", str(tmp_path / "res"), "run", str(topo)],
-                       capture_output=True, text=True, timeout=300)
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)
+        assert window.other_cores_now({}, 1.0) > 0.3, "the spinning process is not seen as other work"
+        p = subprocess.run([sys.executable, "-m", "testbed.cli", "--results", str(tmp_path / "res"), "run", str(topo)],
+                           capture_output=True, text=True, timeout=300)
+    finally:
+        spinner.kill()
+        spinner.wait()
     assert p.returncode == 4, p.stderr[-2000:]
     last = p.stderr.strip().splitlines()[-1]
-    assert "noise.quiet_start: the host was not quiet within 2 s" in last, p.stderr
+    assert "noise.quiet_start: the host was not quiet within 3 s" in last, p.stderr
     assert not (tmp_path / "res").exists() or not any((tmp_path / "res").iterdir())
 
 
