@@ -155,13 +155,13 @@ def fidelity(rounds: int = 5, duration_s: int = 5, message_size: int = 16384) ->
     from testbed import attachments, cpu, measure
     from testbed.model import Attachment, Backend, Cell, Pattern, Profile
     profile = Profile("tcp_stream", pattern=Pattern.STREAM, message_size=message_size, duration_s=duration_s)
-    cell = Cell(Attachment.NETNS_VETH, Backend.QEMU, 1500, 1, profile)
+    cell = Cell(Attachment("netns-veth"), Backend.QEMU, 1500, 1, profile)
     bare: list[float] = []
     harness: list[float] = []
     samples: list = []
     reasons: list[str] = []
     with contextlib.ExitStack() as stack:
-        tmp, writer, path = stack.enter_context(_netns_bench(Attachment.NETNS_VETH))
+        tmp, writer, path = stack.enter_context(_netns_bench(Attachment("netns-veth")))
         client_ns = path.client.guest.agent.netns  # type: ignore[union-attr]
         server_ns = path.server.guest.agent.netns  # type: ignore[union-attr]
         server = stack.enter_context(proc.background(["netserver", "-D", "-p", str(BARE_PORT)], out_dir=tmp,
@@ -187,7 +187,7 @@ def fidelity(rounds: int = 5, duration_s: int = 5, message_size: int = 16384) ->
                         reasons.append(f"testbed: {smp.reason}")
     # The wire ratio through a bridge and an OVS bridge too, in the same run: one sample each.
     wire = {"veth": _wire_row(samples)}
-    for att in (Attachment.NETNS_BRIDGE, Attachment.NETNS_OVS):
+    for att in (Attachment("netns-bridge"), Attachment("netns-ovs-veth")):
         why = attachments.unavailable(att)
         if why:
             wire[att.value] = {"unavailable": why}
@@ -270,7 +270,7 @@ def harness(ns: tuple[int, ...] = (1, 2, 4), rounds: int = 3, duration_s: int = 
                       duration_s=duration_s)
     rows = []
     for n in ns:
-        cell = Cell(Attachment.NETNS_VETH, Backend.QEMU, 1500, 1, profile, pairs=n)
+        cell = Cell(Attachment("netns-veth"), Backend.QEMU, 1500, 1, profile, pairs=n)
         bare: list[float] = []
         tb: list[float] = []
         reasons: list[str] = []
@@ -279,7 +279,7 @@ def harness(ns: tuple[int, ...] = (1, 2, 4), rounds: int = 3, duration_s: int = 
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tb-harness-"))
             ses = stack.enter_context(Session(default(), results_dir=Path(tmp), keep_logs=False))
             writer = ses.open_run(None)
-            paths = stack.enter_context(runner.pair_paths(Attachment.NETNS_VETH, Backend.QEMU, ses.tag, default(),
+            paths = stack.enter_context(runner.pair_paths(Attachment("netns-veth"), Backend.QEMU, ses.tag, default(),
                                                           None, n, 1500, ses.state / "netns"))
             nss = [(p.client.guest.agent.netns, p.server.guest.agent.netns, p.server.address)  # type: ignore[union-attr]
                    for p in paths]
@@ -342,8 +342,8 @@ def ndr(limit_mbit: int = NDR_LIMIT_MBIT, precision: float = 0.05, trial_s: tupl
                       max_rate_bps=limit_mbit * 10**6 * 4, max_search_s=600)
     profile = Profile("udp_ndr", tool=Tool.IPERF3, protocol=Protocol.UDP, pattern=Pattern.STREAM,
                       message_size=message_size, duration_s=trial_s[1], search=spec)
-    cell = Cell(Attachment.NETNS_VETH, Backend.QEMU, 1500, 1, profile)
-    with _netns_bench(Attachment.NETNS_VETH, lock=lock) as (_, writer, path):
+    cell = Cell(Attachment("netns-veth"), Backend.QEMU, 1500, 1, profile)
+    with _netns_bench(Attachment("netns-veth"), lock=lock) as (_, writer, path):
         links = ops.on(ops.netns_executor(path.client.guest.agent.netns))  # type: ignore[union-attr]
         links.shape(path.client.ifname, limit_mbit * 10**6, NDR_BURST, NDR_QUEUE)
         r = ratesearch_cell.measure_cell(cell, path, writer, {}, {})

@@ -40,8 +40,8 @@ MBPS = 2000.0
 def template(cells: int, root: Path) -> RunRecord:
     """A run of ``cells`` stream cells (one sample each) written by RunWriter and read back."""
     profile = Profile("tcp_stream", message_size=16384)
-    cs = [Cell(Attachment.BRIDGE, Backend.QEMU, 1500, k, profile) for k in range(1, cells + 1)]
-    matrix = Matrix(attachments=(Attachment.BRIDGE,), backends=(Backend.QEMU,), mtus=(1500,),
+    cs = [Cell(Attachment("bridge"), Backend.QEMU, 1500, k, profile) for k in range(1, cells + 1)]
+    matrix = Matrix(attachments=(Attachment("bridge"),), backends=(Backend.QEMU,), mtus=(1500,),
                     connections=tuple(range(1, cells + 1)), profiles=(profile,))
     topo = Topology("bench-gate", "<bench gate>", (HostSpec("local"),),
                     (GuestSpec("g1", "local"), GuestSpec("g2", "local")), "g1", "g2", matrix)

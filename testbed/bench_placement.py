@@ -60,7 +60,7 @@ def run(rounds: int = 5, progress: Callable[[str], None] = lambda s: None) -> di
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         raise CapabilityError(f"bench placement needs two host CPUs to pin apart; this process may use {cpus}")
-    why = attachments.unavailable(Attachment.BRIDGE)
+    why = attachments.unavailable(Attachment("bridge"))
     if why:
         raise CapabilityError(f"bench placement measures on the bridge attachment: {why}")
     img = images.ensure()
@@ -79,7 +79,7 @@ def run(rounds: int = 5, progress: Callable[[str], None] = lambda s: None) -> di
             g.wait_ready(900)
             progress(f"guest {g.name} ready ({g.boot})")
         pids = {n: virt.qemu_pid(g) for n, g in guests.items()}
-        path = stack.enter_context(runner.mode(Attachment.BRIDGE, Backend.QEMU, ses.tag, guests["g1"],
+        path = stack.enter_context(runner.mode(Attachment("bridge"), Backend.QEMU, ses.tag, guests["g1"],
                                                guests["g2"], default().subnet, 1500))
         stack.callback(lambda: [placement.apply_live(g.dom, pids[n], Placement())
                                 for n, g in guests.items() if g.dom.isActive()])
@@ -90,7 +90,7 @@ def run(rounds: int = 5, progress: Callable[[str], None] = lambda s: None) -> di
                     placement.apply_live(g.dom, pids[n], sets[name][n])
                 watch = window.Watch(NoiseSpec(action=NoiseAction.KEEP), sets[name])
                 for prof in PROFILES:
-                    cell = Cell(Attachment.BRIDGE, Backend.QEMU, 1500, 1, prof,
+                    cell = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, prof,
                                 context=(("variant", name),))
                     [s] = measure.measure_cell(cell, path, writer, rule, 0, pids, {"g1": "local", "g2": "local"},
                                                watch=watch)

@@ -193,6 +193,13 @@ class Node:
             raise self.error(f"expected true or false, got {_show(v)}")
         return v
 
+    def attachment(self) -> Attachment:
+        """A mode name, validated against the registry (the model knows no modes)."""
+        v = self.scalar()
+        if not isinstance(v, str) or v not in attachments.names():
+            raise self.error(f"unknown value {_show(v)} (one of: {', '.join(attachments.names())})")
+        return Attachment(v)
+
     def enum(self, cls: type) -> Any:
         v = self.scalar()
         try:
@@ -352,8 +359,8 @@ def _check_tunnel(m: dict[str, Node], doc: Node, matrix: Matrix, tunnel: TunnelS
     (VXLAN's), and the underlay interface is the testbed's own wire on emulated hosts, the
     operator's on real ones. Checked here so a bad tunnel is refused before anything is created."""
     two = len({h.name for h in hosts}) > 1
-    crossing = [a.mode for a in matrix.attachments
-                if a.mode.placement == "two" or (a.mode.placement == "any" and two)]
+    crossing = [m for m in map(attachments.get, matrix.attachments)
+                if m.placement == "two" or (m.placement == "any" and two)]
     if not crossing:
         return
     mnode = m["matrix"].mapping(MATRIX_KEYS)
@@ -762,7 +769,7 @@ def _matrix(n: Node, base: Path | None = None) -> Matrix:
         profiles = tuple(dataclasses.replace(p, percentiles=chosen) for p in profiles)
     _unique(profiles_nodes, [p.name for p in profiles], "profile")
     mx = Matrix(
-        attachments=_distinct(m, "attachments", lambda a: a.enum(Attachment), (Attachment.BRIDGE,)),
+        attachments=_distinct(m, "attachments", lambda a: a.attachment(), (Attachment("bridge"),)),
         backends=_distinct(m, "backends", lambda b: b.enum(Backend), (Backend.QEMU,)),
         mtus=_distinct(m, "mtus", lambda x: x.int(MTU_MIN, MTU_MAX, "MTU"), (1500,)),
         connections=_distinct(m, "connections", lambda x: x.int(1, MAX_CONNECTIONS, "connections"), (1,)),
@@ -776,7 +783,7 @@ def _matrix(n: Node, base: Path | None = None) -> Matrix:
     )
     if "pairs" in m and mx.variants:
         raise m["pairs"].error("pairs and variants cannot be combined (each variant boots its own guest pair)")
-    if mx.variants and any(not a.mode.variants for a in mx.attachments):
+    if mx.variants and any(not attachments.get(a).variants for a in mx.attachments):
         able = [mode.name for mode in attachments.modes() if mode.variants]
         raise m["variants"].error(f"variants run on the {' and '.join(able)} attachments only (their "
                                   "guest pairs share one segment)")
@@ -796,7 +803,7 @@ def cell_count(matrix: Matrix) -> int:
     """How many cells runner.plan makes, without making them: namespace attachments have no
     virtio NIC and are planned once, not per backend and queue count."""
     per = len(matrix.mtus) * len(matrix.connections) * len(matrix.profiles) * len(matrix.pairs)
-    return sum(per * (1 if a.is_netns else len(matrix.backends) * len(matrix.queues)) for a in matrix.attachments)
+    return sum(per * (1 if not attachments.get(a).guests else len(matrix.backends) * len(matrix.queues)) for a in matrix.attachments)
 
 
 def _check_limits(m: dict[str, Node], doc: Node, matrix: Matrix) -> None:
@@ -816,7 +823,7 @@ def _check_limits(m: dict[str, Node], doc: Node, matrix: Matrix) -> None:
     # netperf's own confidence loop (-i max,min) runs up to max iterations per sample
     by_profile = sum(p.search.max_search_s if p.search else p.duration_s * (p.iterations[0] if p.iterations else 1)
                      for p in matrix.profiles)
-    groups = sum(1 if a.is_netns else len(matrix.backends) * len(matrix.queues) for a in matrix.attachments)
+    groups = sum(1 if not attachments.get(a).guests else len(matrix.backends) * len(matrix.queues) for a in matrix.attachments)
     seconds = groups * per * by_profile * per_cell_samples
     if seconds > max_hours * 3600:
         raise node.error(f"the matrix may measure for up to {seconds / 3600:.1f} h ({cells} cells x up to "
@@ -862,7 +869,7 @@ def _check_pairs(node: Node, matrix: Matrix, pair: list[GuestSpec], hosts: dict[
     net = ipaddress.IPv4Network(subnet)
     if net.num_addresses - 2 < 2 * n:
         raise node.error(f"{n} pairs need {2 * n} addresses in the subnet, {subnet} has {net.num_addresses - 2}")
-    vm = [a for a in matrix.attachments if not a.is_netns]
+    vm = [a for a in matrix.attachments if attachments.get(a).guests]
     if not vm:
         return
     placed = {g.host for g in pair}
@@ -871,7 +878,7 @@ def _check_pairs(node: Node, matrix: Matrix, pair: list[GuestSpec], hosts: dict[
         raise node.error(f"{n} pairs with guests on ssh host {', '.join(remote)}: that host's memory and "
                          f"guest count are unknown before the run, so the placement cannot be promised "
                          f"(pairs > 1 runs on this host and on emulated hosts)")
-    across = [a.value for a in vm if a.needs_two_hosts or len(placed) > 1]
+    across = [a.value for a in vm if attachments.get(a).placement == "two" or len(placed) > 1]
     if across:
         raise node.error(f"{n} pairs on {', '.join(across)}: a two-host attachment joins one client/server "
                          f"pair (N pairs across hosts are not placed yet); use pairs on a one-host attachment")
@@ -984,7 +991,7 @@ def _parse(root: yaml.Node, file: str, base: Path | None) -> Topology:
     host_map = {h.name: h for h in hosts}
     matrix = _matrix(m["matrix"], base)
     _check_limits(m, doc, matrix)
-    vm_modes = any(a.mode.guests for a in matrix.attachments)
+    vm_modes = any(attachments.get(a).guests for a in matrix.attachments)
     if "guests" not in m and vm_modes:
         raise doc.error("missing required key 'guests' (only netns-* attachments run without guests)")
     guest_nodes = m["guests"].seq(2) if "guests" in m else []
@@ -1020,14 +1027,15 @@ def _parse(root: yaml.Node, file: str, base: Path | None) -> Topology:
         return mnode["attachments"].seq()[i] if "attachments" in mnode else m["matrix"]
 
     for i, a in enumerate(matrix.attachments):
-        if a.mode.placement == "two" and len(placed) < 2:
+        mode = attachments.get(a)
+        if mode.placement == "two" and len(placed) < 2:
             node = at(i)
             raise node.error(f"attachment {a.value} needs the client and server on two different hosts")
-        if a.mode.placement == "one" and len(placed) > 1:
+        if mode.placement == "one" and len(placed) > 1:
             # A bridge without an uplink joins guests of one host only; across hosts the
             # VXLAN modes are the ones that say how the hosts are joined.
             node = at(i)
-            instead = f" (use {a.mode.across_instead})" if a.mode.across_instead else ""
+            instead = f" (use {mode.across_instead})" if mode.across_instead else ""
             raise node.error(f"attachment {a.value} joins guests on one host, but the client and server "
                              f"are on {' and '.join(sorted(placed))}{instead}")
     tunnel = _tunnel(m["tunnel"]) if "tunnel" in m else TunnelSpec()
@@ -1049,7 +1057,7 @@ def _parse(root: yaml.Node, file: str, base: Path | None) -> Topology:
         _check_pairs(mnode["pairs"], matrix, [g for g in guests if g.name in (client, server)],
                      host_map, subnet, names)
     for a in matrix.attachments:
-        a.mode.validate(t, lambda path: _node_at(m, path))
+        attachments.get(a).validate(t, lambda path: _node_at(m, path))
     return t
 
 
@@ -1109,6 +1117,6 @@ matrix:
 """
 
 
-def default(attachments: Iterable[Attachment] = (Attachment.BRIDGE,)) -> Topology:
+def default(attachments: Iterable[Attachment] = (Attachment("bridge"),)) -> Topology:
     text = DEFAULT_TOPOLOGY.replace("{attachments}", ", ".join(a.value for a in attachments))
     return parse(text, "<builtin default>", Path.cwd())

@@ -15,88 +15,23 @@ from testbed import PREFIX
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,9}$")
 
 
-class _AttachmentType(type):
-    """Iterating ``Attachment`` lists the registered modes; ``Attachment.BRIDGE`` and the other
-    constants are the modes' declared aliases (testbed/attachments), so a new mode gets one
-    without an edit here."""
+class Attachment(str):
+    """How a guest NIC reaches the wire: the name of an attachment mode.
 
-    def __iter__(cls) -> Iterator[Attachment]:
-        from testbed import attachments
-        return iter([cls(n) for n in attachments.names()])
+    The model knows no mode. testbed/attachments registers them; configuration validates a
+    name against that registry, and code that needs a mode's behaviour asks
+    ``attachments.get(name)``. So the model stays at the bottom of the package, and a new
+    mode is one module plus one registry line. A string: results files hold the same text."""
 
-    def __len__(cls) -> int:
-        from testbed import attachments
-        return len(attachments.names())
-
-    def __getattr__(cls, alias: str) -> Attachment:
-        if alias.startswith("_") or not alias.isupper():
-            raise AttributeError(alias)
-        from testbed import attachments
-        return cls(attachments.by_alias(alias))
-
-
-class Attachment(str, metaclass=_AttachmentType):
-    """How a guest NIC reaches the wire: the name of a mode registered in testbed/attachments.
-
-    A string (results files hold the same text) that only takes registered names; equal
-    names are the same object, so ``a is Attachment.MACVTAP`` holds as with the enum it was.
-    Its properties ask the registered mode."""
-
-    _interned: dict[str, Attachment] = {}
-
-    def __new__(cls, value: object) -> Attachment:
-        if isinstance(value, Attachment):
-            return value
-        v = str(value)
-        inst = cls._interned.get(v)
-        if inst is None:
-            from testbed import attachments
-            if v not in attachments.names():
-                raise ValueError(f"{v!r} is not a valid Attachment")
-            inst = cls._interned.setdefault(v, str.__new__(cls, v))
-        return inst
-
-    def __repr__(self) -> str:
-        return f"<Attachment.{self.name}: {self.value!r}>"
-
-    def __reduce__(self) -> tuple:
-        return Attachment, (self.value,)
-
-    def __copy__(self) -> Attachment:
-        return self
-
-    def __deepcopy__(self, memo: object) -> Attachment:
-        return self
+    __slots__ = ()
 
     @property
     def value(self) -> str:
+        # the same spelling as the enums beside it (Backend.value, Tool.value)
         return str.__str__(self)
 
-    @property
-    def name(self) -> str:
-        return self.mode.alias
-
-    @property
-    def mode(self):  # -> testbed.attachments.Mode
-        from testbed import attachments
-        return attachments.get(self.value)
-
-    @property
-    def is_netns(self) -> bool:
-        return not self.mode.guests
-
-    @property
-    def netns_kind(self) -> str:
-        """The testbed.hostnet.netns connection kind."""
-        return self.mode.netns_kind or self.value.removeprefix("netns-")
-
-    @property
-    def needs_two_hosts(self) -> bool:
-        return self.mode.placement == "two"
-
-    @property
-    def needs_ovs(self) -> bool:
-        return self.mode.needs_ovs
+    def __repr__(self) -> str:
+        return f"Attachment({self.value!r})"
 
 
 class Backend(StrEnum):

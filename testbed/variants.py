@@ -28,7 +28,7 @@ from testbed.model import Attachment, Backend, Cell, Topology, Variant
 T = TypeVar("T")
 
 #: attachments a variant pair can share a segment on
-SUPPORTED = (Attachment.BRIDGE, Attachment.OVS)
+SUPPORTED = (Attachment("bridge"), Attachment("ovs"))
 
 
 def expand(cells: Sequence[Cell], variants: Sequence[Variant]) -> list[Cell]:

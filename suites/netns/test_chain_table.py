@@ -17,7 +17,7 @@ def test_chain_table_patch_and_veth():
         pytest.skip("needs root: creates namespaces and OVS bridges")
     if not shutil.which("netperf"):
         pytest.skip("netperf missing (Debian non-free)")
-    why = attachments.unavailable(Attachment.OVS)
+    why = attachments.unavailable(Attachment("ovs"))
     if why:
         pytest.skip(f"OVS unavailable: {why}")
     rows = bench.chain_table((1, 2, 4, 8), duration_s=2)

@@ -34,8 +34,8 @@ def test_netns_run_fills_every_field(tmp_path):
     for tool in ("netperf", "netserver", "ping"):
         if not shutil.which(tool):
             pytest.skip(f"{tool} missing")
-    modes = [a for a in (Attachment.NETNS_VETH, Attachment.NETNS_BRIDGE, Attachment.NETNS_OVS,
-                         Attachment.NETNS_OVS_INTERNAL) if attachments.unavailable(a) is None]
+    modes = [a for a in (Attachment("netns-veth"), Attachment("netns-bridge"), Attachment("netns-ovs-veth"),
+                         Attachment("netns-ovs-internal")) if attachments.unavailable(a) is None]
     topo = tmp_path / "netns.yaml"
     topo.write_text(TOPOLOGY.replace("ATTACHMENTS", ", ".join(m.value for m in modes)))
     p = subprocess.run([sys.executable, "-m", "testbed.cli", "run", str(topo)], capture_output=True,

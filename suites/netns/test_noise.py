@@ -30,7 +30,7 @@ from testbed.session import claim_tag
 
 pytestmark = [pytest.mark.netns, pytest.mark.attach("netns")]
 
-CELL = Cell(Attachment.NETNS_VETH, Backend.QEMU, 1500, 1,
+CELL = Cell(Attachment("netns-veth"), Backend.QEMU, 1500, 1,
             Profile("tcp_rr", pattern=Pattern.RR, message_size=1, response_size=1, duration_s=3))
 
 
@@ -75,7 +75,7 @@ def test_burner_makes_a_sample_noisy_and_it_is_retried(tmp_path):
                      settle=QuietWait(bound_cores=0.1, for_s=1.0, timeout_s=4.0))
     watch = window.Watch(spec, on_window=on_window)
     with results.RunWriter(tmp_path / "res", "20260101T000000Z-nois", _topology(), {"accelerator": "none"}) as w, \
-            runner.own_endpoints_path(Attachment.NETNS_VETH, claim_tag(), "198.18.252.0/30", 1500,
+            runner.own_endpoints_path(Attachment("netns-veth"), claim_tag(), "198.18.252.0/30", 1500,
                                       str(tmp_path / "ep")) as path:
         kept = measure.measure_cell(CELL, path, w, stats.StoppingRule(Repetitions()), 0, {}, {}, watch=watch)
     run = results.read_run(w.dir)
@@ -137,9 +137,9 @@ def test_pairs_samples_carry_the_noise_figure(tmp_path):
     if os.geteuid() != 0 or not shutil.which("netperf"):
         pytest.skip("needs root and netperf")
     from testbed import config, pairs
-    cell = Cell(Attachment.NETNS_VETH, Backend.QEMU, 1500, 1, CELL.profile, pairs=2)
+    cell = Cell(Attachment("netns-veth"), Backend.QEMU, 1500, 1, CELL.profile, pairs=2)
     with results.RunWriter(tmp_path / "res", "20260101T000000Z-nopa", _topology(), {"accelerator": "none"}) as w, \
-            runner.pair_paths(Attachment.NETNS_VETH, Backend.QEMU, claim_tag(), config.default(), None, 2, 1500,
+            runner.pair_paths(Attachment("netns-veth"), Backend.QEMU, claim_tag(), config.default(), None, 2, 1500,
                               tmp_path / "ep") as paths:
         [s] = pairs.measure_cell(cell, paths, w, stats.StoppingRule(Repetitions()), 0, {}, {},
                                  watch=window.Watch(NoiseSpec(threshold_cores=1024)))

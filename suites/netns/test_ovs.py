@@ -170,7 +170,7 @@ def test_segment_makes_an_isolated_bridge_and_restores_the_switch(switch: ovsd.O
     tag = new_tag()
     before = global_config(switch)
     with ovs.segment(tag, 1500) as seg:
-        assert seg.name == f"tb-{tag}-ovs" and seg.attachment is Attachment.OVS
+        assert seg.name == f"tb-{tag}-ovs" and seg.attachment == Attachment("ovs")
         dp = ovs.ovs_datapath(switch)
         assert seg.datapath == f"ovs-{dp}"
         assert switch.vsctl("get", "Bridge", seg.name, "datapath_type", wait=False).strip() == dp

@@ -32,8 +32,8 @@ pytestmark = [
                         ("netperf", "netperf, Debian non-free"), ("netserver", "netperf, Debian non-free"))],
 ]
 
-KINDS = [pytest.param(Attachment.BRIDGE_VXLAN, marks=pytest.mark.attach("bridge-vxlan"), id="bridge-vxlan"),
-         pytest.param(Attachment.OVS_VXLAN, marks=pytest.mark.attach("ovs-vxlan"), id="ovs-vxlan")]
+KINDS = [pytest.param(Attachment("bridge-vxlan"), marks=pytest.mark.attach("bridge-vxlan"), id="bridge-vxlan"),
+         pytest.param(Attachment("ovs-vxlan"), marks=pytest.mark.attach("ovs-vxlan"), id="ovs-vxlan")]
 
 
 def _ip(*args: str, netns: str | None = None, check: bool = True) -> proc.Completed:
@@ -66,7 +66,7 @@ def endpoint(f: vxlan.Fabric, side: vxlan.HostSide, tag: str, i: int, addr: str)
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_tunnel_carries_tcp_and_only_vxlan_crosses_the_wire(kind, tmp_path):
-    ok, why = (capabilities.vxlan() if kind is Attachment.BRIDGE_VXLAN else (True, ""))
+    ok, why = (capabilities.vxlan() if kind == Attachment("bridge-vxlan") else (True, ""))
     if not ok:
         pytest.skip(f"vxlan unavailable: {why}")
     tag = claim_tag()
@@ -109,7 +109,7 @@ def test_tunnel_carries_tcp_and_only_vxlan_crosses_the_wire(kind, tmp_path):
 def test_inner_mtu_that_does_not_fit_is_refused_before_anything_exists(tmp_path):
     tag = claim_tag()
     with pytest.raises(errors.TestbedError, match=r"1500 \+ 50 bytes of VXLAN-over-IPv4 overhead"):
-        with vxlan.fabric(Attachment.BRIDGE_VXLAN, tag, ("ha", "hb"), TunnelSpec(underlay_mtu=1500),
+        with vxlan.fabric(Attachment("bridge-vxlan"), tag, ("ha", "hb"), TunnelSpec(underlay_mtu=1500),
                           tmp_path, 1500):
             pass
     assert ours(tag) == []
@@ -118,7 +118,7 @@ def test_inner_mtu_that_does_not_fit_is_refused_before_anything_exists(tmp_path)
 def test_underlay_df_check_fails_when_the_wire_is_too_small(tmp_path):
     """The don't-fragment check across the underlay sees a wire narrower than promised."""
     tag = claim_tag()
-    with vxlan.fabric(Attachment.BRIDGE_VXLAN, tag, ("ha", "hb"), TunnelSpec(underlay_mtu=1550),
+    with vxlan.fabric(Attachment("bridge-vxlan"), tag, ("ha", "hb"), TunnelSpec(underlay_mtu=1550),
                       tmp_path, 1500) as f:
         assert f.df_check(1500) is None
         _ip("link", "set", "dev", f.hosts[1].wire, "mtu", "1500", netns=f.hosts[1].netns)

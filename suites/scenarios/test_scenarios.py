@@ -28,7 +28,7 @@ def _needs(name: str) -> str | None:
     if name == "bridge-vs-ovs" and not shutil.which("nuttcp"):
         return "nuttcp missing (scripts/setup-host installs it)"
     if name in ("bridge-vs-ovs", "ovs-chain", "ovs-analysis", "netns-connect"):
-        why = attachments.unavailable(Attachment.OVS)
+        why = attachments.unavailable(Attachment("ovs"))
         if why:
             return f"OVS unavailable: {why}"
     return None
@@ -140,7 +140,7 @@ def test_bridge_vs_ovs_reports_loss_per_interval(results_root):
 def test_macvtap_vs_ovs_measures_both_columns_across_hosts(results_root):
     """E's two-host rows: macvtap across the (emulated) hosts and OVS+VXLAN, both measured,
     and the CPU finding decided from them rather than left unmeasurable."""
-    for a in (Attachment.MACVTAP, Attachment.OVS_VXLAN):
+    for a in (Attachment("macvtap"), Attachment("ovs-vxlan")):
         why = attachments.unavailable(a)
         if why:
             pytest.skip(f"{a.value} unavailable: {why}")

@@ -28,7 +28,7 @@ def test_good_topology_parses():
     assert [g.name for g in t.guests] == ["g1", "g2"]
     assert t.client == "g1" and t.server == "g2"
     assert t.matrix.mtus == (1500, 9000)
-    assert t.matrix.attachments == (Attachment.BRIDGE,)
+    assert t.matrix.attachments == (Attachment("bridge"),)
     assert t.matrix.profiles[0].pattern is Pattern.RR
 
 
@@ -205,17 +205,17 @@ def test_which_host_pairs_can_cross():
             return attachments.get(a).across(t)
     # This machine plus one over ssh: runs (the ssh host is checked when the run starts).
     t = config.parse(TWO_SSH + "tunnel: {underlay: eth1, underlay_mtu: 1600}\n" + VX, "two.yaml")
-    assert twohost.unavailable(t, Attachment.BRIDGE_VXLAN) is None
+    assert twohost.unavailable(t, Attachment("bridge-vxlan")) is None
     assert twohost.unavailable(config.parse(TWO + "tunnel: {underlay_mtu: 1550}\n" + VX, "t.yaml"),
-                               Attachment.BRIDGE_VXLAN) is None
+                               Attachment("bridge-vxlan")) is None
     # macvtap across emulated hosts: no tunnel, so no underlay MTU rule.
     mv = config.parse(TWO + "matrix: {attachments: [macvtap], mtus: [9000], profiles: [{name: a}]}\n", "t.yaml")
-    assert twohost.across(mv, Attachment.MACVTAP) and twohost.unavailable(mv, Attachment.MACVTAP) is None
-    assert not twohost.across(config.default(), Attachment.MACVTAP)
+    assert twohost.across(mv, Attachment("macvtap")) and twohost.unavailable(mv, Attachment("macvtap")) is None
+    assert not twohost.across(config.default(), Attachment("macvtap"))
     # Two "real" hosts that are both this machine would share one root namespace.
     both_local = config.parse("hosts: [{name: ha}, {name: hb}]\nguests: [{name: g1, host: ha}, {name: g2, host: hb}]\n"
                               "tunnel: {underlay: eth1, underlay_mtu: 1600}\n" + VX, "t.yaml")
-    assert "both this machine" in twohost.unavailable(both_local, Attachment.BRIDGE_VXLAN)
+    assert "both this machine" in twohost.unavailable(both_local, Attachment("bridge-vxlan"))
 
 
 def test_ssh_host_fields(tmp_path):

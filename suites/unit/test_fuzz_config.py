@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
-from testbed import cli, config, render
+from testbed import attachments, cli, config, render
 from testbed.model import Attachment
 
 hypothesis = pytest.importorskip("hypothesis", reason="hypothesis missing (pip install -e .[test])")
@@ -217,8 +217,8 @@ def _schema_check(xml: str, tmp: Path) -> None:
 def _render_all(topo_path: Path, tmp: Path) -> None:
     """What the runner would render for this topology: each guest's domain with each NIC."""
     t = config.load(topo_path)
-    kinds = {Attachment.BRIDGE: "bridge", Attachment.BRIDGE_VXLAN: "bridge", Attachment.OVS: "ovs",
-             Attachment.OVS_VXLAN: "ovs", Attachment.MACVTAP: "direct"}
+    kinds = {Attachment("bridge"): "bridge", Attachment("bridge-vxlan"): "bridge", Attachment("ovs"): "ovs",
+             Attachment("ovs-vxlan"): "ovs", Attachment("macvtap"): "direct"}
     for g in t.guests:
         d = render.DomainParams(
             name=f"tb-ab12-{g.name}", run_id="20260101T000000Z-ab12", domain_type="qemu",
@@ -232,7 +232,7 @@ def _render_all(topo_path: Path, tmp: Path) -> None:
         nics = [render.interface_xml(render.NicParams(
             kinds[a], "tb-ab12-br", "tb-ab12-t0", "52:54:ab:12:00:00", b.driver_name, max(t.matrix.mtus),
             queues=q, macvtap_mode=t.macvtap.mode.value))
-            for a in t.matrix.attachments if not a.is_netns for b in t.matrix.backends for q in t.matrix.queues]
+            for a in t.matrix.attachments if attachments.get(a).guests for b in t.matrix.backends for q in t.matrix.queues]
         _schema_check(xml.replace("</devices>", "".join(nics[:3]) + "</devices>"), tmp)
 
 

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.unit
 
 
 def cells(n: int) -> list[Cell]:
-    return [Cell(Attachment.BRIDGE, Backend.QEMU, 1500, k, STREAM) for k in range(1, n + 1)]
+    return [Cell(Attachment("bridge"), Backend.QEMU, 1500, k, STREAM) for k in range(1, n + 1)]
 
 
 _LINES: dict[tuple[str, str], dict] = {}   # a cell's sample line in a run, drawn again per seed

@@ -13,8 +13,8 @@ from test_gate import synthetic
 
 pytestmark = pytest.mark.unit
 
-S = Cell(Attachment.BRIDGE, Backend.QEMU, 1500, 1, STREAM)
-R = Cell(Attachment.BRIDGE, Backend.QEMU, 1500, 1, RR)
+S = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, STREAM)
+R = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, RR)
 
 
 def nightly(root, n_runs: int, *, step_at: int | None, factor: float = 0.85, env: dict | None = None,

@@ -190,7 +190,7 @@ def test_clone_names_stay_within_name_re_and_pairs_share_the_snapshot_slot():
 
 def test_pairs_axis_ids_and_hashes():
     p = Profile("tcp_stream")
-    one, two = Cell(Attachment.BRIDGE, Backend.QEMU, 1500, 1, p), Cell(Attachment.BRIDGE, Backend.QEMU, 1500, 1, p, pairs=2)
+    one, two = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, p), Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, p, pairs=2)
     assert one.id == "bridge-qemu-mtu1500-conn1-tcp_stream" and two.id == one.id + "-p2"
     assert one.hash != two.hash and "pairs" not in one.as_dict() and two.as_dict()["pairs"] == 2
     # a cell defined before the axis (and the rate fields) hashes as it did then

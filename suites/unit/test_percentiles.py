@@ -102,7 +102,7 @@ def test_topology_chooses_percentiles_and_they_stay_out_of_the_hash():
     assert p.percentiles == (50.0, 99.9, 99.99)
     plain = config.parse(BASE.replace("PCT", ""), "t.yaml").matrix.profiles[0]
     assert plain.percentiles is None
-    cell = lambda pr: Cell(Attachment.BRIDGE, Backend.QEMU, 1500, 1, pr)  # noqa: E731
+    cell = lambda pr: Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, pr)  # noqa: E731
     assert cell(p).hash == cell(plain).hash
 
 
@@ -161,8 +161,8 @@ def test_fractions_of_the_measured_maximum():
         ("tcp_rr", None, None, None), ("tcp_rr_0_5max", "0.5max", 0.5, "tcp_rr"),
         ("tcp_rr_0_9max", "0.9max", 0.9, "tcp_rr"), ("tcp_rr_2000tps", "2000tps", None, None)]
     from testbed import pacing
-    cell = Cell(Attachment.BRIDGE, Backend.QEMU, 1500, 1, ps[1], pairs=2)
-    base_id = Cell(Attachment.BRIDGE, Backend.QEMU, 1500, 1, ps[0], pairs=2).id
+    cell = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, ps[1], pairs=2)
+    base_id = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, ps[0], pairs=2).id
     got, why = pacing.resolve_fraction(cell, ps, [{"id": base_id, "status": "ok",
                                                    "summary": {"transactions_per_s": {"mean": 9000.0}}}])
     assert why is None and got.profile.rate_tps == 2250 and got.profile.rate == "0.5max"   # half of 4500 per pair

@@ -73,9 +73,9 @@ def test_netperf_reason_says_this_build_cannot_pace():
 
 def test_search_enters_the_hash_only_when_set():
     plain = Profile("udp", tool=Tool.IPERF3, protocol=Protocol.UDP)
-    c = Cell(Attachment.NETNS_VETH, Backend.QEMU, 1500, 1, plain)
+    c = Cell(Attachment("netns-veth"), Backend.QEMU, 1500, 1, plain)
     assert "search" not in c.definition()["profile"]
-    s = Cell(Attachment.NETNS_VETH, Backend.QEMU, 1500, 1,
+    s = Cell(Attachment("netns-veth"), Backend.QEMU, 1500, 1,
              Profile("udp", tool=Tool.IPERF3, protocol=Protocol.UDP, search=RateSearch()))
     assert s.definition()["profile"]["search"]["pdr_loss"] == 0.005
     assert s.hash != c.hash == definition_hash(c.definition())
@@ -181,7 +181,7 @@ def test_a_minimum_rate_that_already_loses_gives_no_lower_bound():
 # -- a measured sample as a trial ------------------------------------------------------------
 
 def sample(status="ok", metrics=None, counters=None, reason=None):
-    cell = Cell(Attachment.NETNS_VETH, Backend.QEMU, 1500, 1,
+    cell = Cell(Attachment("netns-veth"), Backend.QEMU, 1500, 1,
                 Profile("ndr", tool=Tool.IPERF3, protocol=Protocol.UDP, search=RateSearch()))
     return results.Sample("run", cell.as_dict(), 0, False, status, reason, metrics or {}, {}, "t0", "t1",
                           extra={"counters": counters or {}})
@@ -210,7 +210,7 @@ def test_trial_of_a_failed_sample_or_a_contradicting_wire_fails():
 
 
 def test_a_trial_profile_is_a_paced_udp_stream_of_whole_seconds():
-    cell = Cell(Attachment.NETNS_VETH, Backend.QEMU, 1500, 1,
+    cell = Cell(Attachment("netns-veth"), Backend.QEMU, 1500, 1,
                 Profile("ndr", tool=Tool.IPERF3, protocol=Protocol.UDP, message_size=1472, search=RateSearch()))
     p = ratesearch_cell.trial_profile(cell, 1.4142, 1000.0)
     assert p.duration_s == 2 and p.rate_bps == 1000 * 8 * 1472 and p.search is None and p.paced

@@ -163,7 +163,7 @@ def test_a_run_upgraded_from_format_1_compares_with_one_written_today(tmp_path):
 
 def test_the_writer_keeps_its_dict_api_and_writes_typed_records(tmp_path):
     topo = default()
-    c = Cell(Attachment.BRIDGE, Backend.QEMU, 1500, 1, Profile("tcp_stream"))
+    c = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, Profile("tcp_stream"))
     with results.RunWriter(tmp_path, "w1", topo, {"accelerator": "tcg", "link_gbit": 10.0}) as w:
         w.add_sample(results.Sample("w1", c.as_dict(), 0, False, "ok", None,
                                     {"throughput_mbps": 5.0}, {"host": {"busy": 1.0}},

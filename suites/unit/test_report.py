@@ -53,7 +53,7 @@ def write_run(root: Path, run_id: str, *, k: float = 1.0, reps: int = 4, failed:
                    "versions": {"qemu": "7.2.22", "ovs": "3.1.0"}, **env}
     with RunWriter(root, run_id, topo, environment) as w:
         for c in cells:
-            f = (0.8 if c.attachment is Attachment.OVS else 1.0) * k
+            f = (0.8 if c.attachment == Attachment("ovs") else 1.0) * k
             for rep in range(reps):
                 n = rng.normal(1, 0.03)
                 if c.profile is STREAM:

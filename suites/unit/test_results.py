@@ -10,7 +10,7 @@ from testbed.model import Attachment, Backend, Cell, Profile
 
 
 def _sample(run_id: str, rep: int, status: str = "ok") -> results.Sample:
-    cell = Cell(Attachment.BRIDGE, Backend.QEMU, 1500, 1, Profile("tcp_stream"))
+    cell = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, Profile("tcp_stream"))
     return results.Sample(run_id, cell.as_dict(), rep, False, status, None if status == "ok" else "boom",
                           {"throughput_mbps": 100.0 + rep} if status == "ok" else {}, {}, results.now(),
                           results.now())
@@ -84,7 +84,7 @@ def test_a_format_1_run_loads_upgraded_with_the_hash_a_new_run_would_have(tmp_pa
 def test_the_definition_hash_follows_everything_that_changes_a_measurement():
     import dataclasses
     from testbed.model import Offloads, Tool
-    c = Cell(Attachment.BRIDGE, Backend.QEMU, 1500, 1, Profile("tcp_stream", message_size=16384))
+    c = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, Profile("tcp_stream", message_size=16384))
     changed = [dataclasses.replace(c, profile=dataclasses.replace(c.profile, **kw))
                for kw in (dict(message_size=1024), dict(duration_s=30), dict(tool=Tool.UPERF),
                           dict(response_size=1))]

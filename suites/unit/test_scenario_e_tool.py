@@ -10,9 +10,9 @@ pytestmark = pytest.mark.unit
 
 
 def test_profiles_use_the_tool_chosen() -> None:
-    t = e._topology("x", [Attachment.OVS], True, False, None, "uperf")
+    t = e._topology("x", [Attachment("ovs")], True, False, None, "uperf")
     assert {p.tool for p in t.matrix.profiles} == {Tool.UPERF}
-    assert {p.tool for p in e._topology("x", [Attachment.OVS], True, False, None).matrix.profiles} == {Tool.NETPERF}
+    assert {p.tool for p in e._topology("x", [Attachment("ovs")], True, False, None).matrix.profiles} == {Tool.NETPERF}
 
 
 def test_report_names_the_tool_that_ran() -> None:

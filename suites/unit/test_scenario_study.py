@@ -78,7 +78,7 @@ def test_report_page_shows_the_study_table_and_verdicts(tmp_path):
     from testbed import report, results
     from testbed.model import Attachment
     from testbed.scenarios import session
-    topo = session.topology("netns-connect", [Attachment.NETNS_VETH], [d_netns_connect.profile(True, 3)])
+    topo = session.topology("netns-connect", [Attachment("netns-veth")], [d_netns_connect.profile(True, 3)])
     with results.RunWriter(tmp_path, "20260101T000000Z-abcd", topo, ENV) as w:
         pass
     rep = _d(3000)

@@ -35,7 +35,7 @@ def _e_text(name: str, attachments, quick: bool, two_hosts: bool, tool: str) -> 
 @pytest.mark.parametrize("two_hosts", [False, True], ids=["one-host", "two-hosts"])
 @pytest.mark.parametrize("tool", ["netperf", "uperf"])
 def test_macvtap_vs_ovs_topology_is_what_the_loader_makes(quick, two_hosts, tool):
-    atts = [Attachment.OVS_VXLAN, Attachment.MACVTAP] if two_hosts else [Attachment.MACVTAP, Attachment.OVS]
+    atts = [Attachment("ovs-vxlan"), Attachment("macvtap")] if two_hosts else [Attachment("macvtap"), Attachment("ovs")]
     built = e._topology("scenario-x", atts, quick, two_hosts, None, tool)
     parsed = config.parse(_e_text("scenario-x", atts, quick, two_hosts, tool), f"<scenario {e.NAME}>")
     assert built == dataclasses.replace(parsed, source=built.source)

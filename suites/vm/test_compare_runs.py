@@ -10,7 +10,7 @@ from testbed import environment, measure, proc, results, runner, stats
 from testbed.config import default
 from testbed.model import Attachment, Backend, Cell, Pattern, Profile, Repetitions
 
-CELL = Cell(Attachment.BRIDGE, Backend.QEMU, 1500, 1,
+CELL = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1,
             Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=4))
 REPS = Repetitions(warmup=0, min_samples=5, max_samples=5, rsd_target=0)   # compare needs 5 a side
 

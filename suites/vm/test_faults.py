@@ -26,13 +26,13 @@ def writer(tmp_path):
 
 @contextlib.contextmanager
 def bridge_path(gp):
-    with runner.mode(Attachment.BRIDGE, Backend.QEMU, gp.tag, gp.client, gp.server, "198.18.0.0/24",
+    with runner.mode(Attachment("bridge"), Backend.QEMU, gp.tag, gp.client, gp.server, "198.18.0.0/24",
                      1500) as path:
         yield path
 
 
 def _measure(path, writer, profile=STREAM):
-    cell = Cell(Attachment.BRIDGE, Backend.QEMU, 1500, 1, profile)
+    cell = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, profile)
     return measure.measure_cell(cell, path, writer, stats.StoppingRule(Repetitions()), 0, {}, {})
 
 

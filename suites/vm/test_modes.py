@@ -25,7 +25,7 @@ def writer(run_writer):
 
 @pytest.fixture(autouse=True)
 def _macvtap_available():
-    why = attachments.unavailable(Attachment.MACVTAP)
+    why = attachments.unavailable(Attachment("macvtap"))
     if why:
         pytest.skip(f"macvtap unavailable: {why}")
 
@@ -44,8 +44,8 @@ def _measure(path, writer, cell):
 @pytest.mark.parametrize("mode", [MacvtapMode.VEPA, MacvtapMode.PASSTHROUGH], ids=lambda m: m.value)
 def test_macvtap_mode_puts_traffic_on_the_lower_device(guest_pair, writer, mode):
     gp = guest_pair
-    cell = Cell(Attachment.MACVTAP, Backend.QEMU, 1500, 1, STREAM)
-    with runner.mode(Attachment.MACVTAP, Backend.QEMU, gp.tag, gp.client, gp.server, "198.18.0.0/24",
+    cell = Cell(Attachment("macvtap"), Backend.QEMU, 1500, 1, STREAM)
+    with runner.mode(Attachment("macvtap"), Backend.QEMU, gp.tag, gp.client, gp.server, "198.18.0.0/24",
                      1500, topology=_with(MacvtapSpec(mode=mode))) as path:
         lw0 = f"tb-{gp.tag}-lw0"
         before = links.counters(lw0)
@@ -69,11 +69,11 @@ def test_macvtap_on_a_lower_device_named_by_the_user(guest_pair, writer):
         why = macvtap.check_lowers((lower,), MacvtapMode.BRIDGE, 9000)
         assert why and "below" in why and lower in why
         spec = MacvtapSpec(mode=MacvtapMode.BRIDGE, lower=(lower,))
-        with runner.mode(Attachment.MACVTAP, Backend.QEMU, gp.tag, gp.client, gp.server, "198.18.0.0/24",
+        with runner.mode(Attachment("macvtap"), Backend.QEMU, gp.tag, gp.client, gp.server, "198.18.0.0/24",
                          1500, topology=_with(spec)) as path:
             assert set(macvtap.uppers(lower)) == {path.client.tap, path.server.tap}
             assert not links.exists(f"tb-{gp.tag}-lw0"), "a named lower must not get a testbed veth"
-            s = _measure(path, writer, Cell(Attachment.MACVTAP, Backend.QEMU, 1400, 1, STREAM))
+            s = _measure(path, writer, Cell(Attachment("macvtap"), Backend.QEMU, 1400, 1, STREAM))
             assert links.mtu_of(lower) == 1500
         assert s.status == "ok", s.reason
         assert macvtap.uppers(lower) == [], "libvirt left a macvtap on the user's device"
@@ -83,8 +83,8 @@ def test_macvtap_on_a_lower_device_named_by_the_user(guest_pair, writer):
 @pytest.mark.attach("bridge")
 def test_multiqueue_nic(guest_pair, writer):
     gp = guest_pair
-    cell = Cell(Attachment.BRIDGE, Backend.QEMU, 1500, 2, STREAM, queues=2)
-    with runner.mode(Attachment.BRIDGE, Backend.QEMU, gp.tag, gp.client, gp.server, "198.18.0.0/24",
+    cell = Cell(Attachment("bridge"), Backend.QEMU, 1500, 2, STREAM, queues=2)
+    with runner.mode(Attachment("bridge"), Backend.QEMU, gp.tag, gp.client, gp.server, "198.18.0.0/24",
                      1500, queues=2) as path:
         for ep in (path.client, path.server):
             with open(f"/sys/class/net/{ep.tap}/tun_flags") as f:
@@ -99,7 +99,7 @@ def test_multiqueue_nic(guest_pair, writer):
 @pytest.mark.attach("bridge")
 def test_offloads_switched_in_the_guests(guest_pair):
     gp = guest_pair
-    with runner.mode(Attachment.BRIDGE, Backend.QEMU, gp.tag, gp.client, gp.server, "198.18.0.0/24",
+    with runner.mode(Attachment("bridge"), Backend.QEMU, gp.tag, gp.client, gp.server, "198.18.0.0/24",
                      1500, offloads=Offloads(tso=False, gso=False)) as path:
         for ep in (path.client, path.server):
             states = path.offloads[ep.guest.spec.name]

@@ -13,7 +13,7 @@ import pytest
 from testbed import attachments, measure, placement, runner, stats, virt, window
 from testbed.model import Attachment, Backend, Cell, Pattern, Placement, Profile, Repetitions
 
-CELL = Cell(Attachment.BRIDGE, Backend.QEMU, 1500, 1,
+CELL = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1,
             Profile("tcp_rr", pattern=Pattern.RR, message_size=1, response_size=1, duration_s=3))
 
 

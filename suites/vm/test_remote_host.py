@@ -159,7 +159,7 @@ matrix:
 def test_run_across_a_remote_host(loopback, accelerator, tmp_path):
     from testbed import attachments
     from testbed.model import Attachment
-    why = attachments.unavailable(Attachment.MACVTAP)
+    why = attachments.unavailable(Attachment("macvtap"))
     if why:
         pytest.skip(f"macvtap unavailable: {why}")
     ula, ulb = f"tb-{loopback.tag}-ula", f"tb-{loopback.tag}-ulb"

@@ -23,7 +23,7 @@ from testbed import cleanup, guestcache, images, measure, paths, results, runner
 from testbed.model import Attachment, Backend, Cell, GuestSpec, Pattern, Profile, Repetitions
 
 STREAM = Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=5)
-CELL = Cell(Attachment.BRIDGE, Backend.QEMU, 1500, 1, STREAM)
+CELL = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, STREAM)
 
 
 @pytest.fixture
@@ -33,7 +33,7 @@ def writer(run_writer):
 
 
 def _throughput(client, server, tag, writer) -> float:
-    with runner.mode(Attachment.BRIDGE, Backend.QEMU, tag, client, server, "198.18.0.0/24", 1500) as path:
+    with runner.mode(Attachment("bridge"), Backend.QEMU, tag, client, server, "198.18.0.0/24", 1500) as path:
         [s] = measure.measure_cell(CELL, path, writer, stats.StoppingRule(Repetitions()), 0, {}, {})
     assert s.status == "ok", s.reason
     return s.metrics["throughput_mbps"]

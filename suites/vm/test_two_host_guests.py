@@ -39,7 +39,7 @@ matrix:
 PROFILES = [Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=5),
             Profile("tcp_rr", pattern=Pattern.RR, message_size=1, response_size=1, duration_s=5)]
 MODES = [pytest.param(a, marks=pytest.mark.attach(a.value), id=a.value)
-         for a in (Attachment.BRIDGE_VXLAN, Attachment.OVS_VXLAN)]
+         for a in (Attachment("bridge-vxlan"), Attachment("ovs-vxlan"))]
 
 
 @pytest.mark.parametrize("attachment", MODES)
@@ -72,7 +72,7 @@ def test_guests_on_two_hosts(guest_pair, attachment, tmp_path, run_writer):
     assert 0.6 * tput < dev[path.client.tap]["from_guest"] < 1.2 * tput, dev
     assert 0.6 * tput < dev[path.server.tap]["to_guest"] < 1.2 * tput, dev
     # What the guests' NICs report is recorded: on ovs-vxlan the device offers no checksum offload.
-    if attachment is Attachment.OVS_VXLAN:
+    if attachment == Attachment("ovs-vxlan"):
         assert all(s.extra["offloads"][g]["tx"].startswith("off") for g in ("g1", "g2")), s.extra["offloads"]
     else:
         assert s.extra["offloads"]["g1"]["tx"].startswith("on"), s.extra["offloads"]
@@ -98,11 +98,11 @@ def test_macvtap_across_two_hosts(guest_pair, tmp_path, run_writer):
     """macvtap across hosts: each guest's macvtap sits on its host's end of the wire, so the
     wire carries the guests' own frames (no tunnel), at the cell's MTU; the macvtaps end up
     in the host namespaces and nothing is left anywhere afterwards."""
-    why = attachments.unavailable(Attachment.MACVTAP)
+    why = attachments.unavailable(Attachment("macvtap"))
     if why:
         pytest.skip(f"attachment macvtap unavailable: {why}")
     topo = config.parse(MACVTAP_TOPOLOGY, "two-hosts-macvtap.yaml", Path.cwd())
-    assert Attachment.MACVTAP.mode.across(topo)
+    assert Attachment("macvtap").mode.across(topo)
     gp = guest_pair
     tag = gp.tag
     before = snapshot.take()
@@ -110,7 +110,7 @@ def test_macvtap_across_two_hosts(guest_pair, tmp_path, run_writer):
     ns_a, wire_a = vxlan.emulated_host(tag, 0)
     profile = Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=4)
     writer = run_writer       # the session's run record (pytest_plugin.run_writer)
-    with runner.mode(Attachment.MACVTAP, Backend.QEMU, tag, gp.client, gp.server, topo.subnet, 9000,
+    with runner.mode(Attachment("macvtap"), Backend.QEMU, tag, gp.client, gp.server, topo.subnet, 9000,
                      topology=topo, workdir=tmp_path) as path:
         root = proc.run(["ip", "-o", "link"], timeout=10).stdout
         assert path.client.tap not in root and path.server.tap not in root
@@ -121,7 +121,7 @@ def test_macvtap_across_two_hosts(guest_pair, tmp_path, run_writer):
         for mtu in (9000, 1500):
             measure.set_mtu(path, mtu)
             with vxlan.capture(ns_a, wire_a, tmp_path / f"wire{mtu}.pcap") as pcap:
-                samples[mtu] = measure.measure_cell(Cell(Attachment.MACVTAP, Backend.QEMU, mtu, 1, profile),
+                samples[mtu] = measure.measure_cell(Cell(Attachment("macvtap"), Backend.QEMU, mtu, 1, profile),
                                                     path, writer, stats.StoppingRule(Repetitions()), 0, {},
                                                     placement)[0]
             macs = [guestnic.mac(tag, i, 0) for i in (0, 1)]

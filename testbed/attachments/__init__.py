@@ -1,8 +1,8 @@
 """The attachment modes, one module each, registered by name (like mkosi's distributions).
 
 Adding a mode is one module here (it defines ``MODES``, see base.py) plus one line in
-``MODULES``. Everything else (the model's ``Attachment`` values, config's validation, the
-runner's preflight and plugging, doctor) asks this registry.
+``MODULES``. Everything else (config's validation of ``Attachment`` names, the runner's preflight
+and plugging, doctor, cleanup) asks this registry.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from testbed.attachments.base import Check, Fabric, Mode, Request
 
-__all__ = ["Check", "Fabric", "Mode", "Request", "MODULES", "get", "names", "modes", "by_alias", "connection_fabric",
+__all__ = ["Check", "Fabric", "Mode", "Request", "MODULES", "get", "names", "modes", "connection_fabric",
            "unavailable", "still_here", "single_host", "supported_single_host"]
 
 #: The registry: testbed.attachments.<module> for each mode module, in listing order.
@@ -53,14 +53,6 @@ def get(name: str) -> Mode:
         return _load()[str(name)]
     except KeyError:
         raise ValueError(f"unknown attachment {name!r} (one of: {', '.join(names())})") from None
-
-
-def by_alias(alias: str) -> str:
-    """The name of the mode whose model constant is ``alias`` (Attachment.BRIDGE -> bridge)."""
-    for m in _load().values():
-        if m.alias == alias:
-            return m.name
-    raise AttributeError(alias)
 
 
 def unavailable(name: str) -> str | None:

@@ -3,10 +3,8 @@
 
 A mode module (testbed/attachments/<mode>.py) defines ``MODES``: one or more ``Mode``
 values. The registry (attachments/__init__.py) lists the modules by name; config, the
-runner, doctor and the model's ``Attachment`` ask it, so no other module names a mode.
-
-Mode modules import testbed.hostnet inside their functions, not at the top: the hostnet
-modules name ``Attachment`` members at import time, which loads this registry.
+runner and doctor ask it, so no other module names a mode. The model's ``Attachment`` is
+only the name: nothing below the registry imports it.
 """
 from __future__ import annotations
 
@@ -114,8 +112,6 @@ class Mode:
     """One attachment mode, as the registry knows it."""
 
     name: str
-    #: the model's constant for it: Attachment.<alias>
-    alias: str
     fabric: Callable[[Request], ContextManager[Fabric]]
     #: "guests" (VM NICs, hot-plugged) or "netns" (namespace endpoints, no VMs)
     endpoints: str = "guests"

@@ -34,4 +34,4 @@ def fabric(req: Request) -> Iterator[Fabric]:
         yield SegmentFabric(seg, (seg.name,))
 
 
-MODES = (Mode("bridge", "BRIDGE", fabric, across_instead="bridge-vxlan", variants=True, classic=True),)
+MODES = (Mode("bridge", fabric, across_instead="bridge-vxlan", variants=True, classic=True),)

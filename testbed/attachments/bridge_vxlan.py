@@ -74,5 +74,5 @@ def unavailable() -> str | None:
     return None if ok else why
 
 
-MODES = (Mode("bridge-vxlan", "BRIDGE_VXLAN", fabric, placement="two", overhead=VXLAN_OVERHEAD,
+MODES = (Mode("bridge-vxlan", fabric, placement="two", overhead=VXLAN_OVERHEAD,
               overhead_label="VXLAN-over-IPv4 overhead", unavailable=unavailable, check=_across.check),)

@@ -136,6 +136,6 @@ def fabric(req: Request) -> Iterator[Fabric]:
         yield fab
 
 
-MODE = Mode("macvtap", "MACVTAP", fabric, placement="any", classic=True, fields={"macvtap": parse},
+MODE = Mode("macvtap", fabric, placement="any", classic=True, fields={"macvtap": parse},
             unavailable=unavailable, check=check, validate=validate)
 MODES = (MODE,)

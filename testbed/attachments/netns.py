@@ -78,14 +78,14 @@ def _ovs_unavailable() -> str | None:
     return ovs.unavailable()
 
 
-def _mode(name: str, alias: str, kind: str, ovs: bool = False) -> Mode:
-    return Mode(name, alias, _fabric(kind), endpoints="netns", placement="none",
+def _mode(name: str, kind: str, ovs: bool = False) -> Mode:
+    return Mode(name, _fabric(kind), endpoints="netns", placement="none",
                 unavailable=_ovs_unavailable if ovs else (lambda: None), netns_kind=kind)
 
 
 MODES = (
-    _mode("netns-veth", "NETNS_VETH", "veth"),
-    _mode("netns-bridge", "NETNS_BRIDGE", "bridge"),
-    _mode("netns-ovs-veth", "NETNS_OVS", "ovs-veth", ovs=True),
-    _mode("netns-ovs-internal", "NETNS_OVS_INTERNAL", "ovs-internal", ovs=True),
+    _mode("netns-veth", "veth"),
+    _mode("netns-bridge", "bridge"),
+    _mode("netns-ovs-veth", "ovs-veth", ovs=True),
+    _mode("netns-ovs-internal", "ovs-internal", ovs=True),
 )

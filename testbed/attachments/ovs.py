@@ -32,5 +32,5 @@ def fabric(req: Request) -> Iterator[Fabric]:
         yield SegmentFabric(seg, (seg.name,))
 
 
-MODES = (Mode("ovs", "OVS", fabric, across_instead="ovs-vxlan", needs_ovs=True, variants=True,
+MODES = (Mode("ovs", fabric, across_instead="ovs-vxlan", needs_ovs=True, variants=True,
               classic=True, unavailable=unavailable),)

@@ -20,5 +20,5 @@ def unavailable() -> str | None:
     return None
 
 
-MODES = (Mode("ovs-vxlan", "OVS_VXLAN", fabric, placement="two", needs_ovs=True, overhead=VXLAN_OVERHEAD,
+MODES = (Mode("ovs-vxlan", fabric, placement="two", needs_ovs=True, overhead=VXLAN_OVERHEAD,
               overhead_label="VXLAN-over-IPv4 overhead", unavailable=unavailable, check=_across.check),)

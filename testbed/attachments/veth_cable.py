@@ -81,4 +81,4 @@ def unavailable() -> str | None:
     return None
 
 
-MODES = (Mode("veth-cable", "VETH_CABLE", fabric, unavailable=unavailable),)
+MODES = (Mode("veth-cable", fabric, unavailable=unavailable),)

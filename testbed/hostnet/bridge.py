@@ -14,7 +14,7 @@ from testbed.model import Attachment, Backend
 @dataclass(frozen=True)
 class BridgeSegment:
     name: str
-    attachment: Attachment = Attachment.BRIDGE
+    attachment: Attachment = Attachment("bridge")
     datapath: str = "linux-bridge"
 
     def nic(self, target: str, mac: str, backend: Backend, mtu: int, queues: int = 1) -> render.NicParams:

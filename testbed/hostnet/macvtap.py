@@ -42,7 +42,7 @@ class MacvtapSegment:
     mode: MacvtapMode
     hairpin: str | None = None       # Linux bridge reflecting frames back (vepa only)
     datapath: str = "macvtap-bridge"
-    attachment: Attachment = Attachment.MACVTAP
+    attachment: Attachment = Attachment("macvtap")
     #: False when the lower devices are the user's: their MTU is read, never changed
     owned: bool = True
 

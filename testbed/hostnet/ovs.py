@@ -89,7 +89,7 @@ class OvsSegment:
     name: str
     db: str                                  # ovs-vsctl --db of the switch that holds it
     datapath: str = "ovs-netdev"             # ovs-netdev | ovs-system
-    attachment: Attachment = Attachment.OVS
+    attachment: Attachment = Attachment("ovs")
 
     def nic(self, target: str, mac: str, backend: Backend, mtu: int, queues: int = 1) -> render.NicParams:
         _check_ours(target)

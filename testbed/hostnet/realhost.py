@@ -52,21 +52,21 @@ class RealFabric:
 
     @property
     def overhead(self) -> int:
-        return 0 if self.kind is Attachment.MACVTAP else VXLAN_OVERHEAD
+        return 0 if self.kind == Attachment("macvtap") else VXLAN_OVERHEAD
 
     @property
     def datapath(self) -> str:
-        return {Attachment.OVS_VXLAN: "ovs-system-vxlan", Attachment.BRIDGE_VXLAN: "linux-bridge-vxlan",
-                Attachment.MACVTAP: f"macvtap-{self.macvtap_mode.value}-underlay"}[self.kind]
+        return {Attachment("ovs-vxlan"): "ovs-system-vxlan", Attachment("bridge-vxlan"): "linux-bridge-vxlan",
+                Attachment("macvtap"): f"macvtap-{self.macvtap_mode.value}-underlay"}[self.kind]
 
     def nic(self, i: int, target: str, mac: str, backend: Backend, mtu: int, queues: int) -> render.NicParams:
         side = self.sides[i]
-        if self.kind is Attachment.MACVTAP:
+        if self.kind == Attachment("macvtap"):
             return render.NicParams(kind="direct", source=side.underlay, target=target, mac=mac,
                                     driver=backend.driver_name, mtu=mtu, queues=queues,
                                     macvtap_mode=self.macvtap_mode.value)
         assert side.bridge
-        return render.NicParams(kind="ovs" if self.kind is Attachment.OVS_VXLAN else "bridge",
+        return render.NicParams(kind="ovs" if self.kind == Attachment("ovs-vxlan") else "bridge",
                                 source=side.bridge, target=target, mac=mac, driver=backend.driver_name,
                                 mtu=mtu, queues=queues)
 
@@ -81,12 +81,12 @@ class RealFabric:
     def set_mtu(self, mtu: int, taps: Sequence[str]) -> None:
         self.check_fits(mtu)
         for i, s in enumerate(self.sides):
-            if self.kind is Attachment.BRIDGE_VXLAN:
+            if self.kind == Attachment("bridge-vxlan"):
                 assert s.vxlan and s.bridge
                 bridge_vxlan_mtu(s.shell, [taps[i]], s.vxlan, s.bridge, mtu)
             else:
                 ops.set_mtu(s.shell, taps[i], mtu)
-            if self.kind is Attachment.OVS_VXLAN:
+            if self.kind == Attachment("ovs-vxlan"):
                 s.shell.run(["ovs-vsctl", "--timeout=20", "set", "Interface", s.bridge, f"mtu_request={mtu}"],
                             timeout=30)
 
@@ -121,7 +121,7 @@ def underlay_of(shell: Shell, dev: str, *, need_ipv4: bool = True) -> tuple[str,
 @contextlib.contextmanager
 def fabric(kind: Attachment, tag: str, hosts: tuple[HostSpec, HostSpec], shells: tuple[Shell, Shell],
            tunnel: TunnelSpec, mtu: int, macvtap_mode: MacvtapMode = MacvtapMode.BRIDGE) -> Iterator[RealFabric]:
-    if kind not in (Attachment.BRIDGE_VXLAN, Attachment.OVS_VXLAN, Attachment.MACVTAP):
+    if kind not in (Attachment("bridge-vxlan"), Attachment("ovs-vxlan"), Attachment("macvtap")):
         raise TestbedError(f"{kind.value} does not cross hosts")
     info = []
     for h, sh in zip(hosts, shells):
@@ -129,7 +129,7 @@ def fabric(kind: Attachment, tag: str, hosts: tuple[HostSpec, HostSpec], shells:
         ul = h.underlay or tunnel.underlay
         if not ul:
             raise CapabilityError(f"host {h.name}: no underlay interface (tunnel.underlay or the host's 'underlay')")
-        info.append((ul, *underlay_of(sh, ul, need_ipv4=kind is not Attachment.MACVTAP)))
+        info.append((ul, *underlay_of(sh, ul, need_ipv4=kind != Attachment("macvtap"))))
     with contextlib.ExitStack() as stack:
         sides = []
         for i, (h, sh) in enumerate(zip(hosts, shells)):
@@ -137,10 +137,10 @@ def fabric(kind: Attachment, tag: str, hosts: tuple[HostSpec, HostSpec], shells:
             peer_ip = info[1 - i][1]
             ab = "ab"[i]
             br = vx = None
-            if kind is Attachment.BRIDGE_VXLAN:
+            if kind == Attachment("bridge-vxlan"):
                 br, vx = object_name(tag, "br", ab), object_name(tag, "vx", ab)
                 bridge_vxlan(stack, sh, br, vx, tunnel, ip, peer_ip, ul, mtu)
-            elif kind is Attachment.OVS_VXLAN:
+            elif kind == Attachment("ovs-vxlan"):
                 br, vx = object_name(tag, "ovs", ab), object_name(tag, "vx", ab)
                 sh.run(["ovs-vsctl", "--timeout=20", "add-br", br, *ovs_vxlan_port(br, vx, tunnel, ip, peer_ip)],
                        timeout=30)
@@ -158,7 +158,7 @@ def fabric(kind: Attachment, tag: str, hosts: tuple[HostSpec, HostSpec], shells:
             sides.append(RealSide(h, sh, ul, ip, ulmtu, br, vx))
         f = RealFabric(kind, tunnel, (sides[0], sides[1]), macvtap_mode)
         f.check_fits(mtu)
-        if kind is not Attachment.MACVTAP:
+        if kind != Attachment("macvtap"):
             why = f.df_check(mtu)
             if why:
                 raise TestbedError(why)

@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 #: outer Ethernet (14) + IPv4 (20) + UDP (8) + VXLAN (8) header bytes
 VXLAN_OVERHEAD = 50
 UNDERLAY_NET = ipaddress.ip_network("198.19.0.0/30")
-KINDS = (Attachment.OVS_VXLAN, Attachment.BRIDGE_VXLAN)
+KINDS = (Attachment("ovs-vxlan"), Attachment("bridge-vxlan"))
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class Fabric:
 
     @property
     def datapath(self) -> str:
-        return "ovs-netdev-vxlan" if self.kind is Attachment.OVS_VXLAN else "linux-bridge-vxlan"
+        return "ovs-netdev-vxlan" if self.kind == Attachment("ovs-vxlan") else "linux-bridge-vxlan"
 
     def attach(self, host: HostSide, ifname: str) -> None:
         """Move a root-namespace device (a guest's tap, a veth end) into ``host`` and make it
@@ -230,10 +230,10 @@ def fabric(kind: Attachment, tag: str, host_names: tuple[str, str], tunnel: Tunn
         sides = []
         for i in (0, 1):
             peer = ips[1 - i]
-            br, vx = object_name(tag, "br") if kind is Attachment.BRIDGE_VXLAN else object_name(tag, "ovs"), \
+            br, vx = object_name(tag, "br") if kind == Attachment("bridge-vxlan") else object_name(tag, "ovs"), \
                 object_name(tag, "vx")
             ex = Netns(ns[i])
-            if kind is Attachment.BRIDGE_VXLAN:
+            if kind == Attachment("bridge-vxlan"):
                 ops.on(ex).add_address(wires[i], f"{ips[i]}/{plen}")
                 bridge_vxlan(stack, ex, br, vx, tunnel, ips[i], peer, wires[i], mtu)
                 sides.append(HostSide(host_names[i], ns[i], wires[i], wires[i], ips[i], br, vx))

@@ -62,14 +62,14 @@ class Config:
 
 
 CONFIGS = (
-    Config(1, "bond", "Linux bond, no bridge", Attachment.NETNS_VETH, 12390, 0),
-    Config(2, "vlan", "bond + VLAN sub-interface", Attachment.NETNS_VETH, 11958, 5),
-    Config(3, "bridge", "Linux bridge + veth + bond", Attachment.NETNS_BRIDGE, 10499, 0),
-    Config(4, "bridge-vlan", "Linux bridge + VLAN", Attachment.NETNS_BRIDGE, 10340, 0),
-    Config(5, "ovs-linux-bond", "OVS bridge + Linux bond", Attachment.NETNS_OVS, 12241, 0),
-    Config(6, "ovs-bond", "OVS bridge + OVS LACP bond (balance-tcp)", Attachment.NETNS_OVS, 9921, 5.7,
+    Config(1, "bond", "Linux bond, no bridge", Attachment("netns-veth"), 12390, 0),
+    Config(2, "vlan", "bond + VLAN sub-interface", Attachment("netns-veth"), 11958, 5),
+    Config(3, "bridge", "Linux bridge + veth + bond", Attachment("netns-bridge"), 10499, 0),
+    Config(4, "bridge-vlan", "Linux bridge + VLAN", Attachment("netns-bridge"), 10340, 0),
+    Config(5, "ovs-linux-bond", "OVS bridge + Linux bond", Attachment("netns-ovs-veth"), 12241, 0),
+    Config(6, "ovs-bond", "OVS bridge + OVS LACP bond (balance-tcp)", Attachment("netns-ovs-veth"), 9921, 5.7,
            "one link carried all the traffic"),
-    Config(7, "ovs-bond-vlan", "OVS bond + OVS VLAN tag on the access port", Attachment.NETNS_OVS, 9915, 5.5),
+    Config(7, "ovs-bond-vlan", "OVS bond + OVS VLAN tag on the access port", Attachment("netns-ovs-veth"), 9915, 5.5),
 )
 
 

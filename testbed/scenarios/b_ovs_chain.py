@@ -27,13 +27,13 @@ def run(quick: bool, progress, hosts=None) -> StudyReport:
     streams = (1,) if quick else (1, 2, 4, 8, 16)
     seconds = 2 if quick else 10
     profiles = [profile(l, n, seconds) for l in netns.ChainLink for n in lengths]
-    topo = ses.topology(NAME, [Attachment.NETNS_OVS], profiles, connections=streams)
+    topo = ses.topology(NAME, [Attachment("netns-ovs-veth")], profiles, connections=streams)
     got: dict[tuple[str, int, int], dict] = {}
     with ses.session(NAME, topo, quick, progress) as s:
         for link in netns.ChainLink:
             for n in lengths:
                 for k in streams:
-                    cell = Cell(Attachment.NETNS_OVS, Backend.QEMU, 1500, k, profile(link, n, seconds))
+                    cell = Cell(Attachment("netns-ovs-veth"), Backend.QEMU, 1500, k, profile(link, n, seconds))
                     try:
                         with netns.ovs_chain(s.tag, n, link) as conn:
                             got[(link.value, n, k)] = s.measure(cell, conn)

@@ -33,7 +33,7 @@ PUB_PPS = {"ovs-veth": (1.159, 1.72), "bridge": (1.04, 1.55)}          # Gbit/s,
 PUB_LAT = {"veth": (27, 26.2), "bridge": (43, 44), "ovs-veth": (46, 51)}  # TCP, UDP µs
 LABEL = {"veth": "no switch (veth pair; study: NIC-NIC)", "bridge": "Linux bridge",
          "ovs-veth": "OVS (study: kernel OVS)"}
-ATT = {"veth": Attachment.NETNS_VETH, "bridge": Attachment.NETNS_BRIDGE, "ovs-veth": Attachment.NETNS_OVS}
+ATT = {"veth": Attachment("netns-veth"), "bridge": Attachment("netns-bridge"), "ovs-veth": Attachment("netns-ovs-veth")}
 VXLAN_COLS = ("TCP_STREAM", "UDP_STREAM", "TCP_MAERTS", "TCP_RR", "UDP_RR")
 # The study's "VXLAN offload" is a physical NIC segmenting and checksumming encapsulated
 # frames; the emulated hosts' wire is a veth, which has nothing to offload to.
@@ -72,12 +72,12 @@ def run(quick: bool, progress, hosts=None) -> StudyReport:
             for cache in ("on", "off"):
                 _flow_cache(sw, cache == "on")
                 for n in flows:
-                    cell = Cell(Attachment.NETNS_OVS, Backend.QEMU, 1500, n,
+                    cell = Cell(Attachment("netns-ovs-veth"), Backend.QEMU, 1500, n,
                                 next(p for p in flow_profiles if p.name == f"udp64-flows{n}-cache-{cache}"))
                     got[("flows", cache, n)] = _flows(s, sw, cell, n, secs)
             _flow_cache(sw, True)
             for ct in ("off", "on"):
-                cell = Cell(Attachment.NETNS_OVS, Backend.QEMU, 1500, 1,
+                cell = Cell(Attachment("netns-ovs-veth"), Backend.QEMU, 1500, 1,
                             next(p for p in ct_profiles if p.name == f"tcp_stream-ct-{ct}"))
                 try:
                     with netns.ovs_veth(s.tag, switch=sw) as conn:
@@ -87,7 +87,7 @@ def run(quick: bool, progress, hosts=None) -> StudyReport:
                 except (TestbedError, OSError) as e:  # the path could not be built: a failed cell
                     got[("ct", ct)] = s.fail(cell, f"ct {ct}: {e}")
         env, run_id = s.writer.run.environment, s.writer.run_id
-    vx_why = attachments.unavailable(Attachment.OVS_VXLAN)
+    vx_why = attachments.unavailable(Attachment("ovs-vxlan"))
     vx_runs: list[str] = []
     if vx_why is None:
         # The study's "default" row, and the same path with the guests' NIC offloads off.
@@ -199,7 +199,7 @@ def _vxlan(quick: bool, progress, hosts, offloads_off: bool = False):
                 Profile("udp_rr", protocol=Protocol.UDP, pattern=Pattern.RR, message_size=1, response_size=1,
                         duration_s=secs)]
     topo = ses.guests_topology(f"scenario-ovs-analysis-vxlan{'-offloads-off' if offloads_off else ''}",
-                               "<scenario ovs-analysis vxlan>", [Attachment.OVS_VXLAN], profiles,
+                               "<scenario ovs-analysis vxlan>", [Attachment("ovs-vxlan")], profiles,
                                mtus=[1600], two_hosts=True, underlay_mtu=1650,
                                offloads=Offloads.all(False) if offloads_off else None)
     topo = ses.placed(topo, hosts, two_hosts=True)

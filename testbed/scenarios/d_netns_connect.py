@@ -16,9 +16,9 @@ STUDY = "D. Connecting network namespaces (opencloudblog, 2013-2014)"
 STUDY_ENV = {"hardware": "i5 4 cores at 3.3 GHz (13.2 GHz available)", "kernel": "Linux 3.13, OVS 2.0.1 (kernel datapath)",
              "accelerator": "none (bare metal, namespaces)"}
 STUDY_GHZ = 13.2
-KINDS = (("veth", Attachment.NETNS_VETH, "veth pair"), ("bridge", Attachment.NETNS_BRIDGE, "Linux bridge"),
-         ("ovs-veth", Attachment.NETNS_OVS, "OVS + veth"),
-         ("ovs-internal", Attachment.NETNS_OVS_INTERNAL, "OVS internal ports"))
+KINDS = (("veth", Attachment("netns-veth"), "veth pair"), ("bridge", Attachment("netns-bridge"), "Linux bridge"),
+         ("ovs-veth", Attachment("netns-ovs-veth"), "OVS + veth"),
+         ("ovs-internal", Attachment("netns-ovs-internal"), "OVS internal ports"))
 #: Gbit/s with offloads on, by (kind, streams); 4 and 8 for internal ports: "74.3 at 4 to 8"
 PUBLISHED = {("veth", 1): 37.8, ("veth", 2): 65.0, ("bridge", 1): 33.3, ("bridge", 2): 54.3,
              ("ovs-veth", 1): 35.0, ("ovs-veth", 2): 51.5, ("ovs-internal", 1): 37.0,

@@ -91,8 +91,8 @@ def _cells(run_dir) -> dict[tuple, Measured]:
 
 
 def run(quick: bool, progress, hosts=None) -> StudyReport:
-    one_host = [a for a in (Attachment.MACVTAP, Attachment.OVS) if attachments.unavailable(a) is None]
-    skipped = {a: attachments.unavailable(a) for a in (Attachment.MACVTAP, Attachment.OVS) if a not in one_host}
+    one_host = [a for a in (Attachment("macvtap"), Attachment("ovs")) if attachments.unavailable(a) is None]
+    skipped = {a: attachments.unavailable(a) for a in (Attachment("macvtap"), Attachment("ovs")) if a not in one_host}
     if not one_host:
         from testbed.errors import CapabilityError
         raise CapabilityError(f"scenario {NAME}: neither macvtap nor ovs is available: "
@@ -103,9 +103,9 @@ def run(quick: bool, progress, hosts=None) -> StudyReport:
     out = runner.execute(_topology(f"scenario-{NAME}", one_host, quick, False, hosts, tool), progress=progress)
     cells = _cells(out.run_dir)
     run_id, extra = out.run_dir.name, []
-    vx_why = attachments.unavailable(Attachment.OVS_VXLAN)
-    mv_why = attachments.unavailable(Attachment.MACVTAP)
-    across = [a for a, why in ((Attachment.OVS_VXLAN, vx_why), (Attachment.MACVTAP, mv_why)) if why is None]
+    vx_why = attachments.unavailable(Attachment("ovs-vxlan"))
+    mv_why = attachments.unavailable(Attachment("macvtap"))
+    across = [a for a, why in ((Attachment("ovs-vxlan"), vx_why), (Attachment("macvtap"), mv_why)) if why is None]
     if across:
         progress(f"scenario {NAME}: two hosts, {', '.join(a.value for a in across)}")
         out2 = runner.execute(_topology(f"scenario-{NAME}-2h", across, quick, True, hosts, tool),
@@ -132,8 +132,8 @@ def report(cells: dict, env: Environment | dict, quick: bool, run_id: str, extra
             mac = cells.get((mac_att, mtu, conns, prof))
             ovs = cells.get((ovs_att, mtu, conns, prof))
             unit = "txn/s" if prof.startswith("rr") else "Mbit/s"
-            why_mac = skipped.get(Attachment.MACVTAP) if place == "one host" else mv_why
-            why_ovs = skipped.get(Attachment.OVS) if place == "one host" else vx_why
+            why_mac = skipped.get(Attachment("macvtap")) if place == "one host" else mv_why
+            why_ovs = skipped.get(Attachment("ovs")) if place == "one host" else vx_why
             rows.append((place, str(mtu), str(conns), prof, unit,
                          fmt(mac.value) if mac else f"not run: {why_mac}" if why_mac else "-",
                          fmt(ovs.value) if ovs else f"not run: {why_ovs}" if why_ovs else "-",
