@@ -217,13 +217,13 @@ def _netns_bench(att, lock: bool = True):
     the test sessions hold theirs, without the host lock and the leftovers check (a test
     beside other runs; its objects are its own tag's)."""
     import tempfile
-    from testbed import runner
+    from testbed import testpaths
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tb-fidelity-"))
         ses = stack.enter_context(Session(default(), results_dir=Path(tmp), keep_logs=False, lock=lock,
                                           check_leftovers=lock))
         writer = ses.open_run(None)
-        path = stack.enter_context(runner.own_endpoints_path(att, ses.tag, "198.18.0.0/24", 1500, str(ses.state / "netns")))
+        path = stack.enter_context(testpaths.own_endpoints_path(att, ses.tag, "198.18.0.0/24", 1500, str(ses.state / "netns")))
         yield tmp, writer, path
 
 
@@ -262,7 +262,7 @@ def harness(ns: tuple[int, ...] = (1, 2, 4), rounds: int = 3, duration_s: int = 
     counters, skew check) against N bare iperf3 clients started by hand at once, the two
     alternating in the same run. One row per N: medians and their ratio."""
     import tempfile
-    from testbed import pairs, runner
+    from testbed import pairs, testpaths
     from testbed.config import default
     from testbed.model import Attachment, Backend, Cell, Pattern, Profile, Tool
     from testbed.tools import iperf3 as iperf3_tool
@@ -279,7 +279,7 @@ def harness(ns: tuple[int, ...] = (1, 2, 4), rounds: int = 3, duration_s: int = 
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tb-harness-"))
             ses = stack.enter_context(Session(default(), results_dir=Path(tmp), keep_logs=False))
             writer = ses.open_run(None)
-            paths = stack.enter_context(runner.pair_paths(Attachment("netns-veth"), Backend.QEMU, ses.tag, default(),
+            paths = stack.enter_context(testpaths.pair_paths(Attachment("netns-veth"), Backend.QEMU, ses.tag, default(),
                                                           None, n, 1500, ses.state / "netns"))
             nss = [(p.client.guest.agent.netns, p.server.guest.agent.netns, p.server.address)  # type: ignore[union-attr]
                    for p in paths]

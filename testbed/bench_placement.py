@@ -14,7 +14,7 @@ import os
 import statistics
 from collections.abc import Callable
 
-from testbed import attachments, capabilities, images, measure, placement, runner, stats, virt, window
+from testbed import attachments, capabilities, images, measure, placement, testpaths, stats, virt, window
 from testbed.config import default
 from testbed.errors import CapabilityError
 from testbed.model import (Attachment, Backend, Cell, GuestSpec, NoiseAction, NoiseSpec, Pattern, Placement,
@@ -79,7 +79,7 @@ def run(rounds: int = 5, progress: Callable[[str], None] = lambda s: None) -> di
             g.wait_ready(900)
             progress(f"guest {g.name} ready ({g.boot})")
         pids = {n: virt.qemu_pid(g) for n, g in guests.items()}
-        path = stack.enter_context(runner.mode(Attachment("bridge"), Backend.QEMU, ses.tag, guests["g1"],
+        path = stack.enter_context(testpaths.mode(Attachment("bridge"), Backend.QEMU, ses.tag, guests["g1"],
                                                guests["g2"], default().subnet, 1500))
         stack.callback(lambda: [placement.apply_live(g.dom, pids[n], Placement())
                                 for n, g in guests.items() if g.dom.isActive()])

@@ -199,14 +199,6 @@ class Report:
         return d
 
 
-def probe_kernel() -> Path:
-    """A stock Debian kernel to probe with: the guest image's own, built if needed."""
-    from testbed import images  # local: images imports nothing from here, keep it that way
-    img = images.ensure()
-    assert img.kernel is not None
-    return img.kernel
-
-
 @functools.cache
 def accelerator_probe(kernel: str) -> tuple[ProbeBoot, ProbeBoot]:
     k = Path(kernel)
@@ -240,47 +232,11 @@ def ovs_running() -> tuple[bool, str]:
         return False, f"ovs-vsctl cannot reach ovsdb-server: {e.stderr_tail or e}"
 
 
-def doctor() -> Report:
-    from testbed import images  # local: images imports nothing from here, keep it that way
-    img = images.ensure()
-    kernel = probe_kernel()
-    kvm, tcg = accelerator_probe(str(kernel))
-    vh = vhost_net()
-    ovs_ok = ovs_running()
-    kdp = ovs_kernel_datapath()
-    datapath = ("kernel" if kdp[0] else "userspace") if ovs_ok[0] else "none"
-    return Report(
-        kvm=Item(kvm.ok, f"stock kernel booted in {kvm.seconds:.1f} s" if kvm.ok else kvm.reason),
-        tcg=Item(tcg.ok, f"stock kernel booted in {tcg.seconds:.1f} s" if tcg.ok else tcg.reason),
-        vhost_net=Item(*vh),
-        ovs_datapath=datapath,
-        ovs=Item(ovs_ok[0], ovs_ok[1] if not ovs_ok[0] else
-                 ("kernel datapath" if kdp[0] else f"userspace (netdev) datapath only: {kdp[1]}")),
-        macvtap=Item(*macvtap()),
-        vxlan=Item(*vxlan()),
-        versions=tool_versions(),
-        probe_kernel=str(kernel),
-        guest_tools=img.tools,
-        guest_image=f"{img.name}-{img.digest}",
-        attachments=attachment_modes(),
-    )
-
-
-def attachment_modes() -> dict[str, Item]:
-    """Each registered attachment mode: whether this host can run it, found by trying."""
-    from testbed import attachments
-    out = {}
-    for m in attachments.modes():
-        why = m.unavailable()
-        out[m.name] = Item(why is None, why or "")
-    return out
-
-
 def require(ok_reason: tuple[bool, str], what: str) -> None:
     ok, reason = ok_reason
     if not ok:
         raise CapabilityError(f"{what} requested but unavailable: {reason}")
 
 
-__all__ = ["doctor", "choose_accelerator", "probe_boot", "vhost_net", "macvtap", "vxlan",
+__all__ = ["choose_accelerator", "probe_boot", "vhost_net", "macvtap", "vxlan",
            "ovs_kernel_datapath", "Report", "TestbedError"]

@@ -82,8 +82,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from testbed import capabilities
-    rep = capabilities.doctor()
+    from testbed import doctor
+    rep = doctor.doctor()
     d = rep.as_dict()
     if args.json:
         print(json.dumps(d, indent=2))

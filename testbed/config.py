@@ -16,14 +16,14 @@ import re
 import stat
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from testbed import attachments
 from testbed.errors import CapabilityError, CommandError, ConfigError, one_line
+from testbed.yamlnode import MAX_FILE_BYTES, Node, compose, oserror, show
 from testbed.model import (NAME_RE, Variant, Attachment, Backend, GuestSpec, HostSpec, Matrix, Offloads, Pattern,
-                           Profile, Protocol, RateSearch, Repetitions, Tool, Topology, TunnelSpec)
+                           Profile, Protocol, RateSearch, Repetitions, Tool, Topology, TunnelSpec, clone_name)
 from testbed.config_placement import check_placements, guest_placement, host_placement, noise
 
 BENCHMARK_NET = ipaddress.ip_network("198.18.0.0/15")
@@ -51,13 +51,8 @@ MAX_QUEUES = 256            # virtio-net's limit on queue pairs
 # '/', ':' or whitespace; held here to a safe ASCII alphabet and no leading '-' (tools such as
 # ethtool would take it as an option). '.' and '..' are refused in _ifname.
 IFNAME_RE = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,14}")
-#: A topology file larger than this is refused unread (a real one is a few KB).
-MAX_FILE_BYTES = 256 << 10
-#: Tags a topology may use: YAML's plain types. Custom tags (!env, !!python/...) are refused.
-PLAIN_TAGS = {f"tag:yaml.org,2002:{t}" for t in ("null", "bool", "int", "float", "str", "timestamp")}
-MAP_TAG, SEQ_TAG = "tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"
 #: Endpoints the runner places in `subnet`: the client at network+1, the server at network+2
-#: (runner.plug, hostnet.netns endpoints). With the network and broadcast
+#: (testpaths.plug, hostnet.netns endpoints). With the network and broadcast
 #: addresses that needs 4 addresses: a /30 at most.
 SUBNET_ENDPOINTS = 2
 SUBNET_MAX_PREFIX = 32 - math.ceil(math.log2(SUBNET_ENDPOINTS + 2))
@@ -72,162 +67,12 @@ MATRIX_KEYS = {"attachments", "backends", "queues", "mtus", "connections", "prof
 VXLAN_OVERHEAD = 50
 
 
-#: A topology is at most five levels deep; deeper nesting is refused while composing, long
-#: before PyYAML's recursive composer would hit Python's recursion limit.
-MAX_DEPTH = 32
-MAX_LIST = 1000
-
-
-class _Loader(yaml.SafeLoader):
-    """PyYAML's safe loader, used only to compose nodes, with a bound on nesting."""
-
-    _depth = 0
-
-    def compose_node(self, parent, index):  # type: ignore[no-untyped-def]
-        self._depth += 1
-        try:
-            if self._depth > MAX_DEPTH:
-                raise yaml.composer.ComposerError(None, None, f"nested more than {MAX_DEPTH} levels deep",
-                                                  self.peek_event().start_mark)
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-
-
-class Node:
-    """A YAML node plus where it came from, with typed accessors that raise ConfigError."""
-
-    def __init__(self, file: str, node: yaml.Node, path: str) -> None:
-        self.file, self.node, self.path = file, node, path
-
-    @property
-    def line(self) -> int:
-        return self.node.start_mark.line + 1
-
-    def error(self, message: str) -> ConfigError:
-        return ConfigError(self.file, self.path or "(top level)", message, self.line)
-
-    def child(self, node: yaml.Node, key: str | int) -> Node:
-        if isinstance(key, str) and not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", key):
-            key = repr(key)   # a hostile key is shown quoted, never as raw text in the path
-        sub = f"{self.path}[{key}]" if isinstance(key, int) else (f"{self.path}.{key}" if self.path else key)
-        return Node(self.file, node, sub)
-
-    def _tag(self, want: str) -> None:
-        if self.node.tag != want:
-            raise self.error(f"tag {self.node.tag!r} is not allowed (plain YAML only)")
-
-    def mapping(self, allowed: Iterable[str], required: Iterable[str] = ()) -> dict[str, Node]:
-        if not isinstance(self.node, yaml.MappingNode):
-            raise self.error(f"expected a mapping, got {self._kind()}")
-        self._tag(MAP_TAG)
-        out: dict[str, Node] = {}
-        allowed = set(allowed)
-        for k, v in self.node.value:
-            key = k.value if isinstance(k, yaml.ScalarNode) and k.tag == "tag:yaml.org,2002:str" else None
-            if key not in allowed:
-                bad = self.child(k, key) if isinstance(key, str) else Node(self.file, k, self.path)
-                what = "unknown key" if isinstance(key, str) else f"keys must be plain text, got {_describe(k)}"
-                raise bad.error(f"{what} (allowed: {', '.join(sorted(allowed))})")
-            if key in out:
-                raise self.child(k, key).error("duplicate key")
-            out[key] = self.child(v, key)
-        for r in required:
-            if r not in out:
-                raise self.error(f"missing required key {r!r}")
-        return out
-
-    def seq(self, min_len: int = 0) -> list[Node]:
-        if not isinstance(self.node, yaml.SequenceNode):
-            raise self.error(f"expected a list, got {self._kind()}")
-        self._tag(SEQ_TAG)
-        if len(self.node.value) > MAX_LIST:
-            # aliases make long lists cheap to write; no list in a topology is near this
-            raise self.error(f"{len(self.node.value)} items; a list has at most {MAX_LIST}")
-        items = [self.child(n, i) for i, n in enumerate(self.node.value)]
-        if len(items) < min_len:
-            raise self.error(f"needs at least {min_len} item(s)")
-        return items
-
-    def scalar(self) -> Any:
-        if not isinstance(self.node, yaml.ScalarNode):
-            raise self.error(f"expected a single value, got {self._kind()}")
-        if self.node.tag not in PLAIN_TAGS:
-            raise self.error(f"tag {self.node.tag!r} is not allowed (plain YAML only)")
-        try:
-            # Built from the node itself: no re-serialising, no constructor beyond the safe one.
-            return yaml.constructor.SafeConstructor().construct_object(self.node, deep=True)
-        except Exception as e:  # noqa: BLE001 - the constructors raise anything on odd input
-            # e.g. an integer of more than 4300 digits (Python's int-from-text limit),
-            # `!!bool maybe` (KeyError), `!!timestamp zz` (AttributeError)
-            raise self.error(f"unreadable value {_show(self.node.value)}: {e.__class__.__name__}") from None
-
-    def str(self, pattern: re.Pattern | None = None, what: str = "") -> str:
-        v = self.scalar()
-        if not isinstance(v, str):
-            raise self.error(f"expected text, got {_show(v)}")
-        if pattern and not pattern.fullmatch(v):
-            raise self.error(f"invalid {what or 'value'} {_show(v)}")
-        return v
-
-    def int(self, lo: int, hi: int, what: str = "value") -> int:
-        v = self.scalar()
-        # bool is an int in Python: `true` must not pass as 1
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise self.error(f"{what} must be an integer, got {_show(v)}")
-        if not lo <= v <= hi:
-            raise self.error(f"{what} {_show(v)} out of range {lo}..{hi}")
-        return v
-
-    def float(self, lo: float, hi: float) -> float:
-        v = self.scalar()
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise self.error(f"expected a number, got {_show(v)}")
-        if not (math.isfinite(v) and lo <= v <= hi):   # NaN compares false both ways
-            raise self.error(f"{_show(v)} out of range {lo}..{hi}")
-        return float(v)
-
-    def bool(self) -> bool:
-        v = self.scalar()
-        if not isinstance(v, bool):
-            raise self.error(f"expected true or false, got {_show(v)}")
-        return v
-
-    def attachment(self) -> Attachment:
-        """A mode name, validated against the registry (the model knows no modes)."""
-        v = self.scalar()
-        if not isinstance(v, str) or v not in attachments.names():
-            raise self.error(f"unknown value {_show(v)} (one of: {', '.join(attachments.names())})")
-        return Attachment(v)
-
-    def enum(self, cls: type) -> Any:
-        v = self.scalar()
-        try:
-            return cls(v)
-        except ValueError:
-            raise self.error(f"unknown value {_show(v)} (one of: {', '.join(m.value for m in cls)})") from None
-
-    def _kind(self) -> str:
-        return _describe(self.node)
-
-
-def _show(v: Any) -> str:
-    """A value quoted for a one-line message (repr: newlines and quotes escaped), capped."""
-    try:
-        text = repr(v)
-    except ValueError:          # an int too long to print (over 4300 digits)
-        text = f"<a {v.bit_length()}-bit number>"
-    return one_line(text, 80)
-
-
-def _describe(node: yaml.Node) -> str:
-    if isinstance(node, yaml.MappingNode):
-        return "a mapping"
-    if isinstance(node, yaml.SequenceNode):
-        return "a list"
-    if node.tag == "tag:yaml.org,2002:null":
-        return "nothing (an empty value)"
-    return _show(node.value)
+def _attachment(n: Node) -> Attachment:
+    """A mode name, validated against the registry (the model knows no modes)."""
+    v = n.scalar()
+    if not isinstance(v, str) or v not in attachments.names():
+        raise n.error(f"unknown value {show(v)} (one of: {', '.join(attachments.names())})")
+    return Attachment(v)
 
 
 def _unique(items: list[Node], names: list[str], what: str) -> None:
@@ -284,32 +129,32 @@ def _check_uri(n: Node) -> str:
     user, _, host = rest.split("/", 1)[0].rpartition("@")
     for part, what in ((user, "user"), (host, "host")):
         if part.startswith("-"):
-            raise n.error(f"{what} {_show(part)} begins with '-' (ssh would read it as an option)")
+            raise n.error(f"{what} {show(part)} begins with '-' (ssh would read it as an option)")
     hostname, colon, port = host.rpartition(":") if not host.endswith("]") else (host, "", "")
     if colon and not (port.isdigit() and 1 <= int(port) <= 65535 and hostname):
-        raise n.error(f"invalid host:port {_show(host)} in the libvirt URI (port 1..65535)")
+        raise n.error(f"invalid host:port {show(host)} in the libvirt URI (port 1..65535)")
     query = rest.partition("?")[2]
     for param in filter(None, query.split("&")):
         key, _, value = param.partition("=")
         key = key.lower()
         if key == "no_verify":
             # ssh transports must check the remote host key; no_verify turns that off.
-            raise n.error(f"{_show(param)}: no_verify is not allowed: remote SSH host keys must be checked")
+            raise n.error(f"{show(param)}: no_verify is not allowed: remote SSH host keys must be checked")
         if key == "known_hosts_verify" and value.lower() != "normal":
             # 'ignore' skips the check, 'auto' accepts a new key on first use
-            raise n.error(f"{_show(param)}: known_hosts_verify must be 'normal': remote SSH host keys "
+            raise n.error(f"{show(param)}: known_hosts_verify must be 'normal': remote SSH host keys "
                           "must be checked")
         if key not in URI_PARAMS:
-            raise n.error(f"URI parameter {_show(key)} is not allowed (allowed: {', '.join(sorted(URI_PARAMS))})")
+            raise n.error(f"URI parameter {show(key)} is not allowed (allowed: {', '.join(sorted(URI_PARAMS))})")
     return uri
 
 
 def _ssh_target(n: Node) -> str:
     v = n.str()
     if v.startswith("-"):
-        raise n.error(f"ssh target {_show(v)} begins with '-': ssh would read it as an option")
+        raise n.error(f"ssh target {show(v)} begins with '-': ssh would read it as an option")
     if not SSH_RE.fullmatch(v):
-        raise n.error(f"invalid ssh target user@host {_show(v)} (letters, digits, '.', '_', '-')")
+        raise n.error(f"invalid ssh target user@host {show(v)} (letters, digits, '.', '_', '-')")
     return v
 
 
@@ -317,7 +162,7 @@ def _ifname(n: Node) -> str:
     """An interface name the kernel accepts (dev_valid_name) and no tool mistakes for an option."""
     v = n.str()
     if v in (".", "..") or not IFNAME_RE.fullmatch(v):
-        raise n.error(f"invalid interface name {_show(v)} (1 to 15 of letters, digits, '_', '.', '-'; "
+        raise n.error(f"invalid interface name {show(v)} (1 to 15 of letters, digits, '_', '.', '-'; "
                       "not '.' or '..', not starting with '-')")
     return v
 
@@ -325,7 +170,7 @@ def _ifname(n: Node) -> str:
 def _file_path(n: Node, base: Path) -> Path:
     raw = n.str()
     if not raw or "\0" in raw:
-        raise n.error(f"invalid path {_show(raw)}")
+        raise n.error(f"invalid path {show(raw)}")
     return (base / raw) if not os.path.isabs(raw) else Path(raw)
 
 
@@ -333,14 +178,10 @@ def _readable_file(n: Node, base: Path) -> str:
     p = _file_path(n, base)
     try:
         if not p.is_file() or not os.access(p, os.R_OK):
-            raise n.error(f"not a readable file: {_show(str(p))}")
+            raise n.error(f"not a readable file: {show(str(p))}")
         return str(p.resolve())
     except (OSError, RuntimeError) as e:     # a symlink loop, a name too long
-        raise n.error(f"cannot read {_show(str(p))}: {_oserror(e)}") from None
-
-
-def _oserror(e: BaseException) -> str:
-    return getattr(e, "strerror", None) or e.__class__.__name__
+        raise n.error(f"cannot read {show(str(p))}: {oserror(e)}") from None
 
 
 def _tunnel(n: Node) -> TunnelSpec:
@@ -394,12 +235,12 @@ def _image_path(n: Node, base: Path) -> str:
     p = _file_path(n, base)
     try:
         if not p.is_file():
-            raise n.error(f"image not found: {_show(str(p))}")
+            raise n.error(f"image not found: {show(str(p))}")
         if not os.access(p, os.R_OK):
-            raise n.error(f"image not readable: {_show(str(p))}")
+            raise n.error(f"image not readable: {show(str(p))}")
         resolved = str(p.resolve())
     except (OSError, RuntimeError) as e:
-        raise n.error(f"cannot read image {_show(str(p))}: {_oserror(e)}") from None
+        raise n.error(f"cannot read image {show(str(p))}: {oserror(e)}") from None
     _check_qcow2(n, resolved)
     return resolved
 
@@ -415,18 +256,18 @@ def _check_qcow2(n: Node, path: str) -> None:
         if e.rc == 127:
             raise CapabilityError(f"{n.file}: {n.path}: qemu-img is needed to check the image "
                                   "(install qemu-utils)") from None
-        raise n.error(f"qemu-img cannot read the image {_show(path)}: {one_line(e.stderr_tail)}") from None
+        raise n.error(f"qemu-img cannot read the image {show(path)}: {one_line(e.stderr_tail)}") from None
     try:
         info = json.loads(out)
         fmt, backing = info.get("format"), info.get("backing-filename")
         # qcow2's external data file (data_file=...) names another host file the same way
         data_file = ((info.get("format-specific") or {}).get("data") or {}).get("data-file")
     except (ValueError, AttributeError):
-        raise n.error(f"qemu-img info printed no JSON for {_show(path)}") from None
+        raise n.error(f"qemu-img info printed no JSON for {show(path)}") from None
     if fmt != "qcow2":
-        raise n.error(f"not a qcow2 image: qemu-img reads {_show(path)} as {_show(fmt)}")
+        raise n.error(f"not a qcow2 image: qemu-img reads {show(path)} as {show(fmt)}")
     if backing or data_file:
-        raise n.error(f"the image has a {'backing' if backing else 'data'} file {_show(backing or data_file)}; "
+        raise n.error(f"the image has a {'backing' if backing else 'data'} file {show(backing or data_file)}; "
                       "give a standalone qcow2 (qemu-img convert -O qcow2)")
 
 
@@ -570,7 +411,7 @@ def _with_rates(n: Node, p: Profile) -> list[Profile]:
             m = re.fullmatch(r"(0(?:\.\d{1,3})?|1(?:\.0+)?)max", str(item.scalar()).strip())
             f = float(m.group(1)) if m else 0.0
             if not 0 < f <= 1:
-                raise item.error(f"{_show(item.scalar())}: a fraction of the maximum lies in 0.001max..1max")
+                raise item.error(f"{show(item.scalar())}: a fraction of the maximum lies in 0.001max..1max")
             text = f"{f:g}max"
             one = dataclasses.replace(p, rate=text, rate_fraction=f, rate_of=p.name)
         else:
@@ -686,7 +527,7 @@ def _distinct(m: dict[str, Node], key: str, read, default: tuple) -> tuple:
     seen: set = set()
     for node, v in zip(items, values):
         if v in seen:
-            raise node.error(f"duplicate value {_show(getattr(v, 'value', v))} (each cell would run twice "
+            raise node.error(f"duplicate value {show(getattr(v, 'value', v))} (each cell would run twice "
                              "under one cell id)")
         seen.add(v)
     return values
@@ -703,16 +544,16 @@ def _emulator(n: Node) -> str:
     from testbed.errors import CommandError
     path = n.str()
     if not os.path.isabs(path):
-        raise n.error(f"emulator must be an absolute path, got {_show(path)}")
+        raise n.error(f"emulator must be an absolute path, got {show(path)}")
     if "\0" in path or not os.path.isfile(path) or not os.access(path, os.X_OK):
-        raise n.error(f"emulator {_show(path)} does not exist or is not executable")
+        raise n.error(f"emulator {show(path)} does not exist or is not executable")
     try:
         out = proc.run([path, "--version"], timeout=20)
     except CommandError as e:
-        raise n.error(f"emulator {_show(path)} --version failed: {one_line(str(e))}") from None
+        raise n.error(f"emulator {show(path)} --version failed: {one_line(str(e))}") from None
     if not out.stdout.startswith("QEMU emulator version"):
-        raise n.error(f"emulator {_show(path)} is not a QEMU (its --version says "
-                      f"{_show((out.stdout.splitlines() or [''])[0][:60])})")
+        raise n.error(f"emulator {show(path)} is not a QEMU (its --version says "
+                      f"{show((out.stdout.splitlines() or [''])[0][:60])})")
     return path
 
 
@@ -728,7 +569,7 @@ def _machine(n: Node, emulator: str | None) -> str:
         return name     # no QEMU here: the run's preflight says so (exit 3)
     known = {line.split()[0] for line in listed.splitlines()[1:] if line.strip()}
     if name not in known:
-        raise n.error(f"machine type {name!r} not offered by {_show(binary)}")
+        raise n.error(f"machine type {name!r} not offered by {show(binary)}")
     return name
 
 
@@ -769,7 +610,7 @@ def _matrix(n: Node, base: Path | None = None) -> Matrix:
         profiles = tuple(dataclasses.replace(p, percentiles=chosen) for p in profiles)
     _unique(profiles_nodes, [p.name for p in profiles], "profile")
     mx = Matrix(
-        attachments=_distinct(m, "attachments", lambda a: a.attachment(), (Attachment("bridge"),)),
+        attachments=_distinct(m, "attachments", _attachment, (Attachment("bridge"),)),
         backends=_distinct(m, "backends", lambda b: b.enum(Backend), (Backend.QEMU,)),
         mtus=_distinct(m, "mtus", lambda x: x.int(MTU_MIN, MTU_MAX, "MTU"), (1500,)),
         connections=_distinct(m, "connections", lambda x: x.int(1, MAX_CONNECTIONS, "connections"), (1,)),
@@ -864,7 +705,6 @@ def _check_pairs(node: Node, matrix: Matrix, pair: list[GuestSpec], hosts: dict[
     - this host cannot hold the 2N guests: 2N x (memory_mib + QEMU_OVERHEAD_MIB) above
       MemTotal less the reserve (max(2 GiB, 10 %)).
     The clones' names (<name>-p<k>) must not collide with the topology's other guests."""
-    from testbed import pairs as pairs_mod
     n = max(matrix.pairs)
     net = ipaddress.IPv4Network(subnet)
     if net.num_addresses - 2 < 2 * n:
@@ -884,7 +724,7 @@ def _check_pairs(node: Node, matrix: Matrix, pair: list[GuestSpec], hosts: dict[
                          f"pair (N pairs across hosts are not placed yet); use pairs on a one-host attachment")
     for g in pair:
         for k in range(1, n):
-            clone = pairs_mod.clone_name(g.name, k)
+            clone = clone_name(g.name, k)
             if clone in names:
                 raise node.error(f"pair {k + 1}'s guest name {clone} (derived from {g.name}) is taken by "
                                  f"another guest of the topology")
@@ -915,54 +755,6 @@ def _node_at(m: dict[str, Node], path: str) -> Node:
     for key in rest:
         node = next(node.child(v, key) for k, v in node.node.value if getattr(k, "value", None) == key)
     return node
-
-
-def compose(text: str, file: str, what: str = "topology") -> yaml.Node:
-    """One YAML document composed into nodes (never constructed into objects), bounded in depth;
-    anything malformed is one ConfigError naming the file and line. Shared by every YAML file a
-    user gives (topologies, image recipes)."""
-    try:
-        root = yaml.compose(text, Loader=_Loader)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        problem = getattr(e, "problem", None) or (str(e).splitlines() or [e.__class__.__name__])[0]
-        if "another document" in problem:
-            problem = f"more than one YAML document (a {what} is one)"
-        raise ConfigError(file, "(yaml)", f"malformed YAML: {problem}",
-                          mark.line + 1 if mark else None) from None
-    except RecursionError:
-        raise ConfigError(file, "(yaml)", "nested too deeply") from None
-    if root is None or (isinstance(root, yaml.ScalarNode) and root.tag == "tag:yaml.org,2002:null"):
-        # no document, only comments, or only document markers
-        raise ConfigError(file, "(top level)", f"empty file (no {what} in it)")
-    return root
-
-
-def read_text(path: str | os.PathLike, limit: int = 0) -> str:
-    """A user's text file: regular, at most ``limit`` bytes (default: a topology's cap), UTF-8.
-    Anything the file system says is one ConfigError naming the file."""
-    limit = limit or MAX_FILE_BYTES
-    p = Path(path)
-    file = str(p)
-    try:
-        st = p.stat()
-        if stat.S_ISDIR(st.st_mode):
-            raise ConfigError(file, "(file)", "cannot read: is a directory")
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(file, "(file)", "cannot read: not a regular file")
-        if st.st_size > limit:
-            raise ConfigError(file, "(file)", f"too large ({st.st_size} bytes; at most {limit})")
-        with p.open("rb") as f:
-            data = f.read(limit + 1)
-        if len(data) > limit:
-            raise ConfigError(file, "(file)", f"too large (over {limit} bytes)")
-        return data.decode("utf-8-sig")
-    except FileNotFoundError:
-        raise ConfigError(file, "(file)", "no such file") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(file, "(file)", f"cannot read: not UTF-8 text (byte {e.start})") from None
-    except (OSError, RuntimeError, ValueError) as e:
-        raise ConfigError(file, "(file)", f"cannot read: {_oserror(e) if isinstance(e, OSError) else e}") from None
 
 
 def parse(text: str, file: str = "<string>", base: Path | None = None) -> Topology:
@@ -1012,7 +804,7 @@ def _parse(root: yaml.Node, file: str, base: Path | None) -> Topology:
         try:
             net = ipaddress.IPv4Network(raw)
         except ValueError as e:
-            raise m["subnet"].error(f"not an IPv4 network: {_show(raw)} ({one_line(str(e), 100)})") from None
+            raise m["subnet"].error(f"not an IPv4 network: {show(raw)} ({one_line(str(e), 100)})") from None
         if not net.subnet_of(BENCHMARK_NET):
             raise m["subnet"].error(f"{raw} is outside 198.18.0.0/15, the range set aside for benchmarking")
         if net.prefixlen > SUBNET_MAX_PREFIX:
@@ -1095,7 +887,7 @@ def load(path: str | os.PathLike) -> Topology:
         raise ConfigError(file, "(file)", f"cannot read: not UTF-8 text (byte {e.start})") from None
     except (OSError, RuntimeError, ValueError) as e:
         # a symlink loop (ELOOP), permission denied, a name too long, an embedded NUL
-        raise ConfigError(file, "(file)", f"cannot read: {_oserror(e) if isinstance(e, OSError) else e}") from None
+        raise ConfigError(file, "(file)", f"cannot read: {oserror(e) if isinstance(e, OSError) else e}") from None
     return parse(text, file, base)
 
 

@@ -17,7 +17,7 @@ topology did not allow, a CPU mode the chosen accelerator cannot give: ConfigErr
 the field (exit 2). Nodes are read from /sys/devices/system/node, CPUs from
 sched_getaffinity: the set this process, and the libvirt beside it, may use.
 
-Imported by testbed.config; takes its Node objects (no import of it at module level).
+Imported by testbed.config; reads the same typed nodes (testbed.yamlnode).
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from testbed.yamlnode import Node, show
 from testbed.model import (CpuMode, CpuSet, HostSpec, NoiseAction, NoiseSpec, Placement, QuietWait, Topology,
                            cpulist, parse_cpulist)
 
@@ -34,29 +35,24 @@ HUGEPAGE_RE = re.compile(r"(\d+)\s*([kKmMgG])(i?B)?")
 _UNIT_KIB = {"k": 1, "m": 1024, "g": 1024 * 1024}
 
 
-def _show(v: Any) -> str:
-    from testbed.config import _show as show
-    return show(v)
-
-
-def cpuset(n) -> CpuSet:  # noqa: ANN001 - a config.Node
+def cpuset(n: Node) -> CpuSet:
     """A CPU set: a list of CPU numbers, or a cpulist text such as ``"0-3,6"``."""
     if isinstance(n.node, yaml.SequenceNode):
         cpus = tuple(sorted({x.int(0, MAX_CPU, "CPU") for x in n.seq(1)}))
     else:
         v = n.scalar()
         if isinstance(v, bool):
-            raise n.error(f"expected CPU numbers, got {_show(v)}")
+            raise n.error(f"expected CPU numbers, got {show(v)}")
         if isinstance(v, int):
             if not 0 <= v <= MAX_CPU:
                 raise n.error(f"CPU {v} out of range 0..{MAX_CPU}")
             return (v,)
         if not isinstance(v, str):
-            raise n.error(f"expected a list of CPUs or a CPU list such as \"0-3,6\", got {_show(v)}")
+            raise n.error(f"expected a list of CPUs or a CPU list such as \"0-3,6\", got {show(v)}")
         try:
             cpus = parse_cpulist(v)
         except ValueError:
-            raise n.error(f"not a CPU list: {_show(v)} (e.g. \"0-3,6\" or [0, 1])") from None
+            raise n.error(f"not a CPU list: {show(v)} (e.g. \"0-3,6\" or [0, 1])") from None
         if not cpus:
             raise n.error("empty CPU list")
         if cpus[-1] > MAX_CPU:
@@ -64,25 +60,25 @@ def cpuset(n) -> CpuSet:  # noqa: ANN001 - a config.Node
     return cpus
 
 
-def _pin(n, field: str = "pin") -> tuple[CpuSet, Any]:  # noqa: ANN001
+def _pin(n: Node, field: str = "pin") -> tuple[CpuSet, Any]:
     m = n.mapping({field}, required=(field,))
     return cpuset(m[field]), m[field]
 
 
-def _hugepages(n) -> int:  # noqa: ANN001
+def _hugepages(n: Node) -> int:
     v = n.scalar()
     if isinstance(v, int) and not isinstance(v, bool):
         kib = v
     elif isinstance(v, str) and (mt := HUGEPAGE_RE.fullmatch(v.strip())):
         kib = int(mt.group(1)) * _UNIT_KIB[mt.group(2).lower()]
     else:
-        raise n.error(f"huge page size {_show(v)}: expected a size such as 2M or 1G (or KiB as a number)")
+        raise n.error(f"huge page size {show(v)}: expected a size such as 2M or 1G (or KiB as a number)")
     if kib < 4 or kib & (kib - 1):
-        raise n.error(f"huge page size {_show(v)}: not a power of two of at least 4 KiB")
+        raise n.error(f"huge page size {show(v)}: not a power of two of at least 4 KiB")
     return kib
 
 
-def guest_placement(n, vcpus: int, host: HostSpec) -> Placement:  # noqa: ANN001
+def guest_placement(n: Node, vcpus: int, host: HostSpec) -> Placement:
     """``guests[i].placement``, its CPUs and node checked against this machine when the
     guest's host is this machine (local, or emulated here)."""
     m = n.mapping({"vcpus", "emulator", "iothreads", "vhost", "numa", "memory", "cpu"})
@@ -160,11 +156,11 @@ def _check_host(m: dict, p: Placement) -> None:
                 f"{', '.join(f'{k} kB' for k in sorted(sizes))})")
 
 
-def _field(n, key: str):  # noqa: ANN001, ANN202
+def _field(n: Node, key: str):
     return n.mapping({key})[key] if isinstance(n.node, yaml.MappingNode) else n
 
 
-def host_placement(n) -> tuple[CpuSet, bool]:  # noqa: ANN001
+def host_placement(n: Node) -> tuple[CpuSet, bool]:
     """Host-wide ``placement: {harness: CPUS, allow_overlap: BOOL}``."""
     m = n.mapping({"harness", "allow_overlap"})
     harness: CpuSet = ()
@@ -182,7 +178,7 @@ def host_placement(n) -> tuple[CpuSet, bool]:  # noqa: ANN001
     return harness, m["allow_overlap"].bool() if "allow_overlap" in m else False
 
 
-def _quiet(n, default: QuietWait) -> QuietWait:  # noqa: ANN001
+def _quiet(n: Node, default: QuietWait) -> QuietWait:
     m = n.mapping({"bound_cores", "for_s", "timeout_s"})
     q = QuietWait(bound_cores=m["bound_cores"].float(0, 1024) if "bound_cores" in m else default.bound_cores,
                   for_s=m["for_s"].float(0.5, 3600) if "for_s" in m else default.for_s,
@@ -193,7 +189,7 @@ def _quiet(n, default: QuietWait) -> QuietWait:  # noqa: ANN001
     return q
 
 
-def noise(n) -> NoiseSpec:  # noqa: ANN001
+def noise(n: Node) -> NoiseSpec:
     """``noise: {threshold_cores, run_queue, action, max_retries, settle, quiet_start}``."""
     m = n.mapping({"threshold_cores", "run_queue", "action", "max_retries", "settle", "quiet_start"})
     d = NoiseSpec()

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from testbed import PREFIX, paths, proc, srctools
+from testbed import PREFIX, paths, proc, srctools, yamlnode
 from testbed.errors import CapabilityError, CommandError, ConfigError, TestbedError
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,6 @@ def load_recipe(name: str | Path | None = None, _depth: int = 0) -> Recipe:
     file and line when malformed), every field's form (plain names, Debian package names, an
     http(s) mirror, a sane disk size that fits the cache's free space), and every path the
     recipe uses resolved inside its folder."""
-    from testbed import config
     name = name or os.environ.get("TESTBED_IMAGE") or "debian12"
     folder = _recipe_folder(name)
     file = folder / "recipe.yaml"
@@ -134,8 +133,7 @@ def load_recipe(name: str | Path | None = None, _depth: int = 0) -> Recipe:
             raise ConfigError(fname, "(file)", "a symbolic link out of the recipe folder")
     except (OSError, RuntimeError) as e:
         raise ConfigError(fname, "(file)", f"cannot be resolved: {e}") from None
-    root = config.Node(fname, config.compose(config.read_text(file, RECIPE_MAX_BYTES), fname,
-                                             "recipe"), "")
+    root = yamlnode.Node(fname, yamlnode.compose(yamlnode.read_text(file, RECIPE_MAX_BYTES), fname, "recipe"), "")
     m = root.mapping(RECIPE_KEYS)
     data: dict = {}
     for key in ("name", "suite", "variant", "kernel_package", "base"):

@@ -43,7 +43,7 @@ class Endpoint:
 class Servers:
     """The tool servers of one test path. A reusable server (ToolDriver.reusable_server) is
     started once, checked before every sample and restarted if it died; it is stopped when
-    the path goes (runner.mode). Others are started and stopped per sample."""
+    the path goes (testpaths.mode). Others are started and stopped per sample."""
 
     def __init__(self, reuse: bool = True) -> None:
         self.reuse = reuse
@@ -92,7 +92,7 @@ class TestPath:
     #: QEMU writes into it) or as tx: the fabric says (attachments.Fabric.guest_sends_as_rx)
     guest_sends_as_rx: bool = True
     #: byte and packet counters of an endpoint's device under test, read by the fabric
-    #: that made it (attachments.Fabric.counters); runner.plug sets it
+    #: that made it (attachments.Fabric.counters); testpaths.plug sets it
     read_counters: Callable[[Endpoint], crosscheck.Wire] | None = None
     #: servers kept across samples; None: one server per sample, stopped after it
     servers: Servers | None = None
@@ -103,7 +103,7 @@ class TestPath:
 
     def counters(self) -> dict[str, crosscheck.Wire]:
         if self.read_counters is None:
-            raise TestbedError("test path without device counters (build it with runner.plug)")
+            raise TestbedError("test path without device counters (build it with testpaths.plug)")
         return {ep.tap: self.read_counters(ep) for ep in (self.client, self.server)}
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 
@@ -618,3 +618,12 @@ def object_name(run_tag: str, kind: str, *parts: str) -> str:
     if len(name) > 15:
         raise ValueError(f"object name {name!r} longer than 15 characters")
     return name
+
+
+def clone_name(base: str, index: int) -> str:
+    """Pair ``index``'s (0-based) guest name derived from the topology's ``base`` guest:
+    pair 0 is the guest itself, pair i is <base>-p<i+1>, shortened to stay within NAME_RE."""
+    if index == 0:
+        return base
+    suffix = f"-p{index + 1}"
+    return base[:10 - len(suffix)].rstrip("-") + suffix

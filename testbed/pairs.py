@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from testbed import cpu, measure, pacing, results, stats, window
 from testbed.errors import CommandError, GuestError, TestbedError
-from testbed.model import Cell, GuestSpec, Profile, Topology
+from testbed.model import Cell, GuestSpec, Profile, Topology, clone_name
 from testbed.tools import get_tool
 from testbed.tools.base import ToolResult, vet
 from testbed.virt import Guest
@@ -30,15 +30,6 @@ log = logging.getLogger(__name__)
 
 #: idle window (s); TESTBED_IDLE_WINDOW_S shortens it for tests (0: no idle readings)
 IDLE_WINDOW_S = 10.0
-
-
-def clone_name(base: str, index: int) -> str:
-    """Pair ``index``'s (0-based) guest name derived from the topology's ``base`` guest:
-    pair 0 is the guest itself, pair i is <base>-p<i+1>, shortened to stay within NAME_RE."""
-    if index == 0:
-        return base
-    suffix = f"-p{index + 1}"
-    return base[:10 - len(suffix)].rstrip("-") + suffix
 
 
 def guest_pairs(t: Topology, n: int) -> list[tuple[GuestSpec, GuestSpec]]:

@@ -1,15 +1,11 @@
 """`testbed report`: one self-contained HTML page (and a CSV of every sample) for some runs.
 
-The page needs no network to open: CSS is inline and plots are PNGs drawn by matplotlib's
-Agg canvas, inlined as base64. Figures are built on ``matplotlib.figure.Figure`` directly,
-never through pyplot, so nothing here touches the process-wide backend or needs a display.
-Building the model and rendering HTML are pure; only ``write_*`` touch files.
+The page needs no network to open: CSS is inline and plots are PNGs (testbed.figures)
+inlined as base64. Building the model and rendering HTML are pure; only ``write_*`` touch files.
 """
 from __future__ import annotations
 
-import base64
 import csv
-import io
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
@@ -17,7 +13,8 @@ from typing import Any, TextIO
 
 import jinja2
 
-from testbed import paths, stats, study_result
+from testbed import figures, paths, stats, study_result
+from testbed.figures import Panel, Plot
 from testbed.compare import RunComparison, compare_runs, measured
 from testbed.records import RunRecord, SampleRecord
 from testbed.store.schema import MAIN_METRICS, SampleRow, rows_for_run
@@ -157,64 +154,6 @@ def run_view(rec: RunRecord, study: study_result.StudyReport | None = None) -> R
 # One convention in every plot: colour = the series (mode, MTU or profile), line style = the run.
 
 @dataclass(frozen=True)
-class Plot:
-    title: str
-    caption: str
-    png_base64: str
-
-
-_RUN_STYLES = ("-", "--", ":", "-.")
-_MARKERS = ("o", "s", "^", "D", "v", "P")
-
-
-def _label(text: str) -> str:
-    return text.replace("$", r"\$")     # a $ would start matplotlib mathtext
-
-
-@dataclass(frozen=True)
-class Panel:
-    title: str
-    xlabel: str
-    ylabel: str
-    draw: Callable[[Any], None]
-    log_x: bool = False
-
-
-def _figure(panels: Sequence[Panel], title: str, caption: str,
-            runs: Sequence[str] = ()) -> Plot:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    cols = 1 if len(panels) == 1 else 2
-    rows = (len(panels) + cols - 1) // cols
-    fig = Figure(figsize=(11.0 if cols == 1 else 5.6 * cols, 4.3 * rows), dpi=100,
-                 layout="constrained")
-    FigureCanvasAgg(fig)
-    for i, p in enumerate(panels):
-        ax = fig.add_subplot(rows, cols, i + 1)
-        ax.set_title(_label(p.title), fontsize=10)
-        ax.set_xlabel(_label(p.xlabel))
-        ax.set_ylabel(_label(p.ylabel))
-        ax.grid(True, alpha=0.3)
-        p.draw(ax)
-        ax.set_ylim(bottom=0)
-        if p.log_x:
-            ax.set_xscale("log", base=2)
-            ax.xaxis.set_major_formatter("{x:g}")
-        handles, labels = ax.get_legend_handles_labels()
-        if handles:
-            ax.legend(handles, labels, fontsize=7, loc="upper center", ncol=2,
-                      bbox_to_anchor=(0.5, -0.2), frameon=False)
-    if len(runs) > 1:
-        from matplotlib.lines import Line2D
-        fig.legend(handles=[Line2D([], [], color="#444", linestyle=_RUN_STYLES[i % len(_RUN_STYLES)],
-                                   label=_label(f"run {r}")) for i, r in enumerate(runs)],
-                   loc="outside upper center", ncol=min(4, len(runs)), fontsize=8, frameon=False)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", metadata={"Software": None})
-    return Plot(title, caption, base64.b64encode(buf.getvalue()).decode("ascii"))
-
-
-@dataclass(frozen=True)
 class Point:
     series: str
     run_id: str
@@ -242,9 +181,9 @@ def _line_panel(title: str, points: Sequence[Point], xlabel: str, ylabel: str,
             i, r = names.index(name), runs.index(run_id)
             # The panel's legend names the series (colours); the figure's names the runs
             # (line styles), so each series is labelled once.
-            kw = dict(color=f"C{i % 10}", linestyle=_RUN_STYLES[r % len(_RUN_STYLES)],
-                      marker=_MARKERS[i % len(_MARKERS)],
-                      label="_nolegend_" if name in labelled else _label(name))
+            kw = dict(color=f"C{i % 10}", linestyle=figures.RUN_STYLES[r % len(figures.RUN_STYLES)],
+                      marker=figures.MARKERS[i % len(figures.MARKERS)],
+                      label="_nolegend_" if name in labelled else figures.label(name))
             labelled.add(name)
             xs, ys = [p.x for p in pts], [p.y for p in pts]
             if any(p.err for p in pts):
@@ -276,8 +215,8 @@ def _bar_panel(title: str, bars: Sequence[Point], ylabel: str, runs: Sequence[st
             if any(p.err for p in pts.values()):
                 err = [[(p.err or (0, 0))[k] for p in pts.values()] for k in (0, 1)]
             ax.bar(xs, ys, width=width * 0.95, yerr=err, capsize=3, color=f"C{r % 10}",
-                   label=_label(f"run {run_id}") if len(runs) > 1 else None)
-        ax.set_xticks(range(len(labels)), [_label(x) for x in labels], rotation=15, fontsize=8)
+                   label=figures.label(f"run {run_id}") if len(runs) > 1 else None)
+        ax.set_xticks(range(len(labels)), [figures.label(x) for x in labels], rotation=15, fontsize=8)
     return Panel(title, "mode", ylabel, draw)
 
 
@@ -312,7 +251,7 @@ def bars_plot(cells: Sequence[CellStats], runs: Sequence[str]) -> Plot | None:
                                   "host cores per Gbit/s", runs)]
     if not panels:
         return None
-    return _figure(panels, "Per mode: rate and CPU per unit of traffic",
+    return figures.figure(panels, "Per mode: rate and CPU per unit of traffic",
                    "One point per mode, so bars, not lines. Error bars are the 95 % confidence "
                    "interval where a cell has 2 or more samples. CPU per unit of traffic uses "
                    "host busy cores (lower is better).", runs)
@@ -344,7 +283,7 @@ def throughput_plot(cells: Sequence[CellStats], runs: Sequence[str]) -> Plot | N
                 pts.append(Point(_other(axis)(c), c.run_id, getattr(c, axis), t.mean / 1000, err))
         panels.append(_line_panel(profile, pts, axis if axis == "connections" else "MTU",
                                   "Gbit/s", runs))
-    return _figure(panels, f"Throughput against {axis if axis == 'connections' else 'MTU'}",
+    return figures.figure(panels, f"Throughput against {axis if axis == 'connections' else 'MTU'}",
                    "Mean per cell; error bars are the 95 % confidence interval where a cell has "
                    "2 or more samples.", runs)
 
@@ -364,7 +303,7 @@ def latency_plot(cells: Sequence[CellStats], runs: Sequence[str]) -> Plot | None
         panels.append(_line_panel(f"{profile} {mode}", pts,
                                   f"MTU (at {conn} connection{'s' if conn != 1 else ''})",
                                   "latency, µs", runs))
-    return _figure(panels, "Latency percentiles against MTU",
+    return figures.figure(panels, "Latency percentiles against MTU",
                    "Request/response cells; each point is the mean of the samples' percentile, "
                    "at the fewest connections measured.", runs)
 
@@ -392,7 +331,7 @@ def cpu_plot(cells: Sequence[CellStats], runs: Sequence[str]) -> Plot | None:
         panels.append(_line_panel(f"{profile}: efficiency", pts, xlabel,
                                   "host CPU µs per transaction" if rr else "Gbit/s per host core",
                                   runs))
-    return _figure(panels, "CPU cost and efficiency per mode",
+    return figures.figure(panels, "CPU cost and efficiency per mode",
                    "Cores = CPU-seconds per second over each sample's window, averaged over the "
                    "samples. Efficiency uses host busy cores: Gbit/s per core (higher is better), "
                    "CPU µs per transaction (lower is better).", runs)
@@ -434,16 +373,16 @@ def history_plot(series: Sequence[Any]) -> Plot | None:
     for s in series:
         def draw(ax: Any, s: Any = s) -> None:
             xs = list(range(len(s.points)))
-            ax.plot(xs, [p.value for p in s.points], marker="o", color="C0", label=_label(s.metric))
+            ax.plot(xs, [p.value for p in s.points], marker="o", color="C0", label=figures.label(s.metric))
             for c in s.change_points:
                 ax.axvline(c.index - 0.5, color="C3" if c.regression else "C2", linestyle="--",
-                           label=_label(f"change {c.delta_pct:+.1f}% at {c.run_id}"))
+                           label=figures.label(f"change {c.delta_pct:+.1f}% at {c.run_id}"))
             ax.set_xticks(xs, [p.run_id[:15] for p in s.points], rotation=60, fontsize=6)
         panels.append(Panel(f"{s.cell_id} [{s.hash}] {s.environment}", "run", s.metric, draw))
     cps = "; ".join(f"{s.cell_id} {s.metric}: {c.delta_pct:+.1f}% at run {c.run_id}"
                     + (" (regression)" if c.regression else "")
                     for s in series for c in s.change_points)
-    return _figure(panels, "History and change points",
+    return figures.figure(panels, "History and change points",
                    "Mean of each run's ok samples, in run order; dashed lines mark change points "
                    "(ruptures PELT, beyond the threshold). Change points: " + (cps or "none") + ".")
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from testbed import capacity_model as cm
 from testbed import capacity_plan
+from testbed.figures import Panel, figure
 from testbed.records import RunRecord
 
 
@@ -33,7 +34,6 @@ def _mean(vals: Sequence[float]) -> float:
 
 def _mode_plot(run_id: str, mode: str, kind: str, pts: Sequence[cm.PairsPoint],
                idle: Sequence[cm.IdleReading]) -> Any:
-    from testbed.report import Panel, _figure
     series, mine = cm.choose_series(pts)
     model = cm.fit_model(mine, idle)
     ns = sorted({p.pairs for p in mine})
@@ -61,7 +61,7 @@ def _mode_plot(run_id: str, mode: str, kind: str, pts: Sequence[cm.PairsPoint],
                 label=f"fit: {model.idle_cores_per_vm:.3g}/guest + {model.cores_per_unit:.3g}"
                       f"/{'Gbit/s' if kind == 'stream' else 'tps'}")
 
-    return _figure([Panel(f"{mode}: per-pair {unit}", "pairs (N)", f"{unit} per pair", rate),
+    return figure([Panel(f"{mode}: per-pair {unit}", "pairs (N)", f"{unit} per pair", rate),
                     Panel(f"{mode}: host CPU", "pairs (N)", "host cores busy", cpu)],
                    f"Capacity, {mode} ({series}), run {run_id}",
                    "Per-pair rate and host busy cores against the number of guest pairs run at "

@@ -86,14 +86,14 @@ def boot(stack: contextlib.ExitStack, conn: object, t: Topology, recipe_image: i
 def mode(attachment: Attachment, backend: Backend, tag: str, pairs: Sequence[Pair], subnet: str,
          max_mtu: int, *, queues: int = 1, offloads: object = None, topology: Topology | None = None,
          workdir: object = None) -> Iterator[dict[str, measure.TestPath]]:
-    """One fabric with a NIC hot-plugged into every guest of every pair (runner.plug, each
+    """One fabric with a NIC hot-plugged into every guest of every pair (testpaths.plug, each
     pair with its variant's NIC options); a TestPath per variant."""
-    from testbed import config, runner
+    from testbed import config, testpaths
     t = dataclasses.replace(topology or config.default(), subnet=subnet)
     with contextlib.ExitStack() as stack:
         wd = workdir or stack.enter_context(tempfile.TemporaryDirectory(prefix="tb-"))
-        fab = stack.enter_context(runner.fabric(attachment, tag, t, max_mtu, wd, offloads))  # type: ignore[arg-type]
-        paths = stack.enter_context(runner.plug(
+        fab = stack.enter_context(testpaths.fabric(attachment, tag, t, max_mtu, wd, offloads))  # type: ignore[arg-type]
+        paths = stack.enter_context(testpaths.plug(
             fab, [(p.client, p.server) for p in pairs], tag=tag, subnet=subnet, backend=backend,
             max_mtu=max_mtu, queues=queues, offloads=offloads,  # type: ignore[arg-type]
             nic_options=[dict(p.variant.nic) for p in pairs]))

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from testbed import attachments, runner
+from testbed import attachments, testpaths
 from testbed.model import Attachment, Backend, Cell, Pattern, Profile
 from testbed.pytest_plugin import require_root
 from testbed.session import claim_tag
@@ -99,7 +99,7 @@ def guest_path(guest_pair, guest_cell: Cell) -> Iterator[object]:
     """The cell's mode with a NIC hot-plugged into each booted guest; unplugged after."""
     _require(guest_cell.attachment)
     gp = guest_pair
-    with runner.mode(guest_cell.attachment, guest_cell.backend, gp.tag, gp.client, gp.server, GUEST_SUBNET,
+    with testpaths.mode(guest_cell.attachment, guest_cell.backend, gp.tag, gp.client, gp.server, GUEST_SUBNET,
                      max(MTUS)) as path:
         yield path
 
@@ -109,6 +109,6 @@ def ns_path(ns_cell: Cell, tmp_path) -> Iterator[object]:
     """Two tb- namespaces joined the mode's way, removed after the test."""
     require_root()
     _require(ns_cell.attachment)
-    with runner.own_endpoints_path(ns_cell.attachment, claim_tag(), NAMESPACE_SUBNET, max(MTUS),
+    with testpaths.own_endpoints_path(ns_cell.attachment, claim_tag(), NAMESPACE_SUBNET, max(MTUS),
                                    str(tmp_path)) as path:
         yield path

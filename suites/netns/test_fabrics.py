@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from testbed import attachments, config, results, runner
+from testbed import attachments, config, results, testpaths
 from testbed.model import Attachment
 
 pytestmark = pytest.mark.netns
@@ -20,7 +20,7 @@ def test_fabric_lists_what_it_made_and_leaves_nothing(name, tmp_path):
     if why:
         pytest.skip(f"attachment {name} unavailable: {why}")
     _, tag = results.new_run_id()
-    with runner.fabric(Attachment(name), tag, config.default(), 1500, tmp_path) as fab:
+    with testpaths.fabric(Attachment(name), tag, config.default(), 1500, tmp_path) as fab:
         made = fab.leftovers()
         assert made and all(n.startswith(f"tb-{tag}-") for n in made), made
         assert attachments.still_here(made) == list(dict.fromkeys(made))

@@ -23,7 +23,7 @@ import time
 import psutil
 import pytest
 
-from testbed import compare, measure, results, runner, stats, window
+from testbed import compare, measure, results, testpaths, stats, window
 from testbed.model import (Attachment, Backend, Cell, NoiseAction, NoiseSpec, Pattern, Profile, QuietWait,
                            Repetitions)
 from testbed.session import claim_tag
@@ -75,7 +75,7 @@ def test_burner_makes_a_sample_noisy_and_it_is_retried(tmp_path):
                      settle=QuietWait(bound_cores=0.1, for_s=1.0, timeout_s=4.0))
     watch = window.Watch(spec, on_window=on_window)
     with results.RunWriter(tmp_path / "res", "20260101T000000Z-nois", _topology(), {"accelerator": "none"}) as w, \
-            runner.own_endpoints_path(Attachment("netns-veth"), claim_tag(), "198.18.252.0/30", 1500,
+            testpaths.own_endpoints_path(Attachment("netns-veth"), claim_tag(), "198.18.252.0/30", 1500,
                                       str(tmp_path / "ep")) as path:
         kept = measure.measure_cell(CELL, path, w, stats.StoppingRule(Repetitions()), 0, {}, {}, watch=watch)
     run = results.read_run(w.dir)
@@ -139,7 +139,7 @@ def test_pairs_samples_carry_the_noise_figure(tmp_path):
     from testbed import config, pairs
     cell = Cell(Attachment("netns-veth"), Backend.QEMU, 1500, 1, CELL.profile, pairs=2)
     with results.RunWriter(tmp_path / "res", "20260101T000000Z-nopa", _topology(), {"accelerator": "none"}) as w, \
-            runner.pair_paths(Attachment("netns-veth"), Backend.QEMU, claim_tag(), config.default(), None, 2, 1500,
+            testpaths.pair_paths(Attachment("netns-veth"), Backend.QEMU, claim_tag(), config.default(), None, 2, 1500,
                               tmp_path / "ep") as paths:
         [s] = pairs.measure_cell(cell, paths, w, stats.StoppingRule(Repetitions()), 0, {}, {},
                                  watch=window.Watch(NoiseSpec(threshold_cores=1024)))

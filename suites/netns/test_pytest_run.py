@@ -24,7 +24,7 @@ from testbed.session import claim_tag
 def test_measures_into_the_session_run(run_writer, tmp_path):
     cell = Cell(Attachment("netns-veth"), Backend.QEMU, 1500, 1,
                 Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=2))
-    with runner.own_endpoints_path(Attachment("netns-veth"), claim_tag(), "198.18.251.0/30", 1500, str(tmp_path)) as path:
+    with testpaths.own_endpoints_path(Attachment("netns-veth"), claim_tag(), "198.18.251.0/30", 1500, str(tmp_path)) as path:
         [s] = measure.measure_cell(cell, path, run_writer, stats.StoppingRule(Repetitions()), 0, {}, {})
     assert s.status == "ok", s.reason
     assert (run_writer.dir / s.raw[0]).is_file()

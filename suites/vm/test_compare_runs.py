@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 
-from testbed import environment, measure, proc, results, runner, stats
+from testbed import environment, measure, proc, results, testpaths, stats
 from testbed.config import default
 from testbed.model import Attachment, Backend, Cell, Pattern, Profile, Repetitions
 
@@ -18,7 +18,7 @@ REPS = Repetitions(warmup=0, min_samples=5, max_samples=5, rsd_target=0)   # com
 def _run(gp, root, name, throttle_mbit=None):
     env = environment.fingerprint(gp.accelerator)
     with results.RunWriter(root, name, default(), env) as w:
-        with runner.mode(CELL.attachment, CELL.backend, gp.tag, gp.client, gp.server, "198.18.0.0/24",
+        with testpaths.mode(CELL.attachment, CELL.backend, gp.tag, gp.client, gp.server, "198.18.0.0/24",
                          CELL.mtu) as path:
             if throttle_mbit:
                 # Egress of the server's tap is what reaches the server guest.

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from testbed import images, measure, results, runner, stats, virt
+from testbed import images, measure, results, testpaths, stats, virt
 from testbed.config import default
 from testbed.errors import ReadinessError
 from testbed.model import Attachment, Backend, Cell, GuestSpec, Pattern, Profile, Repetitions, Tool
@@ -26,7 +26,7 @@ def writer(tmp_path):
 
 @contextlib.contextmanager
 def bridge_path(gp):
-    with runner.mode(Attachment("bridge"), Backend.QEMU, gp.tag, gp.client, gp.server, "198.18.0.0/24",
+    with testpaths.mode(Attachment("bridge"), Backend.QEMU, gp.tag, gp.client, gp.server, "198.18.0.0/24",
                      1500) as path:
         yield path
 

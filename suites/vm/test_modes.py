@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from testbed import attachments, measure, runner, stats
+from testbed import attachments, measure, testpaths, stats
 from testbed.config import default
 from testbed.hostnet import links, macvtap
 from testbed.model import (Attachment, Backend, Cell, MacvtapMode, MacvtapSpec, Offloads, Pattern, Profile,
@@ -45,7 +45,7 @@ def _measure(path, writer, cell):
 def test_macvtap_mode_puts_traffic_on_the_lower_device(guest_pair, writer, mode):
     gp = guest_pair
     cell = Cell(Attachment("macvtap"), Backend.QEMU, 1500, 1, STREAM)
-    with runner.mode(Attachment("macvtap"), Backend.QEMU, gp.tag, gp.client, gp.server, "198.18.0.0/24",
+    with testpaths.mode(Attachment("macvtap"), Backend.QEMU, gp.tag, gp.client, gp.server, "198.18.0.0/24",
                      1500, topology=_with(MacvtapSpec(mode=mode))) as path:
         lw0 = f"tb-{gp.tag}-lw0"
         before = links.counters(lw0)
@@ -69,7 +69,7 @@ def test_macvtap_on_a_lower_device_named_by_the_user(guest_pair, writer):
         why = macvtap.check_lowers((lower,), MacvtapMode.BRIDGE, 9000)
         assert why and "below" in why and lower in why
         spec = MacvtapSpec(mode=MacvtapMode.BRIDGE, lower=(lower,))
-        with runner.mode(Attachment("macvtap"), Backend.QEMU, gp.tag, gp.client, gp.server, "198.18.0.0/24",
+        with testpaths.mode(Attachment("macvtap"), Backend.QEMU, gp.tag, gp.client, gp.server, "198.18.0.0/24",
                          1500, topology=_with(spec)) as path:
             assert set(macvtap.uppers(lower)) == {path.client.tap, path.server.tap}
             assert not links.exists(f"tb-{gp.tag}-lw0"), "a named lower must not get a testbed veth"
@@ -84,7 +84,7 @@ def test_macvtap_on_a_lower_device_named_by_the_user(guest_pair, writer):
 def test_multiqueue_nic(guest_pair, writer):
     gp = guest_pair
     cell = Cell(Attachment("bridge"), Backend.QEMU, 1500, 2, STREAM, queues=2)
-    with runner.mode(Attachment("bridge"), Backend.QEMU, gp.tag, gp.client, gp.server, "198.18.0.0/24",
+    with testpaths.mode(Attachment("bridge"), Backend.QEMU, gp.tag, gp.client, gp.server, "198.18.0.0/24",
                      1500, queues=2) as path:
         for ep in (path.client, path.server):
             with open(f"/sys/class/net/{ep.tap}/tun_flags") as f:
@@ -99,7 +99,7 @@ def test_multiqueue_nic(guest_pair, writer):
 @pytest.mark.attach("bridge")
 def test_offloads_switched_in_the_guests(guest_pair):
     gp = guest_pair
-    with runner.mode(Attachment("bridge"), Backend.QEMU, gp.tag, gp.client, gp.server, "198.18.0.0/24",
+    with testpaths.mode(Attachment("bridge"), Backend.QEMU, gp.tag, gp.client, gp.server, "198.18.0.0/24",
                      1500, offloads=Offloads(tso=False, gso=False)) as path:
         for ep in (path.client, path.server):
             states = path.offloads[ep.guest.spec.name]

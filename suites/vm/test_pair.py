@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from testbed import capabilities, cpu, measure, runner, stats, virt
+from testbed import capabilities, cpu, measure, testpaths, stats, virt
 from testbed.model import Backend, Cell, Pattern, Profile, Repetitions
 
 PROFILES = [Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=5),
@@ -32,7 +32,7 @@ def test_cell_measures(guest_pair, writer, cell):
         if not ok:
             pytest.skip(f"backend vhost unavailable: {why}")
     gp = guest_pair
-    with runner.mode(cell.attachment, cell.backend, gp.tag, gp.client, gp.server, "198.18.0.0/24",
+    with testpaths.mode(cell.attachment, cell.backend, gp.tag, gp.client, gp.server, "198.18.0.0/24",
                      cell.mtu) as path:
         pids = {g.spec.name: virt.qemu_pid(g) for g in (gp.client, gp.server)}
         samples = measure.measure_cell(cell, path, writer, stats.StoppingRule(Repetitions()), 0,

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from testbed import attachments, measure, placement, runner, stats, virt, window
+from testbed import attachments, measure, placement, testpaths, stats, virt, window
 from testbed.model import Attachment, Backend, Cell, Pattern, Placement, Profile, Repetitions
 
 CELL = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1,
@@ -33,7 +33,7 @@ def test_vcpu_pins_apart_together_and_broken(guest_pair, run_writer):
     pids = {n: virt.qemu_pid(g) for n, g in guests.items()}
     a, b = cpus[0], cpus[1]
     try:
-        with runner.mode(CELL.attachment, CELL.backend, gp.tag, gp.client, gp.server, "198.18.0.0/24",
+        with testpaths.mode(CELL.attachment, CELL.backend, gp.tag, gp.client, gp.server, "198.18.0.0/24",
                          CELL.mtu) as path:
             for label, want in (("apart", {"g1": a, "g2": b}), ("together", {"g1": b, "g2": b})):
                 pins = {n: Placement(vcpus=((c,),)) for n, c in want.items()}

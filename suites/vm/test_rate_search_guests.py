@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from testbed import ratesearch_cell, runner, virt
+from testbed import ratesearch_cell, testpaths, virt
 from testbed.model import Attachment, Backend, Cell, Profile, Protocol, RateSearch, Tool
 
 pytestmark = pytest.mark.attach("bridge")
@@ -18,7 +18,7 @@ PROFILE = Profile("udp_ndr", tool=Tool.IPERF3, protocol=Protocol.UDP, message_si
 def test_udp_ndr_between_guests_reports_bounds_with_cross_checked_trials(guest_pair, run_writer):
     gp = guest_pair
     cell = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, PROFILE)
-    with runner.mode(cell.attachment, cell.backend, gp.tag, gp.client, gp.server, "198.18.0.0/24",
+    with testpaths.mode(cell.attachment, cell.backend, gp.tag, gp.client, gp.server, "198.18.0.0/24",
                      cell.mtu) as path:
         pids = {g.spec.name: virt.qemu_pid(g) for g in (gp.client, gp.server)}
         r = ratesearch_cell.measure_cell(cell, path, run_writer, pids, {"g1": "local", "g2": "local"})

@@ -19,7 +19,7 @@ import pytest
 
 import testbed
 
-from testbed import cleanup, guestcache, images, measure, paths, results, runner, stats, virt
+from testbed import cleanup, guestcache, images, measure, paths, results, testpaths, stats, virt
 from testbed.model import Attachment, Backend, Cell, GuestSpec, Pattern, Profile, Repetitions
 
 STREAM = Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=5)
@@ -33,7 +33,7 @@ def writer(run_writer):
 
 
 def _throughput(client, server, tag, writer) -> float:
-    with runner.mode(Attachment("bridge"), Backend.QEMU, tag, client, server, "198.18.0.0/24", 1500) as path:
+    with testpaths.mode(Attachment("bridge"), Backend.QEMU, tag, client, server, "198.18.0.0/24", 1500) as path:
         [s] = measure.measure_cell(CELL, path, writer, stats.StoppingRule(Repetitions()), 0, {}, {})
     assert s.status == "ok", s.reason
     return s.metrics["throughput_mbps"]

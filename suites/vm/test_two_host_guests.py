@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed import attachments, config, guestnic, measure, proc, runner, snapshot, stats
+from testbed import attachments, config, guestnic, measure, proc, testpaths, snapshot, stats
 from testbed.hostnet import vxlan
 from testbed.model import Attachment, Backend, Cell, Pattern, Profile, Repetitions
 
@@ -53,7 +53,7 @@ def test_guests_on_two_hosts(guest_pair, attachment, tmp_path, run_writer):
     before = snapshot.take()
     placement = {"g1": "ha", "g2": "hb"}
     writer = run_writer       # the session's run record (pytest_plugin.run_writer)
-    with runner.mode(attachment, Backend.QEMU, tag, gp.client, gp.server, topo.subnet, 1500, topology=topo,
+    with testpaths.mode(attachment, Backend.QEMU, tag, gp.client, gp.server, topo.subnet, 1500, topology=topo,
                      workdir=tmp_path) as path:
         # The taps live in their hosts' namespaces, not in the root one.
         root = proc.run(["ip", "-o", "link"], timeout=10).stdout
@@ -110,7 +110,7 @@ def test_macvtap_across_two_hosts(guest_pair, tmp_path, run_writer):
     ns_a, wire_a = vxlan.emulated_host(tag, 0)
     profile = Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=4)
     writer = run_writer       # the session's run record (pytest_plugin.run_writer)
-    with runner.mode(Attachment("macvtap"), Backend.QEMU, tag, gp.client, gp.server, topo.subnet, 9000,
+    with testpaths.mode(Attachment("macvtap"), Backend.QEMU, tag, gp.client, gp.server, topo.subnet, 9000,
                      topology=topo, workdir=tmp_path) as path:
         root = proc.run(["ip", "-o", "link"], timeout=10).stdout
         assert path.client.tap not in root and path.server.tap not in root

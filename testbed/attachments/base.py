@@ -35,18 +35,13 @@ class Request:
     workdir: Path
     offloads: Offloads | None = None
 
-    @property
-    def across(self) -> bool:
-        from testbed import attachments
-        return attachments.get(self.attachment).across(self.topology)
-
 
 class Fabric(abc.ABC):
     """The thing that joins endpoints, entered as a context manager by the mode's
     ``fabric(request)``. Endpoint ``i`` of ``n``: pair k's client is 2k, its server 2k+1;
     across two hosts even endpoints sit on the first host, odd ones on the second.
 
-    Guest endpoints: the runner (runner.plug) calls ``port`` (before libvirt opens the
+    Guest endpoints: the runner (testpaths.plug) calls ``port`` (before libvirt opens the
     host-side device), renders ``nic`` and hot-plugs it, then ``attach`` (after QEMU holds
     the device). Namespace endpoints: ``own_pairs`` yields the endpoints the fabric made,
     and ``endpoint`` says which device and address endpoint i has."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testbed import measure, proc, results, runner, stats
+from testbed import measure, proc, results, testpaths, stats
 from testbed.session import Session as RunSession
 from testbed.errors import CommandError, GuestError, TestbedError
 from testbed.records import CellOutcome, as_outcome
@@ -80,7 +80,7 @@ class Session:
         namespace Connection. Returns the cell record (status, reason, summary)."""
         self.progress(f"  {cell.id}")
         try:
-            with runner.connection_path(conn, self.out_dir("agents")) as path:
+            with testpaths.connection_path(conn, self.out_dir("agents")) as path:
                 measure.measure_cell(cell, path, self.writer, self.rule, 0, {}, {}, self.clock_ghz)
         except (TestbedError, CommandError, GuestError) as e:
             measure.fail_cell(cell, self.writer, str(e), {})

@@ -1,0 +1,117 @@
+"""The package's shape: imports flow one way (no cycles, module-level or inside functions),
+and the model at the bottom knows no registry."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import testbed
+
+PKG = Path(testbed.__file__).resolve().parent
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in PKG.rglob("*.py")}
+
+
+def _type_checking_only(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def _imports(path: Path, name: str, known: set[str]) -> set[str]:
+    """Every testbed module ``path`` imports, at module level or inside a function (an
+    import placed in a function to dodge a cycle is still a cycle), except those made only
+    for type checkers."""
+    tree = ast.parse(path.read_text())
+    skip = {id(n) for t in ast.walk(tree) if _type_checking_only(t) for n in ast.walk(t)}
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name in known}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[:len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            for a in node.names:
+                full = f"{base}.{a.name}"
+                if full in known:
+                    out.add(full)
+                elif base in known:
+                    out.add(base)
+    out.discard(name)
+    return out
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    known = set(mods)
+    return {name: _imports(path, name, known) for name, path in mods.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_reader_sees_the_imports_it_must():
+    g = _graph()
+    # a module-level import, a function-level one and a relative one are all seen
+    assert "testbed.model" in g["testbed.config"]
+    assert "testbed.attachments" in g["testbed.config"]
+    assert "testbed.attachments.base" in g["testbed.attachments"]
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_cycle_in_the_package():
+    cycles = _cycles(_graph())
+    assert cycles == [], "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_the_model_imports_nothing_above_it():
+    # the bottom of the house: the records every layer passes along name no registry, no
+    # host operation and no tool; the registries validate names against them instead
+    g = _graph()
+    assert g["testbed.model"] <= {"testbed"}, g["testbed.model"]
