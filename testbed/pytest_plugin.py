@@ -7,7 +7,7 @@ run here is skipped with a reason naming what is missing, found by trying it.
 
 A session that measures is a run: tests pass the session-scoped ``run_writer`` to
 measure.measure_cell, and the session leaves results/<run-id> (or --results DIR) with this
-host's environment, finished and indexed at its end (testbed.session.Session).
+host's environment, finished and indexed at its end (testbed.measure.session.Session).
 """
 from __future__ import annotations
 
@@ -69,8 +69,9 @@ def require_root() -> None:
 def accelerator(request: pytest.FixtureRequest):
     """The accelerator guests boot with, found by a probe boot."""
     require_root()
-    from testbed import capabilities, images
+    from testbed.admin import capabilities
     from testbed.errors import CapabilityError
+    from testbed.guests import images
     try:
         img = images.ensure()
         return capabilities.choose_accelerator(request.config.getoption("--tb-accelerator"), img.kernel)
@@ -91,8 +92,10 @@ class GuestPair:
 @pytest.fixture(scope="session")
 def guest_pair(accelerator) -> Iterator[GuestPair]:
     """Two booted guests, once per session; NICs under test are hot-plugged by each test."""
-    from testbed import cleanup, images, results, virt
-    from testbed.model import GuestSpec
+    from testbed.admin import cleanup
+    from testbed.guests import images, virt
+    from testbed.records import results
+    from testbed.topology.model import GuestSpec
     run_id, tag = results.new_run_id()
     with contextlib.ExitStack() as stack:
         state = stack.enter_context(cleanup.owned_state(tag, run_id))
@@ -123,7 +126,7 @@ class SessionRunWriter:
         return measuring[base]
 
     def add_sample(self, s):
-        from testbed.records import SampleRecord
+        from testbed.records.records import SampleRecord
         rec = s if isinstance(s, SampleRecord) else s.record()
         new = self._session_id(rec.cell.id)
         if new != rec.cell.id:
@@ -133,7 +136,7 @@ class SessionRunWriter:
         return super().add_sample(rec)  # type: ignore[misc]
 
     def add_cell(self, cell, status, reason, converged, summary, extra=None):
-        from testbed.records import CellOutcome
+        from testbed.records.records import CellOutcome
         self.tb_cells = [*getattr(self, "tb_cells", []), cell]
         new = self._session_id(cell.id)
         self.tb_measuring.pop(cell.id)
@@ -147,7 +150,7 @@ class SessionRunWriter:
 
 def _measured_topology(name: str, cells: list) -> object:
     """The run's topology, built with the model's constructors from the cells measured."""
-    from testbed.model import Backend, GuestSpec, HostSpec, Matrix, Repetitions, Topology
+    from testbed.topology.model import Backend, GuestSpec, HostSpec, Matrix, Repetitions, Topology
 
     def axis(values):
         return tuple(dict.fromkeys(values))
@@ -174,18 +177,18 @@ def run_writer(request: pytest.FixtureRequest) -> Iterator[object]:
     like a run's. Opened by the first test that measures, finished (status, counts) and
     indexed when the session ends; the session's summary says where it is.
 
-    Held by a testbed.session.Session without the host lock or the leftovers check: tests
+    Held by a testbed.measure.session.Session without the host lock or the leftovers check: tests
     in this session start `testbed run` processes of their own, and the plugin removes a
     dead run's leftovers before testing."""
     require_root()
-    from testbed import results, store
-    from testbed.session import Session
+    from testbed.measure.session import Session
+    from testbed.records import results, store
     config = request.config
     wanted = config.getoption("--attach")
     uses_guests = any(f in item.fixturenames for item in request.session.items for f in _GUEST_FIXTURES)
     accel, image = None, None
     if uses_guests:
-        from testbed import images
+        from testbed.guests import images
         try:
             accel = request.getfixturevalue("accelerator")
             image = images.ensure()
@@ -235,7 +238,8 @@ def _alone(session: pytest.Session) -> bool:
     a session holds a lock for its lifetime, and one that finds the lock taken neither
     removes leftovers nor judges the host by its tb- objects."""
     import fcntl
-    from testbed import paths
+
+    from testbed.host import paths
     d = paths.state_dir()
     d.mkdir(parents=True, exist_ok=True)
     fd = os.open(d / "pytest.lock", os.O_RDWR | os.O_CREAT, 0o644)
@@ -265,7 +269,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if not _host_guard_wanted(session):
         return
     session.config.stash[_GUARD_KEY] = True
-    from testbed import cleanup, snapshot
+    from testbed.admin import cleanup
+    from testbed.host import snapshot
     alone = session.config.stash[_ALONE_KEY] = _alone(session)
     # tb- objects whose owning process is dead (a session or run killed with SIGKILL, a
     # machine image taken while one ran) would make every run-level test refuse to
@@ -286,12 +291,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     import sys
     # Tags this process claimed for its tests are released first: objects a test leaked
     # under one are then a dead run's, which the check below reports.
-    if "testbed.session" in sys.modules:
-        sys.modules["testbed.session"].release_tags()
+    if "testbed.measure.session" in sys.modules:
+        sys.modules["testbed.measure.session"].release_tags()
     before = session.config.stash.get(_SNAPSHOT_KEY, None)
     if not session.config.stash.get(_GUARD_KEY, False) or before is None:
         return
-    from testbed import cleanup, snapshot
+    from testbed.admin import cleanup
+    from testbed.host import snapshot
     diff = snapshot.diff(before, snapshot.take())  # type: ignore[arg-type]
     # Session fixtures are gone by now: any tb- object still here (a domain, a state folder,
     # which the networking snapshot does not see) was leaked by a test or a run it started.
@@ -314,9 +320,10 @@ def netns_pair() -> Iterator[tuple[str, str, str]]:
     """(client namespace, server namespace, server address): two tb- namespaces joined by
     one veth pair, for running real tools without VMs."""
     require_root()
-    from testbed import cleanup, results
+    from testbed.admin import cleanup
     from testbed.errors import TestbedError
-    from testbed.hostnet import netns
+    from testbed.host.net import netns
+    from testbed.records import results
     run_id, tag = results.new_run_id()
     with contextlib.ExitStack() as stack:
         # Registered like a run, so a concurrent `testbed cleanup` leaves it alone.

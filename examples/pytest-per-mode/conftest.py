@@ -21,10 +21,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from testbed import attachments, testpaths
-from testbed.model import Attachment, Backend, Cell, Pattern, Profile
+from testbed import attachments
+from testbed.measure import testpaths
+from testbed.measure.session import claim_tag
 from testbed.pytest_plugin import require_root
-from testbed.session import claim_tag
+from testbed.topology.model import Attachment, Backend, Cell, Pattern, Profile
 
 # ---------------------------------------------------------------- the team's matrix
 GUEST_MODES = ("bridge", "ovs", "macvtap")       # guest NIC on the host's datapath

@@ -4,8 +4,10 @@ measured: the sample succeeded (the tool ran, and the wire's counters and the ho
 accounting agreed with it), and, on a KVM host, the floors the team expects."""
 from __future__ import annotations
 
-from testbed import measure, stats, virt
-from testbed.model import Accelerator, Cell, Repetitions
+from testbed.analysis import stats
+from testbed.guests import virt
+from testbed.measure import sampling as measure
+from testbed.topology.model import Accelerator, Cell, Repetitions
 
 # The team's floors per profile (primary metric, at least), checked on KVM hosts only:
 # figures measured under TCG (no usable KVM) are functional checks, not performance.

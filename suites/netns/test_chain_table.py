@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from testbed import attachments, bench
-from testbed.model import Attachment
+from testbed.topology.model import Attachment
 
 pytestmark = [pytest.mark.netns, pytest.mark.attach("netns")]
 

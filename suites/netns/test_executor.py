@@ -1,4 +1,4 @@
-"""testbed.executor and testbed.hostnet.ops on real namespaces and links: one executor per
+"""testbed.host.executor and testbed.host.net.ops on real namespaces and links: one executor per
 place a command runs, and link operations that go through pyroute2 locally and in a
 namespace. Every fact is read back a second way (pyroute2 directly, `ip -j`, /proc), and
 each test checks nothing with its tag is left behind.
@@ -14,13 +14,13 @@ import time
 import pytest
 from pyroute2 import IPRoute
 
-from testbed import nsagent, proc, remote
-from testbed.errors import CommandError
 from testbed import errors
-from testbed.executor import Executor, Local, Netns
-from testbed.guest import Agent
-from testbed.hostnet import ops
-from testbed.model import HostSpec, Offloads
+from testbed.errors import CommandError
+from testbed.guests.guest import Agent
+from testbed.host import nsagent, proc, remote
+from testbed.host.executor import Executor, Local, Netns
+from testbed.host.net import ops
+from testbed.topology.model import HostSpec, Offloads
 
 pytestmark = [
     pytest.mark.netns,

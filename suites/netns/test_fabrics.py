@@ -6,8 +6,11 @@ import os
 
 import pytest
 
-from testbed import attachments, config, results, testpaths
-from testbed.model import Attachment
+from testbed import attachments
+from testbed.measure import testpaths
+from testbed.records import results
+from testbed.topology import config
+from testbed.topology.model import Attachment
 
 pytestmark = pytest.mark.netns
 

@@ -24,7 +24,7 @@ def test_fidelity_alternates_and_both_measure():
     assert 0 < r["collector_fraction_of_core"] < 0.05
     # The wire ratio on veth and, where they run, through a bridge and OVS: each within the
     # cross-check's tolerance of the ratio headers explain.
-    from testbed import crosscheck
+    from testbed.measure import crosscheck
     assert "veth" in r["wire"]
     for name, w in r["wire"].items():
         if "unavailable" in w:

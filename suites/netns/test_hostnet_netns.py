@@ -1,4 +1,4 @@
-"""testbed.hostnet.netns and macvtap on real objects: every connection of studies B and D
+"""testbed.host.net.netns and macvtap on real objects: every connection of studies B and D
 carries a real netperf TCP_STREAM between two namespaces, and the interface counters on
 the path account for what netperf says arrived.
 
@@ -14,11 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from testbed import proc, render, transfer
 from testbed import errors
-from testbed.hostnet import links, macvtap, netns, ovs, ovsd
-from testbed.model import Backend, Profile
-from testbed.session import claim_tag
+from testbed.guests import render
+from testbed.host import proc
+from testbed.host.net import links, macvtap, netns, ovs, ovsd
+from testbed.measure import transfer
+from testbed.measure.session import claim_tag
+from testbed.topology.model import Backend, Profile
 
 pytestmark = [
     pytest.mark.netns,

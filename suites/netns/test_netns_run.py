@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
-from testbed import attachments, cleanup
-from testbed.model import Attachment
+from testbed import attachments
+from testbed.admin import cleanup
+from testbed.topology.model import Attachment
 
 pytestmark = [pytest.mark.netns, pytest.mark.attach("netns")]
 
@@ -100,7 +101,9 @@ def test_offloads_switched_for_the_run_and_recorded(tmp_path, monkeypatch):
     report and the datapath that forwarded it."""
     if os.geteuid() != 0:
         pytest.skip("needs root: creates namespaces")
-    from testbed import config, results, runner
+    from testbed.measure import runner
+    from testbed.records import results
+    from testbed.topology import config
     monkeypatch.setenv("TESTBED_RESULTS", str(tmp_path / "res"))
     t = config.parse("matrix:\n  attachments: [netns-veth]\n  profiles:\n"
                      "    - {name: tcp_stream, pattern: stream, message_size: 16384, duration: 2}\n"

@@ -23,10 +23,22 @@ import time
 import psutil
 import pytest
 
-from testbed import compare, measure, results, testpaths, stats, window
-from testbed.model import (Attachment, Backend, Cell, NoiseAction, NoiseSpec, Pattern, Profile, QuietWait,
-                           Repetitions)
-from testbed.session import claim_tag
+from testbed.analysis import compare, stats
+from testbed.measure import sampling as measure
+from testbed.measure import testpaths, window
+from testbed.measure.session import claim_tag
+from testbed.records import results
+from testbed.topology.model import (
+    Attachment,
+    Backend,
+    Cell,
+    NoiseAction,
+    NoiseSpec,
+    Pattern,
+    Profile,
+    QuietWait,
+    Repetitions,
+)
 
 pytestmark = [pytest.mark.netns, pytest.mark.attach("netns")]
 
@@ -102,7 +114,7 @@ def test_burner_makes_a_sample_noisy_and_it_is_retried(tmp_path):
 
 
 def _topology():
-    from testbed import config
+    from testbed.topology import config
     return config.parse("name: noise\nmatrix:\n  attachments: [netns-veth]\n  profiles:\n"
                         "    - {name: tcp_rr, pattern: rr, message_size: 1, response_size: 1, duration: 3}\n",
                         "<noise test>")
@@ -133,10 +145,11 @@ def test_quiet_start_timeout_is_exit_4(tmp_path):
 
 
 def test_pairs_samples_carry_the_noise_figure(tmp_path):
-    """N pairs at once (testbed.pairs) go through the same guard: the figure per sample."""
+    """N pairs at once (testbed.measure.pairs) go through the same guard: the figure per sample."""
     if os.geteuid() != 0 or not shutil.which("netperf"):
         pytest.skip("needs root and netperf")
-    from testbed import config, pairs
+    from testbed.measure import pairs
+    from testbed.topology import config
     cell = Cell(Attachment("netns-veth"), Backend.QEMU, 1500, 1, CELL.profile, pairs=2)
     with results.RunWriter(tmp_path / "res", "20260101T000000Z-nopa", _topology(), {"accelerator": "none"}) as w, \
             testpaths.pair_paths(Attachment("netns-veth"), Backend.QEMU, claim_tag(), config.default(), None, 2, 1500,

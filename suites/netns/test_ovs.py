@@ -1,4 +1,4 @@
-"""testbed.hostnet.ovsd and ovs on real daemons: the host's switch (started if nothing runs
+"""testbed.host.net.ovsd and ovs on real daemons: the host's switch (started if nothing runs
 it, and left running, as the setup script does), private switches in namespaces, the ovs
 attachment's bridge, and what the userspace datapath does with checksum offload.
 
@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from testbed import proc, render
-from testbed import transfer as xfer
 from testbed import errors
-from testbed.hostnet import links, netns, ovs, ovsd
-from testbed.model import Attachment, Backend, Profile
-from testbed.session import claim_tag
+from testbed.guests import render
+from testbed.host import proc
+from testbed.host.net import links, netns, ovs, ovsd
+from testbed.measure import transfer as xfer
+from testbed.measure.session import claim_tag
+from testbed.topology.model import Attachment, Backend, Profile
 
 pytestmark = [
     pytest.mark.netns,
@@ -37,7 +38,7 @@ STREAM = Profile(name="tcp_stream", duration_s=2)
 
 
 def new_tag() -> str:
-    return claim_tag()          # registered as this process's (testbed.session)
+    return claim_tag()          # registered as this process's (testbed.measure.session)
 
 
 def global_config(sw: ovsd.Ovs) -> str:

@@ -11,8 +11,10 @@ import shutil
 
 import pytest
 
-from testbed import bench, measure, percentiles
-from testbed.model import Attachment, Backend, Cell, Pattern, Profile
+from testbed import bench
+from testbed.measure import sampling as measure
+from testbed.records import percentiles
+from testbed.topology.model import Attachment, Backend, Cell, Pattern, Profile
 
 pytestmark = [
     pytest.mark.netns,

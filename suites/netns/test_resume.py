@@ -101,7 +101,7 @@ def test_a_killed_run_resumes_and_measures_every_cell_once(tmp_path):
     assert resume["torn_line"] and "torn mid-wri" in (run_dir / "samples.jsonl.torn").read_text()
 
     # The index and the report cover the whole run.
-    from testbed import store
+    from testbed.records import store
     with store.open(res / "index.sqlite", readonly=True) as st:
         assert len(st.samples(run["run_id"])) == len(samples)
         assert {c.cell_id for c in st.cells(run["run_id"])} == set(ids)

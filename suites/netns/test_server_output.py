@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from testbed import proc
-from testbed.nsagent import NsAgent
+from testbed.host import proc
+from testbed.host.nsagent import NsAgent
 
 pytestmark = pytest.mark.netns
 

@@ -1,4 +1,4 @@
-"""testbed.session: the one set-up of runs, scenarios, benchmarks and measuring pytest
+"""testbed.measure.session: the one set-up of runs, scenarios, benchmarks and measuring pytest
 sessions. Its owner registration keeps a live run's tb- objects from being taken for a dead
 run's; its leftovers check refuses to start beside a dead run's objects, creating nothing."""
 from __future__ import annotations
@@ -9,12 +9,14 @@ import os
 
 import pytest
 
-from testbed import cleanup, paths, results
-from testbed.config import default
+from testbed.admin import cleanup
 from testbed.errors import LeftoversError
-from testbed.hostnet import links
+from testbed.host import paths
+from testbed.host.net import links
+from testbed.measure.session import Session, claim_tag, release_tag
 from testbed.pytest_plugin import require_root
-from testbed.session import Session, claim_tag, release_tag
+from testbed.records import results
+from testbed.topology.config import default
 
 
 def _lock_free() -> bool:

@@ -1,4 +1,4 @@
-"""testbed.snapshot on real objects: each change made here must show up in diff(), and only it.
+"""testbed.host.snapshot on real objects: each change made here must show up in diff(), and only it.
 
 Every object is named tb-<random>, addressed in 198.18.0.0/15, and removed by a finalizer that
 runs even when an assertion fails. Root-namespace changes are limited to a veth pair and a
@@ -16,9 +16,10 @@ from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
-from testbed.session import claim_tag
-from testbed import PREFIX, errors, proc, snapshot
+from testbed import PREFIX, errors
 from testbed.errors import CommandError
+from testbed.host import proc, snapshot
+from testbed.measure.session import claim_tag
 
 pytestmark = [
     pytest.mark.netns,
@@ -40,7 +41,7 @@ def ours(lines: Sequence[str], *names: str) -> list[str]:
 
 
 def unique(suffix: str = "") -> str:
-    # <= 15 bytes for an ifname; the tag is registered as this process's (testbed.session)
+    # <= 15 bytes for an ifname; the tag is registered as this process's (testbed.measure.session)
     return f"{PREFIX}{claim_tag()}-s{suffix}"
 
 

@@ -1,4 +1,4 @@
-"""Two hosts emulated on one machine, joined by VXLAN (testbed.hostnet.vxlan), with namespace
+"""Two hosts emulated on one machine, joined by VXLAN (testbed.host.net.vxlan), with namespace
 endpoints standing in for guests: each endpoint's host-side veth end is created in the root
 namespace and moved into its host's namespace, as a guest's tap is.
 
@@ -17,12 +17,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from testbed import capabilities, proc, snapshot
 from testbed import errors
-from testbed.hostnet import vxlan
-from testbed.model import Attachment, Profile, TunnelSpec, object_name
-from testbed.session import claim_tag
+from testbed.admin import capabilities
+from testbed.host import proc, snapshot
+from testbed.host.net import vxlan
+from testbed.measure.session import claim_tag
 from testbed.tools.netperf import NetperfDriver
+from testbed.topology.model import Attachment, Profile, TunnelSpec, object_name
 
 pytestmark = [
     pytest.mark.netns,
@@ -130,8 +131,8 @@ def test_underlay_df_check_fails_when_the_wire_is_too_small(tmp_path):
 def test_cleanup_stops_a_dead_runs_private_switches(tmp_path):
     """After a SIGKILL the private OVS daemons of an emulated host keep running in their
     namespace; `testbed cleanup` stops them before it deletes the namespace."""
-    from testbed import cleanup
-    from testbed.hostnet import ovsd
+    from testbed.admin import cleanup
+    from testbed.host.net import ovsd
     if shutil.which("ovs-vswitchd") is None:
         pytest.skip("`ovs-vswitchd` not found (openvswitch-switch)")
     tag = claim_tag()

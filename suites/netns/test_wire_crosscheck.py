@@ -14,15 +14,15 @@ import threading
 from collections.abc import Iterator
 
 import psutil
-
 import pytest
 
-from testbed import crosscheck, proc, transfer
-from testbed.hostnet import links, netns
-from testbed.model import Pattern, Profile, Protocol
+from testbed.host import proc
+from testbed.host.net import links, netns
+from testbed.measure import crosscheck, transfer
+from testbed.measure.session import claim_tag
 from testbed.tools.base import vet
 from testbed.tools.netperf import NetperfDriver
-from testbed.session import claim_tag
+from testbed.topology.model import Pattern, Profile, Protocol
 
 pytestmark = [
     pytest.mark.netns,

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import json
-from html import escape
 import os
 import shutil
 import subprocess
 import sys
+from html import escape
 from pathlib import Path
 
 import pytest
 
 from testbed import attachments
-from testbed.model import Attachment
 from testbed.scenarios import SCENARIOS, study
+from testbed.topology.model import Attachment
 
 pytestmark = [pytest.mark.scenarios]
 VERDICTS = {v.value for v in study.Verdict}

@@ -30,8 +30,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from testbed import proc
 from testbed.errors import CommandError
+from testbed.host import proc
 
 
 def _pg_bindir() -> Path | None:

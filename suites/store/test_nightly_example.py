@@ -23,8 +23,9 @@ from pathlib import Path
 import pytest
 
 import testbed
-from testbed import proc, store
 from testbed.errors import CommandError
+from testbed.host import proc
+from testbed.records import store
 
 pytestmark = [pytest.mark.store, pytest.mark.attach("netns")]
 

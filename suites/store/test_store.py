@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from testbed import cli_results, store
-from testbed.store import schema
+from testbed.cli import results as cli_results
+from testbed.records import store
+from testbed.records.store import schema
 
 pytestmark = pytest.mark.store
 

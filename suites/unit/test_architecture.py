@@ -99,8 +99,8 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_reader_sees_the_imports_it_must():
     g = _graph()
     # a module-level import, a function-level one and a relative one are all seen
-    assert "testbed.model" in g["testbed.config"]
-    assert "testbed.attachments" in g["testbed.config"]
+    assert "testbed.topology.model" in g["testbed.topology.config"]
+    assert "testbed.attachments" in g["testbed.topology.config"]
     assert "testbed.attachments.base" in g["testbed.attachments"]
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
@@ -114,4 +114,4 @@ def test_the_model_imports_nothing_above_it():
     # the bottom of the house: the records every layer passes along name no registry, no
     # host operation and no tool; the registries validate names against them instead
     g = _graph()
-    assert g["testbed.model"] <= {"testbed"}, g["testbed.model"]
+    assert g["testbed.topology.model"] <= {"testbed"}, g["testbed.topology.model"]

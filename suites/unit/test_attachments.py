@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from testbed import attachments, config
+from testbed import attachments
 from testbed.attachments.base import Fabric, Mode
 from testbed.errors import ConfigError
-from testbed.model import Attachment
+from testbed.topology import config
+from testbed.topology.model import Attachment
 
 PKG = Path(attachments.__file__).resolve().parent.parent
 
@@ -19,7 +20,7 @@ def _code(name: str) -> str:
     return (PKG / name).read_text()
 
 
-@pytest.mark.parametrize("module", ["runner.py", "measure.py"])
+@pytest.mark.parametrize("module", ["measure/runner.py", "measure/sampling.py"])
 def test_runner_and_measure_name_no_mode(module):
     text = _code(module)
     for mode in attachments.modes():
@@ -30,7 +31,7 @@ def test_runner_and_measure_name_no_mode(module):
     assert members == [], f"{module} names Attachment members {members}"
     # The counters of a test path come from its fabric, not from a host-networking default.
     assert not re.search(r"^\s*(from testbed\.hostnet|import testbed\.hostnet|from testbed import .*\bhostnet\b)",
-                         _code("measure.py"), re.M)
+                         _code("measure/sampling.py"), re.M)
 
 
 def test_the_registry_lists_every_mode_module_once():
@@ -56,7 +57,7 @@ def test_attachment_is_a_name_the_model_does_not_interpret():
     with pytest.raises(ValueError, match="unknown attachment 'vdpa'"):
         attachments.get("vdpa")
     # nothing below the registry imports it: the model names no mode
-    model = _code("model.py")
+    model = _code("topology/model.py")
     assert "testbed.attachments" not in model and "from testbed import attachments" not in model
 
 

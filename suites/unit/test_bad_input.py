@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from testbed import cli, config
+from testbed import cli
 from testbed.errors import ConfigError
+from testbed.topology import config
 
 G = "guests: [{name: g1}, {name: g2}]\n"
 M = "matrix: {profiles: [{name: a}]}\n"
@@ -224,7 +225,7 @@ def _cli(argv: list[str]) -> tuple[int, str]:
 @pytest.fixture
 def no_execute(monkeypatch):
     """runner.execute is where a run creates things; a bad topology must never get there."""
-    from testbed import runner
+    from testbed.measure import runner
 
     def refuse(*_a, **_k):
         raise AssertionError("runner.execute reached with a bad topology")
@@ -262,7 +263,7 @@ def test_good_limits_raise_the_caps(tmp_path):
 
 
 def test_cell_count_matches_the_plan():
-    from testbed import runner
+    from testbed.measure import runner
     t = config.parse(G + "matrix: {attachments: [bridge, netns-veth], backends: [qemu, vhost], queues: [1, 2], "
                      "mtus: [1500, 9000], profiles: [{name: a}, {name: b}]}\n", "t.yaml")
     assert config.cell_count(t.matrix) == len(runner.plan(t)) == 4 * 2 * 2 + 2 * 2
@@ -363,7 +364,7 @@ def test_qcow2_images_pass_and_backing_files_do_not(tmp_path):
 def test_run_refuses_bad_input_while_another_run_holds_the_host(tmp_path):
     """The host lock is taken by runner.execute; validation comes first, so bad input is
     exit 2 (not 4, 'host busy') even while another run holds the host."""
-    from testbed import cleanup
+    from testbed.admin import cleanup
     state = tmp_path / "state"
     env = {**os.environ, "TESTBED_STATE": str(state), "TESTBED_RESULTS": str(tmp_path / "res")}
     f = tmp_path / "bad.yaml"
@@ -387,8 +388,8 @@ def test_run_refuses_bad_input_while_another_run_holds_the_host(tmp_path):
 
 
 def test_ssh_and_scp_put_dashdash_before_the_host(tmp_path, monkeypatch):
-    from testbed import proc, remote
-    from testbed.model import HostSpec
+    from testbed.host import proc, remote
+    from testbed.topology.model import HostSpec
     h = HostSpec(name="hb", uri="qemu+ssh://root@hb/system", transport="ssh", ssh_target="root@hb")
     argv = remote.shell(h).argv(["true"])
     assert argv[argv.index("--") + 1] == "root@hb" and argv[-1] == "true"
@@ -405,8 +406,8 @@ def test_ssh_never_reads_the_target_as_an_option(tmp_path):
     import shutil
     if not shutil.which("ssh"):
         pytest.skip("ssh missing (package openssh-client)")
-    from testbed import remote
-    from testbed.model import HostSpec
+    from testbed.host import remote
+    from testbed.topology.model import HostSpec
     pwned = tmp_path / "pwned"
     h = HostSpec(name="hb", uri="qemu+ssh://root@hb/system", transport="ssh",
                  ssh_target=f"-oProxyCommand=touch {pwned}", known_hosts=str(tmp_path / "kh"))
@@ -417,8 +418,9 @@ def test_ssh_never_reads_the_target_as_an_option(tmp_path):
 
 def test_a_missing_capability_names_the_file_and_field(tmp_path):
     """Exit 3 (a capability the host lacks) names the file and the field that asked for it."""
-    from testbed import capabilities, runner
+    from testbed.admin import capabilities
     from testbed.errors import CapabilityError
+    from testbed.measure import runner
     ok, _ = capabilities.vhost_net()
     if ok:
         pytest.skip("this host has /dev/vhost-net: backend vhost is not a missing capability here")
@@ -431,8 +433,9 @@ def test_a_missing_capability_names_the_file_and_field(tmp_path):
 
 
 def test_accelerator_kvm_without_dev_kvm_names_the_field(tmp_path):
-    from testbed import capabilities, runner
+    from testbed.admin import capabilities
     from testbed.errors import CapabilityError
+    from testbed.measure import runner
     if capabilities.kvm_device()[0]:
         pytest.skip("this host opens /dev/kvm: accelerator kvm is decided by a probe boot at run time")
     f = tmp_path / "t.yaml"

@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from testbed import bench_gate, compare
+from testbed.analysis import compare
+from testbed.bench import gate as bench_gate
 
 pytestmark = pytest.mark.unit
 
@@ -68,7 +69,7 @@ def test_a_cell_failing_nine_of_ten_samples_is_broken_among_200(tmp_path):
 def test_a_ten_percent_drop_at_ten_percent_noise_is_never_unchanged(seed):
     """Lognormal 10 % noise, n=5 a side, 100 cells all 10 % down: the point estimate often
     lands within 5 %, the interval never does."""
-    from testbed import stats
+    from testbed.analysis import stats
     rng = np.random.default_rng(seed)
     comps = [stats.compare(2000 * rng.lognormal(0, 0.1, 5), 1800 * rng.lognormal(0, 0.1, 5),
                            higher_is_better=True) for _ in range(100)]
@@ -91,7 +92,7 @@ def test_an_unchanged_verdict_shows_its_interval_and_mdc(tmp_path):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_integer_p99_raised_20pct_in_5_plus_5_of_100_cells_is_regressed(seed):
     """Integer microseconds with ties (netperf's p99): the cell that rose by 20 % is found."""
-    from testbed import stats
+    from testbed.analysis import stats
     rng = np.random.default_rng(seed)
     comps = []
     for k in range(100):
@@ -107,7 +108,7 @@ def test_integer_p99_raised_20pct_in_5_plus_5_of_100_cells_is_regressed(seed):
 
 
 def test_a_floored_test_says_insufficient_with_the_n_that_would_do():
-    from testbed import stats
+    from testbed.analysis import stats
     rng = np.random.default_rng(0)
     comps = [stats.compare([100.0] * 5, [130.0] * 5, higher_is_better=True)]
     comps += [stats.compare(rng.normal(100, 3, 5), rng.normal(100, 3, 5), higher_is_better=True)
@@ -118,7 +119,7 @@ def test_a_floored_test_says_insufficient_with_the_n_that_would_do():
 
 
 def test_bootstrap_is_studentized_and_floored():
-    from testbed import stats
+    from testbed.analysis import stats
     c = stats.compare([1.0, 2, 3, 4, 5], [1.5, 2.5, 3.5, 4.5, 5.5], higher_is_better=True,
                       test="bootstrap")
     assert c.p_value > 0.3
@@ -135,6 +136,6 @@ def test_history_finds_a_lasting_step_within_three_nights_and_rarely_alarms_unch
 
 
 def test_variants_are_measured_a_b_b_a():
-    from testbed import variants
+    from testbed.measure import variants
     order = [x for r in range(4) for x in variants.round_order(["A", "B"], r)]
     assert "".join(order) == "ABBAABBA"

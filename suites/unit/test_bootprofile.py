@@ -1,7 +1,7 @@
 """The boot breakdown's parsers, on output captured from the testbed's guest."""
 from pathlib import Path
 
-from testbed import bootprofile as bp
+from testbed.guests import bootprofile as bp
 
 FIX = Path(__file__).parent / "fixtures" / "bootprofile"
 

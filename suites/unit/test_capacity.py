@@ -1,4 +1,4 @@
-"""testbed.capacity: VMs per host from measured cost per unit of traffic, with known numbers."""
+"""testbed.analysis.capacity: VMs per host from measured cost per unit of traffic, with known numbers."""
 from __future__ import annotations
 
 import argparse
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from testbed import capacity, cli_results, compare
-from testbed.capacity import CapacityError, Demand, UnitCost, fit, parse_demand
-from testbed.model import (Attachment, Backend, Cell, GuestSpec, HostSpec, Matrix, Pattern,
-                           Profile, Topology)
-from testbed.results import RunWriter, Sample, now
+from testbed.analysis import capacity, compare
+from testbed.analysis.capacity import CapacityError, Demand, UnitCost, fit, parse_demand
+from testbed.cli import results as cli_results
+from testbed.records.results import RunWriter, Sample, now
+from testbed.topology.model import Attachment, Backend, Cell, GuestSpec, HostSpec, Matrix, Pattern, Profile, Topology
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""testbed.capacity_model and capacity_plan: the fitted cost model from N pairs at once, on synthetic run records."""
+"""testbed.analysis.capacity_model and capacity_plan: the fitted cost model from N pairs at once, on synthetic run records."""
 from __future__ import annotations
 
 import argparse
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from testbed import capacity_model, capacity_plan, cli_results, compare
-from testbed.capacity import parse_demand
-from testbed.model import (Attachment, Backend, Cell, GuestSpec, HostSpec, Matrix, Pattern,
-                           Profile, Topology)
-from testbed.results import RunWriter, Sample, now
+from testbed.analysis import capacity_model, capacity_plan, compare
+from testbed.analysis.capacity import parse_demand
+from testbed.cli import results as cli_results
+from testbed.records.results import RunWriter, Sample, now
+from testbed.topology.model import Attachment, Backend, Cell, GuestSpec, HostSpec, Matrix, Pattern, Profile, Topology
 
 pytestmark = pytest.mark.unit
 
@@ -209,7 +209,7 @@ def test_tcg_keeps_its_banner_and_json_has_the_residuals(tmp_path, capsys):
 def test_the_report_has_one_capacity_plot_per_mode_and_the_table(tmp_path):
     import base64
 
-    from testbed import report
+    from testbed.analysis import report
     rec = compare.load(write(tmp_path, "rep", [
         (att, n, [(2000.0 * n, busy(n, 2.0 * n), None)]) for att in ("bridge", "ovs")
         for n in (1, 2)], idle=idle_readings(), memory_mib=16384))

@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from testbed import cli_results, compare
 from testbed import errors
-from testbed.model import (Attachment, Backend, Cell, GuestSpec, HostSpec, Matrix, Pattern,
-                           Profile, Topology)
-from testbed.results import RunWriter, Sample, now
+from testbed.analysis import compare
+from testbed.cli import results as cli_results
+from testbed.records.results import RunWriter, Sample, now
+from testbed.topology.model import Attachment, Backend, Cell, GuestSpec, HostSpec, Matrix, Pattern, Profile, Topology
 
 pytestmark = pytest.mark.unit
 

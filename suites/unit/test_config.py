@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from testbed import config
 from testbed.errors import ConfigError
-from testbed.model import Attachment, Pattern
+from testbed.topology import config
+from testbed.topology.model import Attachment, Pattern
 
 GOOD = """\
 guests:
@@ -227,7 +227,7 @@ def test_ssh_host_fields(tmp_path):
                      "matrix: {attachments: [macvtap], profiles: [{name: a}]}\n", str(tmp_path / "t.yaml"))
     hb = t.hosts[1]
     assert hb.remote and hb.ssh_port == 2222 and hb.known_hosts == str(kh) and hb.underlay == "ens5"
-    from testbed import remote
+    from testbed.host import remote
     argv = remote.shell(hb).argv(["ip", "link", "show", "dev", "a b"])
     assert argv[0] == "ssh" and "StrictHostKeyChecking=yes" in argv and "BatchMode=yes" in argv
     assert f"UserKnownHostsFile={kh}" in argv and argv[-1] == "ip link show dev 'a b'"
@@ -252,7 +252,7 @@ def test_cli_rejects_with_one_line_and_exit_2(tmp_path, case):
 
 
 def test_remote_probe_parses():
-    from testbed import environment
+    from testbed.host import environment
     kv = environment.parse_remote_probe("host=hb\nkernel=6.1.0-26-amd64\ncpus=64\ncpu_model=AMD EPYC 7B13 = x\n"
                                         "qemu=QEMU emulator version 7.2.11\nkvm_device=yes\nnoise\n")
     assert kv["cpus"] == "64" and kv["cpu_model"] == "AMD EPYC 7B13 = x" and "noise" not in kv

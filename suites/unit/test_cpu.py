@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from testbed import cpu
+from testbed.measure import cpu
 
 # Two CPUs over a window of 100 ticks each: every CPU line adds up to 100 ticks.
 STAT_A = """cpu  100 0 50 1000 0 0 10 0 0 0

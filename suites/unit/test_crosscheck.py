@@ -1,9 +1,9 @@
-"""The wire cross-check's arithmetic (testbed.crosscheck). Real counters around real
+"""The wire cross-check's arithmetic (testbed.measure.crosscheck). Real counters around real
 netperf runs are in suites/netns/test_wire_crosscheck.py."""
 from __future__ import annotations
 
-from testbed import crosscheck
-from testbed.model import Pattern, Protocol
+from testbed.measure import crosscheck
+from testbed.topology.model import Pattern, Protocol
 
 TCP_HDR = 14 + 20 + 32
 
@@ -77,7 +77,7 @@ def test_receiving_side_and_direction():
 
 
 def test_window_record_states_each_interval_and_the_coverage():
-    from testbed import measure
+    from testbed.measure import sampling as measure
     w = measure.window_record(10.0, 10, 10.5, {"g1": 9.0, "g2": 10.2})
     assert w["tool_s"] == 10.0 and w["host_s"] == 10.5 and w["guest_s"] == {"g1": 9.0, "g2": 10.2}
     assert w["coverage"] == {"host": 1.0, "g1": 0.9, "g2": 1.0}

@@ -1,8 +1,8 @@
 """The density bench's pure parts: its argument, the memory fit refusal, smaps, the table."""
 import pytest
 
-from testbed import density
 from testbed.errors import ConfigError
+from testbed.measure import density
 
 SMAPS = """\
 55d0c1a2b000-7ffd5c3f4000 ---p 00000000 00:00 0                          [rollup]

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from testbed import virt
+from testbed.guests import virt
 
 
 def test_all_entered_are_left_and_entries_overlap():

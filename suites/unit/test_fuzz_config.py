@@ -27,8 +27,10 @@ from typing import Any
 import pytest
 import yaml
 
-from testbed import attachments, cli, config, render
-from testbed.model import Attachment
+from testbed import attachments, cli
+from testbed.guests import render
+from testbed.topology import config
+from testbed.topology.model import Attachment
 
 hypothesis = pytest.importorskip("hypothesis", reason="hypothesis missing (pip install -e .[test])")
 from hypothesis import HealthCheck, event, given, settings  # noqa: E402

@@ -7,12 +7,11 @@ import xml.etree.ElementTree as ET
 
 import numpy as np
 import pytest
-
-from testbed import compare
-from testbed.model import Attachment, Backend, Cell
-from testbed.results import Sample, now
-
 from test_compare import STREAM, cpu, run_cli, stream_metrics, write_run  # noqa: F401
+
+from testbed.analysis import compare
+from testbed.records.results import Sample, now
+from testbed.topology.model import Attachment, Backend, Cell
 
 pytestmark = pytest.mark.unit
 
@@ -235,8 +234,8 @@ def test_junit_marks_insufficient_cells_skipped(tmp_path, capsys):
 
 def test_variants_in_one_run_compare_like_two_runs(tmp_path, capsys):
     """`compare RUN --variants a b` gives the verdicts and exit status of two runs."""
-    from testbed import variants
-    from testbed.model import Variant
+    from testbed.measure import variants
+    from testbed.topology.model import Variant
     cs = cells(4)
     vs = (Variant("a"), Variant("b", machine="pc"))
     rng = np.random.default_rng(5)

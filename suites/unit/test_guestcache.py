@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from testbed import guestcache
 from testbed import errors
+from testbed.guests import guestcache
 
 SAVED = (Path(__file__).parent / "fixtures" / "libvirt-save-image-domain.xml").read_text()
 
@@ -163,7 +163,9 @@ def test_an_image_build_killed_midway_is_found_and_removed_by_cleanup(tmp_path, 
     import subprocess
     import sys
     import time
-    from testbed import cleanup, images
+
+    from testbed.admin import cleanup
+    from testbed.guests import images
     monkeypatch.setenv("TESTBED_CACHE", str(tmp_path))
     child = subprocess.Popen([sys.executable, "-c", BUILD_CHILD], env={**os.environ, "TESTBED_CACHE": str(tmp_path)})
     try:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from testbed import history, store
-from testbed.model import Attachment, Backend, Cell
-
 from test_compare import RR, STREAM, run_cli
 from test_gate import synthetic
+
+from testbed.analysis import history
+from testbed.records import store
+from testbed.topology.model import Attachment, Backend, Cell
 
 pytestmark = pytest.mark.unit
 
@@ -73,7 +73,7 @@ def test_an_incomparable_environment_splits_the_series(tmp_path, capsys):
     ids = []
     for i in range(6, 12):
         run_id = f"2026110{i // 10}T{i % 10:02d}0000Z-{i:04x}"
-        from test_compare import write_run, stream_metrics, cpu
+        from test_compare import cpu, stream_metrics, write_run
         rng = np.random.default_rng(i)
         # TCG: two orders of magnitude slower, never one series with KVM
         write_run(tmp_path, run_id, {S: [(stream_metrics(20 * rng.normal(1, 0.02)),

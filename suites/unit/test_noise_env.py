@@ -9,9 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from testbed import compare, results, tuning, window
-from testbed.model import NoiseAction, NoiseSpec
-from testbed.records import RunRecord, SampleRecord
+from testbed.analysis import compare
+from testbed.host import tuning
+from testbed.measure import window
+from testbed.records import results
+from testbed.records.records import RunRecord, SampleRecord
+from testbed.topology.model import NoiseAction, NoiseSpec
 
 FIX = Path(__file__).parent / "fixtures"
 CI = tuning.parse_dump((FIX / "tuning" / "ci-host.txt").read_text())
@@ -130,7 +133,7 @@ def test_compare_excludes_noisy_and_lists_differing_host_settings(tmp_path):
 
 
 def test_wait_quiet_bound_and_timeout():
-    from testbed.model import QuietWait
+    from testbed.topology.model import QuietWait
     r = window.wait_quiet(QuietWait(bound_cores=1024, for_s=1, timeout_s=5))
     assert r["quiet"] is True and r["waited_s"] < 5
     # nothing is ever under a negative bound: the wait ends at its timeout, saying so
@@ -140,7 +143,8 @@ def test_wait_quiet_bound_and_timeout():
 
 def test_harness_cpus_set_and_put_back():
     import os
-    from testbed import runner
+
+    from testbed.measure import runner
     before = os.sched_getaffinity(0)
     one = min(before)
     with runner.harness_cpus([one], daemons=()) as rec:

@@ -8,10 +8,12 @@ import subprocess
 
 import pytest
 
-from testbed import config, measure, pacing, pairs, runner
-from testbed.model import Attachment, Backend, Cell, Pattern, Profile, Protocol, Tool
-from testbed.tools import get_tool
+from testbed.measure import pairs, runner
+from testbed.measure import sampling as measure
+from testbed.tools import get_tool, pacing
 from testbed.tools.base import ToolResult
+from testbed.topology import config
+from testbed.topology.model import Attachment, Backend, Cell, Pattern, Profile, Protocol, Tool
 
 pytestmark = pytest.mark.unit
 
@@ -178,7 +180,7 @@ def test_pair_cores_and_end_skew():
 
 
 def test_clone_names_stay_within_name_re_and_pairs_share_the_snapshot_slot():
-    from testbed.model import NAME_RE
+    from testbed.topology.model import NAME_RE
     assert pairs.clone_name("g1", 0) == "g1" and pairs.clone_name("g1", 1) == "g1-p2"
     long = pairs.clone_name("clientvm01", 7)
     assert NAME_RE.match(long) and long.endswith("-p8")

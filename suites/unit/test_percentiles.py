@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from testbed import config, percentiles
 from testbed.errors import ConfigError
-from testbed.model import Attachment, Backend, Cell, Pattern, Profile
+from testbed.records import percentiles
 from testbed.tools import netperf
+from testbed.topology import config
+from testbed.topology.model import Attachment, Backend, Cell, Pattern, Profile
 
 pytestmark = pytest.mark.unit
 
@@ -116,8 +117,8 @@ def test_bad_percentiles_name_the_field(value, words):
 
 
 def test_each_tool_says_whether_its_pacing_is_open_or_closed_loop():
-    from testbed import pacing
-    from testbed.model import Tool
+    from testbed.tools import pacing
+    from testbed.topology.model import Tool
     assert set(pacing.LOOP) == set(Tool)
     assert pacing.loop_label(Tool.IPERF3) == "open-loop"
     for t in (Tool.UPERF, Tool.NETPERF):
@@ -160,7 +161,7 @@ def test_fractions_of_the_measured_maximum():
     assert [(p.name, p.rate, p.rate_fraction, p.rate_of) for p in ps] == [
         ("tcp_rr", None, None, None), ("tcp_rr_0_5max", "0.5max", 0.5, "tcp_rr"),
         ("tcp_rr_0_9max", "0.9max", 0.9, "tcp_rr"), ("tcp_rr_2000tps", "2000tps", None, None)]
-    from testbed import pacing
+    from testbed.tools import pacing
     cell = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, ps[1], pairs=2)
     base_id = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, ps[0], pairs=2).id
     got, why = pacing.resolve_fraction(cell, ps, [{"id": base_id, "status": "ok",

@@ -13,9 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from testbed import cli, config, placement, render, runner
+from testbed import cli
 from testbed.errors import CapabilityError
-from testbed.model import CpuMode, NoiseAction, Placement, cpulist, parse_cpulist
+from testbed.guests import render
+from testbed.host import placement
+from testbed.measure import runner
+from testbed.topology import config
+from testbed.topology.model import CpuMode, NoiseAction, Placement, cpulist, parse_cpulist
 
 GOLDEN = Path(__file__).parent / "golden"
 CPUS = sorted(os.sched_getaffinity(0))
@@ -232,7 +236,7 @@ def test_hugepage_size_the_host_does_not_offer(tmp_path, capsys):
 
 
 def test_cpu_mode_under_tcg_chosen_at_run_time():
-    from testbed.model import Accelerator
+    from testbed.topology.model import Accelerator
     t = config.parse(topo("cpu: {mode: host-model}").replace("accelerator: tcg", "accelerator: auto"))
     with pytest.raises(CapabilityError, match=r"guests\[0\]\.placement\.cpu\.mode: host-model needs KVM"):
         runner.placement_accelerator(t, Accelerator.TCG)

@@ -96,7 +96,7 @@ def test_recorded_fixtures_have_their_sources():
 def _accepted_keys() -> set[str]:
     """Every key the topology loader accepts: the literal sets its `.mapping(...)` calls take."""
     keys: set[str] = set()
-    for src in [ROOT / "testbed/config.py", ROOT / "testbed/config_placement.py",
+    for src in [ROOT / "testbed/topology/config.py", ROOT / "testbed/topology/config_placement.py",
                 *(ROOT / "testbed/attachments").glob("*.py")]:
         tree = ast.parse(src.read_text())
         consts = {t.id: n.value for n in ast.walk(tree) if isinstance(n, ast.Assign)

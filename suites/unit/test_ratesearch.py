@@ -5,11 +5,22 @@ from __future__ import annotations
 
 import pytest
 
-from testbed import config, ratesearch, ratesearch_cell, results
-from testbed.crosscheck import Wire
 from testbed.errors import ConfigError
-from testbed.model import (Attachment, Backend, Cell, Pattern, Profile, Protocol, RateSearch, Tool,
-                           definition_hash)
+from testbed.measure import ratesearch, ratesearch_cell
+from testbed.measure.crosscheck import Wire
+from testbed.records import results
+from testbed.topology import config
+from testbed.topology.model import (
+    Attachment,
+    Backend,
+    Cell,
+    Pattern,
+    Profile,
+    Protocol,
+    RateSearch,
+    Tool,
+    definition_hash,
+)
 
 BASE = """\
 guests: [{name: g1}, {name: g2}]

@@ -16,12 +16,24 @@ from pathlib import Path
 
 import pytest
 
-from testbed import records, results
-from testbed.config import default
-from testbed.model import Attachment, Backend, Cell, Pattern, Profile
-from testbed.records import (CellOutcome, CellRecord, Counts, Cpu, Crosscheck, Environment,
-                             IdleReading, Image, PairResult, RunRecord, SampleRecord, Summary,
-                             Window)
+from testbed.records import records, results
+from testbed.records.records import (
+    CellOutcome,
+    CellRecord,
+    Counts,
+    Cpu,
+    Crosscheck,
+    Environment,
+    IdleReading,
+    Image,
+    PairResult,
+    RunRecord,
+    SampleRecord,
+    Summary,
+    Window,
+)
+from testbed.topology.config import default
+from testbed.topology.model import Attachment, Backend, Cell, Pattern, Profile
 
 RUNS = Path(__file__).parent / "fixtures" / "runs"
 
@@ -133,7 +145,7 @@ def test_a_format_1_file_loads_upgraded_with_the_hashes_main_computed(tmp_path):
     # the file itself is never edited
     assert json.loads((RUNS / "format1" / "run.json").read_text())["format_version"] == 1
     # and the upgraded run compares with itself: same definitions on both sides
-    from testbed import compare
+    from testbed.analysis import compare
     res = compare.compare_runs(rec, rec, min_samples=2)
     assert res.refused is None and len(res.cells) == 2
     assert {c.verdict for c in res.cells} == {compare.CellVerdict.UNCHANGED}
@@ -142,7 +154,7 @@ def test_a_format_1_file_loads_upgraded_with_the_hashes_main_computed(tmp_path):
 def test_a_run_upgraded_from_format_1_compares_with_one_written_today(tmp_path):
     """The upgrade is what makes an old baseline usable: an unchanged cell measured before
     and after it has one definition hash on both sides."""
-    from testbed import runner
+    from testbed.measure import runner
     topo = default()
     cell = next(c for c in runner.plan(topo) if c.profile.name == "tcp_stream")
     with results.RunWriter(tmp_path, "new", topo, {"accelerator": "tcg"}) as w:
@@ -197,7 +209,7 @@ def test_the_primary_metric_of_each_pattern(pattern):
     want = {Pattern.STREAM: "throughput_mbps", Pattern.MAERTS: "throughput_mbps",
             Pattern.BIDIRECTIONAL: "throughput_mbps", Pattern.RR: "transactions_per_s",
             Pattern.CRR: "transactions_per_s"}[pattern]
-    from testbed import measure
+    from testbed.measure import sampling as measure
     assert pattern.primary_metric == want == records.primary_metric(pattern.value)
     assert measure.primary_metric(Profile("p", pattern=pattern)) == want
     # and a run record asks the same place, through the profile its topology recorded
@@ -230,7 +242,7 @@ def test_no_reader_decides_the_primary_metric_itself():
 # --------------------------------------------------------------------------- layering
 
 def test_report_does_not_import_the_scenarios():
-    code = ("import sys, testbed.report; "
+    code = ("import sys, testbed.analysis.report; "
             "print([m for m in sys.modules if m.startswith('testbed.scenarios')])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=Path(__file__).resolve().parents[2], check=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testbed import render
+from testbed.guests import render
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"

@@ -1,4 +1,4 @@
-"""testbed.report: a self-contained HTML page with real plots, and the CSV of every sample.
+"""testbed.analysis.report: a self-contained HTML page with real plots, and the CSV of every sample.
 
 The last test opens the page in headless Chromium and checks that the screenshot shows
 plots; it is skipped when Chromium is not installed (Debian: apt-get install -y chromium).
@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from testbed import cli_results, compare, proc, report
-from testbed.model import (Attachment, Backend, Cell, GuestSpec, HostSpec, Matrix, Pattern,
-                           Profile, Topology)
-from testbed.results import RunWriter, Sample, now
+from testbed.analysis import compare, report
+from testbed.cli import results as cli_results
+from testbed.host import proc
+from testbed.records.results import RunWriter, Sample, now
+from testbed.topology.model import Attachment, Backend, Cell, GuestSpec, HostSpec, Matrix, Pattern, Profile, Topology
 
 pytestmark = pytest.mark.unit
 

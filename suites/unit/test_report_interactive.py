@@ -1,4 +1,4 @@
-"""The report's interactive plots (testbed.report_interactive): built from a run in the real
+"""The report's interactive plots (testbed.analysis.report_interactive): built from a run in the real
 format with a rate search, histograms and paced loads; the page carries plotly.js itself;
 and in headless Chromium with no network at all (its own network namespace) the plots
 render and a real mouse move over a point brings up its hover label.
@@ -19,10 +19,22 @@ from pathlib import Path
 
 import pytest
 
-from testbed import compare, report, report_interactive, slo
-from testbed.model import (Attachment, Backend, Cell, GuestSpec, HostSpec, Matrix, Pattern, Profile, Protocol,
-                           RateSearch, Tool, Topology)
-from testbed.results import RunWriter, Sample, now
+from testbed.analysis import compare, report, report_interactive, slo
+from testbed.records.results import RunWriter, Sample, now
+from testbed.topology.model import (
+    Attachment,
+    Backend,
+    Cell,
+    GuestSpec,
+    HostSpec,
+    Matrix,
+    Pattern,
+    Profile,
+    Protocol,
+    RateSearch,
+    Tool,
+    Topology,
+)
 
 pytestmark = pytest.mark.unit
 

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from testbed import results
-from testbed.config import default
-from testbed.model import Attachment, Backend, Cell, Profile
+from testbed.records import results
+from testbed.topology.config import default
+from testbed.topology.model import Attachment, Backend, Cell, Profile
 
 
 def _sample(run_id: str, rep: int, status: str = "ok") -> results.Sample:
@@ -57,7 +57,7 @@ def test_run_json_is_replaced_atomically(tmp_path):
 def test_a_format_1_run_loads_upgraded_with_the_hash_a_new_run_would_have(tmp_path):
     """Old run directories still load: the definition hash is computed from their own
     topology, the way the runner computes it for a new run, so unchanged cells still match."""
-    from testbed import runner
+    from testbed.measure import runner
     topo = default()
     (cell,) = [c for c in runner.plan(topo) if c.profile.name == "tcp_stream"][:1]
     assert cell.context                                  # guests' size and placement
@@ -83,7 +83,8 @@ def test_a_format_1_run_loads_upgraded_with_the_hash_a_new_run_would_have(tmp_pa
 
 def test_the_definition_hash_follows_everything_that_changes_a_measurement():
     import dataclasses
-    from testbed.model import Offloads, Tool
+
+    from testbed.topology.model import Offloads, Tool
     c = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, Profile("tcp_stream", message_size=16384))
     changed = [dataclasses.replace(c, profile=dataclasses.replace(c.profile, **kw))
                for kw in (dict(message_size=1024), dict(duration_s=30), dict(tool=Tool.UPERF),

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.model import Attachment, Tool
 from testbed.scenarios import e_macvtap_vs_ovs as e
+from testbed.topology.model import Attachment, Tool
 
 pytestmark = pytest.mark.unit
 

@@ -75,9 +75,10 @@ def test_render_text_lists_every_finding():
 def test_report_page_shows_the_study_table_and_verdicts(tmp_path):
     from html import escape
 
-    from testbed import report, results
-    from testbed.model import Attachment
+    from testbed.analysis import report
+    from testbed.records import results
     from testbed.scenarios import session
+    from testbed.topology.model import Attachment
     topo = session.topology("netns-connect", [Attachment("netns-veth")], [d_netns_connect.profile(True, 3)])
     with results.RunWriter(tmp_path, "20260101T000000Z-abcd", topo, ENV) as w:
         pass
@@ -91,8 +92,8 @@ def test_report_page_shows_the_study_table_and_verdicts(tmp_path):
 
 
 def test_hosts_file_applies_only_where_its_placement_fits():
-    from testbed import config
     from testbed.scenarios import session as ses
+    from testbed.topology import config
     one = config.parse("guests: [{name: a1}, {name: a2}]\nmatrix: {attachments: [ovs], profiles: [{name: p}]}\n", "o.yaml")
     emulated = config.parse("hosts: [{name: h1, transport: netns}, {name: h2, transport: netns}]\n"
                             "guests: [{name: g1, host: h1}, {name: g2, host: h2}]\ntunnel: {underlay_mtu: 9050}\n"

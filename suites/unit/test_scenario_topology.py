@@ -7,11 +7,11 @@ import dataclasses
 
 import pytest
 
-from testbed import config
-from testbed.model import Attachment
 from testbed.scenarios import c_ovs_analysis as c
 from testbed.scenarios import e_macvtap_vs_ovs as e
 from testbed.scenarios import session as ses
+from testbed.topology import config
+from testbed.topology.model import Attachment
 
 
 def _e_text(name: str, attachments, quick: bool, two_hosts: bool, tool: str) -> str:
@@ -52,7 +52,7 @@ def test_ovs_analysis_vxlan_topology_is_what_the_loader_makes(monkeypatch, off):
         seen.append(topo)
         raise Stop
 
-    monkeypatch.setattr("testbed.runner.execute", execute)
+    monkeypatch.setattr("testbed.measure.runner.execute", execute)
     with pytest.raises(Stop):
         c._vxlan(True, lambda s: None, None, offloads_off=off)
     text = f"""\

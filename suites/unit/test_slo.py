@@ -1,4 +1,4 @@
-"""Capacity at a service level (testbed.slo) on density runs written by the real RunWriter:
+"""Capacity at a service level (testbed.analysis.slo) on density runs written by the real RunWriter:
 cells of N pairs paced at 5000 tps (or 2 Gbit/s of UDP), each pair with its own figures; the
 --slo text checked before the run is read."""
 from __future__ import annotations
@@ -10,11 +10,22 @@ from pathlib import Path
 
 import pytest
 
-from testbed import compare, slo
-from testbed.capacity import CapacityError
-from testbed.model import (Attachment, Backend, Cell, GuestSpec, HostSpec, Matrix, Pattern, Profile, Protocol,
-                           Tool, Topology)
-from testbed.results import RunWriter, Sample, now
+from testbed.analysis import compare, slo
+from testbed.analysis.capacity import CapacityError
+from testbed.records.results import RunWriter, Sample, now
+from testbed.topology.model import (
+    Attachment,
+    Backend,
+    Cell,
+    GuestSpec,
+    HostSpec,
+    Matrix,
+    Pattern,
+    Profile,
+    Protocol,
+    Tool,
+    Topology,
+)
 
 pytestmark = pytest.mark.unit
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from testbed import images, srctools
 from testbed.errors import ConfigError
+from testbed.guests import images, srctools
 
 pytestmark = pytest.mark.unit
 DATA = Path(__file__).resolve().parents[1] / "vm" / "data"
@@ -96,9 +96,10 @@ def test_a_compiler_error_names_the_step_and_shows_its_last_lines(tmp_path) -> N
 def test_preflight_asks_the_images_tool_list_not_this_host() -> None:
     import dataclasses
 
-    from testbed import config, runner
     from testbed.errors import CapabilityError
-    from testbed.model import Profile, Tool
+    from testbed.measure import runner
+    from testbed.topology import config
+    from testbed.topology.model import Profile, Tool
     img = images.Image("x", "d", Path("/nonexistent"), None, None, "", tools={"netperf": "2.7.0"})
     topo = config.default()
     up = dataclasses.replace(topo, matrix=dataclasses.replace(topo.matrix, profiles=(

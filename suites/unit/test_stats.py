@@ -1,4 +1,4 @@
-"""testbed.stats: known answers for summaries, the stopping rule, comparisons and ratios."""
+"""testbed.analysis.stats: known answers for summaries, the stopping rule, comparisons and ratios."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,10 +8,21 @@ import numpy as np
 import pytest
 from scipy.stats import t as student_t
 
-from testbed.model import Repetitions
-from testbed.stats import (Comparison, Decision, StoppingRule, Summary, Verdict, adjust, compare,
-                           cpu_us_per_transaction, gbit_per_core, gbit_per_ghz,
-                           randomized_order, summarize)
+from testbed.analysis.stats import (
+    Comparison,
+    Decision,
+    StoppingRule,
+    Summary,
+    Verdict,
+    adjust,
+    compare,
+    cpu_us_per_transaction,
+    gbit_per_core,
+    gbit_per_ghz,
+    randomized_order,
+    summarize,
+)
+from testbed.topology.model import Repetitions
 
 pytestmark = pytest.mark.unit
 
@@ -348,7 +359,7 @@ def test_notes_are_not_repeated_when_the_verdict_is_taken_again():
 
 from scipy import special as _spx  # noqa: E402
 
-from testbed.stats import Prior, fit_prior, moderate, trigamma_inverse  # noqa: E402
+from testbed.analysis.stats import Prior, fit_prior, moderate, trigamma_inverse  # noqa: E402
 
 
 @pytest.mark.parametrize("y", [1e-7, 0.01, 0.5, 3.0, 40.0, 1e8])

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from testbed import compare, stats, tailgate
-from testbed.model import Attachment, Backend, Cell, GuestSpec, HostSpec, Matrix, Pattern, Profile, Topology
-from testbed.results import RunWriter, Sample, now
+from testbed.analysis import compare, stats, tailgate
+from testbed.records.results import RunWriter, Sample, now
+from testbed.topology.model import Attachment, Backend, Cell, GuestSpec, HostSpec, Matrix, Pattern, Profile, Topology
 
 pytestmark = pytest.mark.unit
 

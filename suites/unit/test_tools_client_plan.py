@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import inspect
 
-from testbed import measure
-from testbed.model import Pattern, Profile, Tool
+from testbed.measure import sampling as measure
 from testbed.tools import get_tool
+from testbed.topology.model import Pattern, Profile, Tool
 
 
 def test_netperf_runs_one_instance_per_connection() -> None:

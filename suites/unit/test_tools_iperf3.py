@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from testbed import proc
-from testbed.transfer import wait_listening
-from testbed.model import Pattern, Profile, Protocol, Tool
+from testbed.host import proc
+from testbed.measure.transfer import wait_listening
 from testbed.tools import ToolResult, UnsupportedProfile, get_tool
+from testbed.topology.model import Pattern, Profile, Protocol, Tool
 
 pytestmark = pytest.mark.unit
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from testbed import proc
-from testbed.transfer import wait_listening
-from testbed.model import Pattern, Profile, Protocol, Tool
+from testbed.host import proc
+from testbed.measure.transfer import wait_listening
 from testbed.tools import ToolResult, UnsupportedProfile, get_tool
 from testbed.tools.netperf import SELECTORS
+from testbed.topology.model import Pattern, Profile, Protocol, Tool
 
 pytestmark = pytest.mark.unit
 
@@ -327,8 +327,10 @@ def test_real_netperf_without_server_fails(netns_pair) -> None:
 def test_vet_fails_zero_results_and_short_intervals():
     """A run that exited 0 but moved nothing, or measured over less than 0.9 of what was
     asked, is a failed sample naming the figures."""
-    from testbed.model import Pattern as P, Profile as Pr
-    from testbed.tools.base import ToolResult as TR, vet
+    from testbed.tools.base import ToolResult as TR
+    from testbed.tools.base import vet
+    from testbed.topology.model import Pattern as P
+    from testbed.topology.model import Profile as Pr
     stream, rr = Pr("s", duration_s=10), Pr("r", pattern=P.RR, duration_s=10)
     zero = vet(TR(ok=True, metrics={"throughput_mbps": 0.0, "duration_s": 10.0}), stream)
     assert not zero.ok and "throughput_mbps 0" in zero.reason
@@ -339,8 +341,8 @@ def test_vet_fails_zero_results_and_short_intervals():
 
 
 def test_timeout_counts_confidence_iterations():
-    from testbed.model import Profile as Pr
     from testbed.tools.netperf import NetperfDriver
+    from testbed.topology.model import Profile as Pr
     d = NetperfDriver()
     assert d.runs(Pr("s")) == 1
     assert d.runs(Pr("s", confidence=(99, 5), iterations=(15, 3))) == 15

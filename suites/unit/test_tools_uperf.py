@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from testbed import proc
-from testbed.model import Pattern, Profile, Protocol, Tool
+from testbed.host import proc
 from testbed.tools import UnsupportedProfile, get_tool
+from testbed.topology.model import Pattern, Profile, Protocol, Tool
 
 pytestmark = pytest.mark.unit
 

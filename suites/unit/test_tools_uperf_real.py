@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from testbed.model import Pattern, Profile, Protocol, Tool
 from testbed.tools import get_tool
 from testbed.tools.uperf import parse_version
+from testbed.topology.model import Pattern, Profile, Protocol, Tool
 
 pytestmark = pytest.mark.unit
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from testbed.model import Pattern, Profile, Protocol, Tool
 from testbed.tools import get_tool, uperf
 from testbed.tools.base import vet
+from testbed.topology.model import Pattern, Profile, Protocol, Tool
 
 pytestmark = pytest.mark.unit
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from testbed import cleanup, snapshot
+from testbed.admin import cleanup
+from testbed.host import snapshot
 
 pytestmark = pytest.mark.vm
 
@@ -102,7 +103,7 @@ def test_run_default_topology_and_a_second_run_meanwhile(accelerator, tmp_path):
         assert set(s["cell"]) >= {"attachment", "backend", "mtu", "connections", "profile"}
         assert (run_dir / s["raw"][0]).read_text().strip()
     # The run is indexed in the default SQLite store beside the results.
-    from testbed import store
+    from testbed.records import store
     with store.open(tmp_path / "results" / "index.sqlite") as st:
         assert [r.run_id for r in st.runs()] == [run_dir.name]
         # every line of samples.jsonl, the noisy ones measured again included

@@ -5,10 +5,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
-
-from testbed import environment, measure, proc, results, testpaths, stats
-from testbed.config import default
-from testbed.model import Attachment, Backend, Cell, Pattern, Profile, Repetitions
+from testbed.analysis import stats
+from testbed.host import environment, proc
+from testbed.measure import sampling as measure
+from testbed.measure import testpaths
+from testbed.records import results
+from testbed.topology.config import default
+from testbed.topology.model import Attachment, Backend, Cell, Pattern, Profile, Repetitions
 
 CELL = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1,
             Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=4))

@@ -7,8 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from testbed import capabilities, images
-from testbed.model import Accelerator
+from testbed.admin import capabilities
+from testbed.guests import images
+from testbed.topology.model import Accelerator
 
 
 def test_doctor_matches_independent_facts(accelerator):

@@ -10,10 +10,14 @@ import time
 
 import pytest
 
-from testbed import images, measure, results, testpaths, stats, virt
-from testbed.config import default
+from testbed.analysis import stats
 from testbed.errors import ReadinessError
-from testbed.model import Attachment, Backend, Cell, GuestSpec, Pattern, Profile, Repetitions, Tool
+from testbed.guests import images, virt
+from testbed.measure import sampling as measure
+from testbed.measure import testpaths
+from testbed.records import results
+from testbed.topology.config import default
+from testbed.topology.model import Attachment, Backend, Cell, GuestSpec, Pattern, Profile, Repetitions, Tool
 
 STREAM = Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=6)
 
@@ -102,7 +106,7 @@ def test_guest_that_does_not_boot(accelerator, tmp_path):
     """A root disk that is not there: the initramfs gives up and the guest stops; the error
     says what was awaited and shows the console."""
     img = dataclasses.replace(images.ensure(), cmdline="root=/dev/vdz rootdelay=2 panic=1 console=ttyS0")
-    from testbed import cleanup
+    from testbed.admin import cleanup
     run_id, tag = results.new_run_id()
     with cleanup.owned_state(tag, run_id) as state, virt.connect("qemu:///system") as conn:
         with virt.guest(conn, GuestSpec("bad", "local"), img, accelerator, run_id, tag, state) as g:

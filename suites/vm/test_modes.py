@@ -7,11 +7,23 @@ import dataclasses
 
 import pytest
 
-from testbed import attachments, measure, testpaths, stats
-from testbed.config import default
-from testbed.hostnet import links, macvtap
-from testbed.model import (Attachment, Backend, Cell, MacvtapMode, MacvtapSpec, Offloads, Pattern, Profile,
-                           Repetitions)
+from testbed import attachments
+from testbed.analysis import stats
+from testbed.host.net import links, macvtap
+from testbed.measure import sampling as measure
+from testbed.measure import testpaths
+from testbed.topology.config import default
+from testbed.topology.model import (
+    Attachment,
+    Backend,
+    Cell,
+    MacvtapMode,
+    MacvtapSpec,
+    Offloads,
+    Pattern,
+    Profile,
+    Repetitions,
+)
 
 STREAM = Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=3)
 IFF_MULTI_QUEUE = 0x0100    # <linux/if_tun.h>

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from testbed import capabilities, cpu, measure, testpaths, stats, virt
-from testbed.model import Backend, Cell, Pattern, Profile, Repetitions
+from testbed.admin import capabilities
+from testbed.analysis import stats
+from testbed.guests import virt
+from testbed.measure import cpu, testpaths
+from testbed.measure import sampling as measure
+from testbed.topology.model import Backend, Cell, Pattern, Profile, Repetitions
 
 PROFILES = [Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=5),
             Profile("tcp_rr", pattern=Pattern.RR, message_size=1, response_size=1, duration_s=5)]

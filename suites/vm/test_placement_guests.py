@@ -10,8 +10,13 @@ import os
 
 import pytest
 
-from testbed import attachments, measure, placement, testpaths, stats, virt, window
-from testbed.model import Attachment, Backend, Cell, Pattern, Placement, Profile, Repetitions
+from testbed import attachments
+from testbed.analysis import stats
+from testbed.guests import virt
+from testbed.host import placement
+from testbed.measure import sampling as measure
+from testbed.measure import testpaths, window
+from testbed.topology.model import Attachment, Backend, Cell, Pattern, Placement, Profile, Repetitions
 
 CELL = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1,
             Profile("tcp_rr", pattern=Pattern.RR, message_size=1, response_size=1, duration_s=3))

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from testbed import ratesearch_cell, testpaths, virt
-from testbed.model import Attachment, Backend, Cell, Profile, Protocol, RateSearch, Tool
+from testbed.guests import virt
+from testbed.measure import ratesearch_cell, testpaths
+from testbed.topology.model import Attachment, Backend, Cell, Profile, Protocol, RateSearch, Tool
 
 pytestmark = pytest.mark.attach("bridge")
 

@@ -25,12 +25,16 @@ from pathlib import Path
 
 import pytest
 
-from testbed import cleanup, config, images, proc, remote, results, snapshot
+from testbed.admin import cleanup
 from testbed.errors import CapabilityError
-from testbed.executor import Executor
-from testbed.hostnet import links, ops
-from testbed.model import HostSpec
+from testbed.guests import images
+from testbed.host import proc, remote, snapshot
+from testbed.host.executor import Executor
+from testbed.host.net import links, ops
 from testbed.pytest_plugin import run_cli
+from testbed.records import results
+from testbed.topology import config
+from testbed.topology.model import HostSpec
 
 pytestmark = [pytest.mark.vm]
 
@@ -158,7 +162,7 @@ matrix:
 @pytest.mark.attach("macvtap")
 def test_run_across_a_remote_host(loopback, accelerator, tmp_path):
     from testbed import attachments
-    from testbed.model import Attachment
+    from testbed.topology.model import Attachment
     why = attachments.unavailable(Attachment("macvtap"))
     if why:
         pytest.skip(f"macvtap unavailable: {why}")
@@ -222,7 +226,7 @@ def test_cleanup_finds_and_removes_a_dead_runs_objects_on_a_remote_host(loopback
 
 
 def test_the_ssh_executor_runs_reads_writes_and_kills_on_the_host(loopback, tmp_path):
-    """remote.Shell as an executor (testbed.executor): files and processes really go through
+    """remote.Shell as an executor (testbed.host.executor): files and processes really go through
     ssh, and killing a spawned command kills the remote process, not just the ssh client."""
     sh = remote.shell(loopback.host())
     assert isinstance(sh, Executor)

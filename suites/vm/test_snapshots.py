@@ -18,9 +18,14 @@ from pathlib import Path
 import pytest
 
 import testbed
-
-from testbed import cleanup, guestcache, images, measure, paths, results, testpaths, stats, virt
-from testbed.model import Attachment, Backend, Cell, GuestSpec, Pattern, Profile, Repetitions
+from testbed.admin import cleanup
+from testbed.analysis import stats
+from testbed.guests import guestcache, images, virt
+from testbed.host import paths
+from testbed.measure import sampling as measure
+from testbed.measure import testpaths
+from testbed.records import results
+from testbed.topology.model import Attachment, Backend, Cell, GuestSpec, Pattern, Profile, Repetitions
 
 STREAM = Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=5)
 CELL = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, STREAM)

@@ -14,9 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from testbed import config, images, results, runner, virt, cleanup
+from testbed.admin import cleanup
 from testbed.errors import CapabilityError
-from testbed.model import GuestSpec, Profile, Tool
+from testbed.guests import images, virt
+from testbed.measure import runner
+from testbed.records import results
+from testbed.topology import config
+from testbed.topology.model import GuestSpec, Profile, Tool
 
 pytestmark = pytest.mark.vm
 RECIPE = Path(__file__).resolve().parent / "data" / "tbhello-image"

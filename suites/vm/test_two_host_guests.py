@@ -13,9 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from testbed import attachments, config, guestnic, measure, proc, testpaths, snapshot, stats
-from testbed.hostnet import vxlan
-from testbed.model import Attachment, Backend, Cell, Pattern, Profile, Repetitions
+from testbed import attachments
+from testbed.analysis import stats
+from testbed.guests import guestnic
+from testbed.host import proc, snapshot
+from testbed.host.net import vxlan
+from testbed.measure import sampling as measure
+from testbed.measure import testpaths
+from testbed.topology import config
+from testbed.topology.model import Attachment, Backend, Cell, Pattern, Profile, Repetitions
 
 pytestmark = [
     pytest.mark.vm,

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from testbed import cleanup, compare
+from testbed.admin import cleanup
+from testbed.analysis import compare
 
 pytestmark = pytest.mark.vm
 

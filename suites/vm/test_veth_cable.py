@@ -11,8 +11,9 @@ import time
 
 import pytest
 
-from testbed import attachments, cleanup
-from testbed.model import Attachment
+from testbed import attachments
+from testbed.admin import cleanup
+from testbed.topology.model import Attachment
 
 pytestmark = [pytest.mark.vm, pytest.mark.attach("veth-cable")]
 

@@ -14,7 +14,9 @@ from testbed.attachments.base import Check, Fabric, Mode, Request
 __all__ = ["Check", "Fabric", "Mode", "Request", "MODULES", "get", "names", "modes", "connection_fabric",
            "unavailable", "still_here", "single_host", "supported_single_host"]
 
-#: The registry: testbed.attachments.<module> for each mode module, in listing order.
+#: The registry: testbed.attachments.<module> for each mode module, in listing order. An
+#: entry with a dot is a full module name: a mode kept outside this package (a site's own,
+#: or a test's) is one line here too.
 MODULES = (
     "bridge",
     "ovs",
@@ -32,7 +34,7 @@ def _load() -> dict[str, Mode]:
     if not _modes:
         found: dict[str, Mode] = {}
         for mod in MODULES:
-            for m in importlib.import_module(f"{__name__}.{mod}").MODES:
+            for m in importlib.import_module(mod if "." in mod else f"{__name__}.{mod}").MODES:
                 if m.name in found:
                     raise RuntimeError(f"attachment {m.name} registered twice ({mod})")
                 found[m.name] = m
@@ -71,7 +73,7 @@ def still_here(names: tuple[str, ...]) -> list[str]:
 def single_host() -> tuple:
     """The classic modes that join two guests on this one host (Mode.classic): what the
     built-in default topology measures and what the per-mode test tiers parametrize over."""
-    from testbed.model import Attachment
+    from testbed.topology.model import Attachment
     return tuple(Attachment(m.name) for m in _load().values()
                  if m.guests and m.placement != "two" and m.classic)
 

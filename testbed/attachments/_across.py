@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 
 from testbed.attachments.base import Check, Fabric, Request
-from testbed.model import Topology
+from testbed.topology.model import Topology
 
 
 def side(i: int) -> int:
@@ -73,9 +73,9 @@ class RealHostsFabric(Fabric):
 
 @contextlib.contextmanager
 def real_fabric(req: Request, guest_sends_as_rx: bool = True) -> Iterator[Fabric]:
-    from testbed import remote
-    from testbed.hostnet import realhost
-    from testbed.model import Attachment
+    from testbed.host import remote
+    from testbed.host.net import realhost
+    from testbed.topology.model import Attachment
     t = req.topology
     specs = (t.host_of(t.client), t.host_of(t.server))
     shells = (remote.shell(specs[0]), remote.shell(specs[1]))

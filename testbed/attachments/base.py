@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ContextManager
 
 if TYPE_CHECKING:
-    from testbed import render
-    from testbed.crosscheck import Wire
-    from testbed.model import Backend, Offloads, Topology
+    from testbed.guests import render
+    from testbed.measure.crosscheck import Wire
+    from testbed.topology.model import Backend, Offloads, Topology
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class Fabric(abc.ABC):
     def attach(self, i: int, target: str) -> ContextManager[Any]:
         """After endpoint i's NIC is plugged: the host-side device gets no IPv6 (not even a
         link-local address); fabrics that move it elsewhere do that here too."""
-        from testbed.hostnet import links
+        from testbed.host.net import links
         links.no_ipv6(target)
         return contextlib.nullcontext()
 
@@ -76,7 +76,7 @@ class Fabric(abc.ABC):
 
     def counters(self, i: int, tap: str) -> Wire:
         """Byte and packet counters of endpoint i's device under test, host side."""
-        from testbed.hostnet import links
+        from testbed.host.net import links
         return links.wire(tap)
 
     def leftovers(self) -> tuple[str, ...]:

@@ -29,7 +29,7 @@ class SegmentFabric(Fabric):
 
 @contextlib.contextmanager
 def fabric(req: Request) -> Iterator[Fabric]:
-    from testbed.hostnet import bridge
+    from testbed.host.net import bridge
     with bridge.segment(req.tag, req.max_mtu) as seg:
         yield SegmentFabric(seg, (seg.name,))
 

@@ -26,7 +26,7 @@ class EmulatedVxlanFabric(Fabric):
         self.datapath = fab.datapath
 
     def nic(self, i, n, target, mac, backend, mtu, queues):
-        from testbed import render
+        from testbed.guests import render
         # OVS's userspace datapath (3.1) cannot finish a partial checksum or segment a TSO
         # frame it tunnels: TCP stalls while ping works (measured). Its guests therefore
         # get a device without checksum offload. The kernel vxlan device handles both.
@@ -36,7 +36,7 @@ class EmulatedVxlanFabric(Fabric):
 
     @contextlib.contextmanager
     def attach(self, i, target):
-        from testbed.hostnet import links, vxlan
+        from testbed.host.net import links, vxlan
         links.no_ipv6(target)   # not even a link-local address while it is in the root namespace
         with vxlan.port(self.fab, self.fab.hosts[_across.side(i)], target):
             yield
@@ -45,7 +45,7 @@ class EmulatedVxlanFabric(Fabric):
         self.fab.set_mtu(mtu, [(self.fab.hosts[_across.side(i)], tap) for i, tap in enumerate(taps)])
 
     def counters(self, i: int, tap: str):
-        from testbed.hostnet import vxlan
+        from testbed.host.net import vxlan
         return vxlan.counters(tap, self.fab.hosts[_across.side(i)].netns)
 
     def leftovers(self) -> tuple[str, ...]:
@@ -59,8 +59,8 @@ def fabric(req: Request) -> Iterator[Fabric]:
         with _across.real_fabric(req) as fab:
             yield fab
         return
-    from testbed.hostnet import vxlan
-    from testbed.model import Attachment
+    from testbed.host.net import vxlan
+    from testbed.topology.model import Attachment
     # Placement comes from the topology (a guest booted elsewhere may carry another host name).
     names = (t.guest(t.client).host, t.guest(t.server).host)
     with vxlan.fabric(Attachment(req.attachment), req.tag, names, t.tunnel, req.workdir,
@@ -69,7 +69,7 @@ def fabric(req: Request) -> Iterator[Fabric]:
 
 
 def unavailable() -> str | None:
-    from testbed import capabilities
+    from testbed.admin import capabilities
     ok, why = capabilities.vxlan()
     return None if ok else why
 

@@ -22,8 +22,8 @@ def parse(n):
     """The ``macvtap:`` block: {mode: bridge|vepa|passthrough, lower: dev | [dev1, dev2]}."""
     import yaml
 
-    from testbed import config
-    from testbed.model import MacvtapMode, MacvtapSpec
+    from testbed.topology import config
+    from testbed.topology.model import MacvtapMode, MacvtapSpec
     m = n.mapping({"mode", "lower"})
     mode = m["mode"].enum(MacvtapMode) if "mode" in m else MacvtapMode.BRIDGE
     lower: tuple[str, ...] = ()
@@ -47,7 +47,7 @@ def validate(t, node) -> None:
         raise node("macvtap.lower").error(
             "macvtap with the client and server on two hosts uses each host's underlay as the lower "
             "device; 'lower' is for guests on one host")
-    from testbed.model import MacvtapMode
+    from testbed.topology.model import MacvtapMode
     n = max(t.matrix.pairs)
     if t.macvtap.mode is MacvtapMode.PASSTHROUGH and t.macvtap.lower and len(t.macvtap.lower) < 2 * n:
         raise node("matrix.pairs").error(
@@ -56,7 +56,7 @@ def validate(t, node) -> None:
 
 
 def unavailable() -> str | None:
-    from testbed import capabilities
+    from testbed.admin import capabilities
     ok, why = capabilities.macvtap()
     return None if ok else why
 
@@ -65,7 +65,7 @@ def check(t) -> Check | None:
     if MODE.across(t):
         return _across.check(t)
     if t.macvtap.lower:
-        from testbed.hostnet import macvtap
+        from testbed.host.net import macvtap
         why = macvtap.check_lowers(t.macvtap.lower, t.macvtap.mode, max(t.matrix.mtus))
         if why:
             return Check("macvtap.lower", why)
@@ -86,22 +86,22 @@ class WireFabric(Fabric):
         self.datapath = f"macvtap-{mode.value}-wire"
 
     def port(self, i, target, mac):
-        from testbed.hostnet import macvtap
+        from testbed.host.net import macvtap
         s = _across.side(i)
         return macvtap.lent_to_root(target, self.wires[s], self.ns[s], self.mode, mac)
 
     def nic(self, i, n, target, mac, backend, mtu, queues):
-        from testbed import render
+        from testbed.guests import render
         return render.NicParams(kind="ethernet", source="", target=target, mac=mac,
                                 driver=backend.driver_name, mtu=mtu, queues=queues, managed=False)
 
     def attach(self, i, target):
-        from testbed.hostnet import macvtap
+        from testbed.host.net import macvtap
         macvtap.take_back(target, self.ns[_across.side(i)])
         return contextlib.nullcontext()
 
     def set_mtu(self, mtu: int, taps: Sequence[str]) -> None:
-        from testbed.hostnet import ops, vxlan
+        from testbed.host.net import ops, vxlan
         # A macvtap's MTU cannot exceed its lower's: wires first when raising, last when lowering.
         devs = list(zip(self.wires, self.ns))
         mine = [(tap, self.ns[_across.side(i)]) for i, tap in enumerate(taps)]
@@ -110,7 +110,7 @@ class WireFabric(Fabric):
             ops.set_mtu(ops.netns_executor(n), dev, mtu)
 
     def counters(self, i: int, tap: str):
-        from testbed.hostnet import vxlan
+        from testbed.host.net import vxlan
         return vxlan.counters(tap, self.ns[_across.side(i)])
 
     def leftovers(self) -> tuple[str, ...]:
@@ -125,11 +125,11 @@ def fabric(req: Request) -> Iterator[Fabric]:
             with _across.real_fabric(req, guest_sends_as_rx=False) as fab:
                 yield fab
             return
-        from testbed.hostnet import vxlan
+        from testbed.host.net import vxlan
         with vxlan.hosts_and_wire(req.tag, req.max_mtu) as (ns, wires):
             yield WireFabric(ns, wires, t.macvtap.mode)
         return
-    from testbed.hostnet import macvtap
+    from testbed.host.net import macvtap
     with macvtap.segment(req.tag, req.max_mtu, t.macvtap.mode, t.macvtap.lower) as seg:
         fab = SegmentFabric(seg, tuple(d for d in (seg.lower, seg.peer, seg.hairpin) if d) if seg.owned else ())
         fab.guest_sends_as_rx = False

@@ -27,7 +27,7 @@ class ConnectionFabric(Fabric):
         self._ends = (conn.a, conn.b)
 
     def own_pairs(self, out_dir: str):
-        from testbed import nsagent
+        from testbed.host import nsagent
 
         @contextlib.contextmanager
         def pairs():
@@ -42,7 +42,7 @@ class ConnectionFabric(Fabric):
         return e.ifname, e.address, dict(e.offloads)
 
     def set_mtu(self, mtu: int, taps: Sequence[str]) -> None:
-        from testbed.hostnet import links, ops
+        from testbed.host.net import links, ops
         # The hops between the endpoints; the endpoints' own devices are set by measure.
         for h in self.conn.hops:
             if h.ifname not in (self.conn.a.ifname, self.conn.b.ifname):
@@ -52,7 +52,7 @@ class ConnectionFabric(Fabric):
                 links.set_mtu(br, mtu)
 
     def counters(self, i: int, tap: str):
-        from testbed.hostnet import ops
+        from testbed.host.net import ops
         return ops.on(ops.netns_executor(self._ends[i].netns)).wire(tap)
 
     def leftovers(self) -> tuple[str, ...]:
@@ -66,7 +66,7 @@ def _fabric(kind: str):
     def fabric(req: Request) -> Iterator[Fabric]:
         import ipaddress
 
-        from testbed.hostnet import netns
+        from testbed.host.net import netns
         net = ipaddress.ip_network(req.topology.subnet)
         with netns.connect(kind, req.tag, subnet=str(net), mtu=req.max_mtu, offloads=req.offloads) as conn:
             yield ConnectionFabric(conn)

@@ -12,8 +12,8 @@ from testbed.errors import CapabilityError
 
 
 def unavailable() -> str | None:
-    from testbed import capabilities
-    from testbed.hostnet import ovs, ovsd
+    from testbed.admin import capabilities
+    from testbed.host.net import ovs, ovsd
     ok, why = capabilities.ovs_running()
     if not ok:
         return why
@@ -27,7 +27,7 @@ def unavailable() -> str | None:
 
 @contextlib.contextmanager
 def fabric(req: Request) -> Iterator[Fabric]:
-    from testbed.hostnet import ovs
+    from testbed.host.net import ovs
     with ovs.segment(req.tag, req.max_mtu) as seg:
         yield SegmentFabric(seg, (seg.name,))
 

@@ -12,7 +12,7 @@ from testbed.errors import CapabilityError
 def unavailable() -> str | None:
     # Each emulated host runs its own private switch (userspace tunnelling): OVS must be
     # installed; the host's own switch is not used.
-    from testbed.hostnet import ovsd
+    from testbed.host.net import ovsd
     try:
         ovsd.require_binaries()
     except CapabilityError as e:

@@ -20,7 +20,7 @@ from testbed.attachments.base import Fabric, Mode, Request
 
 def _redirect(src: str, dst: str) -> None:
     """Every frame arriving on ``src`` leaves by ``dst``."""
-    from testbed import proc
+    from testbed.host import proc
     proc.run(["tc", "qdisc", "replace", "dev", src, "ingress"], timeout=10)
     proc.run(["tc", "filter", "add", "dev", src, "parent", "ffff:", "protocol", "all", "u32",
               "match", "u32", "0", "0", "action", "mirred", "egress", "redirect", "dev", dst], timeout=10)
@@ -33,14 +33,14 @@ class CableFabric(Fabric):
         self.ends = ends
 
     def nic(self, i, n, target, mac, backend, mtu, queues):
-        from testbed import render
+        from testbed.guests import render
         if n != 2:
             raise ValueError(f"a veth cable joins one pair of guests, not {n // 2}")
         return render.NicParams(kind="ethernet", source="", target=target, mac=mac,
                                 driver=backend.driver_name, mtu=mtu, queues=queues)
 
     def attach(self, i, target):
-        from testbed.hostnet import links
+        from testbed.host.net import links
         links.no_ipv6(target)
         links.up(target)
         _redirect(target, self.ends[i])
@@ -48,7 +48,7 @@ class CableFabric(Fabric):
         return contextlib.nullcontext()
 
     def set_mtu(self, mtu: int, taps: Sequence[str]) -> None:
-        from testbed.hostnet import links
+        from testbed.host.net import links
         for dev in (*self.ends, *taps):
             links.set_mtu(dev, mtu)
 
@@ -58,8 +58,8 @@ class CableFabric(Fabric):
 
 @contextlib.contextmanager
 def fabric(req: Request) -> Iterator[Fabric]:
-    from testbed.hostnet import links
-    from testbed.model import object_name
+    from testbed.host.net import links
+    from testbed.topology.model import object_name
     ends = (object_name(req.tag, "c0"), object_name(req.tag, "c1"))
     with links.veth(*ends, req.max_mtu):     # up, no IPv6, deleted on exit
         yield CableFabric(ends)
@@ -69,7 +69,7 @@ def unavailable() -> str | None:
     import os
 
     from testbed.errors import CommandError, TestbedError
-    from testbed.hostnet import links
+    from testbed.host.net import links
     a, b = f"tb-vc{os.getpid() % 100000}a", f"tb-vc{os.getpid() % 100000}b"
     try:
         with links.veth(a, b):

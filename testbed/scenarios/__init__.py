@@ -50,12 +50,12 @@ def get(name: str) -> Scenario:
 def run(name: str, *, quick: bool, hosts_file: str | None = None,
         progress: Callable[[str], None] = lambda s: None) -> tuple[Path, dict]:
     """Run one scenario; returns (its run directory, the study report as written)."""
-    from testbed import paths
+    from testbed.host import paths
     from testbed.scenarios import study
     sc = get(name)
     hosts = None
     if hosts_file is not None:
-        from testbed import config
+        from testbed.topology import config
         hosts = config.load(hosts_file)      # validated before anything is created
     if hosts is not None and sc.name in NAMESPACE_ONLY:
         progress(f"--hosts: {sc.name} runs between namespaces on this host; {hosts_file} is not used")

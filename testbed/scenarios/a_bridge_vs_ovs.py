@@ -25,14 +25,15 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from testbed import proc, results
 from testbed.errors import CapabilityError, CommandError, TestbedError
-from testbed.hostnet import ovsd
-from testbed.model import Attachment, Backend, Cell, Profile, Protocol, object_name
-from testbed.records import Environment, as_environment, as_outcome
+from testbed.host import proc
+from testbed.host.net import ovsd
+from testbed.records import results
+from testbed.records.records import Environment, as_environment, as_outcome
 from testbed.scenarios import session as ses
 from testbed.scenarios.study import Finding, StudyReport, Table, env_difference, fmt, ratio_verdict
 from testbed.tools import nuttcp
+from testbed.topology.model import Attachment, Backend, Cell, Profile, Protocol, object_name
 
 NAME = "bridge-vs-ovs"
 STUDY = "A. Linux bridge vs OVS, with VLANs and bonds, UDP at constant bit rate (OVS discuss list, 2014)"

@@ -3,11 +3,11 @@ two namespaces as source and sink, 1/2/4/8/16 streams (hostnet.netns.ovs_chain).
 from __future__ import annotations
 
 from testbed.errors import TestbedError
-from testbed.hostnet import netns
-from testbed.model import Attachment, Backend, Cell, Pattern, Profile
-from testbed.records import Environment, as_environment
+from testbed.host.net import netns
+from testbed.records.records import Environment, as_environment
 from testbed.scenarios import session as ses
 from testbed.scenarios.study import Finding, StudyReport, Table, env_difference, fmt, ratio_verdict
+from testbed.topology.model import Attachment, Backend, Cell, Pattern, Profile
 
 NAME = "ovs-chain"
 STUDY = "B. Chaining OVS bridges: patch ports vs veth pairs (opencloudblog, 2014)"

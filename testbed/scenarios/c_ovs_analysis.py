@@ -13,14 +13,15 @@ import json
 import sys
 import time
 
-from testbed import attachments, proc, results
+from testbed import attachments
 from testbed.errors import TestbedError
-from testbed.hostnet import netns, ovsd
-from testbed.model import Attachment, Backend, Cell, Pattern, Profile, Protocol
-from testbed.records import Environment, as_environment, pattern_from_name, primary_metric
+from testbed.host import proc
+from testbed.host.net import netns, ovsd
+from testbed.records import results
+from testbed.records.records import Environment, as_environment, pattern_from_name, primary_metric
 from testbed.scenarios import session as ses
-from testbed.scenarios.study import (Finding, StudyReport, Table, Verdict, env_difference, fmt,
-                                     ratio_verdict)
+from testbed.scenarios.study import Finding, StudyReport, Table, Verdict, env_difference, fmt, ratio_verdict
+from testbed.topology.model import Attachment, Backend, Cell, Pattern, Profile, Protocol
 
 NAME = "ovs-analysis"
 STUDY = "C. OVS performance analysis (conference talk, 2014)"
@@ -188,8 +189,8 @@ def _flows(s: ses.Session, sw: ovsd.Ovs, cell: Cell, n: int, secs: int) -> dict:
 def _vxlan(quick: bool, progress, hosts, offloads_off: bool = False):
     """VM-OVS-VXLAN-OVS-VM through the runner: guests on two hosts (emulated on this machine
     unless --hosts names others), MTU 1600 inside the tunnel as in the study."""
-    from testbed import runner
-    from testbed.model import Offloads
+    from testbed.measure import runner
+    from testbed.topology.model import Offloads
     secs = 3 if quick else 10
     profiles = [Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=secs),
                 Profile("udp_stream", protocol=Protocol.UDP, pattern=Pattern.STREAM, message_size=1400,

@@ -5,11 +5,11 @@ from __future__ import annotations
 import dataclasses
 
 from testbed.errors import TestbedError
-from testbed.hostnet import netns
-from testbed.model import Attachment, Backend, Cell, Pattern, Profile
-from testbed.records import Environment, as_environment
+from testbed.host.net import netns
+from testbed.records.records import Environment, as_environment
 from testbed.scenarios import session as ses
 from testbed.scenarios.study import Finding, StudyReport, Table, env_difference, fmt, ratio_verdict
+from testbed.topology.model import Attachment, Backend, Cell, Pattern, Profile
 
 NAME = "netns-connect"
 STUDY = "D. Connecting network namespaces (opencloudblog, 2013-2014)"

@@ -17,11 +17,14 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from testbed import attachments, images, results, runner
-from testbed.model import Attachment, Pattern, Profile, Tool
-from testbed.records import Environment, as_environment
+from testbed import attachments
+from testbed.guests import images
+from testbed.measure import runner
+from testbed.records import results
+from testbed.records.records import Environment, as_environment
 from testbed.scenarios import session as ses
 from testbed.scenarios.study import Finding, StudyReport, Table, Verdict, env_difference, fmt, ratio_verdict
+from testbed.topology.model import Attachment, Pattern, Profile, Tool
 
 NAME = "macvtap-vs-ovs"
 STUDY = "E. MacVTap vs OVS for KVM guests (vendor paper)"

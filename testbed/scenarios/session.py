@@ -11,12 +11,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testbed import measure, proc, results, testpaths, stats
-from testbed.session import Session as RunSession
+from testbed.analysis import stats
 from testbed.errors import CommandError, GuestError, TestbedError
-from testbed.records import CellOutcome, as_outcome
-from testbed.model import (Attachment, Backend, Cell, GuestSpec, HostSpec, Matrix, Offloads, Profile,
-                           Repetitions, Topology, TunnelSpec)
+from testbed.host import proc
+from testbed.measure import sampling as measure
+from testbed.measure import testpaths
+from testbed.measure.session import Session as RunSession
+from testbed.records import results
+from testbed.records.records import CellOutcome, as_outcome
+from testbed.topology.model import (
+    Attachment,
+    Backend,
+    Cell,
+    GuestSpec,
+    HostSpec,
+    Matrix,
+    Offloads,
+    Profile,
+    Repetitions,
+    Topology,
+    TunnelSpec,
+)
 
 log = logging.getLogger(__name__)
 ONE = Repetitions(min_samples=1, max_samples=1)
@@ -112,7 +127,7 @@ class Session:
 @contextlib.contextmanager
 def session(name: str, topo: Topology, quick: bool,
             progress: Callable[[str], None]) -> Iterator[Session]:
-    # The run's session (testbed.session): host lock, the leftovers check a dead run's tb-
+    # The run's session (testbed.measure.session): host lock, the leftovers check a dead run's tb-
     # objects would fail, owned state, environment and writer, as `testbed run` holds them.
     with RunSession(topo, keep_logs=False) as run:
         writer = run.open_run(None, extra={"scenario": name, "quick": quick})

@@ -10,12 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from testbed.records import Environment, as_environment
+from testbed.records.records import Environment, as_environment
 
-# The typed study result lives in testbed.study_result so that reporting need not import the
+# The typed study result lives in testbed.records.study_result so that reporting need not import the
 # scenarios; the names stay importable from here for the scenarios.
-from testbed.study_result import (FILE, Finding, StudyReport, Table, Verdict, load,
-                                  render_text, write)
+from testbed.records.study_result import FILE, Finding, StudyReport, Table, Verdict, load, render_text, write
 
 
 def fmt(v: float | None, digits: int = 3) -> str:

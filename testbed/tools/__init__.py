@@ -1,12 +1,11 @@
 """Traffic tools: one driver per tool, all returning ``ToolResult`` with canonical metrics."""
 from __future__ import annotations
 
-from testbed.model import Tool
-from testbed.tools.base import (INTERVAL_KEYS, METRICS, ToolDriver, ToolResult,
-                                UnsupportedProfile, aggregate)
+from testbed.tools.base import INTERVAL_KEYS, METRICS, ToolDriver, ToolResult, UnsupportedProfile, aggregate
 from testbed.tools.iperf3 import Iperf3Driver
 from testbed.tools.netperf import NetperfDriver
 from testbed.tools.uperf import UperfDriver
+from testbed.topology.model import Tool
 
 # Drivers hold no state, so one instance of each serves every caller.
 _DRIVERS: dict[Tool, ToolDriver] = {Tool.NETPERF: NetperfDriver(), Tool.UPERF: UperfDriver(),

@@ -16,7 +16,7 @@ from types import MappingProxyType
 from typing import ClassVar
 
 from testbed.errors import TestbedError
-from testbed.model import Profile, Protocol, Tool
+from testbed.topology.model import Profile, Protocol, Tool
 
 #: Canonical metric names. Every driver reports only these, in these units, so a table or a
 #: comparison never has to know which tool measured a number.
@@ -84,9 +84,9 @@ class UnsupportedProfile(TestbedError, ValueError):
 
 
 def _frozen(values: Mapping[str, float], allowed: Iterable[str], what: str) -> Mapping[str, float]:
-    from testbed.percentiles import METRIC_RE
+    from testbed.records.percentiles import METRIC_RE
     out = {str(k): float(v) for k, v in dict(values).items()}
-    # any chosen percentile (latency_p99_9_us...) is canonical too (testbed.percentiles)
+    # any chosen percentile (latency_p99_9_us...) is canonical too (testbed.records.percentiles)
     unknown = sorted(k for k in set(out) - set(allowed) if not METRIC_RE.fullmatch(k))
     if unknown:
         raise ValueError(f"{what}: not canonical names: {unknown}")
@@ -174,7 +174,7 @@ class ToolDriver(ABC):
 
     def distribution(self, stdout: str) -> list[tuple[float, float, int]] | None:
         """The latency histogram the client printed, as (lower us, upper us, count) buckets
-        (testbed.percentiles); None when the tool prints none."""
+        (testbed.records.percentiles); None when the tool prints none."""
         return None
 
     def aggregate(self, results: Sequence[ToolResult]) -> ToolResult:
@@ -237,7 +237,7 @@ def sizes(profile: Profile) -> tuple[int, int]:
 def no_confidence(tool: str, confidence: object, iterations: object) -> None:
     if confidence is not None or iterations is not None:
         raise UnsupportedProfile(f"{tool} has no confidence-interval iterations; repeat the "
-                                 "sample instead (testbed.stats)")
+                                 "sample instead (testbed.analysis.stats)")
 
 
 # -- what every sample must show before its figures count ------------------------------

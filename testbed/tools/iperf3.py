@@ -6,10 +6,9 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from testbed import pacing
-from testbed.model import Pattern, Profile, Protocol, Tool
-from testbed.tools.base import (ToolDriver, ToolResult, check_addr, check_port, error_line,
-                                no_confidence, sizes)
+from testbed.tools import pacing
+from testbed.tools.base import ToolDriver, ToolResult, check_addr, check_port, error_line, no_confidence, sizes
+from testbed.topology.model import Pattern, Profile, Protocol, Tool
 
 _ERR_RE = re.compile(r"iperf3: error|error -|\berror\b", re.I)
 

@@ -10,10 +10,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from testbed import pacing
-from testbed.model import Pattern, Profile, Protocol, Tool
-from testbed.tools.base import (ToolDriver, ToolResult, UnsupportedProfile, check_addr,
-                                check_port, error_line, sizes)
+from testbed.tools import pacing
+from testbed.tools.base import ToolDriver, ToolResult, UnsupportedProfile, check_addr, check_port, error_line, sizes
+from testbed.topology.model import Pattern, Profile, Protocol, Tool
 
 # Output selectors for ``-- -k``. Keyval rather than CSV because each line names its selector:
 # order-independent, immune to the 80-column wrapping seen in captured CSV headers, stray
@@ -139,7 +138,7 @@ class NetperfDriver(ToolDriver):
     def distribution(self, stdout: str) -> list[tuple[float, float, int]] | None:
         """netperf's -v 2 histogram, printed by builds with --enable-histogram (Debian's
         prints none: its P50/P90/P99 selectors are then all there is)."""
-        from testbed.percentiles import netperf_histogram
+        from testbed.records.percentiles import netperf_histogram
         return netperf_histogram(stdout)
 
     def parse(self, stdout: str, stderr: str = "", rc: int = 0) -> ToolResult:

@@ -16,11 +16,19 @@ from functools import lru_cache
 
 import jinja2
 
-from testbed import paths
-from testbed import pacing
-from testbed.model import Pattern, Profile, Protocol, Tool
-from testbed.tools.base import (ToolDriver, ToolResult, UnsupportedProfile, check_addr,
-                                check_port, error_line, no_confidence, sizes)
+from testbed.host import paths
+from testbed.tools import pacing
+from testbed.tools.base import (
+    ToolDriver,
+    ToolResult,
+    UnsupportedProfile,
+    check_addr,
+    check_port,
+    error_line,
+    no_confidence,
+    sizes,
+)
+from testbed.topology.model import Pattern, Profile, Protocol, Tool
 
 # Writes (reads) per transaction iteration. uperf reads the clock and updates its statistics
 # once per iteration; batching 16 operations, as pbench-uperf's stream profiles do (16 writes

@@ -1,0 +1,1 @@
+"""Looking after the host: capabilities found by trying, doctor, setup, cleanup."""

@@ -1,0 +1,242 @@
+"""What this host can do, each item found by trying it.
+
+The accelerator probe boots a stock kernel with a trivial init that prints a marker and
+powers off. /dev/kvm existing proves nothing: on some hosts it only runs specially built
+kernels, so a real boot is the only honest test. The same probe, timed, is the floor that
+the boot benchmark compares a full guest against.
+"""
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from testbed.errors import CapabilityError, CommandError, TestbedError
+from testbed.host import paths, proc
+from testbed.topology.model import Accelerator
+
+log = logging.getLogger(__name__)
+
+PROBE_MARKER = "TB-PROBE-OK"
+PROBE_TIMEOUT_S = 60.0
+_INIT = f"""#!/bin/busybox sh
+/bin/busybox echo {PROBE_MARKER}
+/bin/busybox poweroff -f
+"""
+
+
+def probe_initrd() -> Path:
+    """A cpio initramfs with static busybox and an init that prints the marker and powers off."""
+    out = paths.cache_dir() / "probe" / "init.cpio"
+    if out.is_file():
+        return out
+    busybox = shutil.which("busybox")
+    if not busybox:
+        raise CapabilityError("busybox (static) is missing: install busybox-static")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="tb-probe-") as d:
+        root = Path(d)
+        (root / "bin").mkdir()
+        shutil.copy2(busybox, root / "bin" / "busybox")
+        (root / "init").write_text(_INIT)
+        os.chmod(root / "init", 0o755)
+        listing = "\n".join(["bin", "bin/busybox", "init"]) + "\n"
+        res = proc.run(["cpio", "--quiet", "-o", "-H", "newc", "-O", str(out) + ".tmp"],
+                       cwd=d, input=listing, timeout=60)
+        del res
+    os.replace(str(out) + ".tmp", out)
+    return out
+
+
+@dataclass(frozen=True)
+class ProbeBoot:
+    accelerator: Accelerator
+    ok: bool
+    seconds: float
+    reason: str = ""
+
+
+def probe_boot(kernel: Path, accel: Accelerator, timeout: float = PROBE_TIMEOUT_S) -> ProbeBoot:
+    """Boot `kernel` to the trivial init under `accel`; ok only if the marker came out."""
+    argv = ["qemu-system-x86_64", "-accel", accel.value, "-machine", "q35", "-m", "256",
+            "-display", "none", "-serial", "stdio", "-monitor", "none", "-no-reboot",
+            "-nodefaults", "-kernel", str(kernel), "-initrd", str(probe_initrd()),
+            "-append", "console=ttyS0 panic=-1 quiet rdinit=/init"]
+    if accel is Accelerator.KVM:
+        argv += ["-cpu", "host"]
+    start = time.monotonic()
+    try:
+        res = proc.run(argv, timeout=timeout, check=False)
+    except CommandError as e:
+        if e.timed_out:
+            return ProbeBoot(accel, False, timeout, f"no marker within {timeout:.0f} s (guest hung)")
+        return ProbeBoot(accel, False, time.monotonic() - start, str(e))
+    took = time.monotonic() - start
+    if PROBE_MARKER in res.stdout:
+        return ProbeBoot(accel, True, took)
+    tail = " | ".join((res.stderr or res.stdout).strip().splitlines()[-3:])
+    return ProbeBoot(accel, False, took, f"qemu exited {res.rc} without the marker: {tail}"[:300])
+
+
+def _opens(path: str) -> tuple[bool, str]:
+    """Does a device node open read-write? Only opening it proves it can be used."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError as e:
+        return False, f"{path}: {os.strerror(e.errno or errno.ENOENT)}"
+    os.close(fd)
+    return True, ""
+
+
+def vhost_net() -> tuple[bool, str]:
+    return _opens("/dev/vhost-net")
+
+
+def kvm_device() -> tuple[bool, str]:
+    return _opens("/dev/kvm")
+
+
+def _try_link(kind: str, make) -> tuple[bool, str]:
+    """Create a throwaway link of `kind` with ``make(links)`` (hostnet.ops on a scratch
+    namespace, where a veth ``tb-pl`` exists), so the root namespace is never touched by a
+    probe; the namespace goes with everything in it."""
+    from testbed.host.net import ops
+    ns = f"tb-probe-{os.getpid()}"
+    try:
+        with ops.namespace(ns) as ex:
+            try:
+                links = ops.on(ex)
+                links.add_veth("tb-pl", "tb-pl1")
+                make(links)
+            except CommandError as e:
+                return False, f"{kind}: {e.stderr_tail or e}"
+    except CommandError as e:
+        return False, f"cannot create a network namespace: {e.stderr_tail}"
+    return True, ""
+
+
+def macvtap() -> tuple[bool, str]:
+    return _try_link("macvtap", lambda links: links.add_macvtap("tb-pm", "tb-pl", "bridge"))
+
+
+def vxlan() -> tuple[bool, str]:
+    return _try_link("vxlan", lambda links: links.add_vxlan("tb-pv", vni=42, local="198.18.255.2",
+                                                            remote="198.18.255.1", port=4789, dev="tb-pl"))
+
+
+def ovs_kernel_datapath() -> tuple[bool, str]:
+    """The OVS kernel datapath needs the openvswitch module: try to create an ovs-system dp
+    through genetlink (the module's family exists only when it is loaded or loadable)."""
+    if Path("/sys/module/openvswitch").exists():
+        return True, ""
+    if proc.ok(["modprobe", "-q", "openvswitch"], timeout=20) and Path("/sys/module/openvswitch").exists():
+        return True, ""
+    return False, "openvswitch kernel module not available (modprobe openvswitch failed)"
+
+
+def _version(argv: list[str], pattern: str) -> str | None:
+    try:
+        res = proc.run(argv, timeout=10, check=False)
+    except CommandError:
+        return None
+    m = re.search(pattern, res.stdout + res.stderr)
+    return m.group(1) if m else None
+
+
+def tool_versions() -> dict[str, str | None]:
+    return {
+        "qemu": _version(["qemu-system-x86_64", "--version"], r"version ([\d.]+)"),
+        "libvirt": _version(["libvirtd", "--version"], r"([\d.]+)\s*$"),
+        "ovs": _version(["ovs-vswitchd", "--version"], r"\) ([\d.]+)"),
+        "netperf": _version(["netperf", "-V"], r"version ([\d.]+)"),
+        # its "Uperf Version x.y.z" line; the first digits after "uperf" are in an e-mail address
+        "uperf": _version(["uperf", "-V"], r"(?m)^Uperf(?:_slave)? Version (\d+(?:\.\d+)+)"),
+        "iperf3": _version(["iperf3", "--version"], r"iperf ([\d.]+)"),
+    }
+
+
+@dataclass(frozen=True)
+class Item:
+    ok: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Report:
+    kvm: Item
+    tcg: Item
+    vhost_net: Item
+    ovs_datapath: str                 # kernel | userspace | none
+    ovs: Item
+    macvtap: Item
+    vxlan: Item
+    versions: dict = field(default_factory=dict)
+    probe_kernel: str = ""
+    #: traffic tools in the guest image, with the versions the image's own binaries report
+    #: (recorded in its manifest at build time); None: the image records none
+    guest_tools: dict | None = None
+    guest_image: str = ""
+    #: every registered attachment mode (testbed/attachments): can this host run it, and if
+    #: not, why (each found by trying)
+    attachments: dict = field(default_factory=dict)
+
+    @property
+    def accelerator(self) -> Accelerator | None:
+        if self.kvm.ok:
+            return Accelerator.KVM
+        return Accelerator.TCG if self.tcg.ok else None
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["accelerator"] = self.accelerator.value if self.accelerator else None
+        return d
+
+
+@functools.cache
+def accelerator_probe(kernel: str) -> tuple[ProbeBoot, ProbeBoot]:
+    k = Path(kernel)
+    dev_ok, dev_reason = kvm_device()
+    kvm = probe_boot(k, Accelerator.KVM, timeout=30) if dev_ok else ProbeBoot(Accelerator.KVM, False, 0, dev_reason)
+    tcg = probe_boot(k, Accelerator.TCG)
+    return kvm, tcg
+
+
+def choose_accelerator(requested: str, kernel: Path) -> Accelerator:
+    """kvm if a stock kernel really boots under it, else tcg; a requested one that is missing is an error."""
+    kvm, tcg = accelerator_probe(str(kernel))
+    if requested == "kvm" and not kvm.ok:
+        raise CapabilityError(f"accelerator kvm requested but unusable: {kvm.reason}")
+    if requested == "tcg" and not tcg.ok:
+        raise CapabilityError(f"accelerator tcg requested but unusable: {tcg.reason}")
+    if requested == "tcg":
+        return Accelerator.TCG
+    if kvm.ok:
+        return Accelerator.KVM
+    if tcg.ok:
+        return Accelerator.TCG
+    raise CapabilityError(f"no guest can run here: kvm: {kvm.reason}; tcg: {tcg.reason}")
+
+
+def ovs_running() -> tuple[bool, str]:
+    try:
+        proc.run(["ovs-vsctl", "--timeout=5", "show"], timeout=10)
+        return True, ""
+    except CommandError as e:
+        return False, f"ovs-vsctl cannot reach ovsdb-server: {e.stderr_tail or e}"
+
+
+def require(ok_reason: tuple[bool, str], what: str) -> None:
+    ok, reason = ok_reason
+    if not ok:
+        raise CapabilityError(f"{what} requested but unavailable: {reason}")
+
+
+__all__ = ["choose_accelerator", "probe_boot", "vhost_net", "macvtap", "vxlan",
+           "ovs_kernel_datapath", "Report", "TestbedError"]

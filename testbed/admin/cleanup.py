@@ -1,0 +1,305 @@
+"""Find and remove tb- objects, and only those: domains, links, namespaces, OVS bridges,
+per-run state. Used by `testbed cleanup` after a dead run, and by the leftovers check a
+new run makes before it starts.
+
+Every object name carries its run's tag (tb-<tag>-...). A live run registers its tag in
+its state folder (tb-<tag>/owner.json with its pid), so the objects of a run that is still
+going are never mistaken for leftovers, and cleanup never pulls the rug from under it.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pyroute2 import IPRoute
+
+from testbed import PREFIX
+from testbed.errors import CommandError, LeftoversError
+from testbed.guests import guestcache, images
+from testbed.guests.lazy import libvirt
+from testbed.host import paths, proc
+from testbed.host.net import links, ops
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Leftovers:
+    domains: list[str] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)
+    netns: list[str] = field(default_factory=list)
+    ovs_bridges: list[str] = field(default_factory=list)
+    state: list[str] = field(default_factory=list)
+    #: guest snapshots whose writer died half-way (tb-snap-* in the cache); finished
+    #: snapshots and images are never cleanup's business (`testbed cache prune`)
+    partial_snapshots: list[str] = field(default_factory=list)
+    #: image builds whose builder died half-way (tb-build-* beside the cached images)
+    partial_builds: list[str] = field(default_factory=list)
+
+    def empty(self) -> bool:
+        return not any((self.domains, self.links, self.netns, self.ovs_bridges, self.state,
+                        self.partial_snapshots, self.partial_builds))
+
+    def describe(self) -> str:
+        parts = [f"{k}: {', '.join(v)}" for k, v in self.__dict__.items() if v]
+        return "; ".join(parts) or "none"
+
+
+def _domains(uri: str) -> list[str]:
+    try:
+        conn = libvirt.open(uri)
+    except libvirt.libvirtError:
+        return []
+    try:
+        return sorted(d.name() for d in conn.listAllDomains() if d.name().startswith(PREFIX))
+    finally:
+        conn.close()
+
+
+def _ovs_bridges() -> list[str]:
+    try:
+        out = proc.run(["ovs-vsctl", "--timeout=5", "list-br"], timeout=10).stdout
+    except CommandError:
+        return []
+    return sorted(b for b in out.split() if b.startswith(PREFIX))
+
+
+TAG_RE = re.compile(rf"^{PREFIX}([0-9a-f]{{4}})(-|$)")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def live_tags() -> set[str]:
+    """Tags of runs whose owning process is still alive."""
+    tags: set[str] = set()
+    state = paths.state_dir()
+    for owner in state.glob(f"{PREFIX}*/owner.json") if state.is_dir() else ():
+        try:
+            info = json.loads(owner.read_text())
+        except (OSError, ValueError):
+            continue
+        if _pid_alive(int(info.get("pid", 0))):
+            tags.add(owner.parent.name[len(PREFIX):])
+    return tags
+
+
+def _dead(names: list[str], live: set[str]) -> list[str]:
+    out = []
+    for n in names:
+        if not n or not n.startswith(PREFIX):
+            continue
+        m = TAG_RE.match(n)
+        if m and m.group(1) in live:
+            continue
+        out.append(n)
+    return sorted(out)
+
+
+def find(uri: str = "qemu:///system", include_live: bool = False) -> Leftovers:
+    """tb- objects on this host; those of live runs are left out unless include_live."""
+    with IPRoute() as ipr:
+        names = [l.get("ifname") for l in ipr.get_links()]
+    netns_dir = Path("/run/netns")
+    state = paths.state_dir()
+    live = set() if include_live else live_tags()
+    return Leftovers(
+        domains=_dead(_domains(uri), live),
+        links=_dead(names, live),
+        netns=_dead([p.name for p in netns_dir.iterdir()] if netns_dir.is_dir() else [], live),
+        ovs_bridges=_dead(_ovs_bridges(), live),
+        state=_dead([p.name for p in state.iterdir()] if state.is_dir() else [], live),
+        partial_snapshots=[str(p) for p in guestcache.partial() if guestcache.writer_dead(p)],
+        partial_builds=[str(p) for p in images.partial_builds() if guestcache.writer_dead(p)],
+    )
+
+
+@contextlib.contextmanager
+def owned_state(tag: str, run_id: str) -> Iterator[Path]:
+    """The run's state folder, registered as owned by this process while it lives."""
+    d = paths.state_dir() / f"{PREFIX}{tag}"
+    d.mkdir(parents=True, exist_ok=False)
+    # Where the run writes its results, so `testbed cleanup` from another directory can still
+    # mark a killed run's record (results go to ./results or --results, not one fixed place).
+    (d / "owner.json").write_text(json.dumps({"pid": os.getpid(), "run_id": run_id,
+                                              "results": str(paths.results_dir())}))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def remove(found: Leftovers, uri: str = "qemu:///system") -> None:
+    if found.domains:
+        with contextlib.suppress(libvirt.libvirtError):
+            conn = libvirt.open(uri)
+            try:
+                for name in found.domains:
+                    with contextlib.suppress(libvirt.libvirtError):
+                        dom = conn.lookupByName(name)
+                        if dom.isActive():
+                            dom.destroy()
+                        if dom.isPersistent():
+                            dom.undefine()
+            finally:
+                conn.close()
+    for br in found.ovs_bridges:
+        with contextlib.suppress(CommandError):
+            proc.run(["ovs-vsctl", "--timeout=10", "--if-exists", "del-br", br], timeout=20)
+    for name in found.links:
+        links.delete(name)
+    for ns in found.netns:
+        # A dead run's processes inside its own namespaces (private ovsdb-server and
+        # ovs-vswitchd of an emulated host, tools) outlive it: they were started in their own
+        # sessions. Everything in a tb- namespace is the testbed's, so they are stopped first.
+        _stop_processes_in(ns)
+        ops.delete_namespace(ns)
+    for s in found.state:
+        _mark_killed(paths.state_dir() / s)
+        shutil.rmtree(paths.state_dir() / s, ignore_errors=True)
+    for p in (*found.partial_snapshots, *found.partial_builds):
+        _remove_tree(p)
+
+
+def _remove_tree(path: str) -> None:
+    """A cache folder whose writer died. A killed image build can leave mmdebstrap's mounts
+    inside its root (proc, sys, devpts, a tmpfs): they are detached first, deepest first, and
+    the removal never crosses into another file system, so nothing outside the folder is
+    touched even if a mount could not be detached."""
+    root = os.path.realpath(path)
+    with open("/proc/self/mountinfo") as f:
+        points = {line.split()[4] for line in f}
+    for m in sorted((m for m in points if m == root or m.startswith(root + "/")), key=len, reverse=True):
+        proc.run(["umount", "--lazy", m], check=False, timeout=30)
+    proc.run(["rm", "-rf", "--one-file-system", "--", root], check=False, timeout=300)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a zombie has exited; only its parent can reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _stop_processes_in(ns: str) -> None:
+    if not ns.startswith(PREFIX):
+        return
+    try:
+        pids = [int(p) for p in proc.run(["ip", "netns", "pids", ns], timeout=10).stdout.split()]
+    except (CommandError, ValueError):
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + 3
+        while any(_running(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+def _mark_killed(state: Path) -> None:
+    """A run whose process died without finishing still says `running`; say what happened.
+    Only the status and end are set: its samples are kept as they are."""
+    from testbed.records import results
+    try:
+        owner = json.loads((state / "owner.json").read_text())
+        run_id = owner["run_id"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    run_json = Path(owner.get("results") or paths.results_dir()) / run_id / "run.json"
+    try:
+        record = json.loads(run_json.read_text())
+    except (OSError, ValueError):
+        return
+    if record.get("status") == "running":
+        record.update(status="interrupted", ended=None,
+                      notes=[*record.get("notes", []), "the run's process died; marked by testbed cleanup"])
+        results.atomic_write(run_json, json.dumps(record, indent=2, sort_keys=True, default=str))
+
+
+def lock_path() -> Path:
+    return paths.state_dir() / "run.lock"
+
+
+@contextlib.contextmanager
+def host_lock(run_id: str) -> Iterator[None]:
+    """One run per host at a time: a second one is told which run holds the host."""
+    p = lock_path()
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = Path(p).read_text().strip() or "unknown"
+            raise LeftoversError(f"run {holder} in progress on this host (lock {p}); "
+                                 "wait for it to finish") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{run_id} pid {os.getpid()}\n".encode())
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def refuse_if_leftovers(uri: str = "qemu:///system") -> None:
+    """Called with the host lock held: anything tb- now belongs to a dead run."""
+    found = find(uri)
+    if not found.empty():
+        raise LeftoversError(f"a dead run left testbed objects behind ({found.describe()}); "
+                             "run `testbed cleanup` first")
+
+
+def find_on(shell, uri: str, include_live: bool = False) -> Leftovers:
+    """tb- objects on a remote host (remote.Shell), read over ssh and its libvirt. A run's
+    liveness is known here, where it runs: its state folder on this machine."""
+    live = set() if include_live else live_tags()
+    out = shell.run(["ip", "-o", "link", "show"], timeout=30, check=False).stdout
+    names = [ln.split(":", 2)[1].strip().split("@")[0] for ln in out.splitlines() if ln.count(":") >= 2]
+    brs = shell.run(["ovs-vsctl", "--timeout=5", "list-br"], timeout=15, check=False)
+    state = shell.run(["ls", "-1", str(paths.state_dir())], timeout=30, check=False)
+    return Leftovers(domains=_dead(_domains(uri), live), links=_dead(names, live),
+                     ovs_bridges=_dead(brs.stdout.split() if brs.rc == 0 else [], live),
+                     state=_dead(state.stdout.split() if state.rc == 0 else [], live))
+
+
+def remove_on(shell, found: Leftovers, uri: str) -> None:
+    """Remove what find_on found, on that host."""
+    remove(Leftovers(domains=found.domains), uri)
+    for br in found.ovs_bridges:
+        shell.run(["ovs-vsctl", "--timeout=10", "--if-exists", "del-br", br], timeout=20, check=False)
+    for name in found.links:
+        ops.on(shell).delete(name)
+    for st in found.state:
+        shell.run(["rm", "-rf", "--", str(paths.state_dir() / st)], timeout=60, check=False)
+
+
+def refuse_if_leftovers_on(hosts) -> None:
+    """The leftovers check for remote hosts (model.HostSpec with transport ssh)."""
+    from testbed.host import remote
+    for h in hosts:
+        found = find_on(remote.shell(h), h.uri)
+        if not found.empty():
+            raise LeftoversError(f"host {h.name}: a dead run left testbed objects behind ({found.describe()}); "
+                                 f"run `testbed cleanup --hosts TOPOLOGY` first")

@@ -1,0 +1,62 @@
+"""`testbed doctor`: what this host can run, found by trying, in one report.
+
+It sits above the host probes (testbed.admin.capabilities), the guest image and the mode registry:
+each registered attachment mode answers for itself, so a new mode needs no line here."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from testbed import attachments
+from testbed.admin.capabilities import (
+    Item,
+    Report,
+    accelerator_probe,
+    macvtap,
+    ovs_kernel_datapath,
+    ovs_running,
+    tool_versions,
+    vhost_net,
+    vxlan,
+)
+from testbed.guests import images
+
+
+def probe_kernel() -> Path:
+    """A stock Debian kernel to probe with: the guest image's own, built if needed."""
+    img = images.ensure()
+    assert img.kernel is not None
+    return img.kernel
+
+
+def doctor() -> Report:
+    img = images.ensure()
+    kernel = probe_kernel()
+    kvm, tcg = accelerator_probe(str(kernel))
+    vh = vhost_net()
+    ovs_ok = ovs_running()
+    kdp = ovs_kernel_datapath()
+    datapath = ("kernel" if kdp[0] else "userspace") if ovs_ok[0] else "none"
+    return Report(
+        kvm=Item(kvm.ok, f"stock kernel booted in {kvm.seconds:.1f} s" if kvm.ok else kvm.reason),
+        tcg=Item(tcg.ok, f"stock kernel booted in {tcg.seconds:.1f} s" if tcg.ok else tcg.reason),
+        vhost_net=Item(*vh),
+        ovs_datapath=datapath,
+        ovs=Item(ovs_ok[0], ovs_ok[1] if not ovs_ok[0] else
+                 ("kernel datapath" if kdp[0] else f"userspace (netdev) datapath only: {kdp[1]}")),
+        macvtap=Item(*macvtap()),
+        vxlan=Item(*vxlan()),
+        versions=tool_versions(),
+        probe_kernel=str(kernel),
+        guest_tools=img.tools,
+        guest_image=f"{img.name}-{img.digest}",
+        attachments=attachment_modes(),
+    )
+
+
+def attachment_modes() -> dict[str, Item]:
+    """Each registered attachment mode: whether this host can run it, found by trying."""
+    out = {}
+    for m in attachments.modes():
+        why = m.unavailable()
+        out[m.name] = Item(why is None, why or "")
+    return out

@@ -1,0 +1,1 @@
+"""Reading results: statistics, comparisons and the gate, history, capacity, reports."""

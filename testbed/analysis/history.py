@@ -1,0 +1,314 @@
+"""`testbed history`: each cell's metric over the runs in the results index, with change points.
+
+A series is one cell (id and definition hash), one metric and one comparable environment
+(accelerator class and CPU model), in run order; runs whose environments cannot be compared
+split a series instead of joining it, so a TCG night never sits between two KVM nights.
+Each point is the mean of the run's ok, non-warmup samples of the cell.
+
+Change points come from ruptures' PELT search (Killick et al. 2012), not from a detector of
+our own. Apache Otava (e-divisive) was the first choice, but its 0.8.0 wheel pins
+numpy==2.2.0.* and scipy<1.17 (this project pins numpy 2.4.6 and scipy 1.17.1) and pulls in
+google-cloud-bigquery and slack-sdk; ruptures needs only numpy and scipy. The penalty is
+BIC-like, 4 sigma^2 ln(n) (a mean and a position per change) with sigma the series' noise estimated robustly from the median
+absolute successive difference (so a step does not inflate it), and a change point counts
+only when the means either side differ by more than ``threshold`` (5 %), the gate's effect
+size: a nightly must not alarm on a detectable but irrelevant shift.
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from testbed.analysis.compare import LATENCY_METRICS
+from testbed.records.records import CellRecord, RunRecord
+from testbed.records.store.schema import MAIN_METRICS
+
+#: metrics where lower is better; every other gated metric is higher-is-better
+LOWER_IS_BETTER = frozenset((*LATENCY_METRICS, "latency_p50_us", "latency_p90_us"))
+MIN_POINTS = 4
+
+
+#: a regression is reported when its change point lies within the newest WINDOW runs
+WINDOW = 7
+#: runs from the change point on that must confirm it (the change point's run included)
+CONFIRM = 2
+#: what a bisect range names: the environment keys that differ between last good and first bad
+BISECT_KEYS = ("kernel", "host", "versions", "image")
+
+
+@dataclass(frozen=True)
+class Point:
+    run_id: str
+    started: str
+    value: float            # mean of the run's ok samples
+    n: int                  # ok samples behind it
+    spread: float | None = None     # their standard deviation (None below 2 samples)
+    #: (key, value) of the run's environment that a bisect range names (BISECT_KEYS)
+    environment: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class ChangePoint:
+    index: int              # first point of the new segment
+    run_id: str             # the run where the change happened
+    before: float           # mean of the segment before
+    after: float            # mean of the segment from here on
+    delta_pct: float
+    regression: bool
+    last_good: str = ""     # the run before the change: a bisect starts between the two
+    #: (what, last good, first bad) of the environment between them
+    bisect: tuple[tuple[str, str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Series:
+    cell_id: str
+    hash: str
+    metric: str
+    environment: str        # accelerator/comparable class and CPU model
+    points: tuple[Point, ...]
+    change_points: tuple[ChangePoint, ...]
+    #: first bad runs of this cell's acknowledged changes (`testbed history --ack`)
+    acked: tuple[str, ...] = ()
+
+    def recent_regressions(self, window: int = WINDOW) -> tuple[ChangePoint, ...]:
+        """Confirmed recent regressions not acknowledged: what fails the job."""
+        return tuple(c for c in self.confirmed_recent(window) if c.run_id not in self.acked)
+
+    def acknowledged(self, window: int = WINDOW) -> tuple[ChangePoint, ...]:
+        """Confirmed recent regressions acknowledged with `testbed history --ack`."""
+        return tuple(c for c in self.confirmed_recent(window) if c.run_id in self.acked)
+
+    def confirmed_recent(self, window: int = WINDOW) -> tuple[ChangePoint, ...]:
+        """Regressions whose change point lies within the newest ``window`` runs and that
+        the runs from it on confirm (at least CONFIRM points in the new segment): a lasting
+        step keeps failing the job for ``window`` nights, not only on the night it began."""
+        n = len(self.points)
+        return tuple(c for c in self.change_points
+                     if c.regression and n - window <= c.index <= n - CONFIRM and self.confirmed(c))
+
+    def confirmed(self, c: ChangePoint) -> bool:
+        """Every run from the change point to the next one lies on the new side of the
+        midpoint between the segment means: a normal night followed by one outlier is not
+        a step, however PELT pairs them."""
+        nxt = min((d.index for d in self.change_points if d.index > c.index), default=len(self.points))
+        mid = (c.before + c.after) / 2
+        return all((p.value < mid) == (c.after < c.before) for p in self.points[c.index:nxt])
+
+    @property
+    def newest_regresses(self) -> bool:
+        """A confirmed regression within the newest WINDOW runs (what fails the job)."""
+        return bool(self.recent_regressions())
+
+    @property
+    def suspect(self) -> bool:
+        """The newest point alone is worse than the segment before it by more than the
+        threshold and three noise sigmas: a re-measure, not a regression (one night is not a
+        lasting change)."""
+        if len(self.points) < MIN_POINTS or self.newest_regresses:
+            return False
+        vals = np.array([p.value for p in self.points])
+        start = max((c.index for c in self.change_points
+                     if c.index < len(vals) - 1 and self.confirmed(c)), default=0)
+        ref = vals[start:-1]
+        if ref.size < 2:
+            return False
+        mean, sigma = float(ref.mean()), noise_sigma(ref)
+        worse = (vals[-1] < mean) == (self.metric not in LOWER_IS_BETTER)
+        return (worse and abs(vals[-1] - mean) > max(0.05 * abs(mean), 3 * sigma))
+
+
+#: penalty per change, in sigma^2 ln(n): calibrated by `testbed bench gate`'s history
+#: simulation: at 3.0 a -8 % step at 2.4 % nightly noise exits 1 within 3 nights in 45 of 50
+#: seeded sequences, unchanged 30-night series replayed nightly alarm in 2 of 50 (4.0: 40 and
+#: 2; 6.0: 32 and 1). With min_size=2 and the confirmation rule, a lower penalty buys speed.
+PENALTY = 3.0
+
+
+def noise_sigma(y: np.ndarray) -> float:
+    """The series' white-noise sigma from the median absolute successive difference,
+    robust to the steps being looked for: MAD(diff) / (sqrt 2 * 0.6745), never below 0.1 %
+    of the level (a perfectly flat series would otherwise make every wiggle a change)."""
+    sigma = float(np.median(np.abs(np.diff(y)))) / (math.sqrt(2) * 0.6745) if y.size > 1 else 0.0
+    return max(sigma, 1e-3 * float(np.mean(np.abs(y))) or 1e-9)
+
+
+def change_points(values: Sequence[float], *, higher_is_better: bool = True,
+                  threshold: float = 0.05) -> list[tuple[int, float, float]]:
+    """(index, mean before, mean after) of each change in ``values`` (ruptures PELT)."""
+    import ruptures
+    y = np.asarray(values, dtype=float)
+    n = y.size
+    if n < MIN_POINTS:
+        return []
+    sigma = noise_sigma(y)
+    # min_size=2: a segment needs two runs, so a single outlying night is never a change
+    # (it is "suspect" instead) and a change is confirmed by the run after it
+    ends = ruptures.Pelt(model="l2", min_size=CONFIRM, jump=1).fit(y.reshape(-1, 1)).predict(
+        pen=PENALTY * sigma ** 2 * math.log(n))
+    bounds = [0, *ends]
+    out = []
+    for k in range(1, len(bounds) - 1):
+        before = float(np.mean(y[bounds[k - 1]:bounds[k]]))
+        after = float(np.mean(y[bounds[k]:bounds[k + 1]]))
+        if before != 0 and abs(after - before) / abs(before) > threshold:
+            out.append((bounds[k], before, after))
+    return out
+
+
+def bisect_fields(env: dict) -> tuple[tuple[str, str], ...]:
+    """The environment keys a bisect range names, flattened (versions.qemu, image...)."""
+    out = []
+    for k in BISECT_KEYS:
+        v = env.get(k)
+        if isinstance(v, dict):
+            if k == "image":
+                out.append((k, str(v.get("digest") or v.get("name"))))
+            else:
+                out += [(f"{k}.{t}", str(x)) for t, x in sorted(v.items())]
+        elif v is not None:
+            out.append((k, str(v)))
+    return tuple(out)
+
+
+def env_difference(good: Point, bad: Point) -> tuple[tuple[str, str, str], ...]:
+    g, b = dict(good.environment), dict(bad.environment)
+    return tuple((k, g.get(k, "-"), b.get(k, "-")) for k in sorted(set(g) | set(b))
+                 if g.get(k) != b.get(k))
+
+
+def _env_key(run: object) -> str:
+    r = run  # store RunRow
+    return f"{r.comparable_class or r.accelerator}/{r.cpu_model}"  # type: ignore[attr-defined]
+
+
+def _primary(samples: Sequence[object], rec: RunRecord) -> str:
+    return rec.primary_metric(samples[0].profile)  # type: ignore[attr-defined]
+
+
+def series(store: object, *, cell: str | None = None, metric: str | None = None,
+           threshold: float = 0.05) -> list[Series]:
+    """Every series in the index ``store`` (testbed.records.store.Store), with its change points."""
+    points: dict[tuple[str, str, str, str], list[Point]] = defaultdict(list)
+    for run in store.runs():  # type: ignore[attr-defined]
+        # the index keeps the run's topology; read it as the run record would
+        rec = RunRecord.from_dict({"run_id": run.run_id, "topology": json.loads(run.topology)})
+        env = _env_key(run)
+        by_cell: dict[str, list] = defaultdict(list)
+        for s in store.samples(run.run_id):  # type: ignore[attr-defined]
+            if s.ok and (cell is None or s.cell_id == cell):
+                by_cell[s.cell_id].append(s)
+        try:
+            env_d = json.loads(run.environment or "{}")
+        except ValueError:
+            env_d = {}
+        env_t = bisect_fields(env_d)
+        for cid, samples in by_cell.items():
+            s0 = samples[0]
+            # the definition hash, recomputed from the run's topology as for an upgraded
+            # format 1 run (the index keeps no hash column)
+            h = rec.cell_hash(CellRecord(attachment=s0.attachment, backend=s0.backend,
+                                         mtu=s0.mtu, connections=s0.connections,
+                                         profile=s0.profile, tool=s0.tool,
+                                         present=frozenset({"attachment", "backend", "mtu",
+                                                            "connections", "profile", "tool"})))
+            for m in ([metric] if metric else [_primary(samples, rec)]):
+                if m in MAIN_METRICS:
+                    vals = [getattr(s, m) for s in samples if getattr(s, m) is not None]
+                else:
+                    vals = [s.metric_dict()[m] for s in samples if m in s.metric_dict()]
+                if vals:
+                    points[(cid, h, m, env)].append(Point(
+                        run.run_id, run.started or "", float(np.mean(vals)), len(vals),
+                        float(np.std(vals, ddof=1)) if len(vals) > 1 else None, env_t))
+    return [judge(cid, h, m, env, pts, threshold)
+            for (cid, h, m, env), pts in sorted(points.items())]
+
+
+def judge(cell_id: str, h: str, metric: str, env: str, pts: Sequence[Point],
+          threshold: float = 0.05) -> Series:
+    """A series of points with its change points (each with its bisect range)."""
+    higher = metric not in LOWER_IS_BETTER
+    cps = tuple(
+        ChangePoint(i, pts[i].run_id, b, a, (a - b) / abs(b) * 100,
+                    regression=(a < b) == higher, last_good=pts[i - 1].run_id,
+                    bisect=env_difference(pts[i - 1], pts[i]))
+        for i, b, a in change_points([p.value for p in pts], higher_is_better=higher,
+                                     threshold=threshold))
+    return Series(cell_id, h, metric, env, tuple(pts), cps)
+
+
+def render_text(all_series: Sequence[Series]) -> str:
+    lines = []
+    for s in all_series:
+        lines.append(f"{s.cell_id} [{s.hash}] {s.metric} on {s.environment}: "
+                     f"{len(s.points)} runs, {len(s.change_points)} change point(s)")
+        cps = {c.index: c for c in s.change_points}
+        for i, p in enumerate(s.points):
+            mark = ""
+            if i in cps:
+                c = cps[i]
+                mark = (f"  <- CHANGE {c.delta_pct:+.1f}% ({c.before:.4g} -> {c.after:.4g})"
+                        f"{' REGRESSION' if c.regression else ''}"
+                        f"{'' if s.confirmed(c) else ' (unconfirmed)'}")
+            sd = "" if p.spread is None else f" sd={p.spread:.3g}"
+            lines.append(f"  {p.run_id}  {p.value:12.4g}  n={p.n}{sd}{mark}")
+    for s in all_series:
+        for c in s.recent_regressions():
+            diff = "; ".join(f"{k} {g} -> {b}" for k, g, b in c.bisect) or "no environment difference"
+            lines.append(f"REGRESSION {s.cell_id} {s.metric} {c.delta_pct:+.1f}%: last good "
+                         f"{c.last_good}, first bad {c.run_id} ({diff})")
+        for c in s.acknowledged():
+            lines.append(f"acknowledged {s.cell_id} {s.metric} {c.delta_pct:+.1f}% at {c.run_id} "
+                         f"(testbed history --ack): not failing the job")
+        if s.suspect:
+            lines.append(f"SUSPECT {s.cell_id} {s.metric}: newest run {s.points[-1].run_id} "
+                         f"alone is worse; measure it again (not a regression yet)")
+    if not all_series:
+        lines.append("no series (index some runs with `testbed index`)")
+    return "\n".join(lines) + "\n"
+
+
+ACKS = "history-acks.jsonl"
+
+
+def acknowledge(root: object, spec: str, by: str | None, why: str | None) -> int:
+    """Store an acknowledgement (who, when, why) of CELL@RUN, a known change whose first bad
+    run is RUN; it no longer fails `testbed history`. Bad input: UserFileError (exit 2)."""
+    from pathlib import Path
+
+    from testbed.host.safeio import UserFileError
+    from testbed.records import results
+    cell, sep, run = spec.partition("@")
+    if not sep or not cell or not run:
+        raise UserFileError("--ack", f"{spec!r}: expected CELL@RUN (cell id @ first bad run id)")
+    if not by or not why:
+        raise UserFileError("--ack", "needs --by WHO and --why TEXT: an acknowledgement says who and why")
+    path = Path(str(root)) / ACKS
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps({"cell": cell, "run": run, "by": by, "why": why,
+                            "when": results.now()}) + "\n")
+    print(f"acknowledged {cell} change at {run} by {by}: {why}")
+    return 0
+
+
+def read_acks(root: object) -> list[dict]:
+    from pathlib import Path
+    path = Path(str(root)) / ACKS
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def with_acks(found: Sequence[Series], acks: Sequence[dict]) -> list[Series]:
+    import dataclasses
+    by_cell: dict[str, set[str]] = defaultdict(set)
+    for a in acks:
+        by_cell[str(a.get("cell"))].add(str(a.get("run")))
+    return [dataclasses.replace(s, acked=tuple(sorted(by_cell.get(s.cell_id, ())))) for s in found]

@@ -1,0 +1,330 @@
+"""The `testbed` command: a thin front that maps errors to exit statuses and one-line messages.
+
+Exit statuses: 0 ok; 1 a run completed with failed cells (or another error); 2 bad input;
+3 a requested capability is missing; 4 the host is busy or has leftovers; 130 interrupted.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from testbed import __version__
+from testbed.cli.argtypes import integer
+from testbed.errors import TestbedError, one_line
+
+
+class Interrupted(BaseException):
+    """SIGTERM, raised like Ctrl-C so every context manager tears down on the way out."""
+
+
+def _on_signal(signum: int, _frame: object) -> None:
+    # Further signals are ignored while teardown runs; a second Ctrl-C must not leave
+    # half-removed objects behind. `testbed cleanup` is the way out of a stuck teardown.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise Interrupted(f"signal {signum}")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from testbed.measure import runner
+    from testbed.topology import config
+    # Validated in full here, before runner.execute takes the host lock: bad input is exit 2
+    # even while another run holds the host.
+    if args.topology:
+        topo = config.load(args.topology)
+    else:
+        from testbed import attachments
+        topo = config.default(attachments.supported_single_host())
+    if args.accelerator:
+        import dataclasses
+        topo = dataclasses.replace(topo, accelerator=args.accelerator)
+    from testbed.records import store
+    store.check_target(args.db)          # the run is indexed at its end: a bad --db is known now
+    resume = None
+    if args.resume:
+        from testbed.analysis import compare
+        from testbed.records import results
+        resume = compare.resolve(args.resume)
+        rec = results.read_run(resume)       # a bad or foreign run is exit 2 before any work
+        want, have = results._comparable(results.topology_dict(topo)), results._comparable(rec.topology)
+        if want != have:
+            keys = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+            raise config.ConfigError(str(args.topology or "<builtin default>"), "(topology)",
+                                     f"differs from the one run {rec.run_id} was planned from "
+                                     f"({', '.join(keys)}); --resume measures the same matrix")
+    out = runner.execute(topo, progress=lambda s: print(s, file=sys.stderr, flush=True), resume=resume)
+    print(f"status: {out.status}, {out.samples} samples, {out.failed} failed", file=sys.stderr)
+    # Every run is indexed in the results store (SQLite beside the results by default).
+    from testbed.records import store
+    with store.open(args.db) as st:
+        st.index_run(out.run_dir)
+    from testbed.analysis import report
+    from testbed.records import results
+    html = report.write_run_report(results.read_run(out.run_dir), results.now())
+    if (why := config.not_gateable(topo)):
+        print(f"NOT GATEABLE: {why}", file=sys.stderr)
+    print(html)
+    print(out.run_dir)      # the last line stays the run directory, for scripts
+    return 0 if out.failed == 0 else 1
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from testbed.measure import runner
+    from testbed.topology import config
+    topo = config.load(args.topology)
+    cells = runner.plan(topo)
+    print(f"{args.topology}: ok ({len(topo.guests)} guests, {len(cells)} cells)")
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from testbed.admin import doctor
+    rep = doctor.doctor()
+    d = rep.as_dict()
+    if args.json:
+        print(json.dumps(d, indent=2))
+    else:
+        def line(name: str, item: dict) -> str:
+            return f"{name:<10} {'yes' if item['ok'] else 'no ':<4} {item['detail']}"
+        print(line("kvm", d["kvm"]))
+        print(line("tcg", d["tcg"]))
+        print(f"{'accel':<10} {d['accelerator'] or 'none'}")
+        print(line("vhost-net", d["vhost_net"]))
+        print(line("ovs", d["ovs"]))
+        print(f"{'datapath':<10} {d['ovs_datapath']}")
+        print(line("macvtap", d["macvtap"]))
+        print(line("vxlan", d["vxlan"]))
+        for name, item in d["attachments"].items():
+            print(f"{'mode':<10} {name:<19} {'yes' if item['ok'] else 'no ':<4} {item['detail']}")
+        for k, v in d["versions"].items():
+            print(f"{k:<10} {v or 'not installed'}")
+        tools = d.get("guest_tools")
+        print(f"{'guest':<10} image {d.get('guest_image')}: " + (
+            ", ".join(f"{k} {v or '(version not reported)'}" for k, v in tools.items())
+            if tools is not None else "tools not recorded (image built before they were)"))
+    return 0 if rep.accelerator else 1
+
+
+def cmd_image(args: argparse.Namespace) -> int:
+    from testbed.guests import images
+    img = images.ensure(images.load_recipe(args.recipe))
+    print(f"{img.name}-{img.digest}: {img.disk.parent}")
+    for k, v in (img.tools or {}).items():
+        print(f"  {k} {v or '(version not reported)'}")
+    return 0
+
+
+def cmd_cleanup(args: argparse.Namespace) -> int:
+    from testbed.topology import config
+    if not config.URI_RE.fullmatch(args.uri or ""):
+        from testbed.host.safeio import UserFileError
+        raise UserFileError("--uri", f"{args.uri!r} is not a libvirt URI such as qemu:///system")
+    from testbed.admin import cleanup
+    from testbed.host import remote
+    from testbed.topology import config
+    rc = _clean("this host", lambda: cleanup.find(args.uri), lambda f: cleanup.remove(f, args.uri))
+    # The remote hosts of a topology are cleaned too (over ssh and their libvirt).
+    for h in [h for h in config.load(args.hosts).hosts if h.remote] if args.hosts else []:
+        sh = remote.shell(h)
+        rc |= _clean(f"host {h.name}", lambda: cleanup.find_on(sh, h.uri),
+                     lambda f: cleanup.remove_on(sh, f, h.uri))
+    return rc
+
+
+def _clean(label: str, find, remove) -> int:
+    """Find, remove, look again: 0 when nothing is left on that host."""
+    found = find()
+    if found.empty():
+        print(f"{label}: nothing to clean up")
+        return 0
+    print(f"{label}: removing: {found.describe()}")
+    remove(found)
+    left = find()
+    if not left.empty():
+        print(f"{label}: still present: {left.describe()}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    """Images and guest snapshots under the cache folder. prune removes snapshots (all, or
+    those not matching this host and recipe with --stale), images other than the current
+    recipe's, and partial snapshots whose writer died."""
+    import shutil
+    import time
+
+    from testbed.guests import guestcache, images
+    from testbed.host import paths
+    snaps = guestcache.all_snapshots()
+    imgs = images.cached_images()
+    if args.action == "list":
+        print(f"cache: {paths.cache_dir()}")
+        for p, current in imgs:
+            size = sum(f.stat().st_size for f in p.iterdir() if f.is_file())
+            print(f"image     {p.name:<40} {size / 2**20:8.0f} MiB  {current}")
+        for s in snaps:
+            age = time.strftime("%Y-%m-%d %H:%M", time.gmtime(s.created))
+            print(f"snapshot  {s.folder.name:<40} {s.size_bytes() / 2**20:8.0f} MiB  "
+                  f"{s.key.memory_mib} MiB x {s.key.vcpus} vCPU, {s.key.accelerator}, image {s.key.image_digest}, {age}")
+        for p in guestcache.partial():
+            print(f"partial   {p.name}")
+        return 0
+    current = {p.name.rsplit("-", 1)[-1] for p, st in imgs if st == "current"}
+    # The cache is shared by every checkout and run on this host: what a domain runs on now
+    # (its disk's backing chain names the folder) stays.
+    in_use = _domain_xml_text()
+    removed = 0
+    for s in snaps:
+        if str(s.folder) in in_use:
+            print(f"kept snapshot {s.folder.name}: in use by a running domain")
+            continue
+        if not args.stale or s.key.image_digest not in current:
+            guestcache.remove(s)
+            print(f"removed snapshot {s.folder.name}")
+            removed += 1
+    for p in guestcache.partial():
+        if guestcache.writer_dead(p):
+            shutil.rmtree(p, ignore_errors=True)
+            print(f"removed partial {p.name}")
+            removed += 1
+    if args.images:
+        for p, st in imgs:
+            if st == "stale" and str(p) in in_use:
+                print(f"kept image {p.name}: in use by a running domain")
+            elif st == "stale":
+                shutil.rmtree(p, ignore_errors=True)
+                print(f"removed image {p.name}")
+                removed += 1
+    print(f"{removed} removed")
+    return 0
+
+
+def _domain_xml_text() -> str:
+    """What running guests use, from two sources: libvirt's domain XML (when libvirt-python is
+    installed and the daemon answers) and every QEMU process's command line (always readable
+    as root). Either alone can miss a domain: an unprivileged user cannot reach the system
+    daemon, and a package install without libvirt-python has no binding at all."""
+    import psutil
+    texts = []
+    for p in psutil.process_iter(["name", "cmdline"]):
+        if "qemu" in (p.info["name"] or ""):
+            texts.append(" ".join(p.info["cmdline"] or ()))
+    try:
+        import libvirt
+    except ImportError:
+        return "\n".join(texts)
+    try:
+        conn = libvirt.open("qemu:///system")
+    except libvirt.libvirtError:
+        return "\n".join(texts)
+    try:
+        texts.extend(d.XMLDesc(0) for d in conn.listAllDomains())
+    finally:
+        conn.close()
+    return "\n".join(texts)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from testbed import bench
+    return bench.main(args.what, args)
+
+
+def parser() -> argparse.ArgumentParser:
+    from testbed.cli.argtypes import OneLineParser
+    p = OneLineParser(prog="testbed", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"testbed {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="log what is done, step by step")
+    p.add_argument("--results", dest="results_root", metavar="DIR",
+                   help="where runs are written and looked up (default: ./results, or $TESTBED_RESULTS)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run a topology's matrix (default: the built-in topology)")
+    r.add_argument("topology", nargs="?", help="topology YAML file (default: the built-in topology)")
+    r.add_argument("--accelerator", choices=("auto", "kvm", "tcg"),
+                   help="override the topology's accelerator (auto: kvm if a stock kernel boots under it)")
+    r.add_argument("--resume", metavar="RUN", help="go on with an interrupted run (a run "
+                   "directory or id) of the same topology: finished cells are kept, the rest measured")
+    r.add_argument("--db", help="results index: SQLite path or postgresql:// URL "
+                               "(default: results/index.sqlite)")
+    r.set_defaults(func=cmd_run)
+    v = sub.add_parser("validate", help="check a topology file without creating anything")
+    v.add_argument("topology", help="topology YAML file")
+    v.set_defaults(func=cmd_validate)
+    d = sub.add_parser("doctor", help="what this host can do, each item found by trying it")
+    d.add_argument("--json", action="store_true", help="machine-readable output")
+    d.set_defaults(func=cmd_doctor)
+    c = sub.add_parser("cleanup", help="remove tb- objects left by a dead run, and nothing else")
+    c.add_argument("--uri", default="qemu:///system")
+    c.add_argument("--hosts", metavar="TOPOLOGY", help="also clean the topology's remote (ssh) hosts")
+    c.set_defaults(func=cmd_cleanup)
+    i = sub.add_parser("image", help="build (or find cached) a guest image from a recipe")
+    i.add_argument("recipe", nargs="?", help="a recipe name under images/ or a recipe folder "
+                                             "(default: $TESTBED_IMAGE, else debian12)")
+    i.set_defaults(func=cmd_image)
+    k = sub.add_parser("cache", help="show or remove cached images and guest snapshots")
+    k.add_argument("action", choices=("list", "prune"), help="list the cache, or remove from it")
+    k.add_argument("--stale", action="store_true", help="prune: only snapshots of images no longer current")
+    k.add_argument("--images", action="store_true", help="prune: also images other than the current recipe's")
+    k.set_defaults(func=cmd_cache)
+    b = sub.add_parser("bench", help="benchmarks that print figures")
+    b.add_argument("what", choices=("boot", "matrix", "chain", "fidelity", "harness", "placement", "ndr",
+                                    "density", "gate"), help="which benchmark")
+    b.add_argument("--rounds", type=integer(1, 1000), help="boot: rounds (default 1); fidelity: alternations (default 5); "
+                                              "placement: rounds of apart/together/unpinned (default 5); "
+                                              "gate: simulated nights per scenario (default 10)")
+    b.add_argument("--pairs", default="1,2,4,8", metavar="N,N,...",
+                   help="density: pair counts to bring up together (default 1,2,4,8)")
+    b.set_defaults(func=cmd_bench)
+    from testbed.cli import results as cli_results
+    cli_results.add_commands(sub)
+    from testbed.cli import scenario as cli_scenario
+    cli_scenario.add_command(sub)
+    return p
+
+
+def _check_environment() -> None:
+    """Folders a user names through the environment are input too: checked before any work."""
+    from testbed.host import safeio
+    for name in ("TESTBED_RESULTS", "TESTBED_STATE", "TESTBED_CACHE"):
+        safeio.check_dir_variable(name, os.environ.get(name))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        if args.results_root is not None:
+            from testbed.host import safeio
+            safeio.check_dir_variable("--results", args.results_root)
+        _check_environment()
+    except TestbedError as e:
+        print(f"testbed: {one_line(str(e), 2000)}", file=sys.stderr)
+        return e.exit_status
+    if args.results_root:
+        # Through the environment, so child processes (scenario parts, test helpers) agree.
+        os.environ["TESTBED_RESULTS"] = str(Path(args.results_root).absolute())
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    try:
+        return args.func(args)
+    except TestbedError as e:
+        # Bad input, a missing capability and a busy host are one line whatever the input held;
+        # other errors may carry the console's last lines.
+        text = one_line(str(e), 2000) if e.exit_status in (2, 3, 4) else str(e)
+        print(f"testbed: {text}", file=sys.stderr)
+        return e.exit_status
+    except (KeyboardInterrupt, Interrupted):
+        print("testbed: interrupted; everything created was torn down", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,347 @@
+"""Subcommands that read results: index, compare, history, report, capacity, export-csv.
+
+``add_commands(subparsers)`` registers them on the `testbed` parser; each sets ``func`` to a
+function that takes the parsed args and returns the exit status. Errors are TestbedErrors,
+which `testbed.cli.main` turns into one line and an exit status.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from testbed.errors import one_line
+from testbed.host import paths
+from testbed.records import results
+
+
+def _results_root(args: argparse.Namespace) -> Path:
+    return args.results if args.results is not None else paths.results_dir()
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--results", type=Path, default=None, metavar="DIR",
+                   help="where run ids are looked up (default: results/ or $TESTBED_RESULTS)")
+
+
+from testbed.cli.argtypes import fraction as _fraction
+from testbed.cli.argtypes import integer, number
+
+
+def _outputs(*named: tuple[str | None, str]) -> dict[str, Path | None]:
+    """Every output a command will write, checked before any work (exit 2 on a directory, a
+    device, a FIFO, an empty name or a parent that is not a directory)."""
+    from testbed.host import safeio
+    return safeio.check_outputs(named)
+
+
+def _write(path: Path | None, text: str, arg: str) -> None:
+    from testbed.host import safeio
+    safeio.write_output(path, text, arg)      # 0644: a report is for sharing
+
+
+# --------------------------------------------------------------------------- index
+
+def cmd_index(args: argparse.Namespace) -> int:
+    from testbed.analysis.compare import resolve
+    from testbed.records import store
+    root = _results_root(args)
+    dirs = [resolve(r, root) for r in args.runs] or list(results.iter_runs(root))
+    # Every run is read and validated before the store is opened: a bad run creates nothing.
+    for d in dirs:
+        results.read_run(d)
+    with store.open(args.db or str(root / "index.sqlite")) as st:
+        for d in dirs:
+            rows = st.index_run(d)
+            print(f"indexed {rows.run.run_id} ({rows.run.status}): {len(rows.cells)} cells, "
+                  f"{len(rows.samples)} samples")
+        print(f"{st.backend} index, schema version {st.schema_version()}: "
+              f"{len(st.runs())} runs", file=sys.stderr)
+    return 0
+
+
+# --------------------------------------------------------------------------- compare
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from testbed.analysis import compare
+    root = _results_root(args)
+    out = _outputs((args.junit, "--junit"))
+    if args.variants:
+        if args.new is not None:
+            raise compare.RunNotFound("compare --variants A B takes one RUN, not BASE and NEW")
+        run = compare.load(args.base, root)
+        compare.require_variants(run, args.variants)
+        base = new = run
+    else:
+        if args.new is None:
+            raise compare.RunNotFound("compare needs BASE and NEW (or RUN --variants A B)")
+        base, new = compare.load(args.base, root), compare.load(args.new, root)
+    rc = compare.compare_runs(base, new, threshold=args.threshold, alpha=args.alpha,
+                              test=args.test, force=args.force, q=args.fdr,
+                              min_samples=args.min_samples,
+                              variants=tuple(args.variants) if args.variants else None)
+    if args.junit:
+        _write(out["--junit"], compare.render_junit(rc), "--junit")
+    if args.json:
+        print(json.dumps(compare.to_dict(rc), indent=2, default=str))
+    else:
+        sys.stdout.write(compare.render_text(rc))
+    if rc.refused:
+        never = any(d.severity is compare.Severity.FORBIDDEN for d in rc.differences)
+        ignored = ("; --force IGNORED: TCG and KVM runs (or different run formats) are never "
+                   "compared") if never and args.force else ""
+        print(f"testbed compare: refused: {one_line(rc.refused, 2000)}{ignored}", file=sys.stderr)
+    elif rc.forced:
+        print("testbed compare: WARNING: --force compared runs from different environments",
+              file=sys.stderr)
+    return rc.exit_status
+
+
+# --------------------------------------------------------------------------- history
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from testbed.analysis import history, report
+    from testbed.records import store
+    from testbed.records.store.schema import metric_columns
+    root = _results_root(args)
+    if args.ack is not None:
+        return history.acknowledge(root, args.ack, args.by, args.why)
+    out = _outputs((args.output, "--output"))
+    if args.metric is not None and args.metric not in metric_columns():
+        from testbed.host.safeio import UserFileError
+        raise UserFileError("--metric", f"{args.metric!r} is not a metric the store keeps; "
+                                        f"known: {', '.join(metric_columns())}")
+    # A read: the store must exist and be this testbed's; nothing is created or migrated.
+    with store.open(args.db or str(root / "index.sqlite"), readonly=True) as st:
+        found = history.series(st, cell=args.cell, metric=args.metric, threshold=args.threshold)
+    found = history.with_acks(found, history.read_acks(root))
+    if args.json:
+        import dataclasses
+        print(json.dumps([dataclasses.asdict(s) | {"newest_regresses": s.newest_regresses}
+                          for s in found], indent=2))
+    else:
+        sys.stdout.write(history.render_text(found))
+    if args.output:
+        rep = report.build([], generated=results.now(), history=found)
+        _write(out["--output"], report.render(rep), "--output")
+        print(f"wrote {args.output}: {len(found)} series", file=sys.stderr)
+    return 1 if any(s.newest_regresses for s in found) else 0
+
+
+# --------------------------------------------------------------------------- report
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from testbed.analysis import compare, report, slo
+    spec = slo.parse(args.slo) if args.slo else None     # bad text: exit 2 before reading runs
+    root = _results_root(args)
+    out = _outputs((args.output, "--output"), (args.csv, "--csv"))
+    records = [compare.load(r, root) for r in args.runs]
+    baseline = compare.load(args.baseline, root) if args.baseline else None
+    if baseline is not None and all(r.run_id != baseline.run_id for r in records):
+        records.insert(0, baseline)     # its environment and numbers belong on the page too
+    rep = report.build(records, generated=results.now(), baseline=baseline,
+                       threshold=args.threshold, test=args.test,
+                       capacity_profile=args.capacity_profile,
+                       slo_answers=[a for r in records for a in slo.answer(r, spec)] if spec else ())
+    _write(out["--output"], report.render(rep), "--output")
+    print(f"wrote {args.output}: {len(records)} runs, {len(rep.plots)} plots", file=sys.stderr)
+    if args.csv:
+        buf = io.StringIO()
+        n = report.write_csv(records, buf)
+        _write(out["--csv"], buf.getvalue(), "--csv")
+        print(f"wrote {args.csv}: {n} samples", file=sys.stderr)
+    return 0
+
+
+def cmd_export_csv(args: argparse.Namespace) -> int:
+    from testbed.analysis import compare, report
+    root = _results_root(args)
+    out = _outputs((args.output, "--output"))
+    buf = io.StringIO()
+    n = report.write_csv([compare.load(r, root) for r in args.runs], buf)
+    _write(out["--output"], buf.getvalue(), "--output")
+    print(f"{n} samples", file=sys.stderr)
+    return 0
+
+
+# --------------------------------------------------------------------------- capacity
+
+def cmd_capacity(args: argparse.Namespace) -> int:
+    from testbed.analysis import capacity, capacity_model, capacity_plan, compare
+    if args.slo is not None:
+        return _capacity_slo(args)
+    if args.profile is None:
+        raise capacity.CapacityError("--profile or --slo is required")
+    rec = compare.load(args.run, _results_root(args))
+    demand = capacity.parse_demand(args.profile)
+    if capacity_model.has_pairs_data(rec):
+        q = capacity_plan.plan(
+            rec, demand, host_cores=args.host_cores, headroom=args.headroom,
+            link_gbit=args.link_gbit, memory_reserve_mib=args.memory_reserve_mib,
+            host_memory_mib=args.host_memory_mib, overcommit=args.overcommit,
+            memory_mib=args.memory_mib, extrapolate=args.extrapolate, mtu=args.mtu,
+            connections=args.connections)
+        if args.json:
+            print(json.dumps(capacity_plan.to_dict(q, capacity.TCG_BANNER), indent=2, default=str))
+        else:
+            sys.stdout.write(capacity_plan.render_text(q, capacity.TCG_BANNER))
+        if q.tcg:
+            print(f"testbed capacity: {capacity.TCG_BANNER}", file=sys.stderr)
+        return 0
+    p = capacity.plan(rec, demand, host_cores=args.host_cores,
+                      headroom=args.headroom,
+                      link_gbit=10.0 if args.link_gbit is None else args.link_gbit, basis=args.basis,
+                      mtu=args.mtu, connections=args.connections)
+    if args.json:
+        print(json.dumps({**capacity.to_dict(p), "note": capacity_plan.ONE_PAIR_NOTE},
+                         indent=2, default=str))
+    else:
+        sys.stdout.write(capacity.render_text(p) + capacity_plan.ONE_PAIR_NOTE + "\n")
+    if p.tcg:
+        print(f"testbed capacity: {capacity.TCG_BANNER}", file=sys.stderr)
+    return 0
+
+
+def _capacity_slo(args: argparse.Namespace) -> int:
+    """--slo: the largest N pairs meeting a service level (testbed.analysis.slo)."""
+    from testbed.analysis import capacity, compare, slo
+    spec = slo.parse(args.slo)              # bad text: exit 2 before the run is read
+    rec = compare.load(args.run, _results_root(args))
+    answers = slo.answer(rec, spec, host_cores=args.host_cores, mtu=args.mtu, connections=args.connections)
+    if args.json:
+        print(json.dumps([a.as_dict() for a in answers], indent=2, default=str))
+    else:
+        sys.stdout.write(slo.render_text(answers))
+    if rec.environment.accelerator == "tcg":
+        print(f"testbed capacity: {capacity.TCG_BANNER}", file=sys.stderr)
+    return 0
+
+
+# --------------------------------------------------------------------------- wiring
+
+def add_commands(subparsers: Any) -> None:
+    """Register index, compare, report, capacity and export-csv on `testbed`'s subparsers."""
+    i = subparsers.add_parser("index", help="index run directories into SQLite or PostgreSQL")
+    i.add_argument("runs", nargs="*", metavar="RUN",
+                   help="run directories or ids (default: every run under --results)")
+    i.add_argument("--db", metavar="PATH|URL",
+                   help="SQLite file or postgresql:// URL (default: <results>/index.sqlite)")
+    _common(i)
+    i.set_defaults(func=cmd_index)
+
+    c = subparsers.add_parser(
+        "compare", help="compare NEW against BASE per cell; exit 1 on a regression, 5 if "
+                        "undecided, 2 if refused",
+        description="Exit status: 0 every cell unchanged or improved; 1 a cell regressed, broke "
+                    "(its failure rate rose), was redefined or went missing in NEW; 5 nothing "
+                    "failed but some cell is insufficient (fewer than --min-samples ok samples "
+                    "a side), inconclusive or without baseline; 2 the environments differ or "
+                    "bad input. --force overrides a CPU model or attachment mismatch, never "
+                    "TCG vs KVM.")
+    c.add_argument("base", metavar="BASE", help="baseline run directory or id (with --variants: "
+                                                "the run)")
+    c.add_argument("new", metavar="NEW", nargs="?", help="new run directory or id")
+    c.add_argument("--variants", nargs=2, metavar=("A", "B"),
+                   help="compare variant B against variant A within one run")
+    c.add_argument("--junit", metavar="FILE", help="also write JUnit XML, one testcase per cell")
+    c.add_argument("--fdr", type=_fraction, default=0.05, metavar="Q",
+                   help="Benjamini-Hochberg false-discovery rate across all cells and deciding "
+                        "metrics (default 0.05)")
+    c.add_argument("--min-samples", type=integer(2, 10_000), default=5, metavar="N",
+                   help="ok samples a side needed for a verdict (default 5)")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.add_argument("--force", action="store_true",
+                   help="compare despite a CPU model or attachment mismatch (never TCG vs KVM)")
+    c.add_argument("--threshold", type=_fraction, default=0.05,
+                   help="relative change that counts (default 0.05)")
+    c.add_argument("--alpha", type=_fraction, default=0.05,
+                   help="per-test significance level (default 0.05); the gate decides at --fdr")
+    c.add_argument("--test", choices=("auto", "welch", "permutation", "bootstrap", "mannwhitney"),
+                   default="auto", help="auto: Welch, or the permutation test where normality "
+                                        "is doubtful (default)")
+    _common(c)
+    c.set_defaults(func=cmd_compare)
+
+    h = subparsers.add_parser(
+        "history", help="each cell's metric over the indexed runs, with change points; "
+                        "exit 1 on a confirmed regression within the newest 7 runs",
+        description="Reads the results index (testbed index), per cell in run order; runs "
+                    "with incomparable environments start a new series. Change points: "
+                    "ruptures PELT, counted beyond --threshold. Exit status: 1 when a "
+                    "confirmed regression starts within the newest 7 runs of a series and "
+                    "is not acknowledged (--ack), else 0 (a lone worse newest run is "
+                    "printed as suspect); 2 bad input.")
+    h.add_argument("--ack", metavar="CELL@RUN",
+                   help="acknowledge the known change of CELL whose first bad run is RUN "
+                        "(stored in <results>/history-acks.jsonl with --by and --why); it "
+                        "no longer fails the job")
+    h.add_argument("--by", metavar="WHO", help="--ack: who acknowledges")
+    h.add_argument("--why", metavar="TEXT", help="--ack: why the change is accepted")
+    h.add_argument("--db", metavar="PATH|URL",
+                   help="SQLite file or postgresql:// URL (default: <results>/index.sqlite)")
+    h.add_argument("--cell", metavar="ID", help="only this cell id")
+    h.add_argument("--metric", metavar="M",
+                   help="metric (default: each cell's primary: throughput_mbps or "
+                        "transactions_per_s)")
+    h.add_argument("--threshold", type=_fraction, default=0.05,
+                   help="smallest relative step counted as a change (default 0.05)")
+    h.add_argument("-o", "--output", metavar="FILE", help="also write an HTML report with plots")
+    h.add_argument("--json", action="store_true", help="machine-readable output")
+    _common(h)
+    h.set_defaults(func=cmd_history)
+
+    r = subparsers.add_parser("report", help="self-contained HTML report (and CSV) of runs")
+    r.add_argument("runs", nargs="+", metavar="RUN", help="run directories or ids")
+    r.add_argument("-o", "--output", required=True, metavar="FILE", help="HTML file to write")
+    r.add_argument("--baseline", metavar="RUN", help="compare every RUN with this run")
+    r.add_argument("--csv", metavar="FILE", help="also write every sample as CSV")
+    r.add_argument("--threshold", type=_fraction, default=0.05)
+    r.add_argument("--test", choices=("auto", "welch", "permutation", "bootstrap", "mannwhitney"),
+                   default="auto")
+    r.add_argument("--slo", default=None, metavar="SLO",
+                   help='plot a density run\'s figure against N pairs with this service level, '
+                        'e.g. "p99.9<500us@5000tps" (see capacity --slo)')
+    r.add_argument("--capacity-profile", metavar="SPEC", default=None,
+                   help="add the capacity table at this per-VM profile (stream:2gbit, rr:5ktps)")
+    _common(r)
+    r.set_defaults(func=cmd_report)
+
+    k = subparsers.add_parser("capacity", help="how many VMs of a traffic profile fit on a host")
+    k.add_argument("run", metavar="RUN", help="a run directory or id (a density run with pairs, or any run)")
+    k.add_argument("--slo", default=None, metavar="SLO",
+                   help='a service level per pair, e.g. "p99.9<500us@5000tps" or "loss<0.1%%@2gbit": '
+                        "the largest N pairs at which every pair met it, the first N that broke it")
+    k.add_argument("--profile", default=None, metavar="SPEC",
+                   help="per-VM traffic: stream:2gbit, stream:500mbit, rr:5000tps, rr:5ktps")
+    k.add_argument("--headroom", type=_fraction, default=0.2,
+                   help="fraction of cores and link kept free (default 0.2)")
+    k.add_argument("--host-cores", type=number(0, 100_000, low_open=True), default=None, metavar="N",
+                   help="cores on the planned host (default: the run's recorded cpus)")
+    k.add_argument("--link-gbit", type=number(0, 1_000_000, low_open=True), default=None, metavar="G",
+                   help="uplink capacity in Gbit/s (default: measured by the run, else 10)")
+    k.add_argument("--basis", choices=("host", "qemu"), default="host",
+                   help="CPU counted: host busy cores, or QEMU+vhost+ovs-vswitchd (default host)")
+    k.add_argument("--mtu", type=integer(68, 65535), default=None, help="only cells at this MTU")
+    k.add_argument("--connections", type=integer(1, 100_000), default=None, help="only cells with this many")
+    k.add_argument("--memory-reserve-mib", type=number(0, 2**40), default=2048.0, metavar="MIB",
+                   help="host memory kept for the host itself (default 2048)")
+    k.add_argument("--host-memory-mib", type=number(0, 2**40, low_open=True), default=None, metavar="MIB",
+                   help="memory of the planned host (default: the run's recorded memory)")
+    k.add_argument("--memory-mib", type=integer(1, 2**30), default=None, metavar="MIB",
+                   help="memory per planned VM (default: the run's largest guest)")
+    k.add_argument("--overcommit", type=number(0, 1000, low_open=True), default=1.0, metavar="R",
+                   help="vCPUs per host thread (default 1, no overcommit)")
+    k.add_argument("--extrapolate", action="store_true",
+                   help="allow answers beyond 2x the largest measured number of pairs")
+    k.add_argument("--json", action="store_true", help="machine-readable output")
+    _common(k)
+    k.set_defaults(func=cmd_capacity)
+
+    e = subparsers.add_parser("export-csv", help="every sample of some runs as CSV")
+    e.add_argument("runs", nargs="+", metavar="RUN", help="run directories or ids")
+    e.add_argument("-o", "--output", default="-", metavar="FILE", help="default: stdout")
+    _common(e)
+    e.set_defaults(func=cmd_export_csv)

@@ -1,0 +1,1 @@
+"""Guest images and domains: build, boot, restore, agent, NIC and rendering of libvirt XML."""

@@ -1,0 +1,136 @@
+"""Commands inside a guest through qemu-guest-agent over virtio-serial.
+
+The agent channel does not use any network under test, so control traffic never
+disturbs a measurement and a broken test network never cuts the testbed off.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Sequence
+
+from testbed.errors import CommandError, GuestError
+from testbed.guests.lazy import libvirt, libvirt_qemu
+from testbed.host import proc
+
+AGENT_TIMEOUT_S = 10
+
+#: What a command in a guest returns: the same type as everywhere else (testbed.host.executor).
+GuestResult = proc.Completed
+
+
+class Agent:
+    """A guest's qemu-guest-agent, reached through libvirt; a testbed.host.executor.Executor."""
+
+    def __init__(self, dom: libvirt.virDomain, name: str) -> None:
+        self.dom, self.name = dom, name
+
+    def command(self, execute: str, arguments: dict | None = None,
+                timeout: int = AGENT_TIMEOUT_S) -> object:
+        msg = {"execute": execute, **({"arguments": arguments} if arguments else {})}
+        try:
+            reply = libvirt_qemu.qemuAgentCommand(self.dom, json.dumps(msg), timeout, 0)
+        except libvirt.libvirtError as e:
+            raise GuestError(f"guest {self.name}: agent {execute} failed: {e.get_error_message()}") from None
+        return json.loads(reply)["return"]
+
+    def ping(self) -> bool:
+        try:
+            self.command("guest-ping", timeout=2)
+            return True
+        except GuestError:
+            return False
+
+    def spawn(self, argv: Sequence[str], stdin: bytes | None = None) -> int:
+        """Start a process in the guest; returns its pid. Output is kept by the agent;
+        ``stdin`` is fed to the process by the agent."""
+        args = {"path": argv[0], "arg": list(argv[1:]), "capture-output": True}
+        if stdin is not None:
+            args["input-data"] = base64.b64encode(stdin).decode()
+        try:
+            ret = self.command("guest-exec", args)
+        except GuestError as e:
+            # The agent reports a missing binary as a failed exec: say which.
+            raise CommandError([f"{self.name}:", *argv], 127, str(e)) from None
+        return int(ret["pid"])  # type: ignore[index]
+
+    def status(self, pid: int) -> dict | None:
+        st = self.command("guest-exec-status", {"pid": pid})
+        return st if st.get("exited") else None  # type: ignore[union-attr]
+
+    def alive(self, pid: int) -> bool:
+        return self.status(pid) is None
+
+    def wait(self, pid: int, argv: Sequence[str], timeout: float,
+             expected_s: float = 0.0) -> GuestResult:
+        """Poll until the process exits. ``expected_s``: how long it is known to run (a
+        tool's test duration). No polls before then, because every poll is agent work inside
+        the guest during a measurement window; afterwards short polls, so the end is seen
+        within a few tens of milliseconds instead of up to a whole back-off step."""
+        start = time.monotonic()
+        deadline = start + timeout
+        if expected_s > 0:
+            time.sleep(min(expected_s, timeout))
+        delay = 0.01
+        while True:
+            st = self.status(pid)
+            if st is not None:
+                return GuestResult(tuple(argv), _rc(st), _b64(st.get("out-data")),
+                                   _b64(st.get("err-data")), time.monotonic() - start)
+            if time.monotonic() >= deadline:
+                self.kill(pid)
+                raise CommandError([f"{self.name}:", *argv], None, "", timed_out=True)
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.25)
+
+    def kill(self, pid: int, signal: str = "KILL") -> None:
+        try:
+            kpid = self.spawn(["/bin/kill", f"-{signal}", str(pid)])
+            self.wait(kpid, ["kill"], 10)
+        except (GuestError, CommandError):
+            pass  # already gone, or the agent is gone with the guest
+
+    def stop(self, pid: int) -> str:
+        """Kill a process and return what it printed (the agent keeps its output)."""
+        self.kill(pid)
+        try:
+            res = self.wait(pid, ["stop"], 10)
+        except (GuestError, CommandError):
+            return ""
+        return res.stdout + res.stderr
+
+    def run(self, argv: Sequence[str], timeout: float = 30, check: bool = True,
+            stdin: bytes | None = None) -> GuestResult:
+        res = self.wait(self.spawn(argv, stdin), argv, timeout)
+        if check and res.rc != 0:
+            raise CommandError([f"{self.name}:", *argv], res.rc, res.stderr or res.stdout,
+                               stdout=res.stdout)
+        return res
+
+    def write_file(self, path: str, text: str) -> None:
+        handle = self.command("guest-file-open", {"path": path, "mode": "w"})
+        try:
+            self.command("guest-file-write", {"handle": handle,
+                                              "buf-b64": base64.b64encode(text.encode()).decode()})
+        finally:
+            self.command("guest-file-close", {"handle": handle})
+
+    def read_file(self, path: str, limit: int = 1 << 20) -> str:
+        handle = self.command("guest-file-open", {"path": path, "mode": "r"})
+        try:
+            data = self.command("guest-file-read", {"handle": handle, "count": limit})
+            return _b64(data.get("buf-b64"))  # type: ignore[union-attr]
+        finally:
+            self.command("guest-file-close", {"handle": handle})
+
+
+def _b64(s: str | None) -> str:
+    return base64.b64decode(s).decode(errors="replace") if s else ""
+
+
+def _rc(st: dict) -> int:
+    if "exitcode" in st:
+        return int(st["exitcode"])
+    # Killed by a signal: the agent reports the signal instead of an exit code.
+    return 128 + int(st.get("signal", 0))

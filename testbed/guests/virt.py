@@ -1,0 +1,491 @@
+"""libvirt lifecycle: connect, define, start, hot-plug, destroy, and readiness waits."""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import time
+import uuid as uuid_mod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from testbed.errors import CommandError, GuestError, ReadinessError, TestbedError
+from testbed.guests import guestcache, images, render
+from testbed.guests.guest import Agent
+from testbed.guests.lazy import libvirt
+from testbed.host import paths, proc, remote
+from testbed.topology.model import Accelerator, GuestSpec
+
+log = logging.getLogger(__name__)
+
+BOOT_FINISHED = "/var/lib/cloud/instance/boot-finished"
+
+
+
+@contextlib.contextmanager
+def connect(uri: str) -> Iterator[libvirt.virConnect]:
+    try:
+        conn = libvirt.open(uri)
+    except libvirt.libvirtError as e:
+        raise TestbedError(f"cannot connect to libvirt at {uri}: {e.get_error_message()}") from None
+    try:
+        yield conn
+    finally:
+        with contextlib.suppress(libvirt.libvirtError):
+            conn.close()
+
+
+def enter_parallel(stack: contextlib.ExitStack, cms: list, workers: int) -> list:
+    """Enter context managers (guests being booted or restored) in up to ``workers`` threads
+    and register each one entered on ``stack``, so it is left (destroyed) with the stack,
+    also when another failed or on Ctrl-C: then the ones in flight are waited for, those
+    not started are cancelled, and the first error is raised. Returns what each yielded, in
+    order. libvirt's connections are thread-safe, and each guest's calls are its own."""
+    from concurrent.futures import ThreadPoolExecutor
+    ex = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="tb-enter")
+    futs = [ex.submit(cm.__enter__) for cm in cms]
+    try:
+        for f in futs:
+            f.exception()           # waits; errors are raised below, after every one is known
+    finally:
+        ex.shutdown(wait=True, cancel_futures=True)
+        for cm, f in zip(cms, futs):
+            if f.done() and not f.cancelled() and f.exception() is None:
+                stack.push(cm)
+    for f in futs:
+        if f.exception() is not None:
+            raise f.exception()     # type: ignore[misc]
+    return [f.result() for f in futs]
+
+
+def map_parallel(fn, items: list, workers: int) -> list:
+    """``fn`` over ``items`` in up to ``workers`` threads (readiness waits of guests that
+    are independent of each other); the first error is raised once all have finished."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="tb-wait") as ex:
+        futs = [ex.submit(fn, x) for x in items]
+    for f in futs:
+        if f.exception() is not None:
+            raise f.exception()     # type: ignore[misc]
+    return [f.result() for f in futs]
+
+
+def destroy(dom: libvirt.virDomain) -> None:
+    """Stop and forget a domain; tolerates 'already gone'."""
+    with contextlib.suppress(libvirt.libvirtError):
+        if dom.isActive():
+            dom.destroy()
+    with contextlib.suppress(libvirt.libvirtError):
+        dom.undefine()
+
+
+@contextlib.contextmanager
+def restored_domain(conn: libvirt.virConnect, image: Path, name: str) -> Iterator[libvirt.virDomain]:
+    """A domain restored from a save image (transient: destroying it forgets it). Destroyed
+    by its name on the way out, also when the restore failed or was interrupted half-way
+    (a Ctrl-C arrives after the call returns, and the domain is ours by its name)."""
+    try:
+        try:
+            conn.restoreFlags(str(image), None, libvirt.VIR_DOMAIN_SAVE_RUNNING)
+        except libvirt.libvirtError as e:
+            raise TestbedError(f"restore of {name} failed: {e.get_error_message()}") from None
+        yield conn.lookupByName(name)
+    finally:
+        with contextlib.suppress(libvirt.libvirtError):
+            destroy(conn.lookupByName(name))
+
+
+@contextlib.contextmanager
+def domain(conn: libvirt.virConnect, xml: str) -> Iterator[libvirt.virDomain]:
+    try:
+        dom = conn.defineXML(xml)
+    except libvirt.libvirtError as e:
+        raise TestbedError(f"libvirt rejected the domain: {e.get_error_message()}") from None
+    try:
+        try:
+            dom.create()
+        except libvirt.libvirtError as e:
+            raise TestbedError(f"domain {dom.name()} did not start: {e.get_error_message()}") from None
+        yield dom
+    finally:
+        destroy(dom)
+
+
+def console_tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return tail_text(text, lines)
+
+
+def tail_text(text: str, lines: int = 15) -> str:
+    keep = [ln.rstrip() for ln in text.replace("\r", "\n").splitlines() if ln.strip()]
+    return "\n".join(keep[-lines:])
+
+
+@dataclass
+class Guest:
+    """A booted guest: its domain, agent and where its console goes."""
+
+    spec: GuestSpec
+    name: str                  # libvirt domain name (tb- prefixed)
+    dom: libvirt.virDomain
+    agent: Agent
+    console_log: Path          # on the guest's host
+    boot_started: float        # time.monotonic() at dom.create()
+    ready_s: float | None = None
+    #: commands on the guest's host; None: this machine
+    shell: remote.Shell | None = None
+    #: restored from a cached snapshot, or booted cold
+    boot: str = "cold"
+    #: the snapshot key (guestcache.Key.digest) this guest was restored from or saved to
+    snapshot_key: str | None = None
+    #: why a guest booted cold (no snapshot yet, key changed, restore failed, remote host)
+    boot_reason: str | None = None
+    #: a cold guest whose state is to be cached once ready: (key, conn, disk, seed, state)
+    save_to: tuple | None = None
+    snapshot_saved_s: float | None = None
+    run_id: str = ""
+    #: restored: seconds the restore itself took (copy of the image, restoreFlags)
+    restore_s: float | None = None
+    #: a cold guest saved into the cache: its console as it was before the save (the
+    #: restored QEMU starts the log afresh); the boot breakdown reads it (testbed.guests.bootprofile)
+    boot_console: str | None = None
+
+    def record(self) -> dict:
+        """What the run record says about this guest's boot."""
+        return {"domain": self.name, "host": self.spec.host, "ready_s": self.ready_s, "boot": self.boot,
+                "snapshot_key": self.snapshot_key, "boot_reason": self.boot_reason,
+                "snapshot_saved_s": self.snapshot_saved_s,
+                "restore_s": None if self.restore_s is None else round(self.restore_s, 2)}
+
+    def console_tail(self) -> str:
+        if self.shell is None or not self.shell.remote:
+            return console_tail(self.console_log)
+        try:
+            return tail_text(self.shell.read(str(self.console_log)))
+        except CommandError:
+            return ""
+
+    def wait_ready(self, timeout: float) -> float:
+        """Wait for the agent, then for cloud-init's final stage (a restored guest: its clock
+        set and fresh entropy given). Returns seconds since start. A cold guest that is to be
+        cached is then saved and brought back from its own snapshot."""
+        deadline = self.boot_started + timeout
+        waited_from = time.monotonic()
+        steps = ((("guest agent", self._agent_up), ("clock, entropy and a command", self._refresh))
+                 if self.boot == "restored" else
+                 (("guest agent", self._agent_up), ("cloud-init final", self._cloud_init_done)))
+        for what, check in steps:
+            while not check():
+                if not self.dom.isActive():
+                    raise ReadinessError(f"guest {self.name} stopped while waiting for {what}",
+                                         time.monotonic() - self.boot_started,
+                                         self.console_tail())
+                if time.monotonic() > deadline:
+                    raise ReadinessError(f"guest {self.name} (waiting for {what})", timeout,
+                                         self.console_tail())
+                time.sleep(0.2)
+        self.ready_s = time.monotonic() - self.boot_started
+        if self.restore_s is not None:
+            # Restores are made before any is waited for (in parallel up to the host's
+            # cores): the time a restored guest sat running while others were still being
+            # restored is not its own.
+            self.ready_s = self.restore_s + (time.monotonic() - waited_from)
+        if self.save_to is not None:
+            self._save_snapshot()
+        return self.ready_s
+
+    def _refresh(self) -> bool:
+        """After a restore the guest's clock stands where it was saved, and its random state
+        is the snapshot's, shared by every restore. A first command mixes fresh host
+        randomness into the guest's pool (the virtio-rng device feeds it too) and confirms
+        the guest runs commands and finished its boot; it also outlasts the few busy seconds
+        a guest has right after a restore under TCG. Then a second sets the clock from the
+        host: its lag is one exec start-up (tests check the skew). The agent's own
+        guest-set-time is not used: it also runs hwclock, measured at 3-9 s here."""
+        try:
+            res = self.agent.run(["/bin/sh", "-c", f"cat > /dev/urandom && test -e {BOOT_FINISHED}"],
+                                 stdin=os.urandom(512), check=False, timeout=30)
+            if res.rc != 0:
+                raise GuestError(f"guest {self.name}: after restore: rc {res.rc} {res.stderr.strip()[:200]}")
+            now = time.time_ns()
+            self.agent.run(["/bin/date", "-u", "-s", f"@{now // 10**9}.{now % 10**9:09d}"], timeout=30)
+        except CommandError as e:
+            raise GuestError(f"guest {self.name}: after restore: {e}") from None
+        return True
+
+    def _save_snapshot(self) -> None:
+        """Save this cold-booted, ready guest into the snapshot cache (before any NIC under
+        test is plugged), then restore it from there so it runs on in this run exactly as
+        later runs will: on its own overlay over the frozen layer. A snapshot that cannot be
+        made is recorded as the reason, and the guest runs on as it is."""
+        key, conn, disk, seed, state, replace = self.save_to
+        self.save_to = None
+        builder = guestcache.Builder(key)
+        if self.shell is None or not self.shell.remote:
+            with contextlib.suppress(OSError):
+                self.boot_console = self.console_log.read_text(errors="replace")
+        started = time.monotonic()
+        try:
+            shutil.copy2(seed, builder.seed)
+            uuid = self.dom.UUIDString()
+            self.dom.saveFlags(str(builder.state), None, libvirt.VIR_DOMAIN_SAVE_RUNNING)
+        except (OSError, libvirt.libvirtError) as e:
+            builder.discard()
+            msg = e.get_error_message() if isinstance(e, libvirt.libvirtError) else str(e)
+            self.boot_reason = f"{self.boot_reason}; snapshot not saved: {msg}"
+            log.warning("guest %s: snapshot not saved: %s", self.name, msg)
+            if not self.dom.isActive():
+                raise ReadinessError(f"guest {self.name} stopped while saving its snapshot", 0,
+                                     self.console_tail()) from None
+            return
+        # The domain is stopped now: its overlay becomes the frozen layer.
+        image = state / f"{self.name}.save"
+        snap = None
+        try:
+            shutil.move(disk, builder.disk)
+            snap = builder.commit(self.name, uuid, time.monotonic() - started, replace=replace)
+            self.snapshot_saved_s = round(snap.save_s, 2)
+            self.snapshot_key = key.digest
+            _overlay_file(snap.disk, disk)
+            xml = guestcache.restore_xml(guestcache.read_image_xml(snap.state), name=self.name, uuid=uuid,
+                                         run_id=self.run_id, disk=str(disk), seed=str(snap.seed),
+                                         console_log=str(self.console_log))
+            guestcache.write_image(snap.state, image, xml)
+            self.dom.undefine()     # the restored domain is transient, like every restored one
+            conn.restoreFlags(str(image), None, libvirt.VIR_DOMAIN_SAVE_RUNNING)
+            self.dom = self.agent.dom = conn.lookupByName(self.name)
+        except (TestbedError, OSError, libvirt.libvirtError) as e:
+            msg = e.get_error_message() if isinstance(e, libvirt.libvirtError) else str(e)
+            builder.discard()
+            if snap is not None:
+                guestcache.remove(snap)
+            raise ReadinessError(f"guest {self.name}: restore from its new snapshot failed ({msg}); "
+                                 "snapshot removed", 0, self.console_tail()) from None
+        finally:
+            image.unlink(missing_ok=True)
+        # Back from the snapshot, like every later restore: the clock stood still meanwhile.
+        deadline = time.monotonic() + 60
+        while not self._agent_up():
+            if time.monotonic() > deadline or not self.dom.isActive():
+                raise ReadinessError(f"guest {self.name} (agent after restore from its new snapshot)", 60,
+                                     self.console_tail())
+            time.sleep(0.1)
+        self._refresh()
+        log.info("guest %s: snapshot %s saved in %.1f s", self.name, key.digest, self.snapshot_saved_s)
+
+    def _agent_up(self) -> bool:
+        return self.agent.ping()
+
+    def _cloud_init_done(self) -> bool:
+        return self.agent.run(["/usr/bin/test", "-e", BOOT_FINISHED], check=False, timeout=10).rc == 0
+
+
+def _seed_iso(files: render.SeedFiles, out: Path) -> Path:
+    src = out.with_suffix(".d")
+    src.mkdir(parents=True, exist_ok=True)
+    (src / "user-data").write_text(files.user_data)
+    (src / "meta-data").write_text(files.meta_data)
+    (src / "network-config").write_text(files.network_config)
+    proc.run(["genisoimage", "-quiet", "-output", str(out), "-volid", "cidata", "-joliet", "-rock",
+              str(src / "user-data"), str(src / "meta-data"), str(src / "network-config")], timeout=60)
+    return out
+
+
+@contextlib.contextmanager
+def _remote_files(shell: remote.Shell, image: images.Image, seed: Path, state: Path,
+                  name: str) -> Iterator[tuple[Path, Path, Path, images.Image]]:
+    """A remote guest's files in its own tb- folder on its host (the domain's name + .d, so it
+    carries the run's tag): overlay, seed and console
+    log ((disk, seed, console, image as staged there)). On exit the console log is fetched
+    into the local state folder (the run keeps it) and the folder is removed."""
+    img = images.stage(shell, image)
+    rstate = paths.state_dir() / f"{name}.d"
+    shell.run(["mkdir", "-p", str(rstate)])
+    try:
+        disk, rseed, console = rstate / f"{name}.qcow2", rstate / seed.name, rstate / f"{name}.console.log"
+        shell.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(img.disk), str(disk)])
+        shell.put(seed, str(rseed))
+        yield disk, rseed, console, img
+    finally:
+        with contextlib.suppress(CommandError):
+            (state / f"{name}.console.log").write_text(shell.read(str(console)))
+        shell.run(["rm", "-rf", "--", str(rstate)], check=False)
+
+
+def _overlay_file(backing: Path, path: Path) -> None:
+    proc.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(backing), str(path)],
+             timeout=60)
+
+
+def snapshot_key(conn: libvirt.virConnect, spec: GuestSpec, image: images.Image,
+                 accel: Accelerator, slot: str | None = None) -> guestcache.Key:
+    """``slot``: the snapshot slot when it is not the guest's own name (a pair's clone
+    restores its original's snapshot; only its hostname inside differs from its name)."""
+    return guestcache.key_for(conn, slot or spec.name, image_digest=image.digest, memory_mib=spec.memory_mib,
+                              vcpus=spec.vcpus, accelerator=accel.value, domain_type=accel.domain_type,
+                              kernel_cmdline=image.cmdline)
+
+
+@contextlib.contextmanager
+def guest(conn: libvirt.virConnect, spec: GuestSpec, image: images.Image, accel: Accelerator,
+          run_id: str, run_tag: str, state: Path, shell: remote.Shell | None = None,
+          snapshots: str = "use", emulator: str | None = None,
+          machine: str | None = None, slot: str | None = None) -> Iterator[Guest]:
+    """One guest on the host behind ``conn`` (and ``shell`` for a remote one), on its own
+    overlay; destroyed and its files removed on exit. Restored from its cached snapshot
+    when one matches (on this machine, the testbed's own image); otherwise booted cold, with
+    the reason recorded, and its snapshot saved once it is ready. ``snapshots``: "use", "off"
+    (cold, nothing saved), or "renew" (cold, and the snapshot made again). ``emulator`` and
+    ``machine``: a variant's QEMU binary and machine type (matrix.variants)."""
+    name = f"tb-{run_tag}-{spec.name}"
+    state.mkdir(parents=True, exist_ok=True)
+    console = state / f"{name}.console.log"
+    key, why = None, None
+    if snapshots == "off":
+        why = "snapshots off"
+    elif spec.placement.shapes_saved_state:
+        # Memory backing, NUMA policy, CPU model and IO thread objects are fixed when QEMU
+        # starts, and the snapshot key does not cover them: such a guest boots as asked.
+        why = f"placement with {spec.placement.shapes_saved_state}: not snapshotted"
+    elif emulator or machine:
+        # The key names the default QEMU and machine; a variant's guests are what is compared,
+        # so they boot the way the variant says, every time.
+        why = "variant with its own emulator or machine type: not snapshotted"
+    elif shell is not None and shell.remote:
+        why = "remote host: snapshots are kept on this machine only"
+    elif image.kernel is None:
+        why = "user image: not snapshotted"
+    else:
+        try:
+            key = snapshot_key(conn, spec, image, accel, slot)
+        except libvirt.libvirtError as e:
+            why = f"snapshot key unknown: {e.get_error_message()}"
+    snap = None
+    if key is not None and snapshots == "renew":
+        why = "snapshot renewed"
+    elif key is not None:
+        snap, why = guestcache.lookup(key)
+    if snap is not None:
+        try:
+            with _restored(conn, snap, name, run_id, state, console) as g:
+                g.spec, g.shell = spec, shell
+                yield g
+            return
+        except _RestoreFailed as e:
+            why = f"restore from snapshot {key.digest} failed: {e}"  # type: ignore[union-attr]
+            log.warning("guest %s: %s; booting cold", name, why)
+    with contextlib.ExitStack() as stack:
+        local_seed = _seed_iso(render.cloud_init(hostname=spec.name, run_id=run_id,
+                                                 instance_id=f"{name}-{run_id}"), state / f"{name}-seed.iso")
+        stack.callback(lambda: local_seed.unlink(missing_ok=True))
+        seed = local_seed
+        if shell is not None and shell.remote:
+            disk, seed, console, image = stack.enter_context(_remote_files(shell, image, local_seed, state, name))
+        else:
+            disk = stack.enter_context(images.overlay(image, state / f"{name}.qcow2"))
+        xml = render.domain_xml(render.DomainParams(
+            name=name, run_id=run_id, domain_type=accel.domain_type, memory_mib=spec.memory_mib,
+            vcpus=spec.vcpus, disk=str(disk), seed=str(seed), console_log=str(console),
+            kernel=str(image.kernel) if image.kernel else None,
+            initrd=str(image.initrd) if image.initrd else None, cmdline=image.cmdline,
+            # a variant's QEMU binary and machine type (matrix.variants); else the defaults
+            **render.placement_params(spec.placement),
+            **({"emulator": emulator} if emulator else {}),
+            **({"machine": machine} if machine else {})))
+        (state / f"{name}.xml").write_text(xml)
+        started = time.monotonic()
+        dom = stack.enter_context(domain(conn, xml))
+        log.info("started guest %s (%s, cold: %s)", name, accel.value, why)
+        yield Guest(spec=spec, name=name, dom=dom, agent=Agent(dom, name), console_log=console,
+                    boot_started=started, shell=shell, boot="cold", boot_reason=why, run_id=run_id,
+                    snapshot_key=key.digest if key else None,
+                    save_to=(key, conn, disk, local_seed, state, snapshots == "renew") if key else None)
+
+
+class _RestoreFailed(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _restored(conn: libvirt.virConnect, snap: guestcache.Snapshot, name: str, run_id: str, state: Path,
+              console: Path) -> Iterator[Guest]:
+    """A guest restored from ``snap`` under this run's name and a new UUID, writing into its
+    own overlay over the snapshot's frozen layer. Raises _RestoreFailed (before yielding)
+    when the restore does not succeed, having removed what it made."""
+    disk, image = state / f"{name}.qcow2", state / f"{name}.save"
+    with contextlib.ExitStack() as stack:
+        stack.callback(lambda: disk.unlink(missing_ok=True))
+        try:
+            _overlay_file(snap.disk, disk)
+            xml = guestcache.restore_xml(guestcache.read_image_xml(snap.state), name=name,
+                                         uuid=str(uuid_mod.uuid4()), run_id=run_id, disk=str(disk),
+                                         seed=str(snap.seed), console_log=str(console))
+            (state / f"{name}.xml").write_text(xml)
+            # The per-restore copy of the image (libvirt takes the XML from it) goes as soon
+            # as QEMU has read it; making it counts as restore time.
+            started = time.monotonic()
+            guestcache.write_image(snap.state, image, xml)
+            try:
+                dom = stack.enter_context(restored_domain(conn, image, name))
+            finally:
+                image.unlink(missing_ok=True)
+        except (TestbedError, OSError) as e:
+            raise _RestoreFailed(str(e)) from None
+        log.info("restored guest %s from snapshot %s", name, snap.key.digest)
+        yield Guest(spec=None, name=name, dom=dom, agent=Agent(dom, name),  # type: ignore[arg-type]
+                    console_log=console, boot_started=started, boot="restored",
+                    snapshot_key=snap.key.digest, run_id=run_id, restore_s=time.monotonic() - started)
+
+
+def guest_ifname(g: Guest, mac: str) -> str | None:
+    res = g.agent.run(["/usr/sbin/ip", "-j", "link", "show"], timeout=15)
+    for link in json.loads(res.stdout or "[]"):
+        if link.get("address", "").lower() == mac.lower():
+            return link["ifname"]
+    return None
+
+
+@contextlib.contextmanager
+def plugged_nic(g: Guest, xml: str, mac: str, timeout: float = 60) -> Iterator[str]:
+    """Hot-plug a NIC under test into a running guest; yields its name inside the guest.
+    Unplugged on exit, waiting until libvirt reports it gone so the next plug can reuse the slot."""
+    try:
+        g.dom.attachDeviceFlags(xml, libvirt.VIR_DOMAIN_AFFECT_LIVE)
+    except libvirt.libvirtError as e:
+        raise TestbedError(f"guest {g.name}: hot-plug failed: {e.get_error_message()}") from None
+    try:
+        deadline = time.monotonic() + timeout
+        while (ifname := guest_ifname(g, mac)) is None:
+            if time.monotonic() > deadline:
+                raise ReadinessError(f"NIC {mac} in guest {g.name}", timeout, g.console_tail())
+            time.sleep(0.3)
+        yield ifname
+    finally:
+        _unplug(g, xml, mac)
+
+
+def _unplug(g: Guest, xml: str, mac: str, timeout: float = 30) -> None:
+    with contextlib.suppress(libvirt.libvirtError):
+        if not g.dom.isActive():
+            return
+        g.dom.detachDeviceFlags(xml, libvirt.VIR_DOMAIN_AFFECT_LIVE)
+        deadline = time.monotonic() + timeout
+        while mac.lower() in g.dom.XMLDesc(0).lower():
+            if time.monotonic() > deadline:
+                log.warning("guest %s: NIC %s still present %ds after unplug", g.name, mac, timeout)
+                return
+            time.sleep(0.2)
+
+
+def qemu_pid(g: Guest) -> int | None:
+    """The QEMU process of a running domain, from libvirt's pid file."""
+    try:
+        return int(Path(f"/run/libvirt/qemu/{g.name}.pid").read_text().strip())
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,170 @@
+"""`ovs` attachment: an Open vSwitch bridge with no uplink and no host address. Guests' taps
+are created by libvirt (interface type='bridge' + virtualport type='openvswitch') with tb-
+names and added to it with ovs-vsctl.
+
+Userspace (netdev) datapath, measured on this machine (OVS 3.1, Linux 6.18, no openvswitch
+module), two namespaces joined by veth pairs through one netdev bridge, netperf TCP_STREAM:
+
+* Without ``userspace-tso-enable`` ovs-vswitchd moves frames through plain AF_PACKET sockets,
+  which carry no checksum metadata. A frame whose sender left the checksum to "hardware"
+  (tx checksum offload on, the default on veth and tap) leaves OVS with a wrong checksum and
+  the receiver drops it: ARP and ICMP work, no TCP connection ever opens. Turning tx
+  checksumming off at the sender makes TCP work at 0.4-0.8 Gbit/s.
+* With it set before ovs-vswitchd starts, ports carry a virtio-net header, so partial
+  checksums and TSO super-frames pass: TCP works with every offload on, 5-10 Gbit/s, and
+  still with tx checksumming off (about 0.7 Gbit/s). About a tenth of the bytes a sender
+  puts on a veth port are retransmissions (netperf counts them; the veth counters on either
+  side of OVS differ by as much): the switch's packet sockets drop under load. Internal
+  ports (taps) showed no such loss.
+* Setting it on a running daemon: it latches on (lib/userspace-tso.c, a one-way flag; the
+  docs say changing it needs a restart). On a daemon that has not yet sent a packet that
+  works. On one that has, every netdev port of the switch stops passing TCP, with checksum
+  offload on or off, until the daemon restarts (most likely the packet socket it already
+  opened for sending was made without the header that frames now carry; inferred from the
+  behaviour, not read in the source). The coverage counter ``netdev_sent`` (0 or not)
+  tells the two cases apart.
+
+So this module never flips the key at runtime, which the first plan (set it, restore the old
+value on exit) would have done. Restoring would not undo the latch either, only make the
+database disagree with the daemon. ``ovsd.ensure_running()`` sets the key *before* it starts
+an ovs-vswitchd itself on a netdev-only host. On a switch someone else runs without it, the
+segment refuses with a reason, unless ``tso=False`` says the endpoints turn tx checksumming
+off themselves. Their switch and its other tenants are left alone.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from testbed import PREFIX
+from testbed.errors import CapabilityError, CommandError, TestbedError
+from testbed.guests import render
+from testbed.host import proc
+from testbed.host.net import links, ovsd
+from testbed.topology.model import Attachment, Backend, object_name
+
+log = logging.getLogger(__name__)
+
+TSO_KEY = ovsd.TSO_KEY
+
+
+def _check_ours(name: str) -> None:
+    if not name.startswith(PREFIX):
+        raise TestbedError(f"refusing to touch OVS object {name!r}: not a {PREFIX} object")
+
+
+def ovs_datapath(switch: ovsd.Ovs) -> str:
+    """The datapath type bridges on ``switch`` get. A private switch always uses netdev: a
+    kernel datapath would be shared with the host's switch."""
+    return ovsd.datapath() if switch.netns is None else "netdev"
+
+
+def other_config(switch: ovsd.Ovs, key: str) -> str | None:
+    """One key of the global Open_vSwitch other_config, None when unset."""
+    out = switch.vsctl("--if-exists", "get", "Open_vSwitch", ".", f"other_config:{key}",
+                       wait=False).strip()
+    return out.strip('"') if out else None
+
+
+def userspace_tso(switch: ovsd.Ovs) -> bool:
+    """Is userspace TSO configured on ``switch``? (See the module notes for why the
+    configured value is trusted: only a value set before the daemon started works.)"""
+    return other_config(switch, TSO_KEY) == "true"
+
+
+def require_userspace_tso(switch: ovsd.Ovs) -> None:
+    """Raise CapabilityError, saying what to do, unless TCP with offloads on can pass."""
+    if ovs_datapath(switch) != "netdev" or userspace_tso(switch):
+        return
+    raise CapabilityError(
+        f"ovs-vswitchd ({switch.db}) runs the userspace datapath without other_config:{TSO_KEY}"
+        "=true, so TCP from senders with tx checksum offload on is dropped. Set it and restart "
+        f"ovs-vswitchd (`ovs-vsctl set Open_vSwitch . other_config:{TSO_KEY}=true`; setting it "
+        "on a running switch that has forwarded traffic breaks all its netdev ports until the "
+        "restart), or pass tso=False and turn tx checksumming off at the endpoints")
+
+
+@dataclass(frozen=True)
+class OvsSegment:
+    name: str
+    db: str                                  # ovs-vsctl --db of the switch that holds it
+    datapath: str = "ovs-netdev"             # ovs-netdev | ovs-system
+    attachment: Attachment = Attachment("ovs")
+
+    def nic(self, target: str, mac: str, backend: Backend, mtu: int, queues: int = 1) -> render.NicParams:
+        _check_ours(target)
+        return render.NicParams(kind="ovs", source=self.name, target=target, mac=mac,
+                                driver=backend.driver_name, mtu=mtu, queues=queues)
+
+    def set_mtu(self, mtu: int, taps: list[str]) -> None:
+        # mtu_request is what OVS keeps applying to the device (it would undo a bare link
+        # change on its next reconfiguration); the link MTU is then set and read back as well,
+        # so a port OVS could not configure shows up here and not as a failed ping later.
+        for t in [*taps, self.name]:
+            _check_ours(t)
+        args: list[str] = []
+        for t in [*taps, self.name]:
+            args += ["--", "set", "Interface", t, f"mtu_request={mtu}"]
+        ovsd.vsctl(*args, db=self.db)
+        for t in taps:
+            if links.mtu_of(t) != mtu:
+                links.set_mtu(t, mtu)
+            if links.mtu_of(t) != mtu:
+                raise TestbedError(f"{t}: MTU {links.mtu_of(t)} after asking OVS and the kernel for {mtu}")
+
+    def hops(self, taps: list[str]) -> list[str]:
+        # Not the bridge's own internal port: it is a port like the taps and carries no
+        # guest-to-guest traffic.
+        return list(taps)
+
+
+@contextlib.contextmanager
+def bridge(name: str, switch: ovsd.Ovs, mtu: int | None = None) -> Iterator[str]:
+    """An OVS bridge with no uplink and no address; removed with --if-exists del-br on exit."""
+    _check_ours(name)
+    if proc.ok(["ovs-vsctl", f"--db={switch.db}", "--timeout=10", "br-exists", name], timeout=20):
+        # someone else's (a concurrent run with the same tag): neither reuse nor remove it
+        raise TestbedError(f"OVS bridge {name} already exists; not created by this run")
+    dp = ovs_datapath(switch)
+    args = ["add-br", name, "--", "set", "Bridge", name, f"datapath_type={dp}"]
+    if mtu:
+        args += ["--", "set", "Interface", name, f"mtu_request={mtu}"]
+    try:
+        switch.vsctl(*args)
+    except CommandError as e:
+        # add-br may have half-succeeded (row written, vswitchd failed): remove what it wrote
+        _del_br(name, switch)
+        raise TestbedError(f"cannot create OVS bridge {name}: {e}") from None
+    try:
+        if switch.netns is None and links.exists(name):
+            links.no_ipv6(name)   # the bridge's internal port gets no host address of any kind
+        yield name
+    finally:
+        _del_br(name, switch)
+
+
+def _del_br(name: str, switch: ovsd.Ovs) -> None:
+    _check_ours(name)
+    try:
+        switch.vsctl("--if-exists", "del-br", name)
+    except CommandError as e:
+        log.error("could not delete OVS bridge %s: %s", name, e)
+        raise
+
+
+@contextlib.contextmanager
+def segment(run_tag: str, mtu: int, *, switch: ovsd.Ovs | None = None,
+            tso: bool = True) -> Iterator[OvsSegment]:
+    """An OVS bridge ``tb-<tag>-ovs`` on the host's switch (started if nothing runs it), or
+    on ``switch``. On the userspace datapath it needs userspace TSO configured (see module
+    notes); ``tso=False`` skips that check, and guests must then turn tx checksumming off."""
+    switch = switch or ovsd.ensure_running()
+    dp = ovs_datapath(switch)
+    if tso:
+        require_userspace_tso(switch)
+    elif dp == "netdev" and not userspace_tso(switch):
+        log.warning("OVS userspace datapath without userspace TSO: guests need tx checksumming off")
+    with bridge(object_name(run_tag, "ovs"), switch, mtu) as name:
+        yield OvsSegment(name=name, db=switch.db, datapath=f"ovs-{dp}")

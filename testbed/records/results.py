@@ -1,0 +1,386 @@
+"""Run records on disk: results/<run-id>/{run.json, samples.jsonl, raw/}.
+
+The records are typed (testbed.records.records); this module writes and reads them.
+
+Results are added, never edited: samples are appended one JSON line at a time and
+fsynced, and run.json is replaced atomically (write a temp file, rename), so an
+interrupted run keeps every completed sample readable and says it is incomplete.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import json
+import os
+import secrets
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from testbed.errors import one_line
+from testbed.host import safeio
+from testbed.records import records
+from testbed.records.records import FORMAT_VERSION, CellOutcome, Counts, RunRecord, SampleRecord, cell_hash
+from testbed.topology.model import Cell, Topology
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def new_run_id() -> tuple[str, str]:
+    """(run id, short tag). The tag goes into every host object name: tb-<tag>-..."""
+    tag = secrets.token_hex(2)
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + f"-{tag}", tag
+
+
+def atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One measured repetition of a cell. `status` is ok, failed, or noisy (measured while the
+    host was busy with other work, and measured again); failed and noisy have a reason."""
+
+    run_id: str
+    cell: Mapping[str, Any]
+    rep: int
+    warmup: bool
+    status: str
+    reason: str | None
+    metrics: Mapping[str, float]
+    cpu: Mapping[str, Any]
+    started: str
+    ended: str
+    raw: tuple[str, ...] = ()
+    placement: Mapping[str, str] = field(default_factory=dict)   # guest -> host
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    #: the wire cross-check (testbed.measure.crosscheck): tool_bytes, wire_bytes, wire_packets,
+    #: expected_ratio, ratio, verdict, and the device and direction counted
+    crosscheck: Mapping[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["metrics"], d["cpu"], d["cell"] = dict(self.metrics), dict(self.cpu), dict(self.cell)
+        d["crosscheck"] = dict(self.crosscheck)
+        d["raw"] = list(self.raw)
+        return d
+
+    def record(self) -> SampleRecord:
+        """The typed record this sample is written as."""
+        return SampleRecord.from_dict(json.loads(json.dumps(self.as_dict(), default=str)))
+
+    def to_json(self) -> str:
+        return json.dumps(self.record().to_dict(), sort_keys=True)
+
+
+def _comparable(topology: Mapping[str, Any]) -> dict:
+    """A recorded topology less what does not change the matrix (where the file was)."""
+    return {k: v for k, v in topology.items() if k not in ("source", "base")}
+
+
+def topology_dict(t: Topology) -> dict:
+    return json.loads(json.dumps(asdict(t), default=str))
+
+
+class RunWriter:
+    """Owns one run directory. Use as a context manager: on exit run.json says how it ended.
+
+    The run is held as a typed :class:`records.RunRecord` (``run``); every change builds a new
+    one and rewrites run.json. ``record`` is its dict form, for writers that read it back."""
+
+    def __init__(self, root: Path, run_id: str, topology: Topology, environment: Mapping[str, Any]) -> None:
+        self.run_id = run_id
+        self.dir = root / run_id
+        self.raw_dir = self.dir / "raw"
+        self.raw_dir.mkdir(parents=True, exist_ok=False)
+        self.run: RunRecord = RunRecord.from_dict({
+            "format_version": FORMAT_VERSION, "run_id": run_id, "status": "running",
+            "started": now(), "ended": None, "topology": topology_dict(topology),
+            "environment": json.loads(json.dumps(dict(environment), default=str)),
+            "counts": {"samples": 0, "failed": 0, "boots": 0}, "cells": [], "notes": [],
+        }, dir=self.dir)
+        self._samples = open(self.dir / "samples.jsonl", "a")
+        self._flush()
+
+    @classmethod
+    def reopen(cls, run_dir: Path, topology: Topology, environment: Mapping[str, Any]) -> RunWriter:
+        """An interrupted run's directory, made ready to go on (`testbed run --resume`).
+
+        - The topology must be the one the run was planned from (its recorded form, less the
+          file it was read from): another is refused, since its cells would not be the run's.
+        - A torn last line of samples.jsonl (a writer killed mid-write) is set aside in
+          samples.jsonl.torn; samples of cells that never finished (no outcome in run.json)
+          are set aside in samples.jsonl.unfinished. Those cells are measured again, so no
+          sample counts twice, and nothing is thrown away.
+        - run.json records the resume: when, on which environment, and which cells were left."""
+        run_dir = Path(run_dir)
+        rec = read_run(run_dir)             # the one validating reader: a bad run is exit 2
+        want, have = _comparable(topology_dict(topology)), _comparable(rec.topology)
+        if want != have:
+            keys = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+            raise safeio.UserFileError(run_dir / "run.json", f"the topology differs from the one "
+                                       f"this run was planned from ({', '.join(keys)}); a resumed "
+                                       f"run measures the same matrix")
+        samples_file = run_dir / "samples.jsonl"
+        data = samples_file.read_bytes()
+        if data and not data.endswith(b"\n"):
+            cut = data.rfind(b"\n") + 1
+            with open(run_dir / "samples.jsonl.torn", "ab") as f:
+                f.write(data[cut:] + b"\n")
+            data = data[:cut]
+        finished = {c.cell.id for c in rec.cells}
+        keep, unfinished = [], []
+        for line in data.splitlines(keepends=True):
+            if not line.strip():
+                continue
+            cell_id = (json.loads(line).get("cell") or {}).get("id")
+            (keep if cell_id in finished else unfinished).append(line)
+        if unfinished:
+            with open(run_dir / "samples.jsonl.unfinished", "ab") as f:
+                f.writelines(unfinished)
+        tmp = samples_file.with_name(".samples.jsonl.resume")
+        tmp.write_bytes(b"".join(keep))
+        os.replace(tmp, samples_file)
+        self = cls.__new__(cls)
+        self.run_id, self.dir, self.raw_dir = rec.run_id, run_dir, run_dir / "raw"
+        kept = [SampleRecord.from_dict(json.loads(x)) for x in keep]
+        counts = {**rec.counts.to_dict(), "samples": len(kept),
+                  "failed": sum(1 for x in kept if x.status == "failed")}
+        if "noisy" in Counts._known():
+            counts["noisy"] = sum(1 for x in kept if x.status == "noisy")
+        resumes = list(rec.extra.get("resumes") or [])
+        resumes.append({"at": now(), "finished_cells": len(finished),
+                        "set_aside_samples": len(unfinished),
+                        "torn_line": (run_dir / "samples.jsonl.torn").exists(),
+                        "environment": json.loads(json.dumps(dict(environment), default=str))})
+        self.run = dataclasses.replace(rec, status="running", ended=None, samples=(),
+                                       counts=Counts.from_dict(counts))
+        self.run = RunRecord.from_dict({**self.run.to_dict(), "resumes": resumes}, dir=run_dir)
+        self._samples = open(samples_file, "a")
+        self._flush()
+        return self
+
+    def note_resume(self, cells_left: list[str]) -> None:
+        """Which cells the resume measures, in its entry of ``resumes``."""
+        resumes = list(self.run.extra.get("resumes") or [])
+        if resumes:
+            resumes[-1] = {**resumes[-1], "cells_left": cells_left}
+            self.update(resumes=resumes)
+
+    @property
+    def record(self) -> dict[str, Any]:
+        """run.json as it stands (a copy: change it through update, note, count, add_*)."""
+        return self.run.to_dict()
+
+    @property
+    def cells(self) -> tuple[CellOutcome, ...]:
+        return self.run.cells
+
+    @property
+    def counts(self) -> Counts:
+        return self.run.counts
+
+    def __enter__(self) -> RunWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            status = "complete" if self.run.counts.failed == 0 else "complete-with-failures"
+        elif issubclass(exc_type, (KeyboardInterrupt, SystemExit)) or exc_type.__name__ == "Interrupted":
+            status = "interrupted"
+        else:
+            status = "failed"
+            self._set(error=str(exc))
+        self.finish(status)
+
+    def _set(self, **changes: Any) -> None:
+        self.run = dataclasses.replace(self.run, **changes)
+
+    def update(self, **fields: Any) -> None:
+        """Set run-level keys: known ones (``idle``, ``environment``...) are typed, others are
+        kept as they are (``guests``, ``timing``...)."""
+        d = {**self.run.to_dict(), **json.loads(json.dumps(fields, default=str))}
+        self.run = RunRecord.from_dict(d, dir=self.dir)
+        self._flush()
+
+    def note(self, text: str) -> None:
+        self._set(notes=(*self.run.notes, text))
+        self._flush()
+
+    def count(self, key: str, by: int = 1) -> None:
+        c = self.run.counts.to_dict()
+        c[key] = c.get(key, 0) + by
+        self._set(counts=Counts.from_dict(c))
+        self._flush()
+
+    def add_cell(self, cell: Cell, status: str, reason: str | None, converged: bool | None,
+                 summary: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> None:
+        """``extra``: keys a kind of cell adds to its entry (a rate search's ``search``)."""
+        out = CellOutcome.from_dict(json.loads(json.dumps(
+            {**cell.as_dict(), **(extra or {}), "status": status, "reason": reason, "converged": converged,
+             "summary": dict(summary)}, default=str)))
+        self.add_outcome(out)
+
+    def add_outcome(self, out: CellOutcome) -> None:
+        """The typed form of add_cell."""
+        self._set(cells=(*self.run.cells, out))
+        self._flush()
+
+    def add_sample(self, s: Sample | SampleRecord) -> None:
+        rec = s if isinstance(s, SampleRecord) else s.record()
+        rec.validate()
+        self._samples.write(json.dumps(rec.to_dict(), sort_keys=True) + "\n")
+        self._samples.flush()
+        os.fsync(self._samples.fileno())
+        c = self.run.counts
+        # A noisy sample is neither ok nor failed: it is measured again (testbed.measure.window).
+        self._set(counts=dataclasses.replace(c, samples=c.samples + 1,
+                                             failed=c.failed + (1 if rec.status == "failed" else 0),
+                                             noisy=c.noisy + (1 if rec.status == "noisy" else 0)))
+        self._flush()
+
+    def raw_path(self, cell_id: str, name: str) -> Path:
+        d = self.raw_dir / cell_id
+        d.mkdir(parents=True, exist_ok=True)
+        return d / name
+
+    def finish(self, status: str) -> None:
+        self._set(status=status, ended=now())
+        self._flush()
+        self._samples.close()
+
+    def _flush(self) -> None:
+        atomic_write(self.dir / "run.json",
+                     json.dumps(self.run.to_dict(), indent=2, sort_keys=True, default=str))
+
+
+#: caps on what a run directory may hold: far above any real run, far below a machine's memory
+MAX_RUN_JSON = 64 * 2**20
+MAX_SAMPLES_JSONL = 2 * 2**30
+
+
+def _json_kinds(annotation: str) -> tuple[type, ...] | None:
+    """The JSON types a record field of this annotation may hold (None: anything)."""
+    a = annotation.replace(" ", "")
+    if a.startswith(("Any", "Mapping[str,Any]|None", "object")) or a == "Any":
+        return None
+    kinds: list[type] = []
+    for part in a.split("|"):
+        if part.startswith(("Mapping", "dict")):
+            kinds.append(dict)
+        elif part.startswith(("tuple", "list", "Sequence")):
+            kinds.append(list)
+        elif part == "str":
+            kinds.append(str)
+        elif part == "bool":
+            kinds.append(bool)
+        elif part == "int":
+            kinds.append(int)
+        elif part == "float":
+            kinds += [int, float]
+        elif part == "None":
+            kinds.append(type(None))
+        elif part == "Any":
+            return None
+        else:
+            kinds.append(dict)          # a nested Part
+    return tuple(kinds)
+
+
+def check_shape(cls: type, d: Any, where: str, path: str = "") -> None:
+    """Refuse a record whose known fields hold the wrong JSON types (``metrics`` as a list, a
+    count as text), naming the field: the typed records would otherwise carry them into the
+    statistics, far from the file."""
+    if not isinstance(d, dict):
+        raise safeio.UserFileError(where, f"{path or 'the record'}: expected an object, "
+                                          f"found {type(d).__name__}")
+    hints = {f.name: f.type for f in dataclasses.fields(cls)}
+    for name in cls._known():
+        key = "extra" if (cls is SampleRecord and name == "data") else name
+        if key not in d or d[key] is None:
+            continue
+        v, field_path = d[key], f"{path}{key}"
+        ann = str(hints.get(name, "Any"))
+        kinds = _json_kinds(ann)
+        if kinds is not None and (not isinstance(v, kinds) or (
+                isinstance(v, bool) and bool not in kinds)):
+            want = "/".join(sorted({k.__name__.replace("NoneType", "null") for k in kinds}))
+            raise safeio.UserFileError(where, f"{field_path}: expected {want}, "
+                                              f"found {type(v).__name__}")
+        if name in cls._parts:
+            part, many = cls._parts[name]
+            for i, x in enumerate(v if many else [v]):
+                check_shape(part, x, where, f"{field_path}[{i}]." if many else f"{field_path}.")
+    if cls is SampleRecord:
+        for k, v in (d.get("metrics") or {}).items():
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise safeio.UserFileError(where, f"metrics.{k}: expected a number, "
+                                                  f"found {type(v).__name__}")
+    if cls is CellOutcome:
+        for k, v in (d.get("summary") or {}).items():
+            if not isinstance(v, dict):
+                raise safeio.UserFileError(where, f"{path}summary.{k}: expected an object, "
+                                                  f"found {type(v).__name__}")
+
+
+def read_run(path: Path) -> RunRecord:
+    """A run directory as a typed record, upgraded to the current format in memory.
+
+    The one reader of run directories (compare, report, index, history, export-csv,
+    capacity and the runner itself): regular files only, size-capped, strict JSON (finite
+    numbers, bounded integers and depth), a known format version, every line of
+    samples.jsonl checked and a bad one refused with its line number; only an unterminated
+    last line, the mark of a writer killed mid-write, is left out. Anything else is a
+    :class:`safeio.UserFileError` (exit status 2) naming the file and, for a line, its number."""
+    path = Path(path)
+    run_file, samples_file = path / "run.json", path / "samples.jsonl"
+    run = safeio.loads(safeio.read_regular(run_file, MAX_RUN_JSON), str(run_file))
+    if not isinstance(run, dict):
+        raise safeio.UserFileError(run_file, f"expected a JSON object, found {type(run).__name__}")
+    version = run.get("format_version", 1)
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= FORMAT_VERSION:
+        raise safeio.UserFileError(run_file, f"format_version {one_line(repr(version), 40)}: "
+                                             f"this testbed reads versions 1 to {FORMAT_VERSION}; "
+                                             f"a newer testbed wrote it")
+    check_shape(RunRecord, run, str(run_file))
+    data = safeio.read_regular(samples_file, MAX_SAMPLES_JSONL)
+    samples = []
+    for n, s in safeio.json_lines(data, str(samples_file)):
+        where = f"{samples_file}:{n}"
+        check_shape(SampleRecord, s, where)
+        try:
+            SampleRecord.from_dict(s).validate()
+        except ValueError as e:
+            raise safeio.UserFileError(where, str(e)) from None
+        samples.append(s)
+    try:
+        return RunRecord.read(path, run, samples)
+    except (TypeError, ValueError, AttributeError) as e:
+        raise safeio.UserFileError(run_file, f"not a run record this testbed can read: {e}") from None
+
+
+def iter_runs(root: Path) -> Iterator[Path]:
+    for p in sorted(root.iterdir()) if root.is_dir() else ():
+        if (p / "run.json").is_file():
+            yield p
+
+
+#: the typed records, re-exported for the writers and readers that import them from here
+__all__ = ["FORMAT_VERSION", "CellOutcome", "Counts", "RunRecord", "RunWriter", "Sample",
+           "SampleRecord", "atomic_write", "cell_hash", "iter_runs", "new_run_id", "now",
+           "read_run", "records", "topology_dict"]

@@ -1,0 +1,1 @@
+"""What is to be measured: the topology a user writes, read and validated into frozen records."""
