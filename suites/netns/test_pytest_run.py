@@ -16,9 +16,10 @@ import testbed
 from testbed.pytest_plugin import require_root, run_cli
 
 INNER = '''
-from testbed import measure, runner, stats
-from testbed.model import Attachment, Backend, Cell, Pattern, Profile, Repetitions
-from testbed.session import claim_tag
+from testbed.measure import sampling as measure, runner
+from testbed.analysis import stats
+from testbed.topology.model import Attachment, Backend, Cell, Pattern, Profile, Repetitions
+from testbed.measure.session import claim_tag
 
 
 def test_measures_into_the_session_run(run_writer, tmp_path):

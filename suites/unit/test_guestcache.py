@@ -150,7 +150,8 @@ def test_cache_list_and_prune(tmp_path, monkeypatch, capsys):
 
 BUILD_CHILD = """
 import sys, time
-from testbed import images, proc
+from testbed.guests import images
+from testbed.host import proc
 proc.run = lambda *a, **k: time.sleep(600)     # stand in for mmdebstrap: the build hangs
 images.build(images.load_recipe())
 """

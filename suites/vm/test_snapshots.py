@@ -97,8 +97,10 @@ def test_changed_memory_boots_cold_and_says_why(guest_pair):
 
 CHILD = """
 import sys, time
-from testbed import cleanup, images, capabilities, results, virt
-from testbed.model import Accelerator, GuestSpec
+from testbed.admin import cleanup, capabilities
+from testbed.guests import images, virt
+from testbed.records import results
+from testbed.topology.model import Accelerator, GuestSpec
 run_id, tag = results.new_run_id()
 with cleanup.owned_state(tag, run_id) as state, virt.connect("qemu:///system") as conn:
     print(tag, flush=True)
