@@ -23,7 +23,7 @@ from testbed.host import proc, snapshot
 from testbed.host.net import vxlan
 from testbed.measure.session import claim_tag
 from testbed.tools.netperf import NetperfDriver
-from testbed.topology.model import Attachment, Profile, TunnelSpec, object_name
+from testbed.topology.model import Profile, TunnelSpec, object_name
 
 pytestmark = [
     pytest.mark.netns,
@@ -33,8 +33,9 @@ pytestmark = [
                         ("netperf", "netperf, Debian non-free"), ("netserver", "netperf, Debian non-free"))],
 ]
 
-KINDS = [pytest.param(Attachment("bridge-vxlan"), marks=pytest.mark.attach("bridge-vxlan"), id="bridge-vxlan"),
-         pytest.param(Attachment("ovs-vxlan"), marks=pytest.mark.attach("ovs-vxlan"), id="ovs-vxlan")]
+# each host a Linux bridge (bridge-vxlan's emulated hosts) or a private OVS switch (ovs-vxlan's)
+SWITCHES = [pytest.param(False, marks=pytest.mark.attach("bridge-vxlan"), id="bridge-vxlan"),
+            pytest.param(True, marks=pytest.mark.attach("ovs-vxlan"), id="ovs-vxlan")]
 
 
 def _ip(*args: str, netns: str | None = None, check: bool = True) -> proc.Completed:
@@ -65,15 +66,15 @@ def endpoint(f: vxlan.Fabric, side: vxlan.HostSide, tag: str, i: int, addr: str)
         yield ns
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_tunnel_carries_tcp_and_only_vxlan_crosses_the_wire(kind, tmp_path):
-    ok, why = (capabilities.vxlan() if kind == Attachment("bridge-vxlan") else (True, ""))
+@pytest.mark.parametrize("private_switch", [False, True], ids=["linux-bridge", "private-ovs"])
+def test_tunnel_carries_tcp_and_only_vxlan_crosses_the_wire(private_switch, tmp_path):
+    ok, why = (capabilities.vxlan() if not private_switch else (True, ""))
     if not ok:
         pytest.skip(f"vxlan unavailable: {why}")
     tag = claim_tag()
     before = snapshot.take()
     tunnel = TunnelSpec(vni=4242, underlay_mtu=1550)
-    with vxlan.fabric(kind, tag, ("ha", "hb"), tunnel, tmp_path / "ovs", 1500) as f, \
+    with vxlan.fabric(private_switch, tag, ("ha", "hb"), tunnel, tmp_path / "ovs", 1500) as f, \
             endpoint(f, f.hosts[0], tag, 0, "198.18.77.1") as ns_a, \
             endpoint(f, f.hosts[1], tag, 1, "198.18.77.2") as ns_b:
         # The datapath lives in the host namespaces: the root namespace has none of it.
@@ -110,7 +111,7 @@ def test_tunnel_carries_tcp_and_only_vxlan_crosses_the_wire(kind, tmp_path):
 def test_inner_mtu_that_does_not_fit_is_refused_before_anything_exists(tmp_path):
     tag = claim_tag()
     with pytest.raises(errors.TestbedError, match=r"1500 \+ 50 bytes of VXLAN-over-IPv4 overhead"):
-        with vxlan.fabric(Attachment("bridge-vxlan"), tag, ("ha", "hb"), TunnelSpec(underlay_mtu=1500),
+        with vxlan.fabric(False, tag, ("ha", "hb"), TunnelSpec(underlay_mtu=1500),
                           tmp_path, 1500):
             pass
     assert ours(tag) == []
@@ -119,7 +120,7 @@ def test_inner_mtu_that_does_not_fit_is_refused_before_anything_exists(tmp_path)
 def test_underlay_df_check_fails_when_the_wire_is_too_small(tmp_path):
     """The don't-fragment check across the underlay sees a wire narrower than promised."""
     tag = claim_tag()
-    with vxlan.fabric(Attachment("bridge-vxlan"), tag, ("ha", "hb"), TunnelSpec(underlay_mtu=1550),
+    with vxlan.fabric(False, tag, ("ha", "hb"), TunnelSpec(underlay_mtu=1550),
                       tmp_path, 1500) as f:
         assert f.df_check(1500) is None
         _ip("link", "set", "dev", f.hosts[1].wire, "mtu", "1500", netns=f.hosts[1].netns)

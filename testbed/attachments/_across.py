@@ -72,13 +72,12 @@ class RealHostsFabric(Fabric):
 
 
 @contextlib.contextmanager
-def real_fabric(req: Request, guest_sends_as_rx: bool = True) -> Iterator[Fabric]:
+def real_fabric(req: Request, segment, guest_sends_as_rx: bool = True) -> Iterator[Fabric]:
+    """Two real hosts, each with the mode's ``segment`` (hostnet/realhost.Segment)."""
     from testbed.host import remote
     from testbed.host.net import realhost
-    from testbed.topology.model import Attachment
     t = req.topology
     specs = (t.host_of(t.client), t.host_of(t.server))
     shells = (remote.shell(specs[0]), remote.shell(specs[1]))
-    with realhost.fabric(Attachment(req.attachment), req.tag, specs, shells, t.tunnel, req.max_mtu,
-                         t.macvtap.mode) as fab:
+    with realhost.fabric(segment, req.tag, specs, shells, t.tunnel, req.max_mtu) as fab:
         yield RealHostsFabric(fab, guest_sends_as_rx)

@@ -52,20 +52,43 @@ class EmulatedVxlanFabric(Fabric):
         return tuple(x for h in self.fab.hosts for x in (h.netns, h.wire, h.bridge, h.vxlan))
 
 
-@contextlib.contextmanager
-def fabric(req: Request) -> Iterator[Fabric]:
-    t = req.topology
-    if not _across.emulated(t):
-        with _across.real_fabric(req) as fab:
-            yield fab
-        return
-    from testbed.host.net import vxlan
-    from testbed.topology.model import Attachment
-    # Placement comes from the topology (a guest booted elsewhere may carry another host name).
-    names = (t.guest(t.client).host, t.guest(t.server).host)
-    with vxlan.fabric(Attachment(req.attachment), req.tag, names, t.tunnel, req.workdir,
-                      req.max_mtu) as fab:
-        yield EmulatedVxlanFabric(fab)
+def real_segment():
+    """On each real host: a Linux bridge with a kernel vxlan device on the underlay."""
+    from testbed.guests import render
+    from testbed.host.net import realhost, vxlan
+    from testbed.topology.model import object_name
+
+    def build(stack, side):
+        br, vx = object_name(side.tag, "br", side.ab), object_name(side.tag, "vx", side.ab)
+        vxlan.bridge_vxlan(stack, side.shell, br, vx, side.tunnel, side.ip, side.peer_ip, side.underlay, side.mtu)
+        return br, vx
+
+    def nic(side, target, mac, backend, mtu, queues):
+        return render.NicParams(kind="bridge", source=side.bridge, target=target, mac=mac,
+                                driver=backend.driver_name, mtu=mtu, queues=queues)
+
+    def set_mtu(side, tap, mtu):
+        vxlan.bridge_vxlan_mtu(side.shell, [tap], side.vxlan, side.bridge, mtu)
+
+    return realhost.Segment("linux-bridge-vxlan", VXLAN_OVERHEAD, build, nic, set_mtu)
+
+
+def vxlan_fabric(real_segment, private_switch: bool):
+    """The fabric of a VXLAN mode: emulated hosts each with a Linux bridge or a private OVS
+    switch (hostnet/vxlan.py), or real hosts each with the mode's ``real_segment``."""
+    @contextlib.contextmanager
+    def fabric(req: Request) -> Iterator[Fabric]:
+        t = req.topology
+        if not _across.emulated(t):
+            with _across.real_fabric(req, real_segment()) as fab:
+                yield fab
+            return
+        from testbed.host.net import vxlan
+        # Placement comes from the topology (a guest booted elsewhere may carry another host name).
+        names = (t.guest(t.client).host, t.guest(t.server).host)
+        with vxlan.fabric(private_switch, req.tag, names, t.tunnel, req.workdir, req.max_mtu) as fab:
+            yield EmulatedVxlanFabric(fab)
+    return fabric
 
 
 def unavailable() -> str | None:
@@ -74,5 +97,6 @@ def unavailable() -> str | None:
     return None if ok else why
 
 
-MODES = (Mode("bridge-vxlan", fabric, placement="two", overhead=VXLAN_OVERHEAD,
-              overhead_label="VXLAN-over-IPv4 overhead", unavailable=unavailable, check=_across.check),)
+MODES = (Mode("bridge-vxlan", vxlan_fabric(real_segment, private_switch=False), placement="two",
+              overhead=VXLAN_OVERHEAD, overhead_label="VXLAN-over-IPv4 overhead", unavailable=unavailable,
+              check=_across.check),)

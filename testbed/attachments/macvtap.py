@@ -117,12 +117,26 @@ class WireFabric(Fabric):
         return (*self.ns, *self.wires)
 
 
+def real_segment(mode):
+    """On each real host: nothing made up front; libvirt makes each guest's macvtap
+    (``type='direct'``) on its host's underlay, so guest frames cross the wire as they are."""
+    from testbed.guests import render
+    from testbed.host.net import ops, realhost
+
+    def nic(side, target, mac, backend, mtu, queues):
+        return render.NicParams(kind="direct", source=side.underlay, target=target, mac=mac,
+                                driver=backend.driver_name, mtu=mtu, queues=queues, macvtap_mode=mode.value)
+
+    return realhost.Segment(f"macvtap-{mode.value}-underlay", 0, lambda stack, side: (None, None), nic,
+                            lambda side, tap, mtu: ops.set_mtu(side.shell, tap, mtu))
+
+
 @contextlib.contextmanager
 def fabric(req: Request) -> Iterator[Fabric]:
     t = req.topology
     if MODE.across(t):
         if not _across.emulated(t):
-            with _across.real_fabric(req, guest_sends_as_rx=False) as fab:
+            with _across.real_fabric(req, real_segment(t.macvtap.mode), guest_sends_as_rx=False) as fab:
                 yield fab
             return
         from testbed.host.net import vxlan

@@ -1,11 +1,11 @@
 """`ovs-vxlan`: guests on two hosts, each host an OVS bridge with a vxlan port. Emulated
 hosts each run a private switch with userspace tunnelling (hostnet/vxlan.py); real hosts
-need the kernel datapath (hostnet/realhost.py). The fabric is bridge-vxlan's."""
+need the kernel datapath (hostnet/realhost.py). The fabric's shape is bridge-vxlan's; what each host gets is this module's."""
 from __future__ import annotations
 
 from testbed.attachments import _across
 from testbed.attachments.base import Mode
-from testbed.attachments.bridge_vxlan import VXLAN_OVERHEAD, fabric
+from testbed.attachments.bridge_vxlan import VXLAN_OVERHEAD, vxlan_fabric
 from testbed.errors import CapabilityError
 
 
@@ -20,5 +20,43 @@ def unavailable() -> str | None:
     return None
 
 
-MODES = (Mode("ovs-vxlan", fabric, placement="two", needs_ovs=True, overhead=VXLAN_OVERHEAD,
-              overhead_label="VXLAN-over-IPv4 overhead", unavailable=unavailable, check=_across.check),)
+def real_segment():
+    """On each real host: an OVS bridge on the host's own ovs-vswitchd with a vxlan port.
+    That needs the kernel datapath: with the userspace datapath OVS would need the underlay
+    address moved onto an OVS bridge ("userspace tunneling"), which the testbed does not do
+    to an operator's NIC."""
+    from testbed.guests import render
+    from testbed.host.net import ops, realhost, vxlan
+    from testbed.topology.model import object_name
+
+    def vsctl(shell, *args, check=True):
+        return shell.run(["ovs-vsctl", "--timeout=20", *args], timeout=30, check=check)
+
+    def build(stack, side):
+        br, vx = object_name(side.tag, "ovs", side.ab), object_name(side.tag, "vx", side.ab)
+        sh = side.shell
+        vsctl(sh, "add-br", br, *vxlan.ovs_vxlan_port(br, vx, side.tunnel, side.ip, side.peer_ip))
+        stack.callback(vsctl, sh, "--if-exists", "del-br", br, check=False)
+        dp = vsctl(sh, "get", "Bridge", br, "datapath_type").stdout.strip().strip('"')
+        err = vsctl(sh, "get", "Interface", br, "error", check=False).stdout.strip()
+        if dp not in ("", "system") or (err and err != "[]"):
+            raise CapabilityError(f"host {side.host.name}: OVS kernel datapath unavailable ({err or dp}); "
+                                  "ovs-vxlan across real hosts needs it")
+        vsctl(sh, "set", "Interface", br, f"mtu_request={side.mtu}")
+        ops.on(sh).set_up(br)
+        return br, vx
+
+    def nic(side, target, mac, backend, mtu, queues):
+        return render.NicParams(kind="ovs", source=side.bridge, target=target, mac=mac,
+                                driver=backend.driver_name, mtu=mtu, queues=queues)
+
+    def set_mtu(side, tap, mtu):
+        ops.set_mtu(side.shell, tap, mtu)
+        vsctl(side.shell, "set", "Interface", side.bridge, f"mtu_request={mtu}")
+
+    return realhost.Segment("ovs-system-vxlan", VXLAN_OVERHEAD, build, nic, set_mtu)
+
+
+MODES = (Mode("ovs-vxlan", vxlan_fabric(real_segment, private_switch=True), placement="two", needs_ovs=True,
+              overhead=VXLAN_OVERHEAD, overhead_label="VXLAN-over-IPv4 overhead", unavailable=unavailable,
+              check=_across.check),)

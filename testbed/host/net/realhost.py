@@ -9,27 +9,23 @@ address and MTU and never changes either; an inner MTU that does not fit is an e
 the host and the overhead. What the testbed creates on a host is named ``tb-<tag>-...`` with
 the host's index (a/b), and removed on exit.
 
-* ``bridge-vxlan``: Linux bridge ``tb-<tag>-br<a|b>`` + kernel vxlan ``tb-<tag>-vx<a|b>``
-  (VNI, UDP port, local and peer underlay address, ``dev`` the underlay).
-* ``ovs-vxlan``: OVS bridge ``tb-<tag>-ovs<a|b>`` on the host's own ovs-vswitchd with a vxlan
-  port (``options:remote_ip/local_ip/key/dst_port``). That needs the kernel datapath: with
-  the userspace datapath OVS would need the underlay address moved onto an OVS bridge
-  ("userspace tunneling"), which the testbed does not do to an operator's NIC.
-* ``macvtap``: nothing is created up front; libvirt makes each guest's macvtap
-  (``type='direct'``) on its host's underlay, so guest frames cross the wire as they are.
+What each host gets is the mode's own (``Segment``, defined in the mode's module under
+testbed/attachments): a Linux bridge with a kernel vxlan, an OVS bridge with a vxlan port, or
+nothing (libvirt makes each guest's macvtap on the underlay). This module joins the two
+sides and names no mode.
 """
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from testbed.errors import CapabilityError, CommandError, TestbedError
 from testbed.guests import render
 from testbed.host.net import links, ops
-from testbed.host.net.vxlan import VXLAN_OVERHEAD, bridge_vxlan, bridge_vxlan_mtu, df_ping, ovs_vxlan_port
+from testbed.host.net.vxlan import df_ping
 from testbed.host.remote import Shell
-from testbed.topology.model import Attachment, Backend, HostSpec, MacvtapMode, TunnelSpec, object_name
+from testbed.topology.model import Backend, HostSpec, TunnelSpec
 
 
 @dataclass(frozen=True)
@@ -44,36 +40,57 @@ class RealSide:
 
 
 @dataclass(frozen=True)
+class Side:
+    """What ``Segment.build`` is given for one host: its shell, the tag, its letter (a/b),
+    the tunnel, the underlay device and both underlay addresses, and the inner MTU."""
+
+    host: HostSpec
+    shell: Shell
+    tag: str
+    ab: str
+    tunnel: TunnelSpec
+    underlay: str
+    ip: str
+    peer_ip: str
+    mtu: int
+
+
+@dataclass(frozen=True)
+class Segment:
+    """What a two-host mode builds on each real host, and how its NICs and MTUs are set."""
+
+    datapath: str
+    #: bytes the mode adds on the underlay (0: frames cross it as they are)
+    overhead: int
+    #: (exit stack, side) -> (bridge where guest taps join, tunnel device), both None if none
+    build: Callable[[contextlib.ExitStack, Side], tuple[str | None, str | None]]
+    #: (side, target, mac, backend, mtu, queues) -> the guest's libvirt interface
+    nic: Callable[[RealSide, str, str, Backend, int, int], render.NicParams]
+    #: (side, the guest's tap there, inner mtu): every hop of that host
+    set_mtu: Callable[[RealSide, str, int], None]
+
+
+@dataclass(frozen=True)
 class RealFabric:
-    kind: Attachment
+    segment: Segment
     tunnel: TunnelSpec
     sides: tuple[RealSide, RealSide]
-    macvtap_mode: MacvtapMode = MacvtapMode.BRIDGE
 
     @property
     def overhead(self) -> int:
-        return 0 if self.kind == Attachment("macvtap") else VXLAN_OVERHEAD
+        return self.segment.overhead
 
     @property
     def datapath(self) -> str:
-        return {Attachment("ovs-vxlan"): "ovs-system-vxlan", Attachment("bridge-vxlan"): "linux-bridge-vxlan",
-                Attachment("macvtap"): f"macvtap-{self.macvtap_mode.value}-underlay"}[self.kind]
+        return self.segment.datapath
 
     def nic(self, i: int, target: str, mac: str, backend: Backend, mtu: int, queues: int) -> render.NicParams:
-        side = self.sides[i]
-        if self.kind == Attachment("macvtap"):
-            return render.NicParams(kind="direct", source=side.underlay, target=target, mac=mac,
-                                    driver=backend.driver_name, mtu=mtu, queues=queues,
-                                    macvtap_mode=self.macvtap_mode.value)
-        assert side.bridge
-        return render.NicParams(kind="ovs" if self.kind == Attachment("ovs-vxlan") else "bridge",
-                                source=side.bridge, target=target, mac=mac, driver=backend.driver_name,
-                                mtu=mtu, queues=queues)
+        return self.segment.nic(self.sides[i], target, mac, backend, mtu, queues)
 
     def check_fits(self, mtu: int) -> None:
         for s in self.sides:
             if mtu + self.overhead > s.underlay_mtu:
-                extra = f" + {VXLAN_OVERHEAD} bytes of VXLAN-over-IPv4 overhead" if self.overhead else ""
+                extra = f" + {self.overhead} bytes of VXLAN-over-IPv4 overhead" if self.overhead else ""
                 raise CapabilityError(f"host {s.host.name}: inner MTU {mtu}{extra} does not fit underlay "
                                       f"{s.underlay} (MTU {s.underlay_mtu}); the testbed does not change "
                                       "a host's own interface")
@@ -81,14 +98,7 @@ class RealFabric:
     def set_mtu(self, mtu: int, taps: Sequence[str]) -> None:
         self.check_fits(mtu)
         for i, s in enumerate(self.sides):
-            if self.kind == Attachment("bridge-vxlan"):
-                assert s.vxlan and s.bridge
-                bridge_vxlan_mtu(s.shell, [taps[i]], s.vxlan, s.bridge, mtu)
-            else:
-                ops.set_mtu(s.shell, taps[i], mtu)
-            if self.kind == Attachment("ovs-vxlan"):
-                s.shell.run(["ovs-vsctl", "--timeout=20", "set", "Interface", s.bridge, f"mtu_request={mtu}"],
-                            timeout=30)
+            self.segment.set_mtu(s, taps[i], mtu)
 
     def counters(self, i: int, dev: str) -> links.Wire:
         return ops.on(self.sides[i].shell).wire(dev)
@@ -119,46 +129,27 @@ def underlay_of(shell: Shell, dev: str, *, need_ipv4: bool = True) -> tuple[str,
 
 
 @contextlib.contextmanager
-def fabric(kind: Attachment, tag: str, hosts: tuple[HostSpec, HostSpec], shells: tuple[Shell, Shell],
-           tunnel: TunnelSpec, mtu: int, macvtap_mode: MacvtapMode = MacvtapMode.BRIDGE) -> Iterator[RealFabric]:
-    if kind not in (Attachment("bridge-vxlan"), Attachment("ovs-vxlan"), Attachment("macvtap")):
-        raise TestbedError(f"{kind.value} does not cross hosts")
+def fabric(segment: Segment, tag: str, hosts: tuple[HostSpec, HostSpec], shells: tuple[Shell, Shell],
+           tunnel: TunnelSpec, mtu: int) -> Iterator[RealFabric]:
+    """Both hosts' sides of ``segment``, checked end to end (a tunnel's full frame crosses
+    the underlay unfragmented), torn down in reverse order on exit."""
+    tunnelled = segment.overhead > 0
     info = []
     for h, sh in zip(hosts, shells):
         # ssh itself was proven by the run's preflight; a failure here names the underlay.
         ul = h.underlay or tunnel.underlay
         if not ul:
             raise CapabilityError(f"host {h.name}: no underlay interface (tunnel.underlay or the host's 'underlay')")
-        info.append((ul, *underlay_of(sh, ul, need_ipv4=kind != Attachment("macvtap"))))
+        info.append((ul, *underlay_of(sh, ul, need_ipv4=tunnelled)))
     with contextlib.ExitStack() as stack:
         sides = []
         for i, (h, sh) in enumerate(zip(hosts, shells)):
             ul, ip, ulmtu = info[i]
-            peer_ip = info[1 - i][1]
-            ab = "ab"[i]
-            br = vx = None
-            if kind == Attachment("bridge-vxlan"):
-                br, vx = object_name(tag, "br", ab), object_name(tag, "vx", ab)
-                bridge_vxlan(stack, sh, br, vx, tunnel, ip, peer_ip, ul, mtu)
-            elif kind == Attachment("ovs-vxlan"):
-                br, vx = object_name(tag, "ovs", ab), object_name(tag, "vx", ab)
-                sh.run(["ovs-vsctl", "--timeout=20", "add-br", br, *ovs_vxlan_port(br, vx, tunnel, ip, peer_ip)],
-                       timeout=30)
-                stack.callback(sh.run, ["ovs-vsctl", "--timeout=20", "--if-exists", "del-br", br],
-                               check=False, timeout=30)
-                dp = sh.run(["ovs-vsctl", "--timeout=20", "get", "Bridge", br, "datapath_type"],
-                            timeout=30).stdout.strip().strip('"')
-                err = sh.run(["ovs-vsctl", "--timeout=20", "get", "Interface", br, "error"],
-                             timeout=30, check=False).stdout.strip()
-                if dp not in ("", "system") or (err and err != "[]"):
-                    raise CapabilityError(f"host {h.name}: OVS kernel datapath unavailable ({err or dp}); "
-                                          "ovs-vxlan across real hosts needs it")
-                sh.run(["ovs-vsctl", "--timeout=20", "set", "Interface", br, f"mtu_request={mtu}"], timeout=30)
-                ops.on(sh).set_up(br)
+            br, vx = segment.build(stack, Side(h, sh, tag, "ab"[i], tunnel, ul, ip, info[1 - i][1], mtu))
             sides.append(RealSide(h, sh, ul, ip, ulmtu, br, vx))
-        f = RealFabric(kind, tunnel, (sides[0], sides[1]), macvtap_mode)
+        f = RealFabric(segment, tunnel, (sides[0], sides[1]))
         f.check_fits(mtu)
-        if kind != Attachment("macvtap"):
+        if tunnelled:
             why = f.df_check(mtu)
             if why:
                 raise TestbedError(why)

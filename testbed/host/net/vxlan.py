@@ -41,14 +41,13 @@ from testbed.errors import CommandError, TestbedError
 from testbed.host import proc
 from testbed.host.executor import Executor, Netns
 from testbed.host.net import links, ops, ovsd
-from testbed.topology.model import Attachment, TunnelSpec, object_name
+from testbed.topology.model import TunnelSpec, object_name
 
 log = logging.getLogger(__name__)
 
 #: outer Ethernet (14) + IPv4 (20) + UDP (8) + VXLAN (8) header bytes
 VXLAN_OVERHEAD = 50
 UNDERLAY_NET = ipaddress.ip_network("198.19.0.0/30")
-KINDS = (Attachment("ovs-vxlan"), Attachment("bridge-vxlan"))
 
 
 @dataclass(frozen=True)
@@ -72,13 +71,14 @@ class HostSide:
 
 @dataclass(frozen=True)
 class Fabric:
-    kind: Attachment
+    #: each host a private OVS switch with userspace tunnelling (else a Linux bridge + kernel vxlan)
+    private_switch: bool
     tunnel: TunnelSpec
     hosts: tuple[HostSide, HostSide]
 
     @property
     def datapath(self) -> str:
-        return "ovs-netdev-vxlan" if self.kind == Attachment("ovs-vxlan") else "linux-bridge-vxlan"
+        return "ovs-netdev-vxlan" if self.private_switch else "linux-bridge-vxlan"
 
     def attach(self, host: HostSide, ifname: str) -> None:
         """Move a root-namespace device (a guest's tap, a veth end) into ``host`` and make it
@@ -214,12 +214,12 @@ def hosts_and_wire(tag: str, mtu: int) -> Iterator[tuple[tuple[str, str], tuple[
 
 
 @contextlib.contextmanager
-def fabric(kind: Attachment, tag: str, host_names: tuple[str, str], tunnel: TunnelSpec, workdir: Path,
+def fabric(private_switch: bool, tag: str, host_names: tuple[str, str], tunnel: TunnelSpec, workdir: Path,
            mtu: int) -> Iterator[Fabric]:
-    """Both emulated hosts, the wire and the tunnel, torn down in reverse order on exit.
-    ``mtu`` is the inner MTU the bridges start with (the largest of the matrix)."""
-    if kind not in KINDS:
-        raise TestbedError(f"{kind.value} is not a VXLAN attachment")
+    """Both emulated hosts, the wire and the tunnel, torn down in reverse order on exit: each
+    host a Linux bridge with a kernel vxlan device, or (``private_switch``) a private OVS
+    switch with userspace tunnelling. ``mtu`` is the inner MTU the bridges start with (the
+    largest of the matrix)."""
     if mtu + VXLAN_OVERHEAD > tunnel.underlay_mtu:
         raise TestbedError(f"inner MTU {mtu} + {VXLAN_OVERHEAD} bytes of VXLAN-over-IPv4 overhead "
                            f"exceeds the underlay MTU {tunnel.underlay_mtu}")
@@ -230,10 +230,9 @@ def fabric(kind: Attachment, tag: str, host_names: tuple[str, str], tunnel: Tunn
         sides = []
         for i in (0, 1):
             peer = ips[1 - i]
-            br, vx = object_name(tag, "br") if kind == Attachment("bridge-vxlan") else object_name(tag, "ovs"), \
-                object_name(tag, "vx")
+            br, vx = object_name(tag, "ovs" if private_switch else "br"), object_name(tag, "vx")
             ex = Netns(ns[i])
-            if kind == Attachment("bridge-vxlan"):
+            if not private_switch:
                 ops.on(ex).add_address(wires[i], f"{ips[i]}/{plen}")
                 bridge_vxlan(stack, ex, br, vx, tunnel, ips[i], peer, wires[i], mtu)
                 sides.append(HostSide(host_names[i], ns[i], wires[i], wires[i], ips[i], br, vx))
@@ -255,7 +254,7 @@ def fabric(kind: Attachment, tag: str, host_names: tuple[str, str], tunnel: Tunn
                 for dev in (ul, br):
                     ops.on(ex).set_up(dev)
                 sides.append(HostSide(host_names[i], ns[i], wires[i], ul, ips[i], br, vx, sw))
-        f = Fabric(kind, tunnel, (sides[0], sides[1]))
+        f = Fabric(private_switch, tunnel, (sides[0], sides[1]))
         _static_neighbours(f)
         why = f.df_check(mtu)
         if why:
