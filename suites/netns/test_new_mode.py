@@ -88,3 +88,50 @@ def test_a_throwaway_mode_validates_runs_and_cleans_up(toy_mode, tmp_path, monke
     assert ok[0].metrics["transactions_per_s"] > 0
     assert ok[0].crosscheck.verdict == "ok", ok[0].crosscheck
     assert _tb_links() <= before, f"left behind: {_tb_links() - before}"
+
+
+TOY_TOOL = '''\
+"""A toy tool: iperf3's driver under another name (a site's wrapper would look like this)."""
+from testbed.tools.iperf3 import Iperf3Driver
+from testbed.topology.model import Tool
+
+
+class ToyDriver(Iperf3Driver):
+    name = Tool("tbtoy")
+
+
+DRIVER = ToyDriver()
+'''
+
+TOOL_TOPOLOGY = """\
+name: toytool
+matrix:
+  attachments: [netns-veth]
+  profiles:
+    - {name: tcp_stream, tool: tbtoy, pattern: stream, duration: 2}
+"""
+
+
+def test_a_throwaway_tool_driver_validates_and_runs_a_cell(tmp_path, monkeypatch):
+    """A new tool is one driver module plus one registry line: its name validates, the one
+    sampling loop runs it, and the wire cross-check agrees with what it reports."""
+    require_root()
+    from testbed import tools
+    pkg = tmp_path / "tbtooltoy"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "driver.py").write_text(TOY_TOOL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"profiles\[0\]\.tool.*tbtoy"):
+        config.parse(TOOL_TOPOLOGY, "toytool.yaml")
+    monkeypatch.setattr(tools, "MODULES", (*tools.MODULES, "tbtooltoy.driver"))
+    monkeypatch.setattr(tools, "_drivers", {})
+    t = config.parse(TOOL_TOPOLOGY, "toytool.yaml")
+    assert t.matrix.profiles[0].tool == "tbtoy"
+    monkeypatch.setenv("TESTBED_RESULTS", str(tmp_path / "results"))
+    run = results.read_run(runner.execute(t).run_dir)
+    ok = [s for s in run.samples if s.status == "ok"]
+    assert ok, [s.reason for s in run.samples]
+    assert ok[0].metrics["throughput_mbps"] > 0
+    assert ok[0].crosscheck.verdict == "ok", ok[0].crosscheck
+    tools._drivers.clear()

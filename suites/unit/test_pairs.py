@@ -10,6 +10,7 @@ import pytest
 
 from testbed.measure import pairs, runner
 from testbed.measure import sampling as measure
+from testbed.tools import netperf
 from testbed.tools import get_tool, pacing
 from testbed.tools.base import ToolResult
 from testbed.topology import config
@@ -36,14 +37,14 @@ def test_bad_rates_are_refused(text):
 
 def test_what_each_tool_can_express():
     gbit, tps = pacing.parse_rate("1gbit"), pacing.parse_rate("100tps")
-    assert pacing.express_reason(Tool.IPERF3, Protocol.TCP, Pattern.STREAM, gbit) is None
-    assert pacing.express_reason(Tool.IPERF3, Protocol.UDP, Pattern.STREAM, gbit) is None
-    assert "bits" in pacing.express_reason(Tool.IPERF3, Protocol.TCP, Pattern.STREAM, tps)
-    assert pacing.express_reason(Tool.UPERF, Protocol.TCP, Pattern.RR, tps) is None
-    assert "uperf paces transactions" in pacing.express_reason(Tool.UPERF, Protocol.TCP, Pattern.STREAM, gbit)
-    assert pacing.express_reason(Tool.NETPERF, Protocol.TCP, Pattern.RR, tps) is None
-    assert "CRR" in pacing.express_reason(Tool.NETPERF, Protocol.TCP, Pattern.CRR, tps)
-    assert "not bits" in pacing.express_reason(Tool.NETPERF, Protocol.TCP, Pattern.RR, gbit)
+    assert pacing.express_reason(get_tool("iperf3"), Protocol.TCP, Pattern.STREAM, gbit) is None
+    assert pacing.express_reason(get_tool("iperf3"), Protocol.UDP, Pattern.STREAM, gbit) is None
+    assert "bits" in pacing.express_reason(get_tool("iperf3"), Protocol.TCP, Pattern.STREAM, tps)
+    assert pacing.express_reason(get_tool("uperf"), Protocol.TCP, Pattern.RR, tps) is None
+    assert "uperf paces transactions" in pacing.express_reason(get_tool("uperf"), Protocol.TCP, Pattern.STREAM, gbit)
+    assert pacing.express_reason(get_tool("netperf"), Protocol.TCP, Pattern.RR, tps) is None
+    assert "CRR" in pacing.express_reason(get_tool("netperf"), Protocol.TCP, Pattern.CRR, tps)
+    assert "not bits" in pacing.express_reason(get_tool("netperf"), Protocol.TCP, Pattern.RR, gbit)
 
 
 def test_config_turns_a_bit_rate_into_rate_bps_so_udp_keeps_working():
@@ -53,35 +54,35 @@ def test_config_turns_a_bit_rate_into_rate_bps_so_udp_keeps_working():
     u, legacy = t.matrix.profiles
     assert (u.rate, u.rate_bps, u.paced) == ("300mbit", 300 * 10**6, True)
     assert (legacy.rate, legacy.rate_bps, legacy.paced) == (None, 10**6, False)
-    assert "300000000" in get_tool(Tool.IPERF3).client_argv(u, "198.18.0.2")
+    assert "300000000" in get_tool(Tool("iperf3")).client_argv(u, "198.18.0.2")
 
 
 def test_iperf3_splits_a_pair_target_over_its_streams():
-    p = Profile("s", tool=Tool.IPERF3, rate_bps=2 * 10**9, rate="2gbit")
-    argv = get_tool(Tool.IPERF3).client_argv(p, "198.18.0.2", streams=4)
+    p = Profile("s", tool=Tool("iperf3"), rate_bps=2 * 10**9, rate="2gbit")
+    argv = get_tool(Tool("iperf3")).client_argv(p, "198.18.0.2", streams=4)
     assert argv[argv.index("-b") + 1] == str(5 * 10**8) and "-P" in argv
     # an unpaced rate_bps (UDP's own) stays per stream, as before
-    legacy = Profile("u", tool=Tool.IPERF3, protocol=Protocol.UDP, rate_bps=10**6)
-    argv = get_tool(Tool.IPERF3).client_argv(legacy, "198.18.0.2", streams=4)
+    legacy = Profile("u", tool=Tool("iperf3"), protocol=Protocol.UDP, rate_bps=10**6)
+    argv = get_tool(Tool("iperf3")).client_argv(legacy, "198.18.0.2", streams=4)
     assert argv[argv.index("-b") + 1] == str(10**6)
 
 
 def test_uperf_paces_with_the_transaction_rate_attribute_per_thread():
-    p = Profile("r", tool=Tool.UPERF, pattern=Pattern.RR, message_size=1, response_size=1,
+    p = Profile("r", tool=Tool("uperf"), pattern=Pattern.RR, message_size=1, response_size=1,
                 rate_tps=5000, rate="5000tps")
-    xml = get_tool(Tool.UPERF).profile_xml(p, "198.18.0.2", 2)    # type: ignore[attr-defined]
+    xml = get_tool(Tool("uperf")).profile_xml(p, "198.18.0.2", 2)    # type: ignore[attr-defined]
     assert '<transaction duration="10s" rate="2500">' in xml
-    unpaced = get_tool(Tool.UPERF).profile_xml(Profile("r", tool=Tool.UPERF, pattern=Pattern.RR),  # type: ignore[attr-defined]
+    unpaced = get_tool(Tool("uperf")).profile_xml(Profile("r", tool=Tool("uperf"), pattern=Pattern.RR),  # type: ignore[attr-defined]
                                                "198.18.0.2", 1)
     assert "rate=" not in unpaced
 
 
 def test_netperf_paces_with_interval_and_burst():
     p = Profile("r", pattern=Pattern.RR, message_size=1, response_size=1, rate_tps=5000, rate="5000tps")
-    argv = get_tool(Tool.NETPERF).client_argv(p, "198.18.0.2")
+    argv = get_tool(Tool("netperf")).client_argv(p, "198.18.0.2")
     assert argv[argv.index("-w") + 1] == "10" and argv[argv.index("-b") + 1] == "50"
     s = Profile("s", message_size=16384, rate_bps=10**9, rate="1gbit")
-    assert pacing.netperf_burst(s) == round(10**9 / (8 * 16384) / 100)
+    assert netperf.burst(s) == round(10**9 / (8 * 16384) / 100)
 
 
 # --------------------------------------------------------------------------- detection
@@ -96,11 +97,11 @@ IPERF3_OLD = "iperf3: unrecognized option '-b'\nUsage: iperf3 [-s|-c host] [opti
 
 
 def test_probe_verdicts():
-    assert "--enable-intervals" in pacing.probe_verdict(Tool.NETPERF, NETPERF_NO_INTERVALS, "", 0)
-    assert pacing.probe_verdict(Tool.NETPERF, NETPERF_INTERVALS, "", 0) is None
-    assert pacing.probe_verdict(Tool.IPERF3, "", IPERF3_PACES, 1) is None
-    assert "refuses -b" in pacing.probe_verdict(Tool.IPERF3, "", IPERF3_OLD, 1)
-    assert "no recognisable answer" in pacing.probe_verdict(Tool.IPERF3, "", "", 127)
+    assert "--enable-intervals" in get_tool("netperf").pacing_verdict(NETPERF_NO_INTERVALS, "", 0)
+    assert get_tool("netperf").pacing_verdict(NETPERF_INTERVALS, "", 0) is None
+    assert get_tool("iperf3").pacing_verdict("", IPERF3_PACES, 1) is None
+    assert "refuses -b" in get_tool("iperf3").pacing_verdict("", IPERF3_OLD, 1)
+    assert "no recognisable answer" in get_tool("iperf3").pacing_verdict("", "", 127)
 
 
 def test_detector_asks_once_per_place_and_tool_and_reports_a_probe_that_cannot_run():
@@ -110,17 +111,17 @@ def test_detector_asks_once_per_place_and_tool_and_reports_a_probe_that_cannot_r
         calls.append(argv)
         return NETPERF_NO_INTERVALS, "", 0
     d = pacing.Detector()
-    assert d.reason("g1", Tool.NETPERF, run) and d.reason("g1", Tool.NETPERF, run)
+    assert d.reason("g1", get_tool("netperf"), run) and d.reason("g1", get_tool("netperf"), run)
     assert len(calls) == 1
-    d.reason("g2", Tool.NETPERF, run)
+    d.reason("g2", get_tool("netperf"), run)
     assert len(calls) == 2
 
     def broken(argv):
         raise FileNotFoundError("netperf")
-    assert "could not run" in pacing.Detector().reason("x", Tool.NETPERF, broken)
+    assert "could not run" in pacing.Detector().reason("x", get_tool("netperf"), broken)
 
 
-@pytest.mark.parametrize("tool", [Tool.IPERF3, Tool.NETPERF])
+@pytest.mark.parametrize("tool", [Tool("iperf3"), Tool("netperf")])
 def test_detection_by_trying_the_installed_binary(tool):
     if not shutil.which(tool.value):
         pytest.skip(f"{tool.value} is not installed on this host")
@@ -128,7 +129,7 @@ def test_detection_by_trying_the_installed_binary(tool):
     def run(argv):
         r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
         return r.stdout, r.stderr, r.returncode
-    why = pacing.Detector().reason("host", tool, run)
+    why = pacing.Detector().reason("host", get_tool(tool), run)
     # Whatever this build can do, the answer is a verdict, never an unrecognised output.
     assert why is None or "no recognisable answer" not in why, why
 
@@ -153,8 +154,8 @@ def _res(mbps: float, p99: float | None = None) -> ToolResult:
 
 
 def test_pairs_aggregate_as_the_sum_and_keep_each_pair():
-    p = Profile("s", tool=Tool.IPERF3, rate_bps=2 * 10**9, rate="2gbit")
-    drv = get_tool(Tool.IPERF3)
+    p = Profile("s", tool=Tool("iperf3"), rate_bps=2 * 10**9, rate="2gbit")
+    drv = get_tool(Tool("iperf3"))
     agg, bad = pairs.combine(p, [_res(1990.0, 50), _res(1500.0, 80)], drv)
     assert bad is None and agg.metrics["throughput_mbps"] == pytest.approx(3490.0)
     assert agg.metrics["latency_p99_us"] == 80
@@ -162,12 +163,12 @@ def test_pairs_aggregate_as_the_sum_and_keep_each_pair():
     assert ok == {"throughput_mbps": 1990.0, "latency_p99_us": None, "cpu_cores": 0.5, "target": 2000.0,
                   "achieved": 1990.0, "short": False}
     assert short["short"] is True and short["cpu_cores"] is None      # 25 % short: saturated
-    unpaced = pairs.pair_record(Profile("s", tool=Tool.IPERF3), _res(10.0), 0.1)
+    unpaced = pairs.pair_record(Profile("s", tool=Tool("iperf3")), _res(10.0), 0.1)
     assert "target" not in unpaced
 
 
 def test_a_failed_pair_fails_the_aggregate_with_its_reason_never_a_zero():
-    agg, bad = pairs.combine(Profile("s"), [_res(10.0), ToolResult.failed("no output")], get_tool(Tool.NETPERF))
+    agg, bad = pairs.combine(Profile("s"), [_res(10.0), ToolResult.failed("no output")], get_tool(Tool("netperf")))
     assert not agg.ok and "pair 2 failed: no output" in bad and not agg.metrics
 
 

@@ -12,7 +12,8 @@ from testbed.errors import ConfigError
 from testbed.records import percentiles
 from testbed.tools import netperf
 from testbed.topology import config
-from testbed.topology.model import Attachment, Backend, Cell, Pattern, Profile
+from testbed.topology.model import Attachment, Backend, Cell
+
 
 pytestmark = pytest.mark.unit
 
@@ -117,12 +118,12 @@ def test_bad_percentiles_name_the_field(value, words):
 
 
 def test_each_tool_says_whether_its_pacing_is_open_or_closed_loop():
+    from testbed import tools
     from testbed.tools import pacing
-    from testbed.topology.model import Tool
-    assert set(pacing.LOOP) == set(Tool)
-    assert pacing.loop_label(Tool.IPERF3) == "open-loop"
-    for t in (Tool.UPERF, Tool.NETPERF):
-        assert pacing.loop_label(t).startswith("closed-loop (coordinated omission")
+    assert all(d.pacing_loop in ("open", "closed") for d in tools.drivers())
+    assert pacing.loop_label(tools.get_tool("iperf3")) == "open-loop"
+    for t in ("uperf", "netperf"):
+        assert pacing.loop_label(tools.get_tool(t)).startswith("closed-loop (coordinated omission")
 
 
 RATES = """\

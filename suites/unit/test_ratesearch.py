@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from testbed.tools import get_tool
+
 from testbed.errors import ConfigError
 from testbed.measure import ratesearch, ratesearch_cell
 from testbed.measure.crosscheck import Wire
@@ -38,7 +40,7 @@ def parse(profile: str):
 def test_udp_ndr_defaults_to_iperf3_udp_stream_with_the_documented_goals():
     p = parse("{name: ndr, kind: udp_ndr}")
     assert p.kind == "udp_ndr"
-    assert (p.tool, p.protocol, p.pattern) == (Tool.IPERF3, Protocol.UDP, Pattern.STREAM)
+    assert (p.tool, p.protocol, p.pattern) == (Tool("iperf3"), Protocol.UDP, Pattern.STREAM)
     assert p.search == RateSearch()
     assert p.search.pdr_loss == 0.005 and p.duration_s == p.search.trial_s[1]
 
@@ -79,15 +81,17 @@ def test_bad_search_input_names_the_field(profile, field, words):
 
 
 def test_netperf_reason_says_this_build_cannot_pace():
-    assert "without pacing" in config.SEARCH_TOOLS[Tool.NETPERF] or "--enable-intervals" in config.SEARCH_TOOLS[Tool.NETPERF]
+    why = get_tool("netperf").search_unsupported
+    assert "without pacing" in why and "--enable-intervals" in why
+    assert get_tool("iperf3").search_unsupported is None
 
 
 def test_search_enters_the_hash_only_when_set():
-    plain = Profile("udp", tool=Tool.IPERF3, protocol=Protocol.UDP)
+    plain = Profile("udp", tool=Tool("iperf3"), protocol=Protocol.UDP)
     c = Cell(Attachment("netns-veth"), Backend.QEMU, 1500, 1, plain)
     assert "search" not in c.definition()["profile"]
     s = Cell(Attachment("netns-veth"), Backend.QEMU, 1500, 1,
-             Profile("udp", tool=Tool.IPERF3, protocol=Protocol.UDP, search=RateSearch()))
+             Profile("udp", tool=Tool("iperf3"), protocol=Protocol.UDP, search=RateSearch()))
     assert s.definition()["profile"]["search"]["pdr_loss"] == 0.005
     assert s.hash != c.hash == definition_hash(c.definition())
 
@@ -193,7 +197,7 @@ def test_a_minimum_rate_that_already_loses_gives_no_lower_bound():
 
 def sample(status="ok", metrics=None, counters=None, reason=None):
     cell = Cell(Attachment("netns-veth"), Backend.QEMU, 1500, 1,
-                Profile("ndr", tool=Tool.IPERF3, protocol=Protocol.UDP, search=RateSearch()))
+                Profile("ndr", tool=Tool("iperf3"), protocol=Protocol.UDP, search=RateSearch()))
     return results.Sample("run", cell.as_dict(), 0, False, status, reason, metrics or {}, {}, "t0", "t1",
                           extra={"counters": counters or {}})
 
@@ -222,9 +226,9 @@ def test_trial_of_a_failed_sample_or_a_contradicting_wire_fails():
 
 def test_a_trial_profile_is_a_paced_udp_stream_of_whole_seconds():
     cell = Cell(Attachment("netns-veth"), Backend.QEMU, 1500, 1,
-                Profile("ndr", tool=Tool.IPERF3, protocol=Protocol.UDP, message_size=1472, search=RateSearch()))
+                Profile("ndr", tool=Tool("iperf3"), protocol=Protocol.UDP, message_size=1472, search=RateSearch()))
     p = ratesearch_cell.trial_profile(cell, 1.4142, 1000.0)
     assert p.duration_s == 2 and p.rate_bps == 1000 * 8 * 1472 and p.search is None and p.paced
     from testbed.tools import get_tool
-    argv = get_tool(Tool.IPERF3).client_argv(p, "198.18.0.2")
+    argv = get_tool(Tool("iperf3")).client_argv(p, "198.18.0.2")
     assert argv[argv.index("-b") + 1] == str(1000 * 8 * 1472) and "-u" in argv

@@ -38,7 +38,7 @@ from testbed.topology.model import (
 
 pytestmark = pytest.mark.unit
 
-NDR = Profile("udp_ndr", tool=Tool.IPERF3, protocol=Protocol.UDP, message_size=1472, duration_s=2,
+NDR = Profile("udp_ndr", tool=Tool("iperf3"), protocol=Protocol.UDP, message_size=1472, duration_s=2,
               search=RateSearch(trial_s=(1, 2)))
 RR = Profile("tcp_rr", pattern=Pattern.RR, message_size=1, response_size=1)
 

@@ -87,7 +87,7 @@ def test_the_definition_hash_follows_everything_that_changes_a_measurement():
     from testbed.topology.model import Offloads, Tool
     c = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, Profile("tcp_stream", message_size=16384))
     changed = [dataclasses.replace(c, profile=dataclasses.replace(c.profile, **kw))
-               for kw in (dict(message_size=1024), dict(duration_s=30), dict(tool=Tool.UPERF),
+               for kw in (dict(message_size=1024), dict(duration_s=30), dict(tool=Tool("uperf")),
                           dict(response_size=1))]
     changed += [dataclasses.replace(c, queues=2), dataclasses.replace(c, mtu=9000),
                 dataclasses.replace(c, context=(("offloads", Offloads(tso=False).label()),)),

@@ -11,8 +11,8 @@ pytestmark = pytest.mark.unit
 
 def test_profiles_use_the_tool_chosen() -> None:
     t = e._topology("x", [Attachment("ovs")], True, False, None, "uperf")
-    assert {p.tool for p in t.matrix.profiles} == {Tool.UPERF}
-    assert {p.tool for p in e._topology("x", [Attachment("ovs")], True, False, None).matrix.profiles} == {Tool.NETPERF}
+    assert {p.tool for p in t.matrix.profiles} == {Tool("uperf")}
+    assert {p.tool for p in e._topology("x", [Attachment("ovs")], True, False, None).matrix.profiles} == {Tool("netperf")}
 
 
 def test_report_names_the_tool_that_ran() -> None:

@@ -30,7 +30,7 @@ from testbed.topology.model import (
 pytestmark = pytest.mark.unit
 
 RR = Profile("tcp_rr", pattern=Pattern.RR, message_size=64, response_size=64, rate_tps=5000, rate="5000tps")
-UDP = Profile("udp_stream", tool=Tool.IPERF3, protocol=Protocol.UDP, rate_bps=2 * 10**9, rate="2gbit")
+UDP = Profile("udp_stream", tool=Tool("iperf3"), protocol=Protocol.UDP, rate_bps=2 * 10**9, rate="2gbit")
 
 
 def write(root: Path, run_id: str, levels: dict[int, list[dict]], profile: Profile = RR,

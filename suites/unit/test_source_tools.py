@@ -103,7 +103,7 @@ def test_preflight_asks_the_images_tool_list_not_this_host() -> None:
     img = images.Image("x", "d", Path("/nonexistent"), None, None, "", tools={"netperf": "2.7.0"})
     topo = config.default()
     up = dataclasses.replace(topo, matrix=dataclasses.replace(topo.matrix, profiles=(
-        Profile("u", tool=Tool.UPERF, duration_s=2),)))
+        Profile("u", tool=Tool("uperf"), duration_s=2),)))
     with pytest.raises(CapabilityError) as e:
         runner.guest_tools_preflight(up, runner.plan(up), img)
     assert "uperf is not in guest image x-d" in str(e.value) and e.value.exit_status == 3

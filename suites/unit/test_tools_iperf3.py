@@ -15,7 +15,7 @@ from testbed.topology.model import Pattern, Profile, Protocol, Tool
 pytestmark = pytest.mark.unit
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "recorded"   # see its SOURCES.md
-IPERF3 = get_tool(Tool.IPERF3)
+IPERF3 = get_tool(Tool("iperf3"))
 
 
 def read(name: str) -> str:
@@ -117,7 +117,7 @@ def test_aggregate_adds_process_cpu() -> None:
 # -- argv ---------------------------------------------------------------------------------
 
 def prof(pattern: Pattern, protocol: Protocol = Protocol.TCP, **kw) -> Profile:
-    return Profile("p", tool=Tool.IPERF3, protocol=protocol, pattern=pattern, **kw)
+    return Profile("p", tool=Tool("iperf3"), protocol=protocol, pattern=pattern, **kw)
 
 
 BASE = ["iperf3", "-c", "198.18.0.2", "-J", "-i", "1", "-t", "10"]
@@ -148,7 +148,7 @@ def test_port_and_server_argv() -> None:
     (prof(Pattern.RR), {}, "streams only"),
     (prof(Pattern.CRR), {}, "streams only"),
     (prof(Pattern.STREAM), dict(iterations=(10, 3)), "no confidence"),
-    (Profile("p", tool=Tool.UPERF), {}, "is for uperf"),
+    (Profile("p", tool=Tool("uperf")), {}, "is for uperf"),
 ])
 def test_unsupported(profile, kw, match) -> None:
     with pytest.raises(UnsupportedProfile, match=match):

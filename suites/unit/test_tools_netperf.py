@@ -17,7 +17,7 @@ from testbed.topology.model import Pattern, Profile, Protocol, Tool
 pytestmark = pytest.mark.unit
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "recorded"   # see its SOURCES.md
-NETPERF = get_tool(Tool.NETPERF)
+NETPERF = get_tool(Tool("netperf"))
 SEL = ",".join(SELECTORS)
 
 
@@ -190,7 +190,7 @@ def test_missing_units_are_read_as_the_default_with_a_warning() -> None:
 # -- argv ---------------------------------------------------------------------------------
 
 def prof(protocol: Protocol, pattern: Pattern, **kw) -> Profile:
-    return Profile("p", tool=Tool.NETPERF, protocol=protocol, pattern=pattern, **kw)
+    return Profile("p", tool=Tool("netperf"), protocol=protocol, pattern=pattern, **kw)
 
 
 @pytest.mark.parametrize("protocol,pattern,test,size_args", [
@@ -232,7 +232,7 @@ def test_server_argv() -> None:
     (prof(Protocol.UDP, Pattern.MAERTS), "no UDP_MAERTS test"),
     (prof(Protocol.UDP, Pattern.CRR), "no UDP_CRR test"),
     (prof(Protocol.UDP, Pattern.STREAM, rate_bps=10**8), "bit rate"),
-    (Profile("p", tool=Tool.IPERF3), "is for iperf3"),
+    (Profile("p", tool=Tool("iperf3")), "is for iperf3"),
 ])
 def test_unsupported_profiles_raise(profile, match) -> None:
     with pytest.raises(UnsupportedProfile, match=match):

@@ -18,7 +18,7 @@ from testbed.topology.model import Pattern, Profile, Protocol, Tool
 pytestmark = pytest.mark.unit
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "recorded"   # see its SOURCES.md
-UPERF = get_tool(Tool.UPERF)
+UPERF = get_tool(Tool("uperf"))
 
 
 def read(name: str) -> str:
@@ -184,7 +184,7 @@ def test_output_cut_before_the_totals_is_a_failure() -> None:
 # -- profile XML --------------------------------------------------------------------------
 
 def prof(pattern: Pattern, protocol: Protocol = Protocol.TCP, **kw) -> Profile:
-    return Profile("p", tool=Tool.UPERF, protocol=protocol, pattern=pattern, **kw)
+    return Profile("p", tool=Tool("uperf"), protocol=protocol, pattern=pattern, **kw)
 
 
 def xml(pattern: Pattern, protocol: Protocol = Protocol.TCP, nthreads: int = 4, **kw) -> str:
@@ -250,7 +250,7 @@ def test_server_address_cannot_inject_into_the_profile(addr: str) -> None:
 
 
 def test_profile_name_is_made_safe() -> None:
-    profile = Profile('Big "RR" <1>', tool=Tool.UPERF, pattern=Pattern.RR)
+    profile = Profile('Big "RR" <1>', tool=Tool("uperf"), pattern=Pattern.RR)
     assert '<profile name="big-rr-1">' in UPERF.profile_xml(profile, "198.18.0.2", 1)
 
 
@@ -272,7 +272,7 @@ def test_client_and_server_argv() -> None:
     (prof(Pattern.BIDIRECTIONAL, Protocol.UDP), {}, "arrived in each direction is unknown"),
     (prof(Pattern.STREAM, rate_bps=10**8), {}, "bit-rate"),
     (prof(Pattern.STREAM), dict(confidence=(99, 5)), "no confidence"),
-    (Profile("p", tool=Tool.NETPERF), {}, "is for netperf"),
+    (Profile("p", tool=Tool("netperf")), {}, "is for netperf"),
 ])
 def test_unsupported(profile, kw, match) -> None:
     with pytest.raises(UnsupportedProfile, match=match):

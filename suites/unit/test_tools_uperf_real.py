@@ -17,7 +17,7 @@ from testbed.topology.model import Pattern, Profile, Protocol, Tool
 pytestmark = pytest.mark.unit
 
 HERE = Path(__file__).resolve().parent / "fixtures" / "uperf-real"
-UPERF = get_tool(Tool.UPERF)
+UPERF = get_tool(Tool("uperf"))
 CAPTURE = json.loads((HERE / "capture.json").read_text())
 ARGV = json.loads((HERE / "argv.json").read_text())
 PROFILES = {
@@ -32,7 +32,7 @@ CASES = sorted(CAPTURE)
 
 def profile(case: str) -> Profile:
     kind = case.rsplit("-", 1)[0].removeprefix("vm-")
-    return Profile(name=f"u_{kind}", tool=Tool.UPERF, duration_s=3, **PROFILES[kind])
+    return Profile(name=f"u_{kind}", tool=Tool("uperf"), duration_s=3, **PROFILES[kind])
 
 
 def parsed(case: str):

@@ -23,12 +23,12 @@ UDP = RECORDED / "uperf-1.0.8_guests_udp-stream-1thread.txt"
 
 def paced_rr() -> Profile:
     # what produced the recording: 4 threads at 500 transactions/s each, 10 s
-    return Profile("u_tcp_rr_paced", tool=Tool.UPERF, pattern=Pattern.RR, message_size=64, response_size=64,
+    return Profile("u_tcp_rr_paced", tool=Tool("uperf"), pattern=Pattern.RR, message_size=64, response_size=64,
                    duration_s=10, rate_tps=2000, rate="2000tps")
 
 
 def test_stalled_threads_are_named_with_their_counts():
-    r = get_tool(Tool.UPERF).parse_sample(STALLED.read_text(), "", 0, profile=paced_rr())
+    r = get_tool(Tool("uperf")).parse_sample(STALLED.read_text(), "", 0, profile=paced_rr())
     assert not r.ok and not r.metrics
     assert r.reason.startswith("uperf threads stalled: Thr0 127, Thr2 127, Thr3 127 operations against Thr1 2488"), r.reason
     assert f"more than {uperf.STALL_FACTOR:g}x apart" in r.reason
@@ -69,10 +69,10 @@ def test_no_recorded_unpaced_run_counts_as_stalled():
 
 
 def test_udp_stream_loss_is_the_slaves_count_against_the_masters():
-    p = Profile("u_udp_stream", tool=Tool.UPERF, protocol=Protocol.UDP, pattern=Pattern.STREAM,
+    p = Profile("u_udp_stream", tool=Tool("uperf"), protocol=Protocol.UDP, pattern=Pattern.STREAM,
                 message_size=1400, duration_s=10)
     text = UDP.read_text()
-    r = vet(get_tool(Tool.UPERF).parse_sample(text, "", 0, profile=p), p)
+    r = vet(get_tool(Tool("uperf")).parse_sample(text, "", 0, profile=p), p)
     assert r.ok, r.reason
     m = r.metrics
     total = int(re.search(r"name:Total nr_bytes:(\d+)", text).group(1))

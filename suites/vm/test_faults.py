@@ -76,7 +76,7 @@ def test_server_that_dies_mid_measurement(guest_pair, writer):
 
 
 def test_tool_missing_in_guest(guest_pair, writer):
-    uperf = Profile("uperf_stream", tool=Tool.UPERF, pattern=Pattern.STREAM, message_size=1024, duration_s=3)
+    uperf = Profile("uperf_stream", tool=Tool("uperf"), pattern=Pattern.STREAM, message_size=1024, duration_s=3)
     with bridge_path(guest_pair) as path:
         [s] = _measure(path, writer, uperf)
     assert s.status == "failed"

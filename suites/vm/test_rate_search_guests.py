@@ -11,7 +11,7 @@ from testbed.topology.model import Attachment, Backend, Cell, Profile, Protocol,
 
 pytestmark = pytest.mark.attach("bridge")
 
-PROFILE = Profile("udp_ndr", tool=Tool.IPERF3, protocol=Protocol.UDP, message_size=1472, duration_s=2,
+PROFILE = Profile("udp_ndr", tool=Tool("iperf3"), protocol=Protocol.UDP, message_size=1472, duration_s=2,
                   search=RateSearch(trial_s=(1, 2), precision=0.1, max_search_s=300,
                                     min_rate_bps=1_000_000, max_rate_bps=400_000_000))
 

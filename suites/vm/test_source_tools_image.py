@@ -44,12 +44,12 @@ def test_image_records_the_tool_and_its_version(tbhello_image):
 
 def test_preflight_refuses_a_tool_the_image_lacks(tbhello_image):
     topo = config.default()
-    uperf = Profile("u_rr", tool=Tool.UPERF, duration_s=2)
+    uperf = Profile("u_rr", tool=Tool("uperf"), duration_s=2)
     topo = dataclasses.replace(topo, matrix=dataclasses.replace(topo.matrix, profiles=(uperf,)))
     with pytest.raises(CapabilityError, match="uperf is not in guest image tbhello-"):
         runner.guest_tools_preflight(topo, runner.plan(topo), tbhello_image)
     netperf = dataclasses.replace(topo, matrix=dataclasses.replace(topo.matrix, profiles=(
-        Profile("n", tool=Tool.NETPERF, duration_s=2),)))
+        Profile("n", tool=Tool("netperf"), duration_s=2),)))
     runner.guest_tools_preflight(netperf, runner.plan(netperf), tbhello_image)   # no error
 
 

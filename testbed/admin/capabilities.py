@@ -18,6 +18,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from testbed import tools
 from testbed.errors import CapabilityError, CommandError, TestbedError
 from testbed.host import paths, proc
 from testbed.topology.model import Accelerator
@@ -155,10 +156,8 @@ def tool_versions() -> dict[str, str | None]:
         "qemu": _version(["qemu-system-x86_64", "--version"], r"version ([\d.]+)"),
         "libvirt": _version(["libvirtd", "--version"], r"([\d.]+)\s*$"),
         "ovs": _version(["ovs-vswitchd", "--version"], r"\) ([\d.]+)"),
-        "netperf": _version(["netperf", "-V"], r"version ([\d.]+)"),
-        # its "Uperf Version x.y.z" line; the first digits after "uperf" are in an e-mail address
-        "uperf": _version(["uperf", "-V"], r"(?m)^Uperf(?:_slave)? Version (\d+(?:\.\d+)+)"),
-        "iperf3": _version(["iperf3", "--version"], r"iperf ([\d.]+)"),
+        # each traffic tool the way its driver asks it
+        **{d.name.value: _version([d.name.value, *d.version_args], d.version_re) for d in tools.drivers()},
     }
 
 

@@ -277,7 +277,7 @@ def harness(ns: tuple[int, ...] = (1, 2, 4), rounds: int = 3, duration_s: int = 
     from testbed.tools import iperf3 as iperf3_tool
     from testbed.topology.config import default
     from testbed.topology.model import Attachment, Backend, Cell, Pattern, Profile, Tool
-    profile = Profile("tcp_stream", tool=Tool.IPERF3, pattern=Pattern.STREAM, message_size=131072,
+    profile = Profile("tcp_stream", tool=Tool("iperf3"), pattern=Pattern.STREAM, message_size=131072,
                       duration_s=duration_s)
     rows = []
     for n in ns:
@@ -351,7 +351,7 @@ def ndr(limit_mbit: int = NDR_LIMIT_MBIT, precision: float = 0.05, trial_s: tupl
     from testbed.topology.model import Attachment, Backend, Cell, Pattern, Profile, Protocol, RateSearch, Tool
     spec = RateSearch(trial_s=trial_s, precision=precision, min_rate_bps=limit_mbit * 10**6 // 20,
                       max_rate_bps=limit_mbit * 10**6 * 4, max_search_s=600)
-    profile = Profile("udp_ndr", tool=Tool.IPERF3, protocol=Protocol.UDP, pattern=Pattern.STREAM,
+    profile = Profile("udp_ndr", tool=Tool("iperf3"), protocol=Protocol.UDP, pattern=Pattern.STREAM,
                       message_size=message_size, duration_s=trial_s[1], search=spec)
     cell = Cell(Attachment("netns-veth"), Backend.QEMU, 1500, 1, profile)
     with _netns_bench(Attachment("netns-veth"), lock=lock) as (_, writer, path):

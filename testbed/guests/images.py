@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from testbed import PREFIX
+from testbed import PREFIX, tools
 from testbed.errors import CapabilityError, CommandError, ConfigError, TestbedError
 from testbed.guests import srctools
 from testbed.host import paths, proc
@@ -293,18 +293,12 @@ def build(recipe: Recipe) -> None:
         raise
 
 
-#: Traffic tools a guest may carry, how each reports its version, and where it lives.
-TOOL_VERSION = {
-    "netperf": (["-V"], r"[Vv]ersion (\d+(?:\.\d+)+)"),
-    "iperf3": (["--version"], r"iperf (\d+(?:\.\d+)+)"),
-    "uperf": (["-V"], r"(?m)^Uperf(?:_slave)? Version (\d+(?:\.\d+)+)"),
-}
-
-
 def tool_versions_in(root: Path) -> dict[str, str | None]:
-    """The traffic tools present in an image root, each asked for its version there."""
+    """The traffic tools present in an image root, each asked for its version there the way
+    its driver says (ToolDriver.version_args, version_re)."""
     out: dict[str, str | None] = {}
-    for name, (args, pattern) in TOOL_VERSION.items():
+    for d in tools.drivers():
+        name, args, pattern = d.name.value, d.version_args, d.version_re
         found = next((d for d in ("usr/local/bin", "usr/bin") if (root / d / name).is_file()), None)
         if found is None:
             continue

@@ -271,7 +271,7 @@ def measure_once(cell: Cell, paths: Sequence[measure.TestPath], writer: results.
     extra.update({"pairs": pair_recs, "warnings": [*res.warnings, *measure.cpu_warnings(cpu_info)],
                   "saturated": bool(short), "short_pairs": short})
     if profile.paced and profile.pattern.is_transactional:
-        extra["latency_loop"] = pacing.loop_label(profile.tool)
+        extra["latency_loop"] = pacing.loop_label(get_tool(profile.tool))
     metrics = {**res.metrics, **measure.derived(dict(res.metrics), cpu_info, clock_ghz)}
     status, reason = measure.noise_outcome(watch, noisy, warmup, extra)
     if status == "failed":
@@ -335,7 +335,7 @@ def require_pacing(t: Topology, cells: Sequence[Cell], detector: pacing.Detector
     for i, p in enumerate(t.matrix.profiles):
         if not p.paced or not any(c.profile.name == p.name for c in cells):
             continue
-        why = detector.reason(where, p.tool, run, write)
+        why = detector.reason(where, get_tool(p.tool), run, write)
         if why:
             raise CapabilityError(f"{t.source}: matrix.profiles[{i}].rate: profile {p.name} asks for "
                                   f"{p.rate} per pair, but no installed tool can pace it ({where}): {why}")

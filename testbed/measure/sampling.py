@@ -316,7 +316,7 @@ def latency_percentiles(profile: Profile, driver: ToolDriver, stdouts: Sequence[
     extra["percentiles"] = [c.as_dict() for c in chosen]
     if profile.paced:
         from testbed.tools import pacing
-        extra["latency_loop"] = pacing.loop_label(profile.tool)
+        extra["latency_loop"] = pacing.loop_label(get_tool(profile.tool))
     if hist:
         extra["histogram"] = [list(b) for b in hist if b[2]]
     if len(stdouts) > 1 and not hist:

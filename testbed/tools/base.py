@@ -131,6 +131,18 @@ class ToolDriver(ABC):
     """One traffic tool: argv for both ends, a pure parser, and how N instances combine."""
 
     name: ClassVar[Tool]
+    #: how the binary reports its version (on this host, in a guest image): argv after the
+    #: program's name, and the pattern whose first group is the version
+    version_args: ClassVar[tuple[str, ...]] = ("--version",)
+    version_re: ClassVar[str] = r"(\d+(?:\.\d+)+)"
+    #: profile options only this tool has (e.g. netperf's confidence iterations)
+    options: ClassVar[frozenset[str]] = frozenset()
+    #: why the loss-bounded rate search (udp_ndr) cannot use this tool; None: it can
+    search_unsupported: ClassVar[str | None] = "this tool sends no paced UDP stream for the rate search"
+    #: how its pacing schedules work: "open" (sends on a schedule whatever the replies:
+    #: queueing delay shows in the latency) or "closed" (the next transaction waits for the
+    #: last reply, so a slow reply delays the schedule and hides queueing: coordinated omission)
+    pacing_loop: ClassVar[str] = "closed"
     #: "system": each instance reports whole-host CPU (concurrent instances see the same CPU,
     #: so average it); "process": each reports its own process (sum it).
     cpu_scope: ClassVar[str] = "system"
@@ -144,6 +156,21 @@ class ToolDriver(ABC):
     reusable_server: ClassVar[bool] = False
     #: the port the server listens on unless told otherwise
     default_port: ClassVar[int | None] = None
+
+    def pacing_reason(self, protocol: Protocol, pattern: object, rate: object) -> str | None:
+        """Why this tool cannot express a target ``rate`` (tools.pacing.Rate) on ``pattern``
+        (None: it can, if the installed build paces at all, which is found by trying)."""
+        return None
+
+    def pacing_probe(self, write: Callable[[str, str], None] | None) -> list[str] | str:
+        """argv that tries the pacing option against a port nobody listens on (9: discard),
+        or why no probe can run. ``write(path, text)`` writes a file where it runs."""
+        return f"{self.name.value} has no pacing"
+
+    def pacing_verdict(self, stdout: str, stderr: str, rc: int) -> str | None:
+        """Pure: what the probe printed -> None when the binary paces, else why not."""
+        first = (f"{stdout}\n{stderr}".strip().splitlines() or [f"exit status {rc}, no output"])[0]
+        return f"{self.name.value} pacing probe gave no recognisable answer: {first}"
 
     @abstractmethod
     def unsupported_reason(self, profile: Profile) -> str | None:
@@ -198,7 +225,7 @@ class ToolDriver(ABC):
         return 1
 
     def _check(self, profile: Profile) -> None:
-        if profile.tool is not self.name:
+        if profile.tool != self.name:
             raise UnsupportedProfile(f"profile {profile.name!r} is for {profile.tool.value}, "
                                      f"not {self.name.value}")
         reason = self.unsupported_reason(profile)

@@ -14,7 +14,26 @@ _ERR_RE = re.compile(r"iperf3: error|error -|\berror\b", re.I)
 
 
 class Iperf3Driver(ToolDriver):
-    name = Tool.IPERF3
+    name = Tool("iperf3")
+    version_args = ("--version",)
+    version_re = r"iperf (\d+(?:\.\d+)+)"
+    search_unsupported = None   # -b per trial on a UDP stream: what the rate search drives
+    pacing_loop = "open"        # UDP datagrams on its pacing timer; iperf3 times no transactions
+
+    def pacing_reason(self, protocol, pattern, rate):
+        return "iperf3 paces bits only" if rate.tps is not None else None
+
+    def pacing_probe(self, write):
+        return ["iperf3", "-c", "127.0.0.1", "-p", "9", "-t", "1", "-b", "1000"]
+
+    def pacing_verdict(self, stdout, stderr, rc):
+        out = f"{stdout}\n{stderr}"
+        low = out.lower()
+        if "unrecognized option" in low or "invalid option" in low or "parameter" in low and "error" in low:
+            return f"the installed iperf3 refuses -b: {out.strip().splitlines()[0] if out.strip() else rc}"
+        if "unable to connect" in low or "connection refused" in low:
+            return None
+        return super().pacing_verdict(stdout, stderr, rc)
     cpu_scope = "process"         # iperf3 reports its own process's CPU; instances add up
     default_port = 5201
     connections_as = "streams"
@@ -163,3 +182,6 @@ def _intervals(intervals: list[Any], udp: bool) -> list[dict[str, float]]:
             sample["loss_pct"] = 100.0 * (sample["udp_sent_msgs"] - sample["udp_recv_msgs"]) / sample["udp_sent_msgs"]
         out.append(sample)
     return out
+
+
+DRIVER = Iperf3Driver()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from testbed.tools import pacing
 from testbed.tools.base import ToolDriver, ToolResult, UnsupportedProfile, check_addr, check_port, error_line, sizes
 from testbed.topology.model import Pattern, Profile, Protocol, Tool
 
@@ -77,8 +76,45 @@ _ERR_RE = re.compile(r"\b(error|errno|could not|are you sure|unknown|failed|refu
 _NUM_RE = re.compile(r"^-?\d+(?:\.\d+)?$")
 
 
+#: the interval when pacing (ms): bursts every 10 ms, fine enough for 1 s reporting
+INTERVAL_MS = 10
+
+
+def burst(profile: Profile) -> int:
+    """Sends (stream) or transactions (rr) per INTERVAL_MS for the profile's target."""
+    per_s = (profile.rate_tps if profile.rate_tps is not None else
+             (profile.rate_bps or 0) / (8 * max(1, profile.message_size or 16384)))
+    return max(1, round(per_s * INTERVAL_MS / 1000))
+
+
 class NetperfDriver(ToolDriver):
-    name = Tool.NETPERF
+    name = Tool("netperf")
+    version_args = ("-V",)
+    version_re = r"[Vv]ersion (\d+(?:\.\d+)+)"
+    options = frozenset({"confidence", "iterations"})
+    search_unsupported = ("Debian's netperf is built without pacing (it needs --enable-intervals "
+                          "and --enable-burst, and then sends bursts per interval); use iperf3")
+    pacing_loop = "closed"      # -w/-b: bursts of transactions per interval, each waiting its reply
+
+    def pacing_reason(self, protocol, pattern, rate):
+        if pattern is Pattern.CRR:
+            return "netperf's interval pacing does not cover TCP_CRR"
+        return None
+
+    def pacing_probe(self, write):
+        return ["netperf", "-H", "127.0.0.1", "-p", "9", "-l", "1", "-t", "TCP_RR",
+                "-w", str(INTERVAL_MS), "-b", "1"]
+
+    def pacing_verdict(self, stdout, stderr, rc):
+        out = f"{stdout}\n{stderr}"
+        low = out.lower()
+        if "not compiled in" in low:
+            lines = [ln.strip() for ln in out.splitlines() if "not compiled in" in ln.lower()]
+            return (f"the installed netperf has no interval pacing ({'; '.join(lines)}): it needs a "
+                    f"build configured with --enable-intervals and --enable-burst")
+        if "establish control" in low or "establish_control" in low or "netserver" in low:
+            return None         # got past the options to the connection: -w/-b accepted
+        return super().pacing_verdict(stdout, stderr, rc)
     cpu_scope = "system"          # netperf -c/-C measure the whole host
     default_port = 12865
     reusable_server = True         # netserver forks a fresh child for every test
@@ -114,7 +150,7 @@ class NetperfDriver(ToolDriver):
         if profile.paced:
             # -w interval, -b sends (or transactions) per interval: builds with
             # --enable-intervals/--enable-burst only (pacing.Detector tries that first)
-            argv += ["-w", str(pacing.NETPERF_INTERVAL_MS), "-b", str(pacing.netperf_burst(profile))]
+            argv += ["-w", str(INTERVAL_MS), "-b", str(burst(profile))]
         if confidence is not None:
             level, width = confidence
             if level not in (95, 99) or width <= 0:
@@ -448,3 +484,6 @@ def _confidence(stdout: str, fields: dict[str, str], conf: re.Match[str] | None,
     if missed:
         warnings.append(f"netperf: desired confidence ({asked}) was not achieved after {iters} "
                         "iterations: " + ", ".join(f"{k} {w:g}%" for k, w in missed.items()))
+
+
+DRIVER = NetperfDriver()

@@ -69,7 +69,39 @@ def _env() -> jinja2.Environment:
 
 
 class UperfDriver(ToolDriver):
-    name = Tool.UPERF
+    name = Tool("uperf")
+    version_args = ("-V",)
+    # its "Uperf Version x.y.z" line; the first digits after "uperf" are in an e-mail address
+    version_re = r"(?m)^Uperf(?:_slave)? Version (\d+(?:\.\d+)+)"
+    search_unsupported = "uperf paces transactions per second on request/response only here; use iperf3"
+    pacing_loop = "closed"      # rate.c paces each thread's transactions, one outstanding at a time
+
+    def pacing_reason(self, protocol, pattern, rate):
+        if rate.bps is not None:
+            return ("uperf paces transactions per second (<transaction rate=...>), not bits; "
+                    "use iperf3 for a bit-rate target")
+        return None
+
+    def pacing_probe(self, write):
+        # uperf's parser reads the rate before it connects: a one-transaction profile with a
+        # rate, aimed at the discard port
+        if write is None:
+            return "uperf pacing probe needs a file on the client"
+        path = "/tmp/tb-pace-probe.xml"
+        write(path, '<?xml version="1.0"?>\n<profile name="tb-pace-probe">\n  <group nthreads="1">\n'
+                    '    <transaction duration="1s" rate="10">\n'
+                    '      <flowop type="connect" options="remotehost=127.0.0.1 protocol=tcp port=9"/>\n'
+                    '    </transaction>\n  </group>\n</profile>\n')
+        return ["uperf", "-m", path, "-P", "9"]
+
+    def pacing_verdict(self, stdout, stderr, rc):
+        out = f"{stdout}\n{stderr}"
+        low = out.lower()
+        if "error" in low and "rate" in low:
+            return f"the installed uperf refuses <transaction rate=...>: {out.strip()[:200]}"
+        if "connect" in low or "refused" in low:
+            return None
+        return super().pacing_verdict(stdout, stderr, rc)
     cpu_scope = "system"
     default_port = 20000
     connections_as = "streams"
@@ -536,3 +568,6 @@ def _per_direction(timed: list[Row], nthreads: int | None, profile: Profile,
         total += mbps
     if total:
         metrics["throughput_mbps"] = total
+
+
+DRIVER = UperfDriver()

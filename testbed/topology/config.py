@@ -19,7 +19,8 @@ from pathlib import Path
 
 import yaml
 
-from testbed import attachments
+from testbed import attachments, tools
+from testbed.tools import pacing
 from testbed.errors import CapabilityError, CommandError, ConfigError, one_line
 from testbed.topology.config_placement import check_placements, guest_placement, host_placement, noise
 from testbed.topology.model import (
@@ -312,7 +313,7 @@ def _profile(n: Node) -> Profile:
                   required=("name",))
     p = Profile(
         name=m["name"].str(PROFILE_NAME_RE, "profile name (lowercase, digits, '_')"),
-        tool=m["tool"].enum(Tool) if "tool" in m else Tool.NETPERF,
+        tool=_tool(m["tool"]) if "tool" in m else Profile.tool,
         protocol=m["protocol"].enum(Protocol) if "protocol" in m else Protocol.TCP,
         pattern=m["pattern"].enum(Pattern) if "pattern" in m else Pattern.STREAM,
         message_size=m["message_size"].int(1, 1 << 20, "message_size") if "message_size" in m else None,
@@ -325,20 +326,22 @@ def _profile(n: Node) -> Profile:
     if "rate" in m:
         p = _rate(m, p)
     p = _kind(n, m, p)
-    if (p.confidence or p.iterations) and p.tool is not Tool.NETPERF:
-        raise (m.get("confidence") or m["iterations"]).error("confidence/iterations are netperf options")
+    for opt in ("confidence", "iterations"):
+        if getattr(p, opt) and opt not in tools.get_tool(p.tool).options:
+            have = [d.name.value for d in tools.drivers() if opt in d.options]
+            raise m[opt].error(f"{opt} is not a {p.tool.value} option (it is {' and '.join(have) or 'no tool'}'s)")
     if p.iterations and p.iterations[0] < p.iterations[1]:
         raise m["iterations"].error(f"max {p.iterations[0]} is below min {p.iterations[1]}")
     _check_tool(n, m, p)
     return p
 
 
-#: the tools whose UDP rate the search can set per trial (testbed.measure.ratesearch)
-SEARCH_TOOLS = {Tool.IPERF3: None,
-                Tool.NETPERF: "Debian's netperf is built without pacing (it needs --enable-intervals "
-                              "and --enable-burst, and then sends bursts per interval); use iperf3",
-                Tool.UPERF: "uperf paces transactions per second on request/response only here; "
-                            "use iperf3"}
+def _tool(n: Node) -> Tool:
+    """A tool name, validated against the tool registry (the model knows no tools)."""
+    v = n.scalar()
+    if not isinstance(v, str) or v not in tools.names():
+        raise n.error(f"unknown value {show(v)} (one of: {', '.join(tools.names())})")
+    return Tool(v)
 
 
 def _kind(n: Node, m: dict[str, Node], p: Profile) -> Profile:
@@ -358,8 +361,8 @@ def _kind(n: Node, m: dict[str, Node], p: Profile) -> Profile:
         if k in m:
             raise m[k].error(f"kind udp_ndr chooses its own rates and trial durations (see search); "
                              f"{k} does not apply")
-    tool = p.tool if "tool" in m else Tool.IPERF3
-    why = SEARCH_TOOLS.get(tool)
+    tool = p.tool if "tool" in m else Tool(tools.search_default())
+    why = tools.get_tool(tool).search_unsupported
     if why:
         raise (m.get("tool") or node).error(f"kind udp_ndr cannot drive {tool.value}: {why}")
     s = _search(m["search"]) if "search" in m else RateSearch()
@@ -368,7 +371,6 @@ def _kind(n: Node, m: dict[str, Node], p: Profile) -> Profile:
 
 
 def _search(n: Node) -> RateSearch:
-    from testbed.tools import pacing
     m = n.mapping({"pdr_loss", "trial", "precision", "max_search", "min_rate", "max_rate",
                    "exceed_ratio", "duration_sum"})
     d = RateSearch()
@@ -460,7 +462,6 @@ def _percentiles(n: Node) -> tuple[float, ...]:
 def _rate(m: dict[str, Node], p: Profile) -> Profile:
     """`rate: 2gbit` / `rate: 5000tps`: a paced target per pair (testbed.tools.pacing); a bit rate
     is the profile's rate_bps, the one figure iperf3's -b already took for UDP."""
-    from testbed.tools import pacing
     node = m["rate"]
     if "rate_bps" in m:
         raise node.error("give either rate or rate_bps, not both")
@@ -468,7 +469,7 @@ def _rate(m: dict[str, Node], p: Profile) -> Profile:
         r = pacing.parse_rate(node.scalar())
     except ValueError as e:
         raise node.error(str(e)) from None
-    why = pacing.express_reason(p.tool, p.protocol, p.pattern, r)
+    why = pacing.express_reason(tools.get_tool(p.tool), p.protocol, p.pattern, r)
     if why:
         raise node.error(f"{p.tool.value} cannot pace {p.protocol.value} {p.pattern.value} at {r.text}: {why}")
     return dataclasses.replace(p, rate=r.text, rate_bps=r.bps, rate_tps=r.tps)

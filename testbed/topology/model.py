@@ -27,7 +27,7 @@ class Attachment(str):
 
     @property
     def value(self) -> str:
-        # the same spelling as the enums beside it (Backend.value, Tool.value)
+        # the same spelling as the enums beside it (Backend.value)
         return str.__str__(self)
 
     def __repr__(self) -> str:
@@ -56,10 +56,19 @@ class Accelerator(StrEnum):
         return "kvm" if self is Accelerator.KVM else "qemu"
 
 
-class Tool(StrEnum):
-    NETPERF = "netperf"
-    UPERF = "uperf"
-    IPERF3 = "iperf3"
+class Tool(str):
+    """A traffic tool's name. The model knows no tool: testbed/tools registers the drivers,
+    configuration validates a name against them, and code that needs a tool's behaviour asks
+    ``tools.get_tool(name)``. A string: results files hold the same text."""
+
+    __slots__ = ()
+
+    @property
+    def value(self) -> str:
+        return str.__str__(self)
+
+    def __repr__(self) -> str:
+        return f"Tool({self.value!r})"
 
 
 class Protocol(StrEnum):
@@ -118,7 +127,7 @@ class Profile:
     """A traffic pattern: tool, protocol, pattern, sizes and duration."""
 
     name: str
-    tool: Tool = Tool.NETPERF
+    tool: Tool = Tool("netperf")
     protocol: Protocol = Protocol.TCP
     pattern: Pattern = Pattern.STREAM
     message_size: int | None = None     # bytes per send (stream) or request size (rr)
