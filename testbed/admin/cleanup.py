@@ -202,10 +202,8 @@ def _running(pid: int) -> bool:
 def _stop_processes_in(ns: str) -> None:
     if not ns.startswith(PREFIX):
         return
-    try:
-        pids = [int(p) for p in proc.run(["ip", "netns", "pids", ns], timeout=10).stdout.split()]
-    except (CommandError, ValueError):
-        return
+    from testbed.host.net import ops
+    pids = ops.pids_in(ns)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -275,8 +273,11 @@ def find_on(shell, uri: str, include_live: bool = False) -> Leftovers:
     """tb- objects on a remote host (remote.Shell), read over ssh and its libvirt. A run's
     liveness is known here, where it runs: its state folder on this machine."""
     live = set() if include_live else live_tags()
-    out = shell.run(["ip", "-o", "link", "show"], timeout=30, check=False).stdout
-    names = [ln.split(":", 2)[1].strip().split("@")[0] for ln in out.splitlines() if ln.count(":") >= 2]
+    from testbed.host.net import ops
+    try:
+        names = ops.on(shell).names()
+    except CommandError:
+        names = []
     brs = shell.run(["ovs-vsctl", "--timeout=5", "list-br"], timeout=15, check=False)
     state = shell.run(["ls", "-1", str(paths.state_dir())], timeout=30, check=False)
     return Leftovers(domains=_dead(_domains(uri), live), links=_dead(names, live),

@@ -20,10 +20,8 @@ from testbed.attachments.base import Fabric, Mode, Request
 
 def _redirect(src: str, dst: str) -> None:
     """Every frame arriving on ``src`` leaves by ``dst``."""
-    from testbed.host import proc
-    proc.run(["tc", "qdisc", "replace", "dev", src, "ingress"], timeout=10)
-    proc.run(["tc", "filter", "add", "dev", src, "parent", "ffff:", "protocol", "all", "u32",
-              "match", "u32", "0", "0", "action", "mirred", "egress", "redirect", "dev", dst], timeout=10)
+    from testbed.host.net import ops
+    ops.on(None).redirect(src, dst)
 
 
 class CableFabric(Fabric):

@@ -27,13 +27,15 @@ from dataclasses import dataclass
 
 from testbed.errors import CapabilityError, CommandError, TestbedError
 from testbed.host import proc
-from testbed.host.net import ovsd
+from testbed.host.executor import Netns
+from testbed.host.net import ops, ovsd
+from testbed.host.offloads import apply_offloads
 from testbed.records import results
 from testbed.records.records import Environment, as_environment, as_outcome
 from testbed.scenarios import session as ses
 from testbed.scenarios.study import Finding, StudyReport, Table, env_difference, fmt, ratio_verdict
 from testbed.tools import nuttcp
-from testbed.topology.model import Attachment, Backend, Cell, Profile, Protocol, object_name
+from testbed.topology.model import Attachment, Backend, Cell, Offloads, Profile, Protocol, object_name
 
 NAME = "bridge-vs-ovs"
 STUDY = "A. Linux bridge vs OVS, with VLANs and bonds, UDP at constant bit rate (OVS discuss list, 2014)"
@@ -83,8 +85,15 @@ def _bps(rate: str) -> int:
     return int(float(rate[:-1]) * {"G": 1e9, "M": 1e6}[rate[-1]])
 
 
-def _ip(*args: str, ns: str) -> None:
-    proc.run(["ip", *args], netns=ns, timeout=30)
+def _links(ns: str):
+    """Link operations inside ``ns``, through the host layer (netlink)."""
+    return ops.on(Netns(ns))
+
+
+def _up(ns: str, *devs: str) -> None:
+    for dev in devs:
+        _links(ns).set_mtu(dev, MTU)
+        _links(ns).set_up(dev)
 
 
 @dataclass(frozen=True)
@@ -106,25 +115,22 @@ def wire(tag: str, c: Config, workdir: str) -> Iterator[Wire]:
             stack.enter_context(ses.namespace(ns))
         members = (n("a0"), n("a1"))
         for i, m in enumerate(members):
-            proc.run(["ip", "link", "add", m, "netns", ha, "type", "veth", "peer", "name", n(f"p{i}"),
-                      "netns", hb], timeout=30)
-            for dev, ns in ((m, ha), (n(f"p{i}"), hb)):
-                _ip("link", "set", dev, "mtu", str(MTU), ns=ns)
+            _links(ha).add_veth(m, n(f"p{i}"), mtu=MTU, peer_netns=hb)
         # The tested side first: a configuration this kernel cannot build fails before the
         # peer's switch is started.
         dev = _tested(stack, tag, c, ha, members, workdir)
-        _ip("addr", "add", f"{NET}1/24", "dev", dev, ns=ha)
+        _links(ha).add_address(dev, f"{NET}1/24")
         peer_dev = _ovs_side(stack, hb, f"{workdir}-peer", n("pbr"), (n("pbd"), *(n(f"p{i}") for i in (0, 1))),
                              n("pi"), c.vlan)
-        _ip("addr", "add", f"{NET}2/24", "dev", peer_dev, ns=hb)
+        _links(hb).add_address(peer_dev, f"{NET}2/24")
         yield Wire(ha, hb, members, f"{NET}1", f"{NET}2")
 
 
-def _kernel(what: str, argv_tail: tuple[str, ...], ns: str) -> None:
-    """ip link add for a kernel driver this configuration needs; a kernel without it is a
+def _kernel(what: str, ns: str, name: str, kind: str, **kw) -> None:
+    """A link of a kernel driver this configuration needs; a kernel without it is a
     capability error that names the driver, found by trying."""
     try:
-        _ip("link", "add", *argv_tail, ns=ns)
+        _links(ns).add(name, kind, **kw)
     except CommandError as e:
         if "Unknown device type" in str(e) or "not supported" in str(e):
             raise CapabilityError(f"this kernel has no {what} driver ({e.stderr_tail})") from None
@@ -132,18 +138,18 @@ def _kernel(what: str, argv_tail: tuple[str, ...], ns: str) -> None:
 
 
 def _bond(ns: str, name: str, members: tuple[str, ...]) -> str:
-    _kernel("bonding", (name, "type", "bond", "mode", "802.3ad", "xmit_hash_policy", "layer3+4",
-                        "miimon", "100", "lacp_rate", "fast"), ns)
+    # 802.3ad (4), layer3+4 hashing (1), MII link monitoring every 100 ms, fast LACP (1)
+    _kernel("bonding", ns, name, "bond", bond_mode=4, bond_xmit_hash_policy=1, bond_miimon=100, bond_lacp_rate=1)
     for m in members:
-        _ip("link", "set", m, "down", ns=ns)
-        _ip("link", "set", m, "master", name, ns=ns)
-    _ip("link", "set", name, "mtu", str(MTU), "up", ns=ns)
+        _links(ns).set_up(m, False)
+        _links(ns).enslave(m, name)
+    _up(ns, name)
     return name
 
 
 def _vlan(ns: str, lower: str, name: str) -> str:
-    _kernel("802.1Q VLAN", ("link", lower, "name", name, "type", "vlan", "id", str(VLAN)), ns)
-    _ip("link", "set", name, "mtu", str(MTU), "up", ns=ns)
+    _kernel("802.1Q VLAN", ns, name, "vlan", link=lower, vlan_id=VLAN)
+    _up(ns, name)
     return name
 
 
@@ -156,7 +162,7 @@ def _ovs_side(stack: contextlib.ExitStack, ns: str, workdir: str, br: str, port:
         uplink = ["add-port", br, port[0]]
     else:
         for m in port[1:]:
-            _ip("link", "set", m, "up", ns=ns)
+            _links(ns).set_up(m)
         uplink = ["add-bond", br, *port, "bond_mode=balance-tcp", "lacp=active", "other_config:lacp-time=fast"]
     args = ["add-br", br, "--", "set", "Bridge", br, "datapath_type=netdev", "--", *uplink,
             "--", "add-port", br, internal, "--", "set", "Interface", internal, "type=internal",
@@ -167,8 +173,8 @@ def _ovs_side(stack: contextlib.ExitStack, ns: str, workdir: str, br: str, port:
     for dev in port[1:] if len(port) > 1 else port:
         sw.vsctl("set", "Interface", dev, f"mtu_request={MTU}")
     # The userspace datapath over AF_PACKET: checksums are filled in by the sender.
-    proc.run(["ethtool", "-K", internal, "tx", "off"], netns=ns, timeout=10, check=False)
-    _ip("link", "set", internal, "mtu", str(MTU), "up", ns=ns)
+    apply_offloads(Netns(ns), internal, Offloads(tx=False))
+    _up(ns, internal)
     return internal
 
 
@@ -183,12 +189,11 @@ def _tested(stack: contextlib.ExitStack, tag: str, c: Config, ns: str, members: 
             return lower
         if c.key.startswith("bridge"):
             # The "VM" side: a veth pair, one end in the bridge, the address on the other.
-            _ip("link", "add", n("br"), "type", "bridge", ns=ns)
-            _ip("link", "add", n("e0"), "type", "veth", "peer", "name", n("e1"), ns=ns)
+            _links(ns).add_bridge(n("br"))
+            _links(ns).add_veth(n("e0"), n("e1"))
             for dev in (lower, n("e1")):
-                _ip("link", "set", dev, "master", n("br"), ns=ns)
-            for dev in (n("e1"), n("e0"), n("br")):
-                _ip("link", "set", dev, "mtu", str(MTU), "up", ns=ns)
+                _links(ns).enslave(dev, n("br"))
+            _up(ns, n("e1"), n("e0"), n("br"))
             return n("e0")
         return _ovs_side(stack, ns, workdir, n("ob"), (bond,), n("oi"), False)
     return _ovs_side(stack, ns, workdir, n("ob"), (n("ob0"), *members), n("oi"), c.key == "ovs-bond-vlan")
@@ -217,15 +222,19 @@ def _lacp_state(workdir: str) -> str:
 
 
 def _tx_bytes(ns: str, dev: str) -> int:
-    return int(proc.run(["cat", f"/sys/class/net/{dev}/statistics/tx_bytes"], netns=ns, timeout=10).stdout)
+    return _links(ns).wire(dev).tx_bytes
 
 
 def _socket_buffers(ns: str) -> str:
     """The study raised net.core.{w,r}mem_max to 4 MiB. Only where that is per-namespace:
     the host's own value is never changed."""
-    res = [proc.run(["sysctl", "-q", "-w", f"net.core.{k}=4194304"], netns=ns, timeout=10, check=False)
-           for k in ("wmem_max", "rmem_max")]
-    return "raised to 4 MiB in the namespaces" if all(r.rc == 0 for r in res) else \
+    ok = True
+    for k in ("wmem_max", "rmem_max"):
+        try:
+            Netns(ns).write_file(f"/proc/sys/net/core/{k}", "4194304")
+        except (CommandError, OSError):
+            ok = False
+    return "raised to 4 MiB in the namespaces" if ok else \
         "left at the host's value (net.core.*mem_max is not per-namespace on this kernel)"
 
 

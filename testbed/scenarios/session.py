@@ -13,7 +13,6 @@ from typing import Any
 
 from testbed.analysis import stats
 from testbed.errors import CommandError, GuestError, TestbedError
-from testbed.host import proc
 from testbed.measure import sampling as measure
 from testbed.measure import testpaths
 from testbed.measure.session import Session as RunSession
@@ -150,17 +149,11 @@ def reason(cell_record: CellOutcome | Mapping[str, Any] | None) -> str:
 
 @contextlib.contextmanager
 def namespace(name: str) -> Iterator[str]:
-    """One extra tb- namespace (e.g. for a private OVS), removed on exit."""
-    from testbed import PREFIX
-    if not name.startswith(PREFIX):
-        raise TestbedError(f"refusing to create namespace {name!r}: not a {PREFIX} name")
-    proc.run(["ip", "netns", "add", name], timeout=30)
-    try:
-        proc.run(["sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1"], netns=name, timeout=10)
-        proc.run(["ip", "link", "set", "lo", "up"], netns=name, timeout=10)
-        yield name
-    finally:
-        proc.run(["ip", "netns", "delete", name], timeout=30, check=False)
+    """One extra tb- namespace (e.g. for a private OVS), removed on exit: the host layer's
+    (loopback up, IPv6 off, refused unless a tb- name)."""
+    from testbed.host.net import ops
+    with ops.namespace(name) as ns:
+        yield ns.name
 
 
 def placed(topo: Topology, hosts: Topology | None, *, two_hosts: bool) -> Topology:

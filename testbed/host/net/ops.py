@@ -218,6 +218,22 @@ class Netlink:
         self._do(f"cannot shape {name} to {rate_bps} bit/s", lambda ipr: ipr.tc(
             "replace", "tbf", self._need(ipr, name), rate=rate_bps // 8, burst=burst, limit=limit))
 
+    def redirect(self, src: str, dst: str) -> None:
+        """Every frame arriving on ``src`` leaves by ``dst`` (an ingress qdisc with a
+        match-all u32 filter and a mirred egress redirect, as ``tc`` would add them)."""
+        check_ours(src)
+        # The tc actions' netlink encoding is pyroute2's least settled corner; the tc binary
+        # speaks it for us, in the same namespace, through the one subprocess wrapper.
+        ex = netns_executor(self.netns)
+        ex.run(["tc", "qdisc", "replace", "dev", src, "ingress"], timeout=10)
+        ex.run(["tc", "filter", "add", "dev", src, "parent", "ffff:", "protocol", "all", "u32",
+                "match", "u32", "0", "0", "action", "mirred", "egress", "redirect", "dev", dst], timeout=10)
+
+    def names(self) -> list[str]:
+        """Every link's name here."""
+        with self._ipr() as ipr:
+            return [link.get_attr("IFLA_IFNAME") for link in ipr.get_links()]
+
     def qdisc_drops(self, name: str) -> int:
         """Packets the root qdisc of ``name`` dropped (its own statistics)."""
         with self._ipr() as ipr:
@@ -325,6 +341,16 @@ class IpCommands:
         self.ex.run(["tc", "qdisc", "replace", "dev", name, "root", "tbf", "rate", f"{rate_bps}bit",
                      "burst", str(burst), "limit", str(limit)], timeout=30)
 
+    def redirect(self, src: str, dst: str) -> None:
+        check_ours(src)
+        self.ex.run(["tc", "qdisc", "replace", "dev", src, "ingress"], timeout=10)
+        self.ex.run(["tc", "filter", "add", "dev", src, "parent", "ffff:", "protocol", "all", "u32",
+                     "match", "u32", "0", "0", "action", "mirred", "egress", "redirect", "dev", dst], timeout=10)
+
+    def names(self) -> list[str]:
+        info = json.loads(self._ip("-j", "link", "show") or "[]")
+        return [i["ifname"] for i in info if "ifname" in i]
+
     def qdisc_drops(self, name: str) -> int:
         info = json.loads(self.ex.run(["tc", "-s", "-j", "qdisc", "show", "dev", name, "root"],
                                       timeout=30).stdout or "[]")
@@ -404,6 +430,25 @@ def namespace(name: str) -> Iterator[Netns]:
         yield ns
     finally:
         delete_namespace(name)
+
+
+def pids_in(name: str) -> list[int]:
+    """The processes whose network namespace is ``name`` (what ``ip netns pids`` lists):
+    their /proc/<pid>/ns/net is the same file as /run/netns/<name>."""
+    try:
+        target = os.stat(f"/run/netns/{name}")
+    except OSError:
+        return []
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                st = os.stat(f"/proc/{entry.name}/ns/net")
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino):
+                found.append(int(entry.name))
+    return found
 
 
 def delete_namespace(name: str) -> None:
