@@ -18,6 +18,7 @@ import pytest
 from testbed import errors
 from testbed.guests import render
 from testbed.host import proc
+from testbed.attachments import ovs as ovs_mode
 from testbed.host.net import links, netns, ovs, ovsd
 from testbed.measure import transfer as xfer
 from testbed.measure.session import claim_tag
@@ -170,7 +171,7 @@ def test_a_private_switch_refuses_foreign_namespaces(tmp_path: Path):
 def test_segment_makes_an_isolated_bridge_and_restores_the_switch(switch: ovsd.Ovs):
     tag = new_tag()
     before = global_config(switch)
-    with ovs.segment(tag, 1500) as seg:
+    with ovs_mode.segment(tag, 1500) as seg:
         assert seg.name == f"tb-{tag}-ovs" and seg.attachment == Attachment("ovs")
         dp = ovs.ovs_datapath(switch)
         assert seg.datapath == f"ovs-{dp}"
@@ -192,7 +193,7 @@ def test_set_mtu_reaches_the_taps_through_ovs(switch: ovsd.Ovs):
     """Taps added the way libvirt's openvswitch virtualport adds them."""
     tag = new_tag()
     taps = [f"tb-{tag}-t0", f"tb-{tag}-t1"]
-    with ovs.segment(tag, 1500) as seg:
+    with ovs_mode.segment(tag, 1500) as seg:
         try:
             for t in taps:
                 proc.run(["ip", "tuntap", "add", "dev", t, "mode", "tap"])
@@ -214,7 +215,7 @@ def test_set_mtu_reaches_the_taps_through_ovs(switch: ovsd.Ovs):
 def test_a_bridge_is_removed_when_the_block_fails(switch: ovsd.Ovs):
     tag = new_tag()
     with pytest.raises(RuntimeError):
-        with ovs.segment(tag, 1500) as seg:
+        with ovs_mode.segment(tag, 1500) as seg:
             assert bridges(switch, tag) == [seg.name]
             raise RuntimeError("boom")
     assert bridges(switch, tag) == [] and links_of(tag) == []
@@ -230,9 +231,9 @@ def test_bridge_refuses_names_that_are_not_ours(switch: ovsd.Ovs):
 def test_segment_refuses_a_userspace_switch_without_tso(private_switch: ovsd.Ovs):
     tag = new_tag()
     with pytest.raises(errors.CapabilityError, match="userspace-tso-enable"):
-        with ovs.segment(tag, 1500, switch=private_switch):
+        with ovs_mode.segment(tag, 1500, switch=private_switch):
             pass
-    with ovs.segment(tag, 1500, switch=private_switch, tso=False) as seg:
+    with ovs_mode.segment(tag, 1500, switch=private_switch, tso=False) as seg:
         assert seg.datapath == "ovs-netdev"
     assert private_switch.vsctl("list-br", wait=False).split() == []
 

@@ -105,7 +105,7 @@ def kvm_device() -> tuple[bool, str]:
 
 
 def _try_link(kind: str, make) -> tuple[bool, str]:
-    """Create a throwaway link of `kind` with ``make(links)`` (hostnet.ops on a scratch
+    """Create a throwaway link of `kind` with ``make(links)`` (host.net.ops on a scratch
     namespace, where a veth ``tb-pl`` exists), so the root namespace is never touched by a
     probe; the namespace goes with everything in it."""
     from testbed.host.net import ops

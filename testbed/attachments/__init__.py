@@ -84,7 +84,7 @@ def supported_single_host() -> tuple:
 
 
 def connection_fabric(conn) -> Fabric:
-    """The fabric over a namespace connection built outside the matrix (hostnet.netns.connect
+    """The fabric over a namespace connection built outside the matrix (host.net.netns.connect
     or a scenario's chain): its endpoints are the connection's own."""
     from testbed.attachments.netns import ConnectionFabric
     return ConnectionFabric(conn)

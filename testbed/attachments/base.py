@@ -132,7 +132,7 @@ class Mode:
     validate: Callable[[Topology, Callable[[str], Any]], None] = lambda t, node: None
     #: one of the classic single-host modes measured by default (config.default, doctor)
     classic: bool = False
-    #: the namespace connection kind (hostnet.netns.connect) of a netns mode
+    #: the namespace connection kind (host.net.netns.connect) of a netns mode
     netns_kind: str | None = None
 
     @property

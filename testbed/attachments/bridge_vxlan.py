@@ -1,6 +1,6 @@
 """`bridge-vxlan`: guests on two hosts, each host a Linux bridge with a kernel vxlan port.
 
-On hosts emulated on this machine (hostnet/vxlan.py) each host's datapath lives in its
+On hosts emulated on this machine (host/net/vxlan.py) each host's datapath lives in its
 own namespace. A guest's NIC under test is a bare tap (libvirt ``type='ethernet'``) that
 libvirt creates in the root namespace; once QEMU holds it, it is moved into its host's
 namespace and joins that host's bridge. Unplugging closes QEMU's descriptor, which removes
@@ -15,11 +15,11 @@ from collections.abc import Iterator, Sequence
 from testbed.attachments import _across
 from testbed.attachments.base import Fabric, Mode, Request
 
-VXLAN_OVERHEAD = 50     # outer Ethernet 14 + IPv4 20 + UDP 8 + VXLAN 8 (hostnet/vxlan.py)
+VXLAN_OVERHEAD = 50     # outer Ethernet 14 + IPv4 20 + UDP 8 + VXLAN 8 (host/net/vxlan.py)
 
 
 class EmulatedVxlanFabric(Fabric):
-    """Both emulated hosts with their tunnel (hostnet/vxlan.Fabric)."""
+    """Both emulated hosts with their tunnel (host/net/vxlan.Fabric)."""
 
     def __init__(self, fab) -> None:
         self.fab = fab
@@ -75,7 +75,7 @@ def real_segment():
 
 def vxlan_fabric(real_segment, private_switch: bool):
     """The fabric of a VXLAN mode: emulated hosts each with a Linux bridge or a private OVS
-    switch (hostnet/vxlan.py), or real hosts each with the mode's ``real_segment``."""
+    switch (host/net/vxlan.py), or real hosts each with the mode's ``real_segment``."""
     @contextlib.contextmanager
     def fabric(req: Request) -> Iterator[Fabric]:
         t = req.topology

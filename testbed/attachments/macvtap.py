@@ -1,7 +1,7 @@
 """`macvtap`: each guest NIC is a macvtap (libvirt ``type='direct'``) on a lower device.
 
 On one host the lower is a tb- veth pair the testbed makes, or the user's device(s) named in
-the topology's ``macvtap:`` block (hostnet/macvtap.py describes the bridge, vepa and
+the topology's ``macvtap:`` block (host/net/macvtap.py describes the bridge, vepa and
 passthrough modes on a veth). With the guests placed on two hosts, each guest's lower is
 its host's end of the wire (emulated hosts) or its underlay (real hosts), so guest frames
 cross the wire as they are, with no tunnel.

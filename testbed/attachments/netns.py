@@ -1,5 +1,5 @@
 """The namespace kinds: two network namespaces instead of guests, joined the classic ways
-(hostnet/netns.py): `netns-veth`, `netns-bridge`, `netns-ovs-veth`, `netns-ovs-internal`.
+(host/net/netns.py): `netns-veth`, `netns-bridge`, `netns-ovs-veth`, `netns-ovs-internal`.
 Measured with the same tools and records as guests; no VM, no virtio backend.
 
 The fabric makes its endpoints itself (``own_pairs``): one pair, each namespace addressed
@@ -16,7 +16,7 @@ from testbed.errors import TestbedError
 
 
 class ConnectionFabric(Fabric):
-    """Any hostnet.netns.Connection as a fabric: the scenarios build connections the matrix
+    """Any host.net.netns.Connection as a fabric: the scenarios build connections the matrix
     cannot express (chains, offloads) and measure them through this too."""
 
     guest_sends_as_rx = False

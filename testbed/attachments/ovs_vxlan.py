@@ -1,6 +1,6 @@
 """`ovs-vxlan`: guests on two hosts, each host an OVS bridge with a vxlan port. Emulated
-hosts each run a private switch with userspace tunnelling (hostnet/vxlan.py); real hosts
-need the kernel datapath (hostnet/realhost.py). The fabric's shape is bridge-vxlan's; what each host gets is this module's."""
+hosts each run a private switch with userspace tunnelling (host/net/vxlan.py); real hosts
+need the kernel datapath (host/net/realhost.py). The fabric's shape is bridge-vxlan's; what each host gets is this module's."""
 from __future__ import annotations
 
 from testbed.attachments import _across

@@ -1,4 +1,4 @@
-"""One tool run across a namespace connection (hostnet.netns.Connection), with the counters
+"""One tool run across a namespace connection (host.net.netns.Connection), with the counters
 of every hop on its path read around it: how far packets got when a path does not carry TCP,
 and what the chain and OVS experiments (benchmarks, netns tests) measure.
 

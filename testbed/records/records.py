@@ -63,6 +63,10 @@ class Part:
                      if f.name not in ("extra", "present") and f.name not in cls._outside)
 
     @classmethod
+    def _mappings(cls) -> frozenset[str]:
+        return frozenset(f.name for f in fields(cls) if f.default_factory is dict)
+
+    @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None, **outside: Any):  # noqa: ANN206
         d = dict(d or {})
         known = cls._known()
@@ -79,6 +83,10 @@ class Part:
                 v = tuple(v or ())
             elif isinstance(v, Mapping):
                 v = dict(v)
+            elif v is None and k in cls._mappings():
+                # a mapping written as null ("not recorded") reads as an empty one, so readers
+                # that iterate it need no guard of their own
+                continue
             kw[k] = v
         return cls(**kw, **outside, extra={k: v for k, v in d.items() if k not in known},
                    present=frozenset(k for k in known if k in d))

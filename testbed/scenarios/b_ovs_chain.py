@@ -1,5 +1,5 @@
 """Study B, chaining OVS bridges: N = 1..9 bridges joined by patch ports or by veth pairs,
-two namespaces as source and sink, 1/2/4/8/16 streams (hostnet.netns.ovs_chain)."""
+two namespaces as source and sink, 1/2/4/8/16 streams (host.net.netns.ovs_chain)."""
 from __future__ import annotations
 
 from testbed.errors import TestbedError

@@ -70,7 +70,7 @@ MAX_QUEUES = 256            # virtio-net's limit on queue pairs
 # ethtool would take it as an option). '.' and '..' are refused in _ifname.
 IFNAME_RE = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,14}")
 #: Endpoints the runner places in `subnet`: the client at network+1, the server at network+2
-#: (testpaths.plug, hostnet.netns endpoints). With the network and broadcast
+#: (testpaths.plug, host.net.netns endpoints). With the network and broadcast
 #: addresses that needs 4 addresses: a /30 at most.
 SUBNET_ENDPOINTS = 2
 SUBNET_MAX_PREFIX = 32 - math.ceil(math.log2(SUBNET_ENDPOINTS + 2))
@@ -81,7 +81,7 @@ DEFAULT_MAX_HOURS, HARD_MAX_HOURS = 48, 8760
 MATRIX_KEYS = {"attachments", "backends", "queues", "mtus", "connections", "profiles", "repetitions",
                "variants", "pairs", "percentiles",
                "randomize", "seed"}
-#: outer Ethernet 14 + IPv4 20 + UDP 8 + VXLAN 8 (hostnet/vxlan.py)
+#: outer Ethernet 14 + IPv4 20 + UDP 8 + VXLAN 8 (host/net/vxlan.py)
 VXLAN_OVERHEAD = 50
 
 

@@ -18,7 +18,7 @@ because a deleted namespace frees its devices asynchronously, which would leave 
 visible for a moment and make a quick re-run with the same names fail with "File exists".
 
 Without ``userspace-tso-enable`` the OVS userspace datapath drops TCP from senders with tx
-checksum offload on (hostnet/ovs.py has the measurements). The OVS connections therefore
+checksum offload on (host/net/ovs.py has the measurements). The OVS connections therefore
 require it like the ovs attachment does; ``tso=False`` waives that for a switch without it,
 and the caller then asks for ``Offloads(tx=False)`` on the endpoints.
 """

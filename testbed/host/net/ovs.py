@@ -1,6 +1,6 @@
-"""`ovs` attachment: an Open vSwitch bridge with no uplink and no host address. Guests' taps
-are created by libvirt (interface type='bridge' + virtualport type='openvswitch') with tb-
-names and added to it with ovs-vsctl.
+"""OVS bridges on a switch (the host's or a private one): their datapath, the userspace-TSO
+setting, and a bridge with no uplink and no address, made and removed by the testbed. The
+`ovs` mode and the namespace connections build on these.
 
 Userspace (netdev) datapath, measured on this machine (OVS 3.1, Linux 6.18, no openvswitch
 module), two namespaces joined by veth pairs through one netdev bridge, netperf TCP_STREAM:
@@ -36,21 +36,18 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from testbed import PREFIX
 from testbed.errors import CapabilityError, CommandError, TestbedError
-from testbed.guests import render
 from testbed.host import proc
 from testbed.host.net import links, ovsd
-from testbed.topology.model import Attachment, Backend, object_name
 
 log = logging.getLogger(__name__)
 
 TSO_KEY = ovsd.TSO_KEY
 
 
-def _check_ours(name: str) -> None:
+def check_ours(name: str) -> None:
     if not name.startswith(PREFIX):
         raise TestbedError(f"refusing to touch OVS object {name!r}: not a {PREFIX} object")
 
@@ -86,44 +83,10 @@ def require_userspace_tso(switch: ovsd.Ovs) -> None:
         "restart), or pass tso=False and turn tx checksumming off at the endpoints")
 
 
-@dataclass(frozen=True)
-class OvsSegment:
-    name: str
-    db: str                                  # ovs-vsctl --db of the switch that holds it
-    datapath: str = "ovs-netdev"             # ovs-netdev | ovs-system
-    attachment: Attachment = Attachment("ovs")
-
-    def nic(self, target: str, mac: str, backend: Backend, mtu: int, queues: int = 1) -> render.NicParams:
-        _check_ours(target)
-        return render.NicParams(kind="ovs", source=self.name, target=target, mac=mac,
-                                driver=backend.driver_name, mtu=mtu, queues=queues)
-
-    def set_mtu(self, mtu: int, taps: list[str]) -> None:
-        # mtu_request is what OVS keeps applying to the device (it would undo a bare link
-        # change on its next reconfiguration); the link MTU is then set and read back as well,
-        # so a port OVS could not configure shows up here and not as a failed ping later.
-        for t in [*taps, self.name]:
-            _check_ours(t)
-        args: list[str] = []
-        for t in [*taps, self.name]:
-            args += ["--", "set", "Interface", t, f"mtu_request={mtu}"]
-        ovsd.vsctl(*args, db=self.db)
-        for t in taps:
-            if links.mtu_of(t) != mtu:
-                links.set_mtu(t, mtu)
-            if links.mtu_of(t) != mtu:
-                raise TestbedError(f"{t}: MTU {links.mtu_of(t)} after asking OVS and the kernel for {mtu}")
-
-    def hops(self, taps: list[str]) -> list[str]:
-        # Not the bridge's own internal port: it is a port like the taps and carries no
-        # guest-to-guest traffic.
-        return list(taps)
-
-
 @contextlib.contextmanager
 def bridge(name: str, switch: ovsd.Ovs, mtu: int | None = None) -> Iterator[str]:
     """An OVS bridge with no uplink and no address; removed with --if-exists del-br on exit."""
-    _check_ours(name)
+    check_ours(name)
     if proc.ok(["ovs-vsctl", f"--db={switch.db}", "--timeout=10", "br-exists", name], timeout=20):
         # someone else's (a concurrent run with the same tag): neither reuse nor remove it
         raise TestbedError(f"OVS bridge {name} already exists; not created by this run")
@@ -146,25 +109,9 @@ def bridge(name: str, switch: ovsd.Ovs, mtu: int | None = None) -> Iterator[str]
 
 
 def _del_br(name: str, switch: ovsd.Ovs) -> None:
-    _check_ours(name)
+    check_ours(name)
     try:
         switch.vsctl("--if-exists", "del-br", name)
     except CommandError as e:
         log.error("could not delete OVS bridge %s: %s", name, e)
         raise
-
-
-@contextlib.contextmanager
-def segment(run_tag: str, mtu: int, *, switch: ovsd.Ovs | None = None,
-            tso: bool = True) -> Iterator[OvsSegment]:
-    """An OVS bridge ``tb-<tag>-ovs`` on the host's switch (started if nothing runs it), or
-    on ``switch``. On the userspace datapath it needs userspace TSO configured (see module
-    notes); ``tso=False`` skips that check, and guests must then turn tx checksumming off."""
-    switch = switch or ovsd.ensure_running()
-    dp = ovs_datapath(switch)
-    if tso:
-        require_userspace_tso(switch)
-    elif dp == "netdev" and not userspace_tso(switch):
-        log.warning("OVS userspace datapath without userspace TSO: guests need tx checksumming off")
-    with bridge(object_name(run_tag, "ovs"), switch, mtu) as name:
-        yield OvsSegment(name=name, db=switch.db, datapath=f"ovs-{dp}")

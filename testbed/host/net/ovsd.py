@@ -158,7 +158,7 @@ def ensure_running(*, userspace_tso: bool = True, timeout_s: float = START_TIMEO
     ``other_config:userspace-tso-enable=true`` unless the database already has the key (an
     operator's choice is kept): the key only works when set before the daemon starts, and
     without it TCP through the userspace datapath needs tx checksumming off at every sender
-    (hostnet/ovs.py has the measurements). A daemon that already runs is never touched.
+    (host/net/ovs.py has the measurements). A daemon that already runs is never touched.
 
     Idempotent and safe to call concurrently. Raises CapabilityError when OVS is missing and
     TestbedError (with the daemon's log tail) when a daemon does not come up."""
@@ -249,7 +249,7 @@ def private(netns: str, workdir: str | os.PathLike, *, userspace_tso: bool = Tru
     to a namespace). Ports added to its bridges are looked up in ``netns``; it always uses
     the userspace datapath (a kernel datapath would be shared with the host's switch).
     ``userspace_tso`` and ``other_config`` are written before ovs-vswitchd starts, the only
-    time ``userspace-tso-enable`` can be set safely (hostnet/ovs.py). Both daemons are
+    time ``userspace-tso-enable`` can be set safely (host/net/ovs.py). Both daemons are
     stopped on exit, which removes their datapath and internal ports; ``workdir`` (created
     if missing) keeps the database and logs for a post-mortem."""
     if not netns.startswith(PREFIX):

@@ -3,7 +3,7 @@ their underlay interfaces: `bridge-vxlan`, `ovs-vxlan`, and `macvtap` across hos
 
 Every command goes through the host's remote.Shell, an executor (testbed.host.executor), so the
 same code drives a local and a remote host, and the Linux-bridge VXLAN datapath is the one
-hostnet/vxlan.py builds for emulated hosts (``vxlan.bridge_vxlan``), on another executor. Link
+host/net/vxlan.py builds for emulated hosts (``vxlan.bridge_vxlan``), on another executor. Link
 operations go through testbed.host.net.ops: ``ip`` commands over ssh, netlink locally. The underlay interface belongs to the operator: the testbed reads its IPv4
 address and MTU and never changes either; an inner MTU that does not fit is an error naming
 the host and the overhead. What the testbed creates on a host is named ``tb-<tag>-...`` with
