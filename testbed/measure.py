@@ -234,15 +234,13 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
 
     parsed: list[ToolResult] = []
     for i, o in enumerate(outs):
-        p_out = writer.raw_path(cell.id, f"{tag}-client{i}.out")
-        p_out.write_text(o.stdout)
-        writer.raw_path(cell.id, f"{tag}-client{i}.err").write_text(o.stderr)
+        p_out = writer.write_raw(cell.id, f"{tag}-client{i}.out", o.stdout)
+        writer.write_raw(cell.id, f"{tag}-client{i}.err", o.stderr)
         raw.append(str(p_out.relative_to(writer.dir)))
         parsed.append(vet(driver.parse_sample(o.stdout, o.stderr, o.rc, profile=profile,
                                               server_output=server_out), profile))
     if server_out:
-        p_srv = writer.raw_path(cell.id, f"{tag}-server.out")
-        p_srv.write_text(server_out)
+        p_srv = writer.write_raw(cell.id, f"{tag}-server.out", server_out)
         raw.append(str(p_srv.relative_to(writer.dir)))
     res = parsed[0] if len(parsed) == 1 else driver.aggregate(parsed)
     cpu_info, guest_s = cpu_over_window(g_before, g_after, h_before, h_after)

@@ -242,6 +242,13 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None,
     if resume is not None:
         # Read (and refused when bad or of another topology) before anything is created.
         done_before = {c.cell.hash for c in results.read_run(resume).cells}
+    # The results disk must hold what the matrix will write (a stated estimate), checked
+    # before anything is created; a disk that fills anyway stops the run (DiskFull).
+    from testbed import diskspace, paths
+    left = [c for c in cells if resume is None or c.hash not in done_before]
+    diskspace.require(Path(resume) if resume is not None else paths.results_dir(),
+                      diskspace.estimate(left, t.matrix.repetitions.warmup,
+                                         t.matrix.repetitions.max_samples))
     quiet = None
     if t.noise.quiet_start is not None:
         q = t.noise.quiet_start
@@ -406,6 +413,8 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None,
                             measure.measure_cell(cell, tpaths[0], writer, rule, t.matrix.repetitions.warmup,
                                                  qemu_pids, placement, clock_ghz, watch)
                         done += 1
+            except diskspace.DiskFull:
+                raise               # nothing more can be recorded: the run stops
             except (TestbedError, GuestError) as e:
                 # The mode could not be set up (or torn down): its remaining cells fail with
                 # the reason and the other modes still run.
