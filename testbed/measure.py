@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from testbed import cpu, crosscheck, results, stats, window
+from testbed import cpu, crosscheck, hostwatch, results, stats, window
 from testbed.errors import CommandError, GuestError, TestbedError
 from testbed.guest import Agent
 from testbed.model import Cell, Pattern, Profile
@@ -100,6 +100,9 @@ class TestPath:
     datapath: str | None = None
     #: per endpoint, the offload states its NIC reports (ethtool -k), after the run's requests
     offloads: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    #: what the host does to the path from outside (daemon restarts, objects removed, wire
+    #: gaps), judged per sample: testbed.hostwatch; None: not watched
+    guard: hostwatch.Guard | None = None
 
     def counters(self) -> dict[str, crosscheck.Wire]:
         if self.read_counters is None:
@@ -179,12 +182,21 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
     domains = {ep.guest.spec.name: ep.guest.dom for ep in (cli, srv)
                if isinstance(ep.guest, Guest) and ep.guest.spec.name in qemu_pids}
 
+    host: hostwatch.SampleWatch | None = None
+
     def failed(reason: str, cpu_info: Mapping | None = None, extra: Mapping | None = None,
                check: Mapping | None = None) -> results.Sample:
+        # What the host did (a daemon restarted, an object removed) is the cause; the
+        # tool's complaint is its symptom.
+        if host is not None and host.finish() and host.reason not in reason:
+            reason = f"{host.reason} (then: {reason})"
         return results.Sample(writer.run_id, cell.as_dict(), rep, warmup, "failed", reason, {},
                               cpu_info or {}, started, results.now(), tuple(raw), placement,
                               extra or {}, check or {})
 
+    if path.guard is not None and (gone := path.guard.missing()):
+        path.guard.fault = "; ".join(gone)
+        return failed("; ".join(gone))
     server_pid = None
     server_out = ""
     port = driver.default_port
@@ -201,6 +213,10 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
         taps_before = path.counters()
         h_before = cpu.host_reading(qemu_pids, domains)
         obs = win.enter_context(watch.window(qemu_pids, cell.id, rep))
+        if path.guard is not None:
+            # a paced profile idles between bursts by design: no gap check
+            host = win.enter_context(path.guard.sample(
+                gap_check=not (profile.paced or profile.rate_bps or profile.search is not None)))
         t0 = time.monotonic()
         pids = [cli.guest.agent.spawn(argv) for _ in range(nproc)]
         skew_s = time.monotonic() - t0
@@ -252,6 +268,8 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
     extra.update(wextra)
     if not res.ok:
         return failed(res.reason or "tool failed without a reason", cpu_info, extra)
+    if host is not None and host.finish():
+        return failed(host.reason, cpu_info, extra)     # type: ignore[arg-type]
     if pin_bad:
         return failed(f"placement did not hold: {pin_bad}", cpu_info, extra)
     check = wire_check(cell, path, dict(res.metrics), deltas)

@@ -22,7 +22,7 @@ from pathlib import Path
 from testbed import (attachments, capabilities, cleanup, cpu, environment, guestnic, images, measure,
                      placement as placement_mod, proc, remote, render, results, stats, virt, window)
 from testbed import pairs as pairs_mod
-from testbed import ratesearch_cell
+from testbed import hostwatch, ratesearch_cell
 from testbed.errors import CapabilityError, GuestError, ReadinessError, TestbedError
 from testbed.model import Attachment, Backend, Cell, Offloads, Topology, context_of, object_name
 from testbed.session import Session, keep_logs
@@ -380,42 +380,62 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None,
         done = 0
         started = time.monotonic()
         for (attachment, backend, queues), group in itertools.groupby(cells, key=_nic_group):
-            group = list(group)
+            group, lost = list(group), None
             try:
                 n_group = max(c.pairs for c in group)
                 pairs = ([(guests[c.name], guests[s.name]) for c, s in guest_pairs[:n_group]]
                          if _guests(attachment) else None)
-                with pair_paths(attachment, backend, tag, t, pairs, n_group, max(t.matrix.mtus), state,
-                                 queues=queues, offloads=t.offloads) as tpaths:
-                    # a fraction of a maximum comes after the maximum it is a fraction of
-                    from testbed import pacing
-                    group.sort(key=lambda c: c.profile.rate_fraction is not None)
-                    for name, p in pins.items():
-                        # vhost workers start with their NIC: pinned once it is plugged
-                        if p.vhost is not None and qemu_pids.get(name):
-                            placement_mod.pin_vhost(qemu_pids[name], p.vhost)
-                    for cell in group:
-                        cell, why = pacing.resolve_fraction(cell, t.matrix.profiles, writer.record["cells"])
-                        if why:
-                            measure.fail_cell(cell, writer, why, placement)
+                # a fraction of a maximum comes after the maximum it is a fraction of
+                from testbed import pacing
+                group.sort(key=lambda c: c.profile.rate_fraction is not None)
+                left, rebuilds, lost = list(group), 0, None
+                while left:
+                    with pair_paths(attachment, backend, tag, t, pairs, n_group, max(t.matrix.mtus), state,
+                                     queues=queues, offloads=t.offloads) as tpaths:
+                        for name, p in pins.items():
+                            # vhost workers start with their NIC: pinned once it is plugged
+                            if p.vhost is not None and qemu_pids.get(name):
+                                placement_mod.pin_vhost(qemu_pids[name], p.vhost)
+                        while left:
+                            cell = left.pop(0)
+                            cell, why = pacing.resolve_fraction(cell, t.matrix.profiles, writer.record["cells"])
+                            if why:
+                                measure.fail_cell(cell, writer, why, placement)
+                                done += 1
+                                continue
+                            eta = ((time.monotonic() - started) / done * (len(cells) - done)) if done else None
+                            progress(f"[{done + 1}/{len(cells)}] {cell.id}"
+                                     + (f" (eta {eta:.0f} s)" if eta is not None else ""))
+                            if cell.profile.search is not None:
+                                ratesearch_cell.measure_cell(cell, tpaths[0], writer, qemu_pids, placement, clock_ghz)
+                            elif cell.pairs > 1 or cell.profile.paced:
+                                pairs_mod.measure_cell(cell, tpaths[:cell.pairs], writer, rule,
+                                                       t.matrix.repetitions.warmup, qemu_pids, placement, clock_ghz,
+                                                       watch)
+                            else:
+                                measure.measure_cell(cell, tpaths[0], writer, rule, t.matrix.repetitions.warmup,
+                                                     qemu_pids, placement, clock_ghz, watch)
                             done += 1
-                            continue
-                        eta = ((time.monotonic() - started) / done * (len(cells) - done)) if done else None
-                        progress(f"[{done + 1}/{len(cells)}] {cell.id}"
-                                 + (f" (eta {eta:.0f} s)" if eta is not None else ""))
-                        if cell.profile.search is not None:
-                            ratesearch_cell.measure_cell(cell, tpaths[0], writer, qemu_pids, placement, clock_ghz)
-                        elif cell.pairs > 1 or cell.profile.paced:
-                            pairs_mod.measure_cell(cell, tpaths[:cell.pairs], writer, rule,
-                                                   t.matrix.repetitions.warmup, qemu_pids, placement, clock_ghz,
-                                                   watch)
-                        else:
-                            measure.measure_cell(cell, tpaths[0], writer, rule, t.matrix.repetitions.warmup,
-                                                 qemu_pids, placement, clock_ghz, watch)
-                        done += 1
-            except diskspace.DiskFull:
-                raise               # nothing more can be recorded: the run stops
+                            try:
+                                fault = bool(left) and _host_fault(tpaths, host.uri, guests, writer, progress)
+                            except hostwatch.DaemonLost as e:
+                                # raised once the segment is torn down, whatever its teardown
+                                # (on a dead daemon) says
+                                lost, left = e, []
+                                break
+                            if fault:
+                                rebuilds += 1
+                                if rebuilds > MAX_REBUILDS:
+                                    raise TestbedError(f"the segment was rebuilt {MAX_REBUILDS} times after "
+                                                       f"faults from outside; its other cells are not measured")
+                                break       # the segment is torn down (what is left of it) and built again
+                if lost is not None:
+                    raise lost
+            except (diskspace.DiskFull, hostwatch.DaemonLost):
+                raise               # nothing more can be recorded or measured: the run stops
             except (TestbedError, GuestError) as e:
+                if lost is not None:
+                    raise lost from None
                 # The mode could not be set up (or torn down): its remaining cells fail with
                 # the reason and the other modes still run.
                 recorded = {c["id"] for c in writer.record["cells"]}
@@ -429,6 +449,33 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None,
         counts = dict(writer.record["counts"])
     final = results.read_run(writer.dir).run
     return Outcome(writer.dir, final["status"], counts["samples"], counts["failed"])
+
+
+#: segment rebuilds after faults from outside, per NIC group, before its cells are given up
+MAX_REBUILDS = 3
+
+
+def _host_fault(tpaths: Sequence[measure.TestPath], uri: str, guests: Mapping[str, virt.Guest],
+                writer: results.RunWriter, progress: Callable[[str], None]) -> bool:
+    """After a cell: did the host break the segment from outside (a daemon restarted, an
+    object removed; testbed.hostwatch)? Then wait for the daemons (bounded; DaemonLost when
+    they do not come back), take the libvirt connection again if its daemon restarted, note
+    it in run.json, and say the segment is to be rebuilt."""
+    guard = next((p.guard for p in tpaths if p.guard is not None and p.guard.fault), None)
+    if guard is None:
+        return False
+    fault = guard.fault
+    seen = guard.wait_back(hostwatch.COMEBACK_S, progress, hostwatch.answers(guard.daemons, uri))
+    if any(s.name in hostwatch.LIBVIRT_PIDFILES for s in seen) and guests:
+        hostwatch.reconnect(list(guests.values()), uri)
+    for p in tpaths:
+        if p.guard is not None:
+            p.guard.fault = None
+    writer.update(host_faults=[*writer.record.get("host_faults", []),
+                               {"at": results.now(), "fault": fault, "action": "segment rebuilt",
+                                "daemons": {s.name: s.pid for s in seen}}])
+    progress(f"host fault: {fault}; rebuilding the segment")
+    return True
 
 
 @contextlib.contextmanager
@@ -506,7 +553,9 @@ def plug(fab: attachments.Fabric, pairs: Sequence[tuple[object, object]], *, tag
                 c, s, lambda mtu: fab.set_mtu(mtu, taps), guest_sends_as_rx=fab.guest_sends_as_rx,
                 read_counters=lambda ep: fab.counters(index[ep.tap], ep.tap), servers=servers,
                 datapath=fab.datapath,
-                offloads={ep.guest.spec.name: applied[ep.guest.spec.name] for ep in (c, s)}))
+                offloads={ep.guest.spec.name: applied[ep.guest.spec.name] for ep in (c, s)},
+                guard=hostwatch.for_path(fab, [(2 * k, c), (2 * k + 1, s)],
+                                         guests=isinstance(c.guest, virt.Guest))))
         yield paths
 
 
