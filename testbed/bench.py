@@ -365,6 +365,9 @@ def main(what: str, args: argparse.Namespace) -> int:
     if what == "gate":
         from testbed import bench_gate
         return bench_gate.main(args.rounds)
+    if what == "soak":
+        from testbed import bench_soak
+        return bench_soak.main(args.cells)
     if what == "placement":
         from testbed import bench_placement
         return bench_placement.main(args.rounds)
