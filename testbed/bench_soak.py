@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 
@@ -29,12 +30,17 @@ class Reading:
     children: int
     rss_bytes: int
     at_s: float
+    #: the run's record, which a run holds in memory as it writes it (it grows with the
+    #: cells by design: the reference for the RSS growth)
+    run_json_bytes: int = 0
 
 
-def reading(cells: int, t0: float) -> Reading:
+def reading(cells: int, t0: float, run_json: Path | None = None) -> Reading:
     me = psutil.Process()
+    size = run_json.stat().st_size if run_json is not None and run_json.exists() else 0
     return Reading(cells, len(os.listdir("/proc/self/fd")), threading.active_count(),
-                   len(me.children(recursive=True)), me.memory_info().rss, round(time.monotonic() - t0, 1))
+                   len(me.children(recursive=True)), me.memory_info().rss, round(time.monotonic() - t0, 1),
+                   size)
 
 
 def growth_per_100(a: Reading, b: Reading) -> dict[str, float]:
@@ -43,7 +49,7 @@ def growth_per_100(a: Reading, b: Reading) -> dict[str, float]:
     if n <= 0:
         return {}
     return {k: round((getattr(b, k) - getattr(a, k)) * 100 / n, 2)
-            for k in ("fds", "threads", "children", "rss_bytes")}
+            for k in ("fds", "threads", "children", "rss_bytes", "run_json_bytes")}
 
 
 def soak(cells: int, duration_s: int = 1, progress: Callable[[str], None] = lambda s: None) -> dict:
@@ -68,7 +74,7 @@ def soak(cells: int, duration_s: int = 1, progress: Callable[[str], None] = lamb
             if done == WARMUP_CELLS or (done > WARMUP_CELLS and (done - WARMUP_CELLS) % every == 0) \
                     or done == cells:
                 if readings[-1].cells != done:
-                    readings.append(reading(done, t0))
+                    readings.append(reading(done, t0, writer.dir / "run.json"))
                     r = readings[-1]
                     progress(f"{done:>5} cells  fds {r.fds}  threads {r.threads}  children {r.children}  "
                              f"rss {r.rss_bytes / 2**20:.1f} MiB")
@@ -87,9 +93,12 @@ def main(cells: int) -> int:
           f"{r['baseline_cells']} cells)")
     g = r["growth_per_100"]
     for label, key, scale in (("file descriptors", "fds", 1), ("threads", "threads", 1),
-                              ("child processes", "children", 1), ("RSS (MiB)", "rss_bytes", 2**20)):
+                              ("child processes", "children", 1), ("RSS (MiB)", "rss_bytes", 2**20),
+                              ("run.json (MiB)", "run_json_bytes", 2**20)):
         print(f"{label:<22}{getattr(first, key) / scale:>10.1f}{getattr(last, key) / scale:>10.1f}"
               f"{g.get(key, 0) / scale:>16.2f}")
+    print("(a run holds its record in memory as it writes run.json: RSS grows with it by design;"
+          " descriptors, threads and child processes should not grow at all)")
     for f in r["failed"][:10]:
         print(f"failed: {f}")
     if len(r["failed"]) > 10:

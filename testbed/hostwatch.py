@@ -42,6 +42,9 @@ INTERVAL_S = 0.25
 #: the shortest silence counted as a gap: a 1 s link flap stalls TCP for longer (its
 #: retransmission timer backs off), and no stream here idles for this long on its own
 MIN_GAP_S = 0.75
+#: the same for guests: a TCG guest on a loaded 2-core host can go a second without running
+#: its vCPU thread, which is the host's noise (the noise guard's business), not a stall
+MIN_GAP_GUEST_S = 2.0
 #: how long the run waits for a daemon that stopped or restarted to answer again
 COMEBACK_S = 60.0
 
@@ -322,7 +325,8 @@ def for_path(fabric, endpoints: Sequence[tuple[int, object]], *, guests: bool,
     def read_bytes() -> int:
         return sum(w.rx_bytes + w.tx_bytes
                    for w in (fabric.counters(i, ep.tap) for i, ep in endpoints))
-    return Guard(daemons, tuple(objects), read_bytes, tuple(ep.tap for _, ep in endpoints))
+    return Guard(daemons, tuple(objects), read_bytes, tuple(ep.tap for _, ep in endpoints),
+                 min_gap_s=MIN_GAP_GUEST_S if guests else MIN_GAP_S)
 
 
 __all__ = ["DaemonLost", "answers", "reconnect", "Daemon", "Gap", "Guard", "Sampler", "Seen", "changes", "for_path", "gaps",
