@@ -222,9 +222,20 @@ class Guard:
     fault: str | None = None
     #: the daemons as first seen (what they must come back to)
     baseline: list[Seen] = field(default_factory=list)
+    #: guest name -> why it is lost or None (guest_check)
+    guests: tuple[tuple[str, Callable[[], str | None]], ...] = ()
+    #: guests found lost by a sample: name -> reason (the runner brings them back)
+    lost: dict[str, str] = field(default_factory=dict)
 
     def missing(self) -> list[str]:
         out = []
+        for name, check in self.guests:
+            why = check()
+            if why:
+                self.lost[name] = why
+                out.append(why)
+        if out:
+            return out          # a lost guest takes its NIC with it: that says enough
         for what, exists in self.objects:
             try:
                 ok = exists()
@@ -298,6 +309,58 @@ def reconnect(guests: Sequence, uri: str) -> None:
             g.dom = conn.lookupByName(g.name)
 
 
+#: guests a run may lose (crash, destroyed from outside) and bring back before it stops
+MAX_GUEST_LOSSES = 2
+
+
+class GuestsLost(TestbedError):
+    """More guests were lost than a run brings back: it stops, finished cells kept."""
+
+    exit_status = 4
+
+
+def _console_lines(g, since: int, n: int = 6) -> tuple[str, list[str]]:
+    """(everything the console printed since byte ``since``, its last ``n`` non-empty lines)."""
+    try:
+        with open(g.console_log, "rb") as f:
+            f.seek(since)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return "", []
+    return text, [x.strip() for x in text.splitlines() if x.strip()][-n:]
+
+
+def guest_check(g) -> Callable[[], str | None]:
+    """Why guest ``g`` (virt.Guest on this host) is lost, or None: its domain stopped (a
+    `virsh destroy` from outside), or its kernel panicked (the console says so; the domain
+    of a panicked guest keeps running, hung)."""
+    import libvirt
+    try:
+        start = os.path.getsize(g.console_log)
+    except OSError:
+        start = 0
+    who = g.spec.name if getattr(g, "spec", None) is not None else g.name
+
+    def check() -> str | None:
+        text, tail = _console_lines(g, start, 4)
+        if "Kernel panic" in text:
+            # the panic's own line first (the register dump after it says less)
+            first = next((x.strip() for x in text.splitlines() if "Kernel panic" in x), "")
+            shown = [first, *(x for x in tail if x != first)]
+            return f"guest {who} crashed: kernel panic; last console lines: {' | '.join(shown)}"
+        lines = f"; last console lines: {' | '.join(tail)}" if tail else ""
+        try:
+            if not g.dom.isActive():
+                return f"guest {who} stopped from outside (domain {g.name} is not running){lines}"
+        except libvirt.libvirtError as e:
+            if e.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                # a transient domain destroyed (`virsh destroy`) is gone, not stopped
+                return f"guest {who} stopped from outside (domain {g.name} is gone){lines}"
+            return f"guest {who}: its domain cannot be asked ({e.get_error_message()}){lines}"
+        return None
+    return check
+
+
 def for_path(fabric, endpoints: Sequence[tuple[int, object]], *, guests: bool,
              ovs_rundir: str | None = None) -> Guard:
     """The guard of a path plugged into ``fabric`` (attachments.Fabric) between
@@ -321,13 +384,15 @@ def for_path(fabric, endpoints: Sequence[tuple[int, object]], *, guests: bool,
             return True
         where = getattr(ep.guest, "name", "")
         objects.append((f"device {ep.tap} of {where}" if where else f"device {ep.tap}", dev_ok))
+    watched = tuple((ep.guest.spec.name, guest_check(ep.guest)) for _, ep in endpoints
+                    if guests and getattr(ep.guest, "shell", None) is None)
 
     def read_bytes() -> int:
         return sum(w.rx_bytes + w.tx_bytes
                    for w in (fabric.counters(i, ep.tap) for i, ep in endpoints))
     return Guard(daemons, tuple(objects), read_bytes, tuple(ep.tap for _, ep in endpoints),
-                 min_gap_s=MIN_GAP_GUEST_S if guests else MIN_GAP_S)
+                 min_gap_s=MIN_GAP_GUEST_S if guests else MIN_GAP_S, guests=watched)
 
 
-__all__ = ["DaemonLost", "answers", "reconnect", "Daemon", "Gap", "Guard", "Sampler", "Seen", "changes", "for_path", "gaps",
+__all__ = ["GuestsLost", "MAX_GUEST_LOSSES", "guest_check", "DaemonLost", "answers", "reconnect", "Daemon", "Gap", "Guard", "Sampler", "Seen", "changes", "for_path", "gaps",
            "libvirt_daemons", "ovs_daemons"]

@@ -324,6 +324,29 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None,
                          + (f": {g.boot_reason})" if g.boot_reason else ")"))
             virt.map_parallel(wait, [g for g in guests.values() if g.ready_s is None], os.cpu_count() or 1)
 
+        losses: list[dict] = []
+
+        def bring_back(lost: dict[str, str]) -> None:
+            """Lost guests (crashed, destroyed from outside) destroyed if still running and
+            booted again (restored from their snapshot where one exists); more losses than
+            hostwatch.MAX_GUEST_LOSSES stop the run."""
+            if len(losses) + len(lost) > hostwatch.MAX_GUEST_LOSSES:
+                raise hostwatch.GuestsLost(
+                    f"{len(losses) + len(lost)} guest losses, more than the {hostwatch.MAX_GUEST_LOSSES} a run "
+                    f"brings back (last: {'; '.join(lost.values())[:400]}); the run stopped, its finished "
+                    f"cells kept: go on with `testbed run TOPOLOGY --resume {writer.dir}`")
+            for name, why in lost.items():
+                with contextlib.suppress(Exception):
+                    guests[name].dom.destroy()          # a panicked guest still runs, hung
+                losses.append({"guest": name, "at": results.now(), "reason": why})
+                progress(f"bringing guest {name} back: {why.split(';')[0]}")
+            boot([guests[n].spec for n in lost])
+            ready()
+            for n in lost:
+                if guests[n].shell is None and (pid := virt.qemu_pid(guests[n])):
+                    qemu_pids[n] = pid
+            writer.update(guest_losses=losses, guests={g.spec.name: g.record() for g in guests.values()})
+
         if needs_vms:
             boot(guest_pairs[0])
         placement = {g.spec.name: g.spec.host for g in guests.values()}
@@ -383,13 +406,15 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None,
             group, lost = list(group), None
             try:
                 n_group = max(c.pairs for c in group)
-                pairs = ([(guests[c.name], guests[s.name]) for c, s in guest_pairs[:n_group]]
-                         if _guests(attachment) else None)
                 # a fraction of a maximum comes after the maximum it is a fraction of
                 from testbed import pacing
                 group.sort(key=lambda c: c.profile.rate_fraction is not None)
                 left, rebuilds, lost = list(group), 0, None
                 while left:
+                    # taken again each time: a guest brought back is a new Guest
+                    pairs = ([(guests[c.name], guests[s.name]) for c, s in guest_pairs[:n_group]]
+                             if _guests(attachment) else None)
+                    back: dict[str, str] = {}
                     with pair_paths(attachment, backend, tag, t, pairs, n_group, max(t.matrix.mtus), state,
                                      queues=queues, offloads=t.offloads) as tpaths:
                         for name, p in pins.items():
@@ -417,7 +442,7 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None,
                                                      qemu_pids, placement, clock_ghz, watch)
                             done += 1
                             try:
-                                fault = bool(left) and _host_fault(tpaths, host.uri, guests, writer, progress)
+                                fault = _host_fault(tpaths, host.uri, guests, writer, progress, back)
                             except hostwatch.DaemonLost as e:
                                 # raised once the segment is torn down, whatever its teardown
                                 # (on a dead daemon) says
@@ -429,9 +454,11 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None,
                                     raise TestbedError(f"the segment was rebuilt {MAX_REBUILDS} times after "
                                                        f"faults from outside; its other cells are not measured")
                                 break       # the segment is torn down (what is left of it) and built again
+                    if back:
+                        bring_back(back)
                 if lost is not None:
                     raise lost
-            except (diskspace.DiskFull, hostwatch.DaemonLost):
+            except (diskspace.DiskFull, hostwatch.DaemonLost, hostwatch.GuestsLost):
                 raise               # nothing more can be recorded or measured: the run stops
             except (TestbedError, GuestError) as e:
                 if lost is not None:
@@ -456,23 +483,30 @@ MAX_REBUILDS = 3
 
 
 def _host_fault(tpaths: Sequence[measure.TestPath], uri: str, guests: Mapping[str, virt.Guest],
-                writer: results.RunWriter, progress: Callable[[str], None]) -> bool:
+                writer: results.RunWriter, progress: Callable[[str], None], back: dict[str, str]) -> bool:
     """After a cell: did the host break the segment from outside (a daemon restarted, an
-    object removed; testbed.hostwatch)? Then wait for the daemons (bounded; DaemonLost when
-    they do not come back), take the libvirt connection again if its daemon restarted, note
-    it in run.json, and say the segment is to be rebuilt."""
+    object removed, a guest crashed or destroyed; testbed.hostwatch)? Then wait for the
+    daemons (bounded; DaemonLost when they do not come back), take the libvirt connection
+    again if its daemon restarted, note it in run.json, put the lost guests into ``back``
+    (brought back once the segment is down) and say the segment is to be rebuilt."""
     guard = next((p.guard for p in tpaths if p.guard is not None and p.guard.fault), None)
     if guard is None:
         return False
     fault = guard.fault
+    for p in tpaths:
+        if p.guard is not None:
+            back.update(p.guard.lost)
+            p.guard.lost.clear()
     seen = guard.wait_back(hostwatch.COMEBACK_S, progress, hostwatch.answers(guard.daemons, uri))
-    if any(s.name in hostwatch.LIBVIRT_PIDFILES for s in seen) and guests:
+    if guests and any(f"{n} " in (fault or "") for n in hostwatch.LIBVIRT_PIDFILES):
         hostwatch.reconnect(list(guests.values()), uri)
     for p in tpaths:
         if p.guard is not None:
             p.guard.fault = None
     writer.update(host_faults=[*writer.record.get("host_faults", []),
-                               {"at": results.now(), "fault": fault, "action": "segment rebuilt",
+                               {"at": results.now(), "fault": fault,
+                                "action": "segment rebuilt" + (f", {', '.join(sorted(back))} brought back"
+                                                               if back else ""),
                                 "daemons": {s.name: s.pid for s in seen}}])
     progress(f"host fault: {fault}; rebuilding the segment")
     return True
