@@ -106,6 +106,18 @@ def require(root: Path, est: Estimate) -> None:
                        f"({est.explain()}), {human(free)} free on {where}")
 
 
+def snapshot_shortfall(memory_mib: int, disk_bytes: int, folder: Path) -> str | None:
+    """Why a guest snapshot would not fit in the cache folder ``folder``, or None. The
+    estimate: the saved state holds at most the guest's memory, and the disk overlay moves
+    into the cache beside it."""
+    need = memory_mib * MIB + disk_bytes
+    free, where = free_bytes(folder)
+    if free >= need:
+        return None
+    return (f"the snapshot needs about {human(need)} (memory {memory_mib} MiB + disk overlay "
+            f"{human(disk_bytes)}), {human(free)} free on {where}")
+
+
 # --------------------------------------------------------------------------- writing
 
 def _full(path: Path, needed: int, run_dir: Path | None) -> DiskFull:
@@ -165,5 +177,5 @@ def append_line(fd: int, path: Path, line: str, run_dir: Path | None = None) -> 
             raise
 
 
-__all__ = ["DiskFull", "Estimate", "append_line", "estimate", "free_bytes", "human", "mapped",
+__all__ = ["snapshot_shortfall", "DiskFull", "Estimate", "append_line", "estimate", "free_bytes", "human", "mapped",
            "require", "write_file"]

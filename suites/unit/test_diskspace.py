@@ -39,3 +39,10 @@ def test_whole_or_nothing_writes(tmp_path):
     diskspace.append_line(fd, tmp_path / "s.jsonl", '{"a": 1}\n')
     os.close(fd)
     assert (tmp_path / "s.jsonl").read_text() == '{"a": 1}\n'
+
+
+def test_a_snapshot_that_would_not_fit_in_the_cache_says_why(tmp_path):
+    assert diskspace.snapshot_shortfall(1, 0, tmp_path) is None
+    why = diskspace.snapshot_shortfall(10**9, 5 * 2**20, tmp_path)
+    assert why.startswith("the snapshot needs about ") and "memory 1000000000 MiB + disk overlay 5.0 MiB" in why
+    assert f"free on {tmp_path}" in why
