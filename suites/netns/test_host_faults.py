@@ -190,3 +190,34 @@ def test_a_namespace_removed_mid_run_is_named_and_teardown_removes_the_rest(tmp_
     assert reasons and all(ns in r and "went missing" in r for r in reasons), reasons
     assert [c.status for c in rec.cells][-1] == "ok"
     assert left_behind(tag) == []
+
+
+def test_the_runs_ovs_bridge_deleted_mid_run_is_named_and_rebuilt(tmp_path, needs):
+    from testbed.attachments import ovs
+    if ovs.unavailable():
+        pytest.skip(f"OVS: {ovs.unavailable()}")
+    p, run_dir = start(tmp_path, TOPOLOGY.format(mtus="1500, 9000, 4000", duration=1, reps=2)
+                       .replace("netns-veth", "netns-ovs-veth"))
+    tag = run_dir.name.rsplit("-", 1)[1]
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and len(samples(run_dir)) < 1:
+            time.sleep(0.05)
+        out = subprocess.run(["ovs-vsctl", "list-br"], capture_output=True, text=True).stdout
+        (br,) = [x for x in out.split() if x.startswith(f"tb-{tag}-")]
+        subprocess.run(["ovs-vsctl", "del-br", br], check=True)           # an operator's del-br
+        _, err = p.communicate(timeout=600)
+    finally:
+        if p.poll() is None:
+            p.terminate()
+            p.wait(120)
+    rec = results.read_run(run_dir)
+    first, *rest = [c.cell.id for c in rec.cells]
+    bad = [s.reason for s in rec.samples if s.status == "failed"]
+    assert bad and all(br in r and "went missing" in r for r in bad), bad
+    assert all(s.status == "ok" for s in rec.samples if s.cell.id in rest), \
+        [(s.cell.id, s.status, s.reason) for s in rec.samples]
+    assert "rebuilding the segment" in err
+    out = subprocess.run(["ovs-vsctl", "list-br"], capture_output=True, text=True).stdout
+    assert not [x for x in out.split() if x.startswith(f"tb-{tag}")]
+    assert left_behind(tag) == []
