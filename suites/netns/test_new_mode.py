@@ -4,17 +4,16 @@ is cross-checked, and leaves nothing behind."""
 from __future__ import annotations
 
 import subprocess
-import sys
 import textwrap
 
 import pytest
 
 from testbed import attachments
+from testbed.errors import ConfigError
 from testbed.measure import runner
 from testbed.pytest_plugin import require_root
 from testbed.records import results
 from testbed.topology import config
-from testbed.errors import ConfigError
 
 TOY_MODE = '''\
 """A toy mode: two namespaces joined by a veth pair, through the host layer's own connection."""

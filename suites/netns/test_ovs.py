@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from testbed import errors
+from testbed.attachments import ovs as ovs_mode
 from testbed.guests import render
 from testbed.host import proc
-from testbed.attachments import ovs as ovs_mode
 from testbed.host.net import links, netns, ovs, ovsd
 from testbed.measure import transfer as xfer
 from testbed.measure.session import claim_tag

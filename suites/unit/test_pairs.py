@@ -10,8 +10,7 @@ import pytest
 
 from testbed.measure import pairs, runner
 from testbed.measure import sampling as measure
-from testbed.tools import netperf
-from testbed.tools import get_tool, pacing
+from testbed.tools import get_tool, netperf, pacing
 from testbed.tools.base import ToolResult
 from testbed.topology import config
 from testbed.topology.model import Attachment, Backend, Cell, Pattern, Profile, Protocol, Tool

@@ -14,7 +14,6 @@ from testbed.tools import netperf
 from testbed.topology import config
 from testbed.topology.model import Attachment, Backend, Cell
 
-
 pytestmark = pytest.mark.unit
 
 NETPERF = Path(__file__).resolve().parent / "fixtures" / "recorded" / "netperf"

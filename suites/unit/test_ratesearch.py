@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.tools import get_tool
-
 from testbed.errors import ConfigError
 from testbed.measure import ratesearch, ratesearch_cell
 from testbed.measure.crosscheck import Wire
 from testbed.records import results
+from testbed.tools import get_tool
 from testbed.topology import config
 from testbed.topology.model import (
     Attachment,

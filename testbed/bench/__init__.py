@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from testbed.admin import capabilities
+from testbed.bench.netns import netns_bench
 from testbed.errors import TestbedError
 from testbed.guests import bootprofile, images, virt
 from testbed.host import proc
@@ -170,7 +171,7 @@ def fidelity(rounds: int = 5, duration_s: int = 5, message_size: int = 16384) ->
     samples: list = []
     reasons: list[str] = []
     with contextlib.ExitStack() as stack:
-        tmp, writer, path = stack.enter_context(_netns_bench(Attachment("netns-veth")))
+        tmp, writer, path = stack.enter_context(netns_bench(Attachment("netns-veth")))
         client_ns = path.client.guest.agent.netns  # type: ignore[union-attr]
         server_ns = path.server.guest.agent.netns  # type: ignore[union-attr]
         server = stack.enter_context(proc.background(["netserver", "-D", "-p", str(BARE_PORT)], out_dir=tmp,
@@ -201,7 +202,7 @@ def fidelity(rounds: int = 5, duration_s: int = 5, message_size: int = 16384) ->
         if why:
             wire[att.value] = {"unavailable": why}
             continue
-        with _netns_bench(att) as (_, writer, path):
+        with netns_bench(att) as (_, writer, path):
             c = Cell(att, Backend.QEMU, 1500, 1, profile)
             wire[att.value] = _wire_row([measure.measure_once(c, path, writer, 0, False, {}, {}, None)])
     cost = cpu.collector_cost({})
@@ -216,25 +217,6 @@ def fidelity(rounds: int = 5, duration_s: int = 5, message_size: int = 16384) ->
         out.update({"bare_median_mbps": round(mb, 1), "testbed_median_mbps": round(mh, 1),
                     "ratio": round(mh / mb, 3), "target_ratio": 0.97})
     return out
-
-
-@contextlib.contextmanager
-def _netns_bench(att, lock: bool = True):
-    """A namespace pair of kind ``att`` (an Attachment) for a benchmark, held like a run
-    (testbed.measure.session: host lock, leftovers check, owned state, this host's environment) with
-    a throwaway results folder: (temporary folder, writer, test path). ``lock=False``: as
-    the test sessions hold theirs, without the host lock and the leftovers check (a test
-    beside other runs; its objects are its own tag's)."""
-    import tempfile
-
-    from testbed.measure import testpaths
-    with contextlib.ExitStack() as stack:
-        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tb-fidelity-"))
-        ses = stack.enter_context(Session(default(), results_dir=Path(tmp), keep_logs=False, lock=lock,
-                                          check_leftovers=lock))
-        writer = ses.open_run(None)
-        path = stack.enter_context(testpaths.own_endpoints_path(att, ses.tag, "198.18.0.0/24", 1500, str(ses.state / "netns")))
-        yield tmp, writer, path
 
 
 def _wire_row(samples: list) -> dict:
@@ -354,7 +336,7 @@ def ndr(limit_mbit: int = NDR_LIMIT_MBIT, precision: float = 0.05, trial_s: tupl
     profile = Profile("udp_ndr", tool=Tool("iperf3"), protocol=Protocol.UDP, pattern=Pattern.STREAM,
                       message_size=message_size, duration_s=trial_s[1], search=spec)
     cell = Cell(Attachment("netns-veth"), Backend.QEMU, 1500, 1, profile)
-    with _netns_bench(Attachment("netns-veth"), lock=lock) as (_, writer, path):
+    with netns_bench(Attachment("netns-veth"), lock=lock) as (_, writer, path):
         links = ops.on(ops.netns_executor(path.client.guest.agent.netns))  # type: ignore[union-attr]
         links.shape(path.client.ifname, limit_mbit * 10**6, NDR_BURST, NDR_QUEUE)
         r = ratesearch_cell.measure_cell(cell, path, writer, {}, {})
@@ -376,6 +358,9 @@ def main(what: str, args: argparse.Namespace) -> int:
     if what == "gate":
         from testbed.bench import gate as bench_gate
         return bench_gate.main(args.rounds)
+    if what == "soak":
+        from testbed.bench import soak as bench_soak
+        return bench_soak.main(args.cells)
     if what == "placement":
         from testbed.bench import placement as bench_placement
         return bench_placement.main(args.rounds)

@@ -275,12 +275,14 @@ def parser() -> argparse.ArgumentParser:
     k.set_defaults(func=cmd_cache)
     b = sub.add_parser("bench", help="benchmarks that print figures")
     b.add_argument("what", choices=("boot", "matrix", "chain", "fidelity", "harness", "placement", "ndr",
-                                    "density", "gate"), help="which benchmark")
+                                    "density", "gate", "soak"), help="which benchmark")
     b.add_argument("--rounds", type=integer(1, 1000), help="boot: rounds (default 1); fidelity: alternations (default 5); "
                                               "placement: rounds of apart/together/unpinned (default 5); "
                                               "gate: simulated nights per scenario (default 10)")
     b.add_argument("--pairs", default="1,2,4,8", metavar="N,N,...",
                    help="density: pair counts to bring up together (default 1,2,4,8)")
+    b.add_argument("--cells", type=integer(1, 100000), default=300,
+                   help="soak: namespace cells to measure (default 300)")
     b.set_defaults(func=cmd_bench)
     from testbed.cli import results as cli_results
     cli_results.add_commands(sub)

@@ -230,6 +230,18 @@ class Guest:
         if self.shell is None or not self.shell.remote:
             with contextlib.suppress(OSError):
                 self.boot_console = self.console_log.read_text(errors="replace")
+        from testbed.host import diskspace
+        try:
+            short = diskspace.snapshot_shortfall(self.spec.memory_mib, Path(disk).stat().st_size,
+                                                 Path(builder.state).parent)
+        except OSError:
+            short = None
+        if short:
+            # A full cache must not stop the run: the guest runs on as it is, and says why.
+            builder.discard()
+            self.boot_reason = f"{self.boot_reason}; snapshot not saved: {short}"
+            log.warning("guest %s: snapshot not saved: %s", self.name, short)
+            return
         started = time.monotonic()
         try:
             shutil.copy2(seed, builder.seed)

@@ -235,9 +235,8 @@ def measure_once(cell: Cell, paths: Sequence[measure.TestPath], writer: results.
     for i, o_list in enumerate(outs):
         parsed = []
         for j, o in enumerate(o_list):
-            p_out = writer.raw_path(cell.id, f"{tag}-pair{i + 1}-client{j}.out")
-            p_out.write_text(o.stdout)
-            writer.raw_path(cell.id, f"{tag}-pair{i + 1}-client{j}.err").write_text(o.stderr)
+            p_out = writer.write_raw(cell.id, f"{tag}-pair{i + 1}-client{j}.out", o.stdout)
+            writer.write_raw(cell.id, f"{tag}-pair{i + 1}-client{j}.err", o.stderr)
             raw.append(str(p_out.relative_to(writer.dir)))
             parsed.append(vet(driver.parse_sample(o.stdout, o.stderr, o.rc, profile=profile,
                                                   server_output=server_out[i]), profile))

@@ -21,7 +21,7 @@ from testbed.admin import capabilities
 from testbed.analysis import stats
 from testbed.errors import CapabilityError, GuestError, ReadinessError, TestbedError
 from testbed.guests import images, virt
-from testbed.host import environment, proc, remote
+from testbed.host import diskspace, environment, hostwatch, proc, remote
 from testbed.host import placement as placement_mod
 from testbed.measure import cpu, ratesearch_cell, testpaths, window
 from testbed.measure import pairs as pairs_mod
@@ -246,6 +246,13 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None,
     if resume is not None:
         # Read (and refused when bad or of another topology) before anything is created.
         done_before = {c.cell.hash for c in results.read_run(resume).cells}
+    # The results disk must hold what the matrix will write (a stated estimate), checked
+    # before anything is created; a disk that fills anyway stops the run (DiskFull).
+    from testbed.host import paths
+    left = [c for c in cells if resume is None or c.hash not in done_before]
+    diskspace.require(Path(resume) if resume is not None else paths.results_dir(),
+                      diskspace.estimate(left, t.matrix.repetitions.warmup,
+                                         t.matrix.repetitions.max_samples))
     quiet = None
     if t.noise.quiet_start is not None:
         q = t.noise.quiet_start
@@ -321,6 +328,29 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None,
                          + (f": {g.boot_reason})" if g.boot_reason else ")"))
             virt.map_parallel(wait, [g for g in guests.values() if g.ready_s is None], os.cpu_count() or 1)
 
+        losses: list[dict] = []
+
+        def bring_back(lost: dict[str, str]) -> None:
+            """Lost guests (crashed, destroyed from outside) destroyed if still running and
+            booted again (restored from their snapshot where one exists); more losses than
+            hostwatch.MAX_GUEST_LOSSES stop the run."""
+            if len(losses) + len(lost) > hostwatch.MAX_GUEST_LOSSES:
+                raise hostwatch.GuestsLost(
+                    f"{len(losses) + len(lost)} guest losses, more than the {hostwatch.MAX_GUEST_LOSSES} a run "
+                    f"brings back (last: {'; '.join(lost.values())[:400]}); the run stopped, its finished "
+                    f"cells kept: go on with `testbed run TOPOLOGY --resume {writer.dir}`")
+            for name, why in lost.items():
+                with contextlib.suppress(Exception):
+                    guests[name].dom.destroy()          # a panicked guest still runs, hung
+                losses.append({"guest": name, "at": results.now(), "reason": why})
+                progress(f"bringing guest {name} back: {why.split(';')[0]}")
+            boot([guests[n].spec for n in lost])
+            ready()
+            for n in lost:
+                if guests[n].shell is None and (pid := virt.qemu_pid(guests[n])):
+                    qemu_pids[n] = pid
+            writer.update(guest_losses=losses, guests={g.spec.name: g.record() for g in guests.values()})
+
         if needs_vms:
             boot(guest_pairs[0])
         placement = {g.spec.name: g.spec.host for g in guests.values()}
@@ -377,40 +407,66 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None,
         done = 0
         started = time.monotonic()
         for (attachment, backend, queues), group in itertools.groupby(cells, key=_nic_group):
-            group = list(group)
+            group, lost = list(group), None
             try:
                 n_group = max(c.pairs for c in group)
-                pairs = ([(guests[c.name], guests[s.name]) for c, s in guest_pairs[:n_group]]
-                         if _guests(attachment) else None)
-                with testpaths.pair_paths(attachment, backend, tag, t, pairs, n_group, max(t.matrix.mtus), state,
-                                 queues=queues, offloads=t.offloads) as tpaths:
-                    # a fraction of a maximum comes after the maximum it is a fraction of
-                    from testbed.tools import pacing
-                    group.sort(key=lambda c: c.profile.rate_fraction is not None)
-                    for name, p in pins.items():
-                        # vhost workers start with their NIC: pinned once it is plugged
-                        if p.vhost is not None and qemu_pids.get(name):
-                            placement_mod.pin_vhost(qemu_pids[name], p.vhost)
-                    for cell in group:
-                        cell, why = pacing.resolve_fraction(cell, t.matrix.profiles, writer.record["cells"])
-                        if why:
-                            measure.fail_cell(cell, writer, why, placement)
+                # a fraction of a maximum comes after the maximum it is a fraction of
+                from testbed.tools import pacing
+                group.sort(key=lambda c: c.profile.rate_fraction is not None)
+                left, rebuilds, lost = list(group), 0, None
+                while left:
+                    # taken again each time: a guest brought back is a new Guest
+                    pairs = ([(guests[c.name], guests[s.name]) for c, s in guest_pairs[:n_group]]
+                             if _guests(attachment) else None)
+                    back: dict[str, str] = {}
+                    with testpaths.pair_paths(attachment, backend, tag, t, pairs, n_group, max(t.matrix.mtus), state,
+                                     queues=queues, offloads=t.offloads) as tpaths:
+                        for name, p in pins.items():
+                            # vhost workers start with their NIC: pinned once it is plugged
+                            if p.vhost is not None and qemu_pids.get(name):
+                                placement_mod.pin_vhost(qemu_pids[name], p.vhost)
+                        while left:
+                            cell = left.pop(0)
+                            cell, why = pacing.resolve_fraction(cell, t.matrix.profiles, writer.record["cells"])
+                            if why:
+                                measure.fail_cell(cell, writer, why, placement)
+                                done += 1
+                                continue
+                            eta = ((time.monotonic() - started) / done * (len(cells) - done)) if done else None
+                            progress(f"[{done + 1}/{len(cells)}] {cell.id}"
+                                     + (f" (eta {eta:.0f} s)" if eta is not None else ""))
+                            if cell.profile.search is not None:
+                                ratesearch_cell.measure_cell(cell, tpaths[0], writer, qemu_pids, placement, clock_ghz)
+                            elif cell.pairs > 1 or cell.profile.paced:
+                                pairs_mod.measure_cell(cell, tpaths[:cell.pairs], writer, rule,
+                                                       t.matrix.repetitions.warmup, qemu_pids, placement, clock_ghz,
+                                                       watch)
+                            else:
+                                measure.measure_cell(cell, tpaths[0], writer, rule, t.matrix.repetitions.warmup,
+                                                     qemu_pids, placement, clock_ghz, watch)
                             done += 1
-                            continue
-                        eta = ((time.monotonic() - started) / done * (len(cells) - done)) if done else None
-                        progress(f"[{done + 1}/{len(cells)}] {cell.id}"
-                                 + (f" (eta {eta:.0f} s)" if eta is not None else ""))
-                        if cell.profile.search is not None:
-                            ratesearch_cell.measure_cell(cell, tpaths[0], writer, qemu_pids, placement, clock_ghz)
-                        elif cell.pairs > 1 or cell.profile.paced:
-                            pairs_mod.measure_cell(cell, tpaths[:cell.pairs], writer, rule,
-                                                   t.matrix.repetitions.warmup, qemu_pids, placement, clock_ghz,
-                                                   watch)
-                        else:
-                            measure.measure_cell(cell, tpaths[0], writer, rule, t.matrix.repetitions.warmup,
-                                                 qemu_pids, placement, clock_ghz, watch)
-                        done += 1
+                            try:
+                                fault = _host_fault(tpaths, host.uri, guests, writer, progress, back)
+                            except hostwatch.DaemonLost as e:
+                                # raised once the segment is torn down, whatever its teardown
+                                # (on a dead daemon) says
+                                lost, left = e, []
+                                break
+                            if fault:
+                                rebuilds += 1
+                                if rebuilds > MAX_REBUILDS:
+                                    raise TestbedError(f"the segment was rebuilt {MAX_REBUILDS} times after "
+                                                       f"faults from outside; its other cells are not measured")
+                                break       # the segment is torn down (what is left of it) and built again
+                    if back:
+                        bring_back(back)
+                if lost is not None:
+                    raise lost
+            except (diskspace.DiskFull, hostwatch.DaemonLost, hostwatch.GuestsLost):
+                raise               # nothing more can be recorded or measured: the run stops
             except (TestbedError, GuestError) as e:
+                if lost is not None:
+                    raise lost from None
                 # The mode could not be set up (or torn down): its remaining cells fail with
                 # the reason and the other modes still run.
                 recorded = {c["id"] for c in writer.record["cells"]}
@@ -424,6 +480,40 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None,
         counts = dict(writer.record["counts"])
     final = results.read_run(writer.dir).run
     return Outcome(writer.dir, final["status"], counts["samples"], counts["failed"])
+
+
+#: segment rebuilds after faults from outside, per NIC group, before its cells are given up
+MAX_REBUILDS = 3
+
+
+def _host_fault(tpaths: Sequence[measure.TestPath], uri: str, guests: Mapping[str, virt.Guest],
+                writer: results.RunWriter, progress: Callable[[str], None], back: dict[str, str]) -> bool:
+    """After a cell: did the host break the segment from outside (a daemon restarted, an
+    object removed, a guest crashed or destroyed; testbed.host.hostwatch)? Then wait for the
+    daemons (bounded; DaemonLost when they do not come back), take the libvirt connection
+    again if its daemon restarted, note it in run.json, put the lost guests into ``back``
+    (brought back once the segment is down) and say the segment is to be rebuilt."""
+    guard = next((p.guard for p in tpaths if p.guard is not None and p.guard.fault), None)
+    if guard is None:
+        return False
+    fault = guard.fault
+    for p in tpaths:
+        if p.guard is not None:
+            back.update(p.guard.lost)
+            p.guard.lost.clear()
+    seen = guard.wait_back(hostwatch.COMEBACK_S, progress, hostwatch.answers(guard.daemons, uri))
+    if guests and any(f"{n} " in (fault or "") for n in hostwatch.LIBVIRT_PIDFILES):
+        hostwatch.reconnect(list(guests.values()), uri)
+    for p in tpaths:
+        if p.guard is not None:
+            p.guard.fault = None
+    writer.update(host_faults=[*writer.record.get("host_faults", []),
+                               {"at": results.now(), "fault": fault,
+                                "action": "segment rebuilt" + (f", {', '.join(sorted(back))} brought back"
+                                                               if back else ""),
+                                "daemons": {s.name: s.pid for s in seen}}])
+    progress(f"host fault: {fault}; rebuilding the segment")
+    return True
 
 
 def _run_local(argv: list[str]) -> tuple[str, str, int]:

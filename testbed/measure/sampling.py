@@ -22,6 +22,7 @@ from testbed.analysis import stats
 from testbed.errors import CommandError, GuestError, TestbedError
 from testbed.guests.guest import Agent
 from testbed.guests.virt import Guest
+from testbed.host import hostwatch
 from testbed.host.nsagent import NsHost
 from testbed.measure import cpu, crosscheck, window
 from testbed.records import results
@@ -102,6 +103,9 @@ class TestPath:
     datapath: str | None = None
     #: per endpoint, the offload states its NIC reports (ethtool -k), after the run's requests
     offloads: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    #: what the host does to the path from outside (daemon restarts, objects removed, wire
+    #: gaps), judged per sample: testbed.host.hostwatch; None: not watched
+    guard: hostwatch.Guard | None = None
 
     def counters(self) -> dict[str, crosscheck.Wire]:
         if self.read_counters is None:
@@ -181,12 +185,21 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
     domains = {ep.guest.spec.name: ep.guest.dom for ep in (cli, srv)
                if isinstance(ep.guest, Guest) and ep.guest.spec.name in qemu_pids}
 
+    host: hostwatch.SampleWatch | None = None
+
     def failed(reason: str, cpu_info: Mapping | None = None, extra: Mapping | None = None,
                check: Mapping | None = None) -> results.Sample:
+        # What the host did (a daemon restarted, an object removed) is the cause; the
+        # tool's complaint is its symptom.
+        if host is not None and host.finish() and host.reason not in reason:
+            reason = f"{host.reason} (then: {reason})"
         return results.Sample(writer.run_id, cell.as_dict(), rep, warmup, "failed", reason, {},
                               cpu_info or {}, started, results.now(), tuple(raw), placement,
                               extra or {}, check or {})
 
+    if path.guard is not None and (gone := path.guard.missing()):
+        path.guard.fault = "; ".join(gone)
+        return failed("; ".join(gone))
     server_pid = None
     server_out = ""
     port = driver.default_port
@@ -203,6 +216,10 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
         taps_before = path.counters()
         h_before = cpu.host_reading(qemu_pids, domains)
         obs = win.enter_context(watch.window(qemu_pids, cell.id, rep))
+        if path.guard is not None:
+            # a paced profile idles between bursts by design: no gap check
+            host = win.enter_context(path.guard.sample(
+                gap_check=not (profile.paced or profile.rate_bps or profile.search is not None)))
         t0 = time.monotonic()
         pids = [cli.guest.agent.spawn(argv) for _ in range(nproc)]
         skew_s = time.monotonic() - t0
@@ -236,15 +253,13 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
 
     parsed: list[ToolResult] = []
     for i, o in enumerate(outs):
-        p_out = writer.raw_path(cell.id, f"{tag}-client{i}.out")
-        p_out.write_text(o.stdout)
-        writer.raw_path(cell.id, f"{tag}-client{i}.err").write_text(o.stderr)
+        p_out = writer.write_raw(cell.id, f"{tag}-client{i}.out", o.stdout)
+        writer.write_raw(cell.id, f"{tag}-client{i}.err", o.stderr)
         raw.append(str(p_out.relative_to(writer.dir)))
         parsed.append(vet(driver.parse_sample(o.stdout, o.stderr, o.rc, profile=profile,
                                               server_output=server_out), profile))
     if server_out:
-        p_srv = writer.raw_path(cell.id, f"{tag}-server.out")
-        p_srv.write_text(server_out)
+        p_srv = writer.write_raw(cell.id, f"{tag}-server.out", server_out)
         raw.append(str(p_srv.relative_to(writer.dir)))
     res = parsed[0] if len(parsed) == 1 else driver.aggregate(parsed)
     cpu_info, guest_s = cpu_over_window(g_before, g_after, h_before, h_after)
@@ -256,6 +271,8 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
     extra.update(wextra)
     if not res.ok:
         return failed(res.reason or "tool failed without a reason", cpu_info, extra)
+    if host is not None and host.finish():
+        return failed(host.reason, cpu_info, extra)     # type: ignore[arg-type]
     if pin_bad:
         return failed(f"placement did not hold: {pin_bad}", cpu_info, extra)
     check = wire_check(cell, path, dict(res.metrics), deltas)

@@ -20,6 +20,7 @@ from testbed import attachments
 from testbed.admin import cleanup
 from testbed.errors import TestbedError
 from testbed.guests import guestnic, render, virt
+from testbed.host import hostwatch
 from testbed.measure import sampling as measure
 from testbed.topology.model import Attachment, Backend, Offloads, Topology, object_name
 
@@ -101,7 +102,9 @@ def plug(fab: attachments.Fabric, pairs: Sequence[tuple[object, object]], *, tag
                 c, s, lambda mtu: fab.set_mtu(mtu, taps), guest_sends_as_rx=fab.guest_sends_as_rx,
                 read_counters=lambda ep: fab.counters(index[ep.tap], ep.tap), servers=servers,
                 datapath=fab.datapath,
-                offloads={ep.guest.spec.name: applied[ep.guest.spec.name] for ep in (c, s)}))
+                offloads={ep.guest.spec.name: applied[ep.guest.spec.name] for ep in (c, s)},
+                guard=hostwatch.for_path(fab, [(2 * k, c), (2 * k + 1, s)],
+                                         guests=isinstance(c.guest, virt.Guest))))
         yield paths
 
 

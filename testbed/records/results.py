@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.errors import one_line
-from testbed.host import safeio
+from testbed.host import diskspace, safeio
 from testbed.records import records
 from testbed.records.records import FORMAT_VERSION, CellOutcome, Counts, RunRecord, SampleRecord, cell_hash
 from testbed.topology.model import Cell, Topology
@@ -114,8 +114,13 @@ class RunWriter:
             "environment": json.loads(json.dumps(dict(environment), default=str)),
             "counts": {"samples": 0, "failed": 0, "boots": 0}, "cells": [], "notes": [],
         }, dir=self.dir)
-        self._samples = open(self.dir / "samples.jsonl", "a")
+        self._samples = self._open_samples()
         self._flush()
+
+    def _open_samples(self) -> int:
+        # A raw descriptor: each line goes out in one write that is cut back when it fails
+        # (a full disk), never through a buffer that could leave half of it.
+        return os.open(self.dir / "samples.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
 
     @classmethod
     def reopen(cls, run_dir: Path, topology: Topology, environment: Mapping[str, Any]) -> RunWriter:
@@ -153,9 +158,7 @@ class RunWriter:
         if unfinished:
             with open(run_dir / "samples.jsonl.unfinished", "ab") as f:
                 f.writelines(unfinished)
-        tmp = samples_file.with_name(".samples.jsonl.resume")
-        tmp.write_bytes(b"".join(keep))
-        os.replace(tmp, samples_file)
+        diskspace.write_file(samples_file, b"".join(keep))
         self = cls.__new__(cls)
         self.run_id, self.dir, self.raw_dir = rec.run_id, run_dir, run_dir / "raw"
         kept = [SampleRecord.from_dict(json.loads(x)) for x in keep]
@@ -171,7 +174,7 @@ class RunWriter:
         self.run = dataclasses.replace(rec, status="running", ended=None, samples=(),
                                        counts=Counts.from_dict(counts))
         self.run = RunRecord.from_dict({**self.run.to_dict(), "resumes": resumes}, dir=run_dir)
-        self._samples = open(samples_file, "a")
+        self._samples = self._open_samples()
         self._flush()
         return self
 
@@ -244,9 +247,8 @@ class RunWriter:
     def add_sample(self, s: Sample | SampleRecord) -> None:
         rec = s if isinstance(s, SampleRecord) else s.record()
         rec.validate()
-        self._samples.write(json.dumps(rec.to_dict(), sort_keys=True) + "\n")
-        self._samples.flush()
-        os.fsync(self._samples.fileno())
+        diskspace.append_line(self._samples, self.dir / "samples.jsonl",
+                              json.dumps(rec.to_dict(), sort_keys=True) + "\n", self.dir)
         c = self.run.counts
         # A noisy sample is neither ok nor failed: it is measured again (testbed.measure.window).
         self._set(counts=dataclasses.replace(c, samples=c.samples + 1,
@@ -256,17 +258,33 @@ class RunWriter:
 
     def raw_path(self, cell_id: str, name: str) -> Path:
         d = self.raw_dir / cell_id
-        d.mkdir(parents=True, exist_ok=True)
+        with diskspace.mapped(d, 4096, self.dir):
+            d.mkdir(parents=True, exist_ok=True)
         return d / name
+
+    def write_raw(self, cell_id: str, name: str, text: str) -> Path:
+        """A tool's raw output, complete or not at all (a full disk leaves no truncated
+        file); returns its path."""
+        p = self.raw_path(cell_id, name)
+        diskspace.write_file(p, text, self.dir)
+        return p
 
     def finish(self, status: str) -> None:
         self._set(status=status, ended=now())
-        self._flush()
-        self._samples.close()
+        try:
+            self._flush()
+        except diskspace.DiskFull:
+            # The disk that stopped the run cannot take its last words: run.json stays the
+            # last complete version (status running, read as interrupted by --resume).
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(self._samples)
 
     def _flush(self) -> None:
-        atomic_write(self.dir / "run.json",
-                     json.dumps(self.run.to_dict(), indent=2, sort_keys=True, default=str))
+        text = json.dumps(self.run.to_dict(), indent=2, sort_keys=True, default=str)
+        with diskspace.mapped(self.dir / "run.json", len(text), self.dir):
+            atomic_write(self.dir / "run.json", text)
 
 
 #: caps on what a run directory may hold: far above any real run, far below a machine's memory

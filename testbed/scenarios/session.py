@@ -118,8 +118,7 @@ class Session:
         return self.writer.cells[-1]
 
     def raw(self, cell: Cell, name: str, text: str) -> str:
-        p = self.writer.raw_path(cell.id, name)
-        p.write_text(text)
+        p = self.writer.write_raw(cell.id, name, text)
         return str(p.relative_to(self.writer.dir))
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import yaml
 
 from testbed import attachments, tools
-from testbed.tools import pacing
 from testbed.errors import CapabilityError, CommandError, ConfigError, one_line
+from testbed.tools import pacing
 from testbed.topology.config_placement import check_placements, guest_placement, host_placement, noise
 from testbed.topology.model import (
     NAME_RE,

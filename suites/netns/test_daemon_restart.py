@@ -1,0 +1,97 @@
+"""ovs-vswitchd killed during a stream sample and started again two seconds later, as a
+service manager would: the tool and the wire counters lose the same seconds, so the figure
+alone looks fine (the cross-check agrees). The sample must fail naming the daemon and both
+pids; once the switch answers again (it rebuilds the bridge and ports from its database)
+the next sample measures normally.
+
+The switch is a PRIVATE ovsdb-server + ovs-vswitchd in a tb- namespace (ovsd.private): the
+host's own switch is never touched."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import shutil
+import signal
+import threading
+import time
+
+import pytest
+
+from testbed import errors
+from testbed.host import proc
+from testbed.host.hostwatch import Daemon, Guard
+from testbed.host.net import netns, ovsd
+from testbed.measure import runner
+from testbed.measure import sampling as measure
+from testbed.measure.session import claim_tag
+from testbed.records import results
+from testbed.topology import config
+from testbed.topology.model import Attachment, Backend, Cell, Profile
+
+pytestmark = [pytest.mark.netns, pytest.mark.attach("netns")]
+
+
+def test_ovs_vswitchd_restarted_mid_sample_fails_it_naming_the_daemon(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root: namespaces and a private OVS")
+    for tool in ("netperf", "netserver", "ovs-vswitchd", "ovsdb-server"):
+        if not shutil.which(tool):
+            pytest.skip(f"{tool} missing")
+    tag = claim_tag()
+    ns = f"tb-{tag}-s"
+    work = tmp_path / "ovs"
+    proc.run(["ip", "netns", "add", ns])
+    second: list[int] = []
+    try:
+        try:
+            sw_cm = ovsd.private(ns, work)
+            sw = sw_cm.__enter__()
+        except (errors.CapabilityError, errors.TestbedError) as e:
+            pytest.skip(f"private ovs-vswitchd not startable: {e}")
+        try:
+            with netns.ovs_veth(tag, switch=sw) as conn, \
+                    runner.connection_path(conn, str(tmp_path / "ep")) as path:
+                (first,) = ovsd.vswitchd_pids(sw.db)
+                pidfile = tmp_path / "ovs-vswitchd.pid"     # the private switch has none of its own
+                pidfile.write_text(f"{first}\n")
+                g = path.guard
+                guard = Guard((Daemon("ovs-vswitchd", (str(pidfile),)),), g.objects, g.read_bytes, g.devices)
+                path = dataclasses.replace(path, guard=guard)
+                writer = results.RunWriter(tmp_path / "res", "run", config.default(), {})
+                cell = Cell(Attachment("netns-ovs-veth"), Backend.QEMU, 1500, 1,
+                            Profile("tcp_stream", message_size=16384, duration_s=5))
+                ctl = work / "ovs-vswitchd-2.ctl"
+
+                def restart() -> None:
+                    time.sleep(1.5)
+                    os.kill(first, signal.SIGKILL)
+                    time.sleep(2.0)
+                    proc.run(["ip", "netns", "exec", ns, "ovs-vswitchd", sw.db, f"--unixctl={ctl}",
+                              f"--log-file={work / 'ovs-vswitchd-2.log'}", f"--pidfile={pidfile}",
+                              "--detach", "--no-chdir", "-vconsole:off"],
+                             env={"OVS_RUNDIR": str(work), "OVS_DBDIR": str(work), "OVS_LOGDIR": str(work)},
+                             timeout=30)
+                    second.append(int(pidfile.read_text()))
+
+                th = threading.Thread(target=restart)
+                th.start()
+                s = measure.measure_once(cell, path, writer, 0, False, {}, {})
+                th.join()
+                assert s.status == "failed", (s.status, s.metrics)
+                assert f"ovs-vswitchd restarted during the sample (pid {first} -> {second[0]})" in s.reason, s.reason
+                assert guard.fault
+                guard.wait_back(30, answers=lambda: proc.ok(
+                    ["ovs-appctl", "-t", str(ctl), "--timeout=2", "version"], timeout=7))
+                time.sleep(1)       # the new switch adds its ports back from the database
+                s = measure.measure_once(cell, path, writer, 1, False, {}, {})
+                assert s.status == "ok", s.reason
+                assert s.metrics["throughput_mbps"] > 0
+                writer.finish("complete")
+        finally:
+            for pid in second:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+            sw_cm.__exit__(None, None, None)
+    finally:
+        proc.run(["ip", "netns", "delete", ns], check=False)

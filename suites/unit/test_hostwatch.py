@@ -1,0 +1,95 @@
+"""Detecting what the host did to a sample from outside (testbed.host.hostwatch): a daemon that
+restarted (a real process stopped and started again under its pidfile), a daemon that does
+not come back, and gaps in wire counters."""
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+
+import pytest
+
+from testbed.host import hostwatch
+from testbed.host.hostwatch import Daemon, Guard, Seen
+
+
+def test_gaps_are_silences_between_traffic_not_at_the_ends():
+    # 0.25 s readings: quiet start, traffic, 1.25 s of nothing, traffic, quiet end
+    t = [i * 0.25 for i in range(20)]
+    b = [0, 0, 0, 10, 20, 30, 40, 40, 40, 40, 40, 40, 50, 60, 70, 80, 80, 80, 80, 80]
+    (g,) = hostwatch.gaps(list(zip(t, b)))
+    assert (g.at_s, g.length_s) == (1.5, 1.25)
+    assert hostwatch.gaps(list(zip(t, b)), min_gap_s=1.5) == []
+    assert hostwatch.gaps([(0, 0), (1, 5), (2, 10), (3, 15)]) == []
+    assert hostwatch.gaps([(0, 0), (5, 0), (6, 0)]) == []      # never moved: not a gap
+
+
+def test_changes_name_the_daemon_and_both_pids():
+    b = [Seen("ovs-vswitchd", 123, 1.0), Seen("ovsdb-server", 7, 1.0), Seen("libvirtd", 9, 1.0)]
+    a = [Seen("ovs-vswitchd", 456, 5.0), Seen("ovsdb-server", 7, 1.0), Seen("libvirtd", None, None)]
+    assert hostwatch.changes(b, a) == ["ovs-vswitchd restarted during the sample (pid 123 -> 456)",
+                                       "libvirtd stopped during the sample (pid 9 gone)"]
+    # same pid, another start time: the pid was reused by a new instance
+    assert hostwatch.changes([Seen("x", 5, 1.0)], [Seen("x", 5, 2.0)]) == \
+        ["x restarted during the sample (pid 5 -> 5)"]
+
+
+def _daemon(pidfile):
+    p = subprocess.Popen(["sleep", "300"])
+    pidfile.write_text(f"{p.pid}\n")
+    return p
+
+
+def test_a_real_process_restarted_during_a_sample_fails_it_naming_it(tmp_path):
+    pidfile = tmp_path / "sleep.pid"
+    first = _daemon(pidfile)
+    guard = Guard(daemons=(Daemon("sleep", (str(pidfile),)),))
+    try:
+        with guard.sample() as sw:
+            first.kill()
+            first.wait()
+            second = _daemon(pidfile)
+        assert sw.reason == f"sleep restarted during the sample (pid {first.pid} -> {second.pid})"
+        assert guard.fault == sw.reason
+        # it runs again: the wait returns at once with the new instance
+        (seen,) = guard.wait_back(5)
+        assert seen.pid == second.pid and guard.fault is None
+        with guard.sample() as sw:
+            pass
+        assert sw.reason is None
+    finally:
+        for p in (first, locals().get("second")):
+            if p is not None:
+                p.kill()
+                p.wait()
+
+
+def test_a_daemon_that_comes_back_late_is_waited_for_and_one_that_does_not_stops_the_run(tmp_path):
+    pidfile = tmp_path / "sleep.pid"
+    first = _daemon(pidfile)
+    guard = Guard(daemons=(Daemon("sleep", (str(pidfile),)),))
+    procs = [first]
+    with guard.sample() as sw:
+        first.kill()
+        first.wait()
+    assert sw.reason == f"sleep stopped during the sample (pid {first.pid} gone)"
+    threading.Timer(1.0, lambda: procs.append(_daemon(pidfile))).start()
+    t0 = time.monotonic()
+    (seen,) = guard.wait_back(10)
+    assert 0.9 <= time.monotonic() - t0 < 5 and seen.pid == procs[-1].pid
+    procs[-1].kill()
+    procs[-1].wait()
+    guard.fault = "sleep stopped during the sample"
+    with pytest.raises(hostwatch.DaemonLost) as e:
+        guard.wait_back(1)
+    assert e.value.exit_status == 4 and "sleep did not come back within 1 s" in str(e.value)
+    assert "--resume" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_missing_object_is_named():
+    there = {"tb-x-a": True, "tb-x-b": False}
+    guard = Guard(objects=tuple((n, lambda n=n: there[n]) for n in there))
+    assert guard.missing() == ["tb-x-b went missing (removed from outside the run)"]
+    with guard.sample() as sw:
+        pass
+    assert "tb-x-b went missing" in sw.reason and guard.fault

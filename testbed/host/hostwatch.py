@@ -1,0 +1,398 @@
+"""What the host did to a sample from outside: daemons that restarted, objects that went
+missing, and wire counters that stopped in the middle of a stream.
+
+A figure measured while ovs-vswitchd restarted looks fine: the tool and the device counters
+lose the same seconds, so the wire cross-check agrees. The error messages do not tell either
+(a restarted switch returns no error to the tool). So every sample of a guarded path
+(measure.TestPath.guard) is judged from three readings of its own:
+
+- the daemons that forward or serve it (ovs-vswitchd and ovsdb-server for an OVS datapath,
+  libvirtd or virtqemud for guests): pid and start time before and after the window, from
+  their pidfiles; a change fails the sample naming the daemon and both pids;
+- the segment's objects (its namespaces and root-namespace devices, and the endpoints'
+  devices under test): checked before the sample and after it; one missing fails the sample
+  naming it;
+- the byte counters of the devices under test, read every ``INTERVAL_S`` through the window:
+  a stretch of at least ``MIN_GAP_S`` with no byte on them, with traffic before and after it,
+  fails the sample with its time and length. It catches a link flap or a stall that no
+  daemon reports.
+
+A daemon or object fault also marks the guard ``fault``: the runner then waits (at most
+``COMEBACK_S``) for the daemons to come back, and builds the segment again for the next
+cell; a daemon that does not come back stops the run (:class:`DaemonLost`, exit status 4),
+its finished samples kept for `--resume`.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from testbed.errors import TestbedError
+
+#: how often the counters are read through a window (a netlink dump of two devices costs a
+#: fraction of a millisecond)
+INTERVAL_S = 0.25
+#: the shortest silence counted as a gap: a 1 s link flap stalls TCP for longer (its
+#: retransmission timer backs off), and no stream here idles for this long on its own
+MIN_GAP_S = 0.75
+#: the same for guests: a TCG guest on a loaded 2-core host can go a second without running
+#: its vCPU thread, which is the host's noise (the noise guard's business), not a stall
+MIN_GAP_GUEST_S = 2.0
+#: how long the run waits for a daemon that stopped or restarted to answer again
+COMEBACK_S = 60.0
+
+LIBVIRT_PIDFILES = {"libvirtd": ("/run/libvirtd.pid", "/var/run/libvirtd.pid"),
+                    "virtqemud": ("/run/virtqemud.pid", "/var/run/virtqemud.pid")}
+
+
+class DaemonLost(TestbedError):
+    """A daemon the run depends on stopped and did not come back in time: the run stops,
+    its finished cells kept, and `--resume` goes on once the daemon runs again."""
+
+    exit_status = 4
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One daemon as found at one instant: its pid and start time (None: not running)."""
+
+    name: str
+    pid: int | None
+    started: float | None
+
+
+@dataclass(frozen=True)
+class Daemon:
+    """A daemon to watch, found through its pidfiles (the host's own: a private instance of
+    another session has other pidfiles and is never mistaken for it)."""
+
+    name: str
+    pidfiles: tuple[str, ...]
+
+    def seen(self) -> Seen:
+        for f in self.pidfiles:
+            try:
+                pid = int(Path(f).read_text().split()[0])
+                p = psutil.Process(pid)
+                # a stale pidfile whose pid was reused by something else is no daemon
+                if p.name() != self.name[:15] and not p.name().startswith(self.name[:15]):
+                    continue
+                return Seen(self.name, pid, p.create_time())
+            except (OSError, ValueError, IndexError, psutil.Error):
+                continue
+        return Seen(self.name, None, None)
+
+
+def ovs_daemons(rundir: str | os.PathLike | None = None) -> tuple[Daemon, ...]:
+    from testbed.host.net import ovsd
+    d = Path(rundir) if rundir else ovsd.RUNDIR
+    return tuple(Daemon(n, (str(d / f"{n}.pid"),)) for n in ("ovsdb-server", "ovs-vswitchd"))
+
+
+def libvirt_daemons() -> tuple[Daemon, ...]:
+    """The libvirt daemon that serves qemu:///system here: libvirtd, or the modular
+    virtqemud (whichever has a pidfile naming a live process)."""
+    found = tuple(Daemon(n, f) for n, f in LIBVIRT_PIDFILES.items())
+    return tuple(d for d in found if d.seen().pid) or found[:1]
+
+
+def changes(before: Sequence[Seen], after: Sequence[Seen]) -> list[str]:
+    """Pure: what happened to each daemon between two readings, in words."""
+    now = {s.name: s for s in after}
+    out = []
+    for b in before:
+        a = now.get(b.name)
+        if a is None:
+            continue
+        if b.pid is None and a.pid is None:
+            out.append(f"{b.name} was not running during the sample")
+        elif b.pid is not None and a.pid is None:
+            out.append(f"{b.name} stopped during the sample (pid {b.pid} gone)")
+        elif b.pid is None:
+            out.append(f"{b.name} started during the sample (pid {a.pid})")
+        elif (a.pid, a.started) != (b.pid, b.started):
+            out.append(f"{b.name} restarted during the sample (pid {b.pid} -> {a.pid})")
+    return out
+
+
+@dataclass(frozen=True)
+class Gap:
+    at_s: float           # from the first reading of the window
+    length_s: float
+
+
+def gaps(readings: Sequence[tuple[float, int]], min_gap_s: float = MIN_GAP_S) -> list[Gap]:
+    """Pure: stretches with no byte counted between two readings that did count bytes,
+    lasting at least ``min_gap_s``. ``readings``: (monotonic time, cumulative bytes). A quiet
+    start or end (connection set-up, the tool winding down) is not a gap: traffic must be
+    seen on both sides of it."""
+    out = []
+    if len(readings) < 3:
+        return out
+    t0 = readings[0][0]
+    last_moving: float | None = None      # when bytes were last seen to move
+    for (ta, ba), (tb, bb) in zip(readings, readings[1:]):
+        if bb != ba:
+            if last_moving is not None and ta - last_moving >= min_gap_s:
+                out.append(Gap(round(last_moving - t0, 2), round(ta - last_moving, 2)))
+            last_moving = tb
+    return out
+
+
+class Sampler:
+    """A thread reading cumulative bytes every ``interval`` s until stopped."""
+
+    def __init__(self, read: Callable[[], int], interval: float = INTERVAL_S) -> None:
+        self.read, self.interval = read, interval
+        self.readings: list[tuple[float, int]] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tb-counter-sampler", daemon=True)
+
+    def _run(self) -> None:
+        nxt = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                self.readings.append((time.monotonic(), self.read()))
+            except Exception as e:      # a device gone mid-window: the object check names it
+                self.errors.append(str(e))
+            nxt += self.interval
+            self._stop.wait(max(0.0, nxt - time.monotonic()))
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        with contextlib.suppress(Exception):
+            self.readings.append((time.monotonic(), self.read()))
+
+
+@dataclass
+class SampleWatch:
+    """One sample's watch: ``reason`` once finished (None: nothing happened)."""
+
+    guard: Guard
+    before: list[Seen]
+    sampler: Sampler | None
+    reason: str | None = None
+    done: bool = False
+
+    def finish(self) -> str | None:
+        """Stop the counter thread and judge the sample (idempotent)."""
+        if self.done:
+            return self.reason
+        self.done = True
+        if self.sampler is not None:
+            self.sampler.__exit__(None, None, None)
+        why = changes(self.before, [d.seen() for d in self.guard.daemons])
+        missing = self.guard.missing()
+        if why or missing:
+            self.guard.fault = "; ".join([*why, *missing])
+        if self.sampler is not None and not missing:
+            for g in gaps(self.sampler.readings, self.guard.min_gap_s):
+                why.append(f"wire counters stopped for {g.length_s:.2f} s at {g.at_s:.2f} s into the window "
+                           f"(no byte on {', '.join(self.guard.devices) or 'the devices under test'} "
+                           f"between traffic before and after: a link flap or a stall)")
+        self.reason = "; ".join([*why, *missing]) or None
+        return self.reason
+
+
+@dataclass
+class Guard:
+    """What one test path is watched for (see the module's doc). ``objects``: (what, exists)
+    pairs; ``read_bytes``: cumulative bytes on the devices under test (None: no gap check)."""
+
+    daemons: tuple[Daemon, ...] = ()
+    objects: tuple[tuple[str, Callable[[], bool]], ...] = ()
+    read_bytes: Callable[[], int] | None = None
+    devices: tuple[str, ...] = ()
+    min_gap_s: float = MIN_GAP_S
+    interval_s: float = INTERVAL_S
+    #: set when a sample saw a daemon change or a missing object: the segment is to be rebuilt
+    fault: str | None = None
+    #: the daemons as first seen (what they must come back to)
+    baseline: list[Seen] = field(default_factory=list)
+    #: guest name -> why it is lost or None (guest_check)
+    guests: tuple[tuple[str, Callable[[], str | None]], ...] = ()
+    #: guests found lost by a sample: name -> reason (the runner brings them back)
+    lost: dict[str, str] = field(default_factory=dict)
+
+    def missing(self) -> list[str]:
+        out = []
+        for name, check in self.guests:
+            why = check()
+            if why:
+                self.lost[name] = why
+                out.append(why)
+        if out:
+            return out          # a lost guest takes its NIC with it: that says enough
+        for what, exists in self.objects:
+            try:
+                ok = exists()
+            except Exception:
+                ok = False
+            if not ok:
+                out.append(f"{what} went missing (removed from outside the run)")
+        return out
+
+    @contextlib.contextmanager
+    def sample(self, gap_check: bool = True) -> Iterator[SampleWatch]:
+        before = [d.seen() for d in self.daemons]
+        if not self.baseline:
+            self.baseline = before
+        sampler = Sampler(self.read_bytes, self.interval_s) if (gap_check and self.read_bytes) else None
+        sw = SampleWatch(self, before, sampler)
+        if sampler is not None:
+            sampler.__enter__()
+        try:
+            yield sw
+        finally:
+            sw.finish()
+
+    def wait_back(self, timeout_s: float = COMEBACK_S, progress: Callable[[str], None] = lambda s: None,
+                  answers: Callable[[], bool] | None = None) -> list[Seen]:
+        """Wait for every watched daemon to run again (and ``answers`` to hold: the daemon
+        serves requests, not only exists), at most ``timeout_s``. Raises DaemonLost."""
+        deadline = time.monotonic() + timeout_s
+        progress(f"waiting up to {timeout_s:.0f} s for {', '.join(d.name for d in self.daemons) or 'the host'} "
+                 f"after: {self.fault}")
+        while True:
+            seen = [d.seen() for d in self.daemons]
+            down = [s.name for s in seen if s.pid is None]
+            if not down and (answers is None or answers()):
+                self.fault = None
+                return seen
+            if time.monotonic() > deadline:
+                raise DaemonLost(f"{', '.join(down) or 'a daemon'} did not come back within {timeout_s:.0f} s "
+                                 f"(after: {self.fault}); the run stopped, its finished cells kept: once it "
+                                 f"runs again, go on with `testbed run TOPOLOGY --resume RUN`")
+            time.sleep(0.5)
+
+
+def answers(daemons: Sequence[Daemon], uri: str = "qemu:///system") -> Callable[[], bool]:
+    """Whether the watched daemons serve requests again, not only run: OVS answers on its
+    database and its switch on its control socket; libvirt accepts a connection."""
+    names = {d.name for d in daemons}
+
+    def check() -> bool:
+        if names & {"ovsdb-server", "ovs-vswitchd"}:
+            from testbed.host.net import ovsd
+            if not (ovsd._answers(ovsd.default_db(), 2) and ovsd._vswitchd_alive(ovsd.default_db(), ovsd.RUNDIR)):
+                return False
+        if names & set(LIBVIRT_PIDFILES):
+            import libvirt
+            try:
+                libvirt.open(uri).close()
+            except libvirt.libvirtError:
+                return False
+        return True
+    return check
+
+
+def reconnect(guests: Sequence, uri: str) -> None:
+    """Guests' domain handles taken again on a new libvirt connection (a restarted daemon
+    drops every client connection; the domains themselves keep running)."""
+    import libvirt
+    conn = libvirt.open(uri)
+    for g in guests:
+        if getattr(g, "shell", None) is None:
+            g.dom = conn.lookupByName(g.name)
+
+
+#: guests a run may lose (crash, destroyed from outside) and bring back before it stops
+MAX_GUEST_LOSSES = 2
+
+
+class GuestsLost(TestbedError):
+    """More guests were lost than a run brings back: it stops, finished cells kept."""
+
+    exit_status = 4
+
+
+def _console_lines(g, since: int, n: int = 6) -> tuple[str, list[str]]:
+    """(everything the console printed since byte ``since``, its last ``n`` non-empty lines)."""
+    try:
+        with open(g.console_log, "rb") as f:
+            f.seek(since)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return "", []
+    return text, [x.strip() for x in text.splitlines() if x.strip()][-n:]
+
+
+def guest_check(g) -> Callable[[], str | None]:
+    """Why guest ``g`` (virt.Guest on this host) is lost, or None: its domain stopped (a
+    `virsh destroy` from outside), or its kernel panicked (the console says so; the domain
+    of a panicked guest keeps running, hung)."""
+    import libvirt
+    try:
+        start = os.path.getsize(g.console_log)
+    except OSError:
+        start = 0
+    who = g.spec.name if getattr(g, "spec", None) is not None else g.name
+
+    def check() -> str | None:
+        text, tail = _console_lines(g, start, 4)
+        if "Kernel panic" in text:
+            # the panic's own line first (the register dump after it says less)
+            first = next((x.strip() for x in text.splitlines() if "Kernel panic" in x), "")
+            shown = [first, *(x for x in tail if x != first)]
+            return f"guest {who} crashed: kernel panic; last console lines: {' | '.join(shown)}"
+        lines = f"; last console lines: {' | '.join(tail)}" if tail else ""
+        try:
+            if not g.dom.isActive():
+                return f"guest {who} stopped from outside (domain {g.name} is not running){lines}"
+        except libvirt.libvirtError as e:
+            if e.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                # a transient domain destroyed (`virsh destroy`) is gone, not stopped
+                return f"guest {who} stopped from outside (domain {g.name} is gone){lines}"
+            return f"guest {who}: its domain cannot be asked ({e.get_error_message()}){lines}"
+        return None
+    return check
+
+
+def for_path(fabric, endpoints: Sequence[tuple[int, object]], *, guests: bool,
+             ovs_rundir: str | None = None) -> Guard:
+    """The guard of a path plugged into ``fabric`` (attachments.Fabric) between
+    ``endpoints``: (the fabric's endpoint number, measure.Endpoint), client then server.
+    Only objects that exist here now are watched (a fabric across two hosts names some on
+    the other host)."""
+    from testbed import attachments
+    daemons: tuple[Daemon, ...] = ()
+    if "ovs" in (fabric.datapath or ""):
+        daemons += ovs_daemons(ovs_rundir)
+    if guests:
+        daemons += libvirt_daemons()
+    # only those running now: a host without them (another OVS manager) is not judged by them
+    daemons = tuple(d for d in daemons if d.seen().pid)
+    objects: list[tuple[str, Callable[[], bool]]] = []
+    for name in attachments.still_here(tuple(fabric.leftovers())):
+        objects.append((name, lambda n=name: bool(attachments.still_here((n,)))))
+    for i, ep in endpoints:
+        def dev_ok(i=i, ep=ep) -> bool:
+            fabric.counters(i, ep.tap)
+            return True
+        where = getattr(ep.guest, "name", "")
+        objects.append((f"device {ep.tap} of {where}" if where else f"device {ep.tap}", dev_ok))
+    watched = tuple((ep.guest.spec.name, guest_check(ep.guest)) for _, ep in endpoints
+                    if guests and getattr(ep.guest, "shell", None) is None)
+
+    def read_bytes() -> int:
+        return sum(w.rx_bytes + w.tx_bytes
+                   for w in (fabric.counters(i, ep.tap) for i, ep in endpoints))
+    return Guard(daemons, tuple(objects), read_bytes, tuple(ep.tap for _, ep in endpoints),
+                 min_gap_s=MIN_GAP_GUEST_S if guests else MIN_GAP_S, guests=watched)
+
+
+__all__ = ["GuestsLost", "MAX_GUEST_LOSSES", "guest_check", "DaemonLost", "answers", "reconnect", "Daemon", "Gap", "Guard", "Sampler", "Seen", "changes", "for_path", "gaps",
+           "libvirt_daemons", "ovs_daemons"]
