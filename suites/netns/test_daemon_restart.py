@@ -22,7 +22,7 @@ from testbed import errors
 from testbed.host import proc
 from testbed.host.hostwatch import Daemon, Guard
 from testbed.host.net import netns, ovsd
-from testbed.measure import runner
+from testbed.measure import testpaths
 from testbed.measure import sampling as measure
 from testbed.measure.session import claim_tag
 from testbed.records import results
@@ -51,7 +51,7 @@ def test_ovs_vswitchd_restarted_mid_sample_fails_it_naming_the_daemon(tmp_path):
             pytest.skip(f"private ovs-vswitchd not startable: {e}")
         try:
             with netns.ovs_veth(tag, switch=sw) as conn, \
-                    runner.connection_path(conn, str(tmp_path / "ep")) as path:
+                    testpaths.connection_path(conn, str(tmp_path / "ep")) as path:
                 (first,) = ovsd.vswitchd_pids(sw.db)
                 pidfile = tmp_path / "ovs-vswitchd.pid"     # the private switch has none of its own
                 pidfile.write_text(f"{first}\n")
