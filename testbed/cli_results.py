@@ -80,7 +80,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     rc = compare.compare_runs(base, new, threshold=args.threshold, alpha=args.alpha,
                               test=args.test, force=args.force, q=args.fdr,
                               min_samples=args.min_samples,
-                              variants=tuple(args.variants) if args.variants else None)
+                              variants=tuple(args.variants) if args.variants else None,
+                              across_hosts=args.across_hosts)
     if args.junit:
         _write(out["--junit"], compare.render_junit(rc), "--junit")
     if args.json:
@@ -95,6 +96,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     elif rc.forced:
         print("testbed compare: WARNING: --force compared runs from different environments",
               file=sys.stderr)
+    if rc.across_hosts:
+        print("testbed compare: WARNING: --across-hosts compared runs of different hosts",
+              file=sys.stderr)
     return rc.exit_status
 
 
@@ -106,6 +110,11 @@ def cmd_history(args: argparse.Namespace) -> int:
     root = _results_root(args)
     if args.ack is not None:
         return history.acknowledge(root, args.ack, args.by, args.why)
+    by = args.by or "host"
+    if by not in history.BY:
+        from testbed.safeio import UserFileError
+        raise UserFileError("--by", f"{by!r}: expected one of {', '.join(history.BY)} "
+                                    f"(a name after --by is for --ack)")
     out = _outputs((args.output, "--output"))
     if args.metric is not None and args.metric not in metric_columns():
         from testbed.safeio import UserFileError
@@ -113,7 +122,8 @@ def cmd_history(args: argparse.Namespace) -> int:
                                         f"known: {', '.join(metric_columns())}")
     # A read: the store must exist and be this testbed's; nothing is created or migrated.
     with store.open(args.db or str(root / "index.sqlite"), readonly=True) as st:
-        found = history.series(st, cell=args.cell, metric=args.metric, threshold=args.threshold)
+        found = history.series(st, cell=args.cell, metric=args.metric, threshold=args.threshold,
+                               by=by)
     found = history.with_acks(found, history.read_acks(root))
     if args.json:
         import dataclasses
@@ -252,6 +262,9 @@ def add_commands(subparsers: Any) -> None:
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.add_argument("--force", action="store_true",
                    help="compare despite a CPU model or attachment mismatch (never TCG vs KVM)")
+    c.add_argument("--across-hosts", action="store_true",
+                   help="compare runs measured on different hosts (machine ids); refused "
+                        "without it, and said in the output with it")
     c.add_argument("--threshold", type=_fraction, default=0.05,
                    help="relative change that counts (default 0.05)")
     c.add_argument("--alpha", type=_fraction, default=0.05,
@@ -275,7 +288,10 @@ def add_commands(subparsers: Any) -> None:
                    help="acknowledge the known change of CELL whose first bad run is RUN "
                         "(stored in <results>/history-acks.jsonl with --by and --why); it "
                         "no longer fails the job")
-    h.add_argument("--by", metavar="WHO", help="--ack: who acknowledges")
+    h.add_argument("--by", metavar="host|class|WHO",
+                   help="series: one per host (its machine id; the default) or one per host "
+                        "class (the inventory's testbed_host_class, pooling its hosts); "
+                        "with --ack: who acknowledges")
     h.add_argument("--why", metavar="TEXT", help="--ack: why the change is accepted")
     h.add_argument("--db", metavar="PATH|URL",
                    help="SQLite file or postgresql:// URL (default: <results>/index.sqlite)")

@@ -9,7 +9,7 @@ from typing import Any
 
 import psutil
 
-from testbed import __version__, capabilities, proc
+from testbed import __version__, capabilities, hostid, proc
 from testbed.errors import CommandError
 from testbed.model import Accelerator
 
@@ -66,6 +66,8 @@ def fingerprint(accel: Accelerator | None, *, image: Any = None, extra: dict | N
         "testbed_commit": git_commit(),
         # governor, turbo, C-states, SMT, NUMA, IRQ affinity, kernel command line, THP
         "tuning": tuning.local(nics),
+        # machine_id, its source, host_class, inventory_host: which host measured (testbed.hostid)
+        **hostid.identity(),
         **(extra or {}),
     }
 
@@ -79,7 +81,7 @@ echo "libvirt=$(libvirtd --version 2>/dev/null | head -1)"
 echo "ovs=$(ovs-vsctl --version 2>/dev/null | head -1)"
 [ -c /dev/kvm ] && [ -w /dev/kvm ] && echo kvm_device=yes || echo kvm_device=no
 [ -c /dev/vhost-net ] && echo vhost_net_device=yes || echo vhost_net_device=no
-"""
+""" + hostid.REMOTE_PROBE
 
 
 def parse_remote_probe(text: str) -> dict[str, str]:
@@ -101,4 +103,5 @@ def remote_fingerprint(shell: Any, uri: str) -> dict:
                      "ovs": kv.get("ovs") or None},
         "kvm_device": kv.get("kvm_device") == "yes",
         "vhost_net_device": kv.get("vhost_net_device") == "yes",
+        "machine_id": kv.get("machine_id") or None,
     }

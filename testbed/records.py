@@ -143,6 +143,12 @@ class Environment(Part):
     #: host settings that move figures (testbed.tuning): governor, turbo, C-states, SMT,
     #: NUMA, IRQ affinity of the NICs under test, kernel command line, THP; None unreadable
     tuning: Mapping[str, Any] = field(default_factory=dict)
+    #: which host measured (testbed.hostid): /etc/machine-id (or the TESTBED_MACHINE_ID
+    #: override, named in machine_id_source), the inventory's host class and host name
+    machine_id: str | None = None
+    machine_id_source: str | None = None
+    host_class: str | None = None
+    inventory_host: str | None = None
 
     _parts: ClassVar = {}
 
