@@ -216,7 +216,7 @@ def test_a_fleet_run_fails_hosts_alone_and_retry_brings_them_in(fleet):
         for line in p.stderr:           # type: ignore[union-attr]
             err_lines.append(line.rstrip())
             # t1's sshd dies while its run goes on: the host fails, the others do not
-            if line.startswith("fleet: t1 running") and not killed.is_set():
+            if line.startswith("fleet: t1 running: testbed run started") and not killed.is_set():
                 f.targets[1].kill()
                 killed.set()
     reader = threading.Thread(target=watch)

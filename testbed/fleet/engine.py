@@ -125,6 +125,8 @@ class Progress:
             self.failed[host] = inv.scrub(where + why, self.hosts) or "failed"
             self._set(host, FAILED, self.failed[host])
             self._show(host, f"failed: {self.failed[host]}")
+        elif kind == "runner_on_ok" and task == "run: testbed run":
+            self._show(host, "running: testbed run started")
         elif kind == "runner_on_ok" and task == "fetch: run directory":
             self.fetched.add(host)
         return False        # nothing kept: events may hold host vars
