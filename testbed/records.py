@@ -473,6 +473,8 @@ class SampleRecord(Part):
             raise ValueError("sample cell has no id")
         if isinstance(self.rep, bool) or not isinstance(self.rep, int) or self.rep < 0:
             raise ValueError(f"sample rep {self.rep!r}: expected an int >= 0")
+        if not isinstance(self.metrics, Mapping):
+            raise ValueError(f"sample metrics: expected an object, found {type(self.metrics).__name__}")
         bad = [k for k, v in self.metrics.items()
                if isinstance(v, bool) or not isinstance(v, (int, float))]
         if bad:

@@ -173,7 +173,7 @@ def _inventory(f: Fleet) -> Path:
               "ansible_python_interpreter": "/usr/bin/python3", "ansible_become_method": "su",
               "testbed_python": "/usr/bin/python3", "testbed_deps_site": deps,
               "testbed_host_packages": False, "testbed_host_setup": False,
-              "testbed_run_timeout": 900, "testbed_lock_wait": 600}
+              "testbed_run_timeout": 1800, "testbed_lock_wait": 1500}
     hosts = {}
     for i, t in enumerate(f.targets[:2]):
         hosts[t.name] = {"ansible_host": t.address, "testbed_home": str(t.home),
@@ -192,7 +192,7 @@ def _inventory(f: Fleet) -> Path:
     return p
 
 
-def _cli(f: Fleet, *argv: str, timeout: float = 900) -> subprocess.CompletedProcess:
+def _cli(f: Fleet, *argv: str, timeout: float = 1800) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", "netns", "exec", f.ctl, sys.executable, "-m", "testbed", *argv],
                           capture_output=True, text=True, timeout=timeout, cwd=f.root,
                           env={**os.environ, "PYTHONPATH": str(WORKTREE),
@@ -223,7 +223,7 @@ def test_a_fleet_run_fails_hosts_alone_and_retry_brings_them_in(fleet):
     reader.start()
     try:
         out = p.stdout.read()           # type: ignore[union-attr]
-        rc = p.wait(900)
+        rc = p.wait(1800)
     finally:
         if p.poll() is None:
             p.kill()
