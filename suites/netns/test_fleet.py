@@ -229,6 +229,7 @@ def test_a_fleet_run_fails_hosts_alone_and_retry_brings_them_in(fleet):
             p.kill()
         reader.join(30)
     err = "\n".join(err_lines)
+    (f.root / "fleet-run.stderr").write_text(err)          # kept for a look after the session
     assert killed.is_set(), err[-3000:]
     assert rc == 6, err[-3000:]                            # some hosts failed
     fleet_dir = Path(out.strip().splitlines()[-1])
@@ -266,6 +267,11 @@ def test_a_fleet_run_fails_hosts_alone_and_retry_brings_them_in(fleet):
     hosts = {h["name"]: h for h in rec["hosts"]}
     assert all(h["status"] == "done" for h in hosts.values()), hosts
     assert hosts["t1"]["attempts"] == 2 and hosts["t0"]["attempts"] == 1
+    # preparing is idempotent: t1 was prepared by the first attempt, so nothing changed now;
+    # the imposter's home had never been touched (its first attempt was refused)
+    assert hosts["t1"]["prepare_changed"] == 0, hosts
+    assert hosts["imposter"]["prepare_changed"] > 0 and hosts["t0"]["prepare_changed"] > 0, hosts
+    assert "fleet: t1 prepared (0 task(s) changed something)" in r.stderr
     ids = {json.loads((fleet_dir / h["run_dir"] / "run.json").read_text())["environment"]["machine_id"]
            for h in hosts.values()}
     assert ids == {"fleet-test-t0", "fleet-test-t1", "fleet-test-t2"}

@@ -88,6 +88,7 @@ class Progress:
         self.shown: dict[str, str] = {}
         self.failed: dict[str, str] = {}
         self.fetched: set[str] = set()
+        self.changed: dict[str, int] = {}
 
     def _set(self, host: str, status: str, reason: str | None = None) -> None:
         if host not in {h.name for h in self.fleet.hosts}:
@@ -111,6 +112,11 @@ class Progress:
         res = data.get("res") or {}
         if kind == "runner_on_start" and phase:
             if self.shown.get(host, "").split(" ")[0] != phase:
+                if phase == "running" and host in self.changed:
+                    h = self.fleet.host(host)
+                    self.fleet = self.fleet.with_host(dataclasses.replace(
+                        h, prepare_changed=self.changed[host]))
+                    self._show(host, f"prepared ({self.changed[host]} task(s) changed something)")
                 self._set(host, phase)
                 self._show(host, phase)
         elif kind == "runner_retry" and task == "run: progress":
@@ -125,6 +131,8 @@ class Progress:
             self.failed[host] = inv.scrub(where + why, self.hosts) or "failed"
             self._set(host, FAILED, self.failed[host])
             self._show(host, f"failed: {self.failed[host]}")
+        elif kind == "runner_on_ok" and phase == "preparing":
+            self.changed[host] = self.changed.get(host, 0) + (1 if res.get("changed") else 0)
         elif kind == "runner_on_ok" and task == "run: testbed run":
             self._show(host, "running: testbed run started")
         elif kind == "runner_on_ok" and task == "fetch: run directory":
@@ -156,7 +164,7 @@ def execute(fleet: FleetRun, hosts: list[inv.Host], topology: dict[str, Any], *,
     for n in names:
         h = fleet.host(n)
         fleet = fleet.with_host(dataclasses.replace(h, status="pending", reason=None,
-                                                    attempts=h.attempts + 1))
+                                                    attempts=h.attempts + 1, prepare_changed=None))
     fleet.write()
     fetched_dir = fleet.dir / "fetched"
     # ansible-runner finds ansible-playbook on PATH: the one installed beside this Python first

@@ -37,6 +37,8 @@ class HostOutcome:
     host_class: str | None = None
     #: the topology values merged in for this host (testbed_topology_overrides)
     overrides: dict[str, Any] = field(default_factory=dict)
+    #: tasks of the last preparation that changed something: 0 on a host already prepared
+    prepare_changed: int | None = None
 
 
 @dataclass(frozen=True)
