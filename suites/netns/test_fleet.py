@@ -178,6 +178,8 @@ def _inventory(f: Fleet) -> Path:
     for i, t in enumerate(f.targets[:2]):
         hosts[t.name] = {"ansible_host": t.address, "testbed_home": str(t.home),
                          "testbed_machine_id": f"fleet-test-{t.name}",
+                         # what the topology leaves per host, merged in on the target
+                         "testbed_topology_overrides": {"name": f"fleet-netns-{t.name}"},
                          "ansible_ssh_common_args": f"-o UserKnownHostsFile={f.known_hosts}"}
     t2 = f.targets[2]
     hosts["imposter"] = {"ansible_host": t2.address, "ansible_port": 2222,
@@ -241,7 +243,9 @@ def test_a_fleet_run_fails_hosts_alone_and_retry_brings_them_in(fleet):
     # progress per host, in order, on stderr
     for phase in ("preparing", "running", "fetching", "done"):
         assert f"fleet: t0 {phase}" in err, err[-3000:]
-    assert "fleet: t0 running cell 1 of 1" in err or "fleet: t0 running" in err
+    # "running cell i of n" shows when a poll (every 2 s) lands while the cell is measured
+    assert "fleet: t0 running cell 1 of 1" in err or "fleet: t0 running: testbed run started" in err
+    assert err.count("fleet: t0 running\n") == 1 and err.count("fleet: t0 prepared") == 1
     assert "fleet: imposter failed: host key verification failed" in err
     # the refused host's run never started: nothing of this fleet run exists in its home
     assert not (f.targets[2].home / "fleet" / rec["fleet_id"] / "imposter").exists()
@@ -251,7 +255,7 @@ def test_a_fleet_run_fails_hosts_alone_and_retry_brings_them_in(fleet):
     # t0's run came back whole, with its host's identity
     run0 = json.loads((fleet_dir / hosts["t0"]["run_dir"] / "run.json").read_text())
     env0 = run0["environment"]
-    assert run0["status"] == "complete"
+    assert run0["status"] == "complete" and run0["topology"]["name"] == "fleet-netns-t0"
     assert env0["machine_id"] == "fleet-test-t0" and env0["machine_id_source"] == "TESTBED_MACHINE_ID"
     assert env0["host_class"] == "gen-a" and env0["inventory_host"] == "t0"
     assert env0["host"] and env0["cpu_model"]

@@ -89,6 +89,7 @@ class Progress:
         self.failed: dict[str, str] = {}
         self.fetched: set[str] = set()
         self.changed: dict[str, int] = {}
+        self.phase: dict[str, str] = {}
 
     def _set(self, host: str, status: str, reason: str | None = None) -> None:
         if host not in {h.name for h in self.fleet.hosts}:
@@ -111,7 +112,8 @@ class Progress:
         phase = _PHASES.get(task.split(":", 1)[0])
         res = data.get("res") or {}
         if kind == "runner_on_start" and phase:
-            if self.shown.get(host, "").split(" ")[0] != phase:
+            if self.phase.get(host) != phase:
+                self.phase[host] = phase
                 if phase == "running" and host in self.changed:
                     h = self.fleet.host(host)
                     self.fleet = self.fleet.with_host(dataclasses.replace(
@@ -237,6 +239,7 @@ def start(inventory: str, topology: str, *, limit: str | None, forks: int, db: s
           root: Path, wheel: str | None, say: Callable[[str], None]) -> FleetRun:
     """A new fleet run: everything checked before the fleet directory is made."""
     from testbed import store
+    inv.require_ansible()
     hosts = inv.list_hosts(inventory, limit)
     inv.check_trust(inventory, hosts)
     data = inv.topology_data(topology)
@@ -264,6 +267,7 @@ def retry(spec: str, *, forks: int | None, db: str | None, root: Path,
           say: Callable[[str], None]) -> FleetRun:
     """Run the failed hosts of a fleet run again, with its inventory, topology and wheel."""
     fleet = record.read(spec, root)
+    inv.require_ansible()
     failed = [h.name for h in fleet.failed]
     if not failed:
         say(f"fleet {fleet.fleet_id}: no failed host to retry")

@@ -32,13 +32,25 @@ class FleetError(TestbedError):
     exit_status = 1
 
 
+def require_ansible() -> None:
+    """ansible-runner and ansible-core importable and ansible-playbook found, else exit 3."""
+    try:
+        import ansible_runner  # noqa: F401
+    except ImportError:
+        err = FleetError("ansible-runner is not installed: install the testbed's fleet extra "
+                         "(pip install 'testbed[fleet]')")
+        err.exit_status = 3
+        raise err from None
+    ansible_binary("ansible-playbook")
+
+
 def ansible_binary(name: str) -> str:
     """An Ansible command installed beside this Python (the venv), else on PATH."""
     here = Path(sys.executable).parent / name
     found = str(here) if here.is_file() else shutil.which(name)
     if not found:
-        err = FleetError(f"{name} not found: install the testbed's pinned ansible-core "
-                         f"(pip install ansible-core)")
+        err = FleetError(f"{name} not found: install the testbed's fleet extra "
+                         f"(pip install 'testbed[fleet]')")
         err.exit_status = 3
         raise err
     return found
