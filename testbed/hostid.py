@@ -40,8 +40,10 @@ def machine_id(root: Path = Path("/")) -> tuple[str | None, str]:
 
 
 def _clean(name: str) -> str | None:
+    """Free text (a class may be "EPYC gen 3"), one printable line of at most 128 characters;
+    anything else is not recorded rather than recorded garbled."""
     v = (os.environ.get(name) or "").strip()
-    return v[:128] if v and _ID.match(v[:128]) else None
+    return v if v and len(v) <= 128 and v.isprintable() else None
 
 
 def identity() -> dict[str, str | None]:

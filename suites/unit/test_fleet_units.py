@@ -59,6 +59,14 @@ def test_a_host_that_turns_host_key_checking_off_is_refused(tmp_path, var):
         inv.check_trust(p, inv.list_hosts(p))
 
 
+def test_the_testbeds_own_host_vars_are_checked(tmp_path):
+    p = _inv(tmp_path, "all:\n  hosts:\n    hv1: {testbed_host_class: 'EPYC gen 3'}\n"
+                       "    hv2: {testbed_machine_id: 'a b'}\n")
+    with pytest.raises(UserFileError, match="hv2: testbed_machine_id"):
+        inv.check_vars(p, inv.list_hosts(p))
+    inv.check_vars(p, inv.list_hosts(p, "hv1"))
+
+
 def test_each_hosts_topology_overrides_are_validated(tmp_path):
     topo = tmp_path / "t.yaml"
     topo.write_text(TOPOLOGY)

@@ -27,16 +27,16 @@ def test_identity_comes_from_machine_id_and_says_so(tmp_path, monkeypatch):
 
 
 def test_every_fingerprint_carries_the_identity_and_run_json_reads_back(tmp_path, monkeypatch):
-    monkeypatch.setenv(hostid.CLASS, "epyc-gen3")
+    monkeypatch.setenv(hostid.CLASS, "EPYC gen 3")
     monkeypatch.setenv(hostid.INVENTORY_HOST, "hv07")
     env = environment.fingerprint(None)
     assert env["machine_id"] and env["host"] and env["cpu_model"]
-    assert env["host_class"] == "epyc-gen3" and env["inventory_host"] == "hv07"
+    assert env["host_class"] == "EPYC gen 3" and env["inventory_host"] == "hv07"
     d = matrix_run(tmp_path, "r1", seed=1, **{k: env[k] for k in (
         "machine_id", "machine_id_source", "host_class", "inventory_host")})
     rec = results.read_run(d)            # the one validating reader takes the new keys
     assert rec.environment.machine_id == env["machine_id"]
-    assert rec.environment.host_class == "epyc-gen3"
+    assert rec.environment.host_class == "EPYC gen 3"
     raw = json.loads((d / "run.json").read_text())
     assert raw["environment"]["inventory_host"] == "hv07"
 

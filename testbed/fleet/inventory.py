@@ -108,6 +108,22 @@ def list_hosts(inventory: str | Path, limit: str | None = None) -> list[Host]:
     return [Host(n, dict(meta.get(n) or {})) for n in names]
 
 
+def check_vars(inventory: str | Path, hosts: list[Host]) -> None:
+    """The testbed's own host vars, checked before any host is touched."""
+    for h in hosts:
+        for key in ("testbed_host_class", "testbed_machine_id"):
+            v = h.vars.get(key)
+            if v in (None, ""):
+                continue
+            if not isinstance(v, (str, int)) or not str(v).isprintable() or len(str(v)) > 128:
+                raise UserFileError(inventory, f"host {h.name}: {key} must be one printable "
+                                               f"line of at most 128 characters")
+        mid = h.vars.get("testbed_machine_id")
+        if mid not in (None, "") and not re.match(r"^[A-Za-z0-9._:-]{1,128}$", str(mid)):
+            raise UserFileError(inventory, f"host {h.name}: testbed_machine_id may hold letters, "
+                                           f"digits and . _ : - only")
+
+
 def check_trust(inventory: str | Path, hosts: list[Host]) -> None:
     """Host keys are verified on a fleet: a host that turns the check off is refused."""
     for h in hosts:
