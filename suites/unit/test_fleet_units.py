@@ -146,3 +146,15 @@ def test_the_shipped_playbook_passes_ansibles_syntax_check(tmp_path):
                             "ANSIBLE_LOCAL_TEMP": str(tmp_path), "HOME": str(tmp_path)})
     assert p.returncode == 0, p.stderr + p.stdout
     assert "StrictHostKeyChecking=yes" in engine.SSH_ARGS
+
+
+def test_capacity_per_class_plans_by_the_weakest_host(tmp_path):
+    from testbed import capacity
+    f = _fleet_with_runs(tmp_path, {"a1": ("gen3", 10000), "a2": ("gen3", 5000),
+                                    "b1": ("gen2", 8000)})
+    r = report.build(f, demand=capacity.parse_demand("rr:500tps"))
+    by = {(c.host_class, c.mode): c for c in r.capacity}
+    gen3 = by[("gen3", "bridge/qemu")]
+    assert set(gen3.vms_by_host) == {"a1", "a2"} and gen3.vms == min(gen3.vms_by_host.values())
+    assert ("gen2", "bridge/qemu") in by and gen3.vms_by_host["a1"] > gen3.vms_by_host["a2"]
+    assert f"CAPACITY class gen3 bridge/qemu: {gen3.vms} VMs per host" in report.render_text(r)
