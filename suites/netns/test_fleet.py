@@ -271,6 +271,9 @@ def test_a_fleet_run_fails_hosts_alone_and_retry_brings_them_in(fleet):
     hosts = {h["name"]: h for h in rec["hosts"]}
     assert all(h["status"] == "done" for h in hosts.values()), hosts
     assert hosts["t1"]["attempts"] == 2 and hosts["t0"]["attempts"] == 1
+    # t1's first run went on after its sshd died; the retry ran in an attempt folder of its
+    # own, so the two never wrote into one another's files
+    assert len(list((f.targets[1].home / "fleet" / rec["fleet_id"] / "t1").glob("attempt-*"))) == 2
     # preparing is idempotent: t1 was prepared by the first attempt, so nothing changed now;
     # the imposter's home had never been touched (its first attempt was refused)
     assert hosts["t1"]["prepare_changed"] == 0, hosts

@@ -183,6 +183,8 @@ def execute(fleet: FleetRun, hosts: list[inv.Host], topology: dict[str, Any], *,
             limit=",".join(names), forks=fleet.forks, quiet=True, timeout=timeout,
             extravars={"testbed_wheel": str(wheel), "testbed_version": __version__,
                        "testbed_topology": topology, "testbed_fleet_id": fleet.fleet_id,
+                       # each attempt its own folder on the target (see the role's defaults)
+                       "testbed_attempt": "attempt-" + results.new_run_id()[0],
                        "testbed_controller_dir": str(fetched_dir)},
             envvars={"PATH": path, "ANSIBLE_HOST_KEY_CHECKING": "True", "ANSIBLE_SSH_ARGS": SSH_ARGS,
                      "ANSIBLE_RETRY_FILES_ENABLED": "False", "ANSIBLE_NOCOLOR": "1",
