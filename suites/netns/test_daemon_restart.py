@@ -22,8 +22,8 @@ from testbed import errors
 from testbed.host import proc
 from testbed.host.hostwatch import Daemon, Guard
 from testbed.host.net import netns, ovsd
-from testbed.measure import testpaths
 from testbed.measure import sampling as measure
+from testbed.measure import testpaths
 from testbed.measure.session import claim_tag
 from testbed.records import results
 from testbed.topology import config

@@ -101,9 +101,9 @@ def test_an_acknowledged_change_no_longer_fails_the_job(tmp_path, capsys):
     ids = nightly(tmp_path, 12, step_at=7)
     assert run_cli(["history", "--results", str(tmp_path)], capsys)[0] == 1
     code, _, err = run_cli(["history", "--results", str(tmp_path), "--ack", f"{S.id}@{ids[7]}"], capsys)
-    assert code == 2 and err.count("\n") == 1 and "--by" in err
+    assert code == 2 and err.count("\n") == 1 and "--who" in err
     code, out, _ = run_cli(["history", "--results", str(tmp_path), "--ack", f"{S.id}@{ids[7]}",
-                            "--by", "ana", "--why", "new QEMU default, accepted"], capsys)
+                            "--who", "ana", "--why", "new QEMU default, accepted"], capsys)
     assert code == 0
     (ack,) = history.read_acks(tmp_path)
     assert ack["by"] == "ana" and ack["why"].startswith("new QEMU") and ack["when"]

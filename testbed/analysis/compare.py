@@ -48,7 +48,8 @@ from testbed.records.records import Environment, RunRecord, SampleRecord
 LATENCY_METRICS = ("latency_mean_us", "latency_p99_us")
 #: environment keys that differ between builds by design; shown, never refused
 COMPLETE = ("complete", "complete-with-failures")
-INFO_KEYS = ("kernel", "cpus", "cpu_mhz", "memory_bytes", "host", "vhost_net", "testbed_commit")
+#: (the host itself is a difference of its own: Severity.HOST)
+INFO_KEYS = ("kernel", "cpus", "cpu_mhz", "memory_bytes", "vhost_net", "testbed_commit")
 
 
 class RunNotFound(TestbedError):
@@ -121,6 +122,8 @@ class Severity(StrEnum):
     CHANGED = "changed"       # what the nightly is testing (kernel, QEMU, OVS); shown only
     #: a topology or profile setting differs: the cells it touches are REDEFINED, not compared
     DEFINITION = "definition"
+    #: measured on different hosts (machine ids): refused unless --across-hosts
+    HOST = "host"
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,10 @@ def differences(base: RunRecord, new: RunRecord) -> tuple[Difference, ...]:
         add("comparable_class", eb.comparable_class, en.comparable_class, Severity.FORBIDDEN)
     add("cpu_model", eb.cpu_model, en.cpu_model, Severity.MISMATCH)
     add("attachments", ",".join(attachments(base)), ",".join(attachments(new)), Severity.MISMATCH)
+    hb, hn = _host_pair(eb, en)
+    if hb and hn:
+        add("host (machine_id)" if eb.machine_id and en.machine_id else "host (hostname)",
+            _host_name(eb, hb), _host_name(en, hn), Severity.HOST)
     for key in INFO_KEYS:
         add(key, getattr(eb, key), getattr(en, key), Severity.CHANGED)
     vb, vn = eb.versions or {}, en.versions or {}
@@ -158,6 +165,18 @@ def differences(base: RunRecord, new: RunRecord) -> tuple[Difference, ...]:
     for what, b, n in definition_differences(base, new):
         out.append(Difference(what, b, n, Severity.DEFINITION))
     return tuple(out)
+
+
+def _host_name(env: Environment, key: str) -> str:
+    name = env.inventory_host or env.host
+    return f"{name} {key}" if name and name != key else key
+
+
+def _host_pair(eb: Environment, en: Environment) -> tuple[str | None, str | None]:
+    """The hosts as compared: machine ids when both runs have one, else hostnames."""
+    if eb.machine_id and en.machine_id:
+        return eb.machine_id, en.machine_id
+    return eb.host, en.host
 
 
 def tuning_differences(base: RunRecord, new: RunRecord) -> tuple[Difference, ...]:
@@ -423,6 +442,8 @@ class RunComparison:
     tuning: tuple[Difference, ...] = ()
     #: noise guard: samples excluded (set aside as noisy) and kept marked, per side
     noisy: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: --across-hosts compared runs of different hosts (their figures differ by host too)
+    across_hosts: bool = False
 
     @property
     def failing(self) -> tuple[CellResult, ...]:
@@ -450,18 +471,25 @@ class RunComparison:
 def compare_runs(base: RunRecord, new: RunRecord, *, threshold: float = 0.05,
                  alpha: float = 0.05, test: str = "auto", force: bool = False,
                  q: float = stats.FDR_Q, min_samples: int = stats.MIN_SAMPLES,
-                 variants: tuple[str, str] | None = None) -> RunComparison:
+                 variants: tuple[str, str] | None = None,
+                 across_hosts: bool = False) -> RunComparison:
     """Compare NEW with BASE; with ``variants`` (A, B), ``base`` and ``new`` are one run and
-    its variant A samples are BASE, its variant B samples NEW."""
+    its variant A samples are BASE, its variant B samples NEW. Runs of different hosts are
+    refused unless ``across_hosts``: a difference between hosts is not a build's."""
     diffs = differences(base, new) if variants is None else ()
     forbidden = [d for d in diffs if d.severity is Severity.FORBIDDEN]
     mismatch = [d for d in diffs if d.severity is Severity.MISMATCH]
+    hosts = [d for d in diffs if d.severity is Severity.HOST]
     refused = None
     if forbidden:
         what = "; ".join(f"{d.what} {d.base} vs {d.new}" for d in forbidden)
         refused = (f"NEVER COMPARABLE: {what}. TCG figures are functional checks and are never "
                    f"compared with KVM figures (nor runs of different formats); --force does "
                    f"not override this")
+    elif hosts and not across_hosts:
+        what = "; ".join(f"{d.base} vs {d.new}" for d in hosts)
+        refused = (f"runs of different hosts ({what}); a difference between hosts is not a "
+                   f"build's: compare runs of one host, or give --across-hosts")
     elif mismatch and not force:
         what = "; ".join(f"{d.what} {d.base} vs {d.new}" for d in mismatch)
         refused = f"environments differ: {what}; --force compares anyway"
@@ -492,7 +520,8 @@ def compare_runs(base: RunRecord, new: RunRecord, *, threshold: float = 0.05,
                          test=test, threshold=threshold, alpha=alpha, cells=cells,
                          warnings=warnings, q=q, min_samples=min_samples,
                          tests_used=tests_used,
-                         tuning=tuning_differences(base, new) if variants is None else (), noisy=noisy)
+                         tuning=tuning_differences(base, new) if variants is None else (), noisy=noisy,
+                         across_hosts=bool(hosts and across_hosts and refused is None))
 
 
 def variants_of(rec: RunRecord) -> tuple[str, ...]:
@@ -551,6 +580,9 @@ def render_text(rc: RunComparison) -> str:
     if rc.refused:
         lines.append(f"REFUSED: {rc.refused}")
         return "\n".join(lines) + "\n"
+    if rc.across_hosts:
+        lines.append("!! --across-hosts: BASE and NEW were measured on different hosts; every "
+                     "difference below may be the hosts', not the build's")
     if rc.forced:
         lines.append("!! --force: compared despite the mismatches above")
     header = ("cell", "verdict", "metric", "base", "new", "delta", "interval", "mdc", "test",

@@ -1,8 +1,11 @@
 """`testbed history`: each cell's metric over the runs in the results index, with change points.
 
-A series is one cell (id and definition hash), one metric and one comparable environment
-(accelerator class and CPU model), in run order; runs whose environments cannot be compared
-split a series instead of joining it, so a TCG night never sits between two KVM nights.
+A series is one cell (id and definition hash), one metric, one comparable environment
+(accelerator class and CPU model) and one host (its machine id, testbed.host.hostid), in run
+order; runs whose environments cannot be compared split a series instead of joining it, so a
+TCG night never sits between two KVM nights, and two hosts writing to one store never make
+one series (a change point would be one host's fault read as a regression). ``by="class"``
+pools the hosts of one host class instead; a run without a class stays in its host's series.
 Each point is the mean of the run's ok, non-warmup samples of the cell.
 
 Change points come from ruptures' PELT search (Killick et al. 2012), not from a detector of
@@ -38,7 +41,7 @@ WINDOW = 7
 #: runs from the change point on that must confirm it (the change point's run included)
 CONFIRM = 2
 #: what a bisect range names: the environment keys that differ between last good and first bad
-BISECT_KEYS = ("kernel", "host", "versions", "image")
+BISECT_KEYS = ("kernel", "host", "machine_id", "versions", "image")
 
 
 @dataclass(frozen=True)
@@ -182,9 +185,19 @@ def env_difference(good: Point, bad: Point) -> tuple[tuple[str, str, str], ...]:
                  if g.get(k) != b.get(k))
 
 
-def _env_key(run: object) -> str:
+#: what a series is kept apart by besides the environment: each host, or each host class
+BY = ("host", "class")
+
+
+def _env_key(run: object, env: dict, by: str = "host") -> str:
     r = run  # store RunRow
-    return f"{r.comparable_class or r.accelerator}/{r.cpu_model}"  # type: ignore[attr-defined]
+    base = f"{r.comparable_class or r.accelerator}/{r.cpu_model}"  # type: ignore[attr-defined]
+    if by == "class" and env.get("host_class"):
+        return f"{base} class {env['host_class']}"
+    from testbed.host import hostid
+    name = env.get("inventory_host") or env.get("host") or "?"
+    key = hostid.host_key(env)
+    return f"{base} host {name}" + (f" ({key[:12]})" if key != name else "")
 
 
 def _primary(samples: Sequence[object], rec: RunRecord) -> str:
@@ -192,13 +205,13 @@ def _primary(samples: Sequence[object], rec: RunRecord) -> str:
 
 
 def series(store: object, *, cell: str | None = None, metric: str | None = None,
-           threshold: float = 0.05) -> list[Series]:
-    """Every series in the index ``store`` (testbed.records.store.Store), with its change points."""
+           threshold: float = 0.05, by: str = "host") -> list[Series]:
+    """Every series in the index ``store`` (testbed.records.store.Store), with its change points;
+    ``by``: one series per host (default) or per host class (BY)."""
     points: dict[tuple[str, str, str, str], list[Point]] = defaultdict(list)
     for run in store.runs():  # type: ignore[attr-defined]
         # the index keeps the run's topology; read it as the run record would
         rec = RunRecord.from_dict({"run_id": run.run_id, "topology": json.loads(run.topology)})
-        env = _env_key(run)
         by_cell: dict[str, list] = defaultdict(list)
         for s in store.samples(run.run_id):  # type: ignore[attr-defined]
             if s.ok and (cell is None or s.cell_id == cell):
@@ -207,6 +220,7 @@ def series(store: object, *, cell: str | None = None, metric: str | None = None,
             env_d = json.loads(run.environment or "{}")
         except ValueError:
             env_d = {}
+        env = _env_key(run, env_d if isinstance(env_d, dict) else {}, by)
         env_t = bisect_fields(env_d)
         for cid, samples in by_cell.items():
             s0 = samples[0]
@@ -288,7 +302,7 @@ def acknowledge(root: object, spec: str, by: str | None, why: str | None) -> int
     if not sep or not cell or not run:
         raise UserFileError("--ack", f"{spec!r}: expected CELL@RUN (cell id @ first bad run id)")
     if not by or not why:
-        raise UserFileError("--ack", "needs --by WHO and --why TEXT: an acknowledgement says who and why")
+        raise UserFileError("--ack", "needs --who NAME and --why TEXT: an acknowledgement says who and why")
     path = Path(str(root)) / ACKS
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as f:

@@ -54,8 +54,8 @@ def growth_per_100(a: Reading, b: Reading) -> dict[str, float]:
 
 def soak(cells: int, duration_s: int = 1, progress: Callable[[str], None] = lambda s: None) -> dict:
     """``cells`` cells of one TCP stream sample each on a namespace veth pair."""
-    from testbed.bench.netns import netns_bench
     from testbed.analysis import stats
+    from testbed.bench.netns import netns_bench
     from testbed.measure import sampling as measure
     from testbed.measure import window
     from testbed.topology.model import Attachment, Backend, Cell, NoiseAction, NoiseSpec, Profile, Repetitions

@@ -2,6 +2,7 @@
 
 Exit statuses: 0 ok; 1 a run completed with failed cells (or another error); 2 bad input;
 3 a requested capability is missing; 4 the host is busy or has leftovers; 130 interrupted.
+`testbed fleet run`: 6 some hosts failed, 7 no host done (testbed.cli.fleet).
 """
 from __future__ import annotations
 
@@ -288,6 +289,8 @@ def parser() -> argparse.ArgumentParser:
     cli_results.add_commands(sub)
     from testbed.cli import scenario as cli_scenario
     cli_scenario.add_command(sub)
+    from testbed.cli import fleet as cli_fleet
+    cli_fleet.add_command(sub)
     return p
 
 

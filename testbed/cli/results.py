@@ -82,7 +82,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     rc = compare.compare_runs(base, new, threshold=args.threshold, alpha=args.alpha,
                               test=args.test, force=args.force, q=args.fdr,
                               min_samples=args.min_samples,
-                              variants=tuple(args.variants) if args.variants else None)
+                              variants=tuple(args.variants) if args.variants else None,
+                              across_hosts=args.across_hosts)
     if args.junit:
         _write(out["--junit"], compare.render_junit(rc), "--junit")
     if args.json:
@@ -97,6 +98,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     elif rc.forced:
         print("testbed compare: WARNING: --force compared runs from different environments",
               file=sys.stderr)
+    if rc.across_hosts:
+        print("testbed compare: WARNING: --across-hosts compared runs of different hosts",
+              file=sys.stderr)
     return rc.exit_status
 
 
@@ -108,7 +112,11 @@ def cmd_history(args: argparse.Namespace) -> int:
     from testbed.records.store.schema import metric_columns
     root = _results_root(args)
     if args.ack is not None:
-        return history.acknowledge(root, args.ack, args.by, args.why)
+        return history.acknowledge(root, args.ack, args.who, args.why)
+    by = args.by
+    if by not in history.BY:
+        from testbed.host.safeio import UserFileError
+        raise UserFileError("--by", f"{by!r}: expected one of {', '.join(history.BY)}")
     out = _outputs((args.output, "--output"))
     if args.metric is not None and args.metric not in metric_columns():
         from testbed.host.safeio import UserFileError
@@ -116,7 +124,8 @@ def cmd_history(args: argparse.Namespace) -> int:
                                         f"known: {', '.join(metric_columns())}")
     # A read: the store must exist and be this testbed's; nothing is created or migrated.
     with store.open(args.db or str(root / "index.sqlite"), readonly=True) as st:
-        found = history.series(st, cell=args.cell, metric=args.metric, threshold=args.threshold)
+        found = history.series(st, cell=args.cell, metric=args.metric, threshold=args.threshold,
+                               by=by)
     found = history.with_acks(found, history.read_acks(root))
     if args.json:
         import dataclasses
@@ -255,6 +264,9 @@ def add_commands(subparsers: Any) -> None:
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.add_argument("--force", action="store_true",
                    help="compare despite a CPU model or attachment mismatch (never TCG vs KVM)")
+    c.add_argument("--across-hosts", action="store_true",
+                   help="compare runs measured on different hosts (machine ids); refused "
+                        "without it, and said in the output with it")
     c.add_argument("--threshold", type=_fraction, default=0.05,
                    help="relative change that counts (default 0.05)")
     c.add_argument("--alpha", type=_fraction, default=0.05,
@@ -276,9 +288,12 @@ def add_commands(subparsers: Any) -> None:
                     "printed as suspect); 2 bad input.")
     h.add_argument("--ack", metavar="CELL@RUN",
                    help="acknowledge the known change of CELL whose first bad run is RUN "
-                        "(stored in <results>/history-acks.jsonl with --by and --why); it "
+                        "(stored in <results>/history-acks.jsonl with --who and --why); it "
                         "no longer fails the job")
-    h.add_argument("--by", metavar="WHO", help="--ack: who acknowledges")
+    h.add_argument("--by", metavar="host|class", default="host",
+                   help="series: one per host (its machine id; the default) or one per host "
+                        "class (the inventory's testbed_host_class, pooling its hosts)")
+    h.add_argument("--who", metavar="NAME", help="--ack: who acknowledges")
     h.add_argument("--why", metavar="TEXT", help="--ack: why the change is accepted")
     h.add_argument("--db", metavar="PATH|URL",
                    help="SQLite file or postgresql:// URL (default: <results>/index.sqlite)")

@@ -12,7 +12,7 @@ import psutil
 from testbed import __version__
 from testbed.admin import capabilities
 from testbed.errors import CommandError
-from testbed.host import proc
+from testbed.host import hostid, proc
 from testbed.topology.model import Accelerator
 
 
@@ -68,6 +68,8 @@ def fingerprint(accel: Accelerator | None, *, image: Any = None, extra: dict | N
         "testbed_commit": git_commit(),
         # governor, turbo, C-states, SMT, NUMA, IRQ affinity, kernel command line, THP
         "tuning": tuning.local(nics),
+        # machine_id, its source, host_class, inventory_host: which host measured (testbed.host.hostid)
+        **hostid.identity(),
         **(extra or {}),
     }
 
@@ -81,7 +83,7 @@ echo "libvirt=$(libvirtd --version 2>/dev/null | head -1)"
 echo "ovs=$(ovs-vsctl --version 2>/dev/null | head -1)"
 [ -c /dev/kvm ] && [ -w /dev/kvm ] && echo kvm_device=yes || echo kvm_device=no
 [ -c /dev/vhost-net ] && echo vhost_net_device=yes || echo vhost_net_device=no
-"""
+""" + hostid.REMOTE_PROBE
 
 
 def parse_remote_probe(text: str) -> dict[str, str]:
@@ -103,4 +105,5 @@ def remote_fingerprint(shell: Any, uri: str) -> dict:
                      "ovs": kv.get("ovs") or None},
         "kvm_device": kv.get("kvm_device") == "yes",
         "vhost_net_device": kv.get("vhost_net_device") == "yes",
+        "machine_id": kv.get("machine_id") or None,
     }

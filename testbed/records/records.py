@@ -151,6 +151,12 @@ class Environment(Part):
     #: host settings that move figures (testbed.host.tuning): governor, turbo, C-states, SMT,
     #: NUMA, IRQ affinity of the NICs under test, kernel command line, THP; None unreadable
     tuning: Mapping[str, Any] = field(default_factory=dict)
+    #: which host measured (testbed.host.hostid): /etc/machine-id (or the TESTBED_MACHINE_ID
+    #: override, named in machine_id_source), the inventory's host class and host name
+    machine_id: str | None = None
+    machine_id_source: str | None = None
+    host_class: str | None = None
+    inventory_host: str | None = None
 
     _parts: ClassVar = {}
 
@@ -475,6 +481,8 @@ class SampleRecord(Part):
             raise ValueError("sample cell has no id")
         if isinstance(self.rep, bool) or not isinstance(self.rep, int) or self.rep < 0:
             raise ValueError(f"sample rep {self.rep!r}: expected an int >= 0")
+        if not isinstance(self.metrics, Mapping):
+            raise ValueError(f"sample metrics: expected an object, found {type(self.metrics).__name__}")
         bad = [k for k, v in self.metrics.items()
                if isinstance(v, bool) or not isinstance(v, (int, float))]
         if bad:
