@@ -29,7 +29,7 @@ def test_rr_sample_records_each_percentile_with_its_transactions():
     profile = Profile("tcp_rr", pattern=Pattern.RR, message_size=1, response_size=1, duration_s=2,
                       percentiles=(50.0, 99.0, 99.9))
     cell = Cell(Attachment("netns-veth"), Backend.QEMU, 1500, 1, profile)
-    with bench._netns_bench(Attachment("netns-veth"), lock=False) as (_, writer, path):
+    with bench.netns_bench(Attachment("netns-veth"), lock=False) as (_, writer, path):
         s = measure.measure_once(cell, path, writer, 0, False, {}, {}, None)
     assert s.status == "ok", s.reason
     by = {p["p"]: p for p in s.extra["percentiles"]}

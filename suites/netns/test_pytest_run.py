@@ -16,7 +16,7 @@ import testbed
 from testbed.pytest_plugin import require_root, run_cli
 
 INNER = '''
-from testbed.measure import sampling as measure, runner
+from testbed.measure import sampling as measure, testpaths
 from testbed.analysis import stats
 from testbed.topology.model import Attachment, Backend, Cell, Pattern, Profile, Repetitions
 from testbed.measure.session import claim_tag
