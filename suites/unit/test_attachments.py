@@ -30,7 +30,7 @@ def test_runner_and_measure_name_no_mode(module):
     members = re.findall(r"\bAttachment\.[A-Z_]+", text)
     assert members == [], f"{module} names Attachment members {members}"
     # The counters of a test path come from its fabric, not from a host-networking default.
-    assert not re.search(r"^\s*(from testbed\.hostnet|import testbed\.hostnet|from testbed import .*\bhostnet\b)",
+    assert not re.search(r"^\s*(from testbed\.host\.net|import testbed\.host\.net|from testbed\.host import .*\bnet\b)",
                          _code("measure/sampling.py"), re.M)
 
 

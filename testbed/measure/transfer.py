@@ -2,7 +2,7 @@
 of every hop on its path read around it: how far packets got when a path does not carry TCP,
 and what the chain and OVS experiments (benchmarks, netns tests) measure.
 
-Host networking builds the path; this module runs the traffic tool over it (hostnet runs no
+Host networking builds the path; this module runs the traffic tool over it (the host layer runs no
 traffic tool). The runner's measurement (testbed.measure.sampling) goes through a TestPath instead.
 """
 from __future__ import annotations

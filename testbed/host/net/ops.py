@@ -9,7 +9,7 @@ link operation, the namespace, the offloads and the wire counters, whatever the 
 * a real host over ssh (a remote ``remote.Shell``): ``ip`` commands run through it.
 
 Both answer the same calls with the same errors (a CommandError naming the device and where),
-so hostnet's datapaths (bridge, VXLAN, macvtap) are written once for emulated hosts
+so the host layer's datapaths (bridge, VXLAN, macvtap) are written once for emulated hosts
 (namespaces) and real ones (ssh). Every call refuses a device that is not a ``tb-`` object.
 """
 from __future__ import annotations
