@@ -108,7 +108,7 @@ def test_macvtap_across_two_hosts(guest_pair, tmp_path, run_writer):
     if why:
         pytest.skip(f"attachment macvtap unavailable: {why}")
     topo = config.parse(MACVTAP_TOPOLOGY, "two-hosts-macvtap.yaml", Path.cwd())
-    assert Attachment("macvtap").mode.across(topo)
+    assert attachments.get(Attachment("macvtap")).across(topo)
     gp = guest_pair
     tag = gp.tag
     before = snapshot.take()
