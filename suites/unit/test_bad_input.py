@@ -18,7 +18,7 @@ import pytest
 
 from testbed import cli
 from testbed.errors import ConfigError
-from testbed.topology import config
+from testbed.topology import config, yamlnode
 
 G = "guests: [{name: g1}, {name: g2}]\n"
 M = "matrix: {profiles: [{name: a}]}\n"
@@ -302,7 +302,7 @@ def test_files_that_cannot_be_read(tmp_path, kind):
         f.write_bytes("name: caf\u00e9\n".encode("latin-1"))
         words = "not UTF-8"
     elif kind == "huge":
-        f.write_text("# " + "x" * (config.MAX_FILE_BYTES + 10) + "\n")
+        f.write_text("# " + "x" * (yamlnode.MAX_FILE_BYTES + 10) + "\n")
         words = "too large"
     elif kind == "fifo":
         os.mkfifo(f)

@@ -34,8 +34,10 @@ def test_changes_name_the_daemon_and_both_pids():
         ["x restarted during the sample (pid 5 -> 5)"]
 
 
-def _daemon(pidfile):
+def _daemon(pidfile, started=None):
     p = subprocess.Popen(["sleep", "300"])
+    if started is not None:
+        started.append(p)      # known before its pidfile says so: a waiter may read it at once
     pidfile.write_text(f"{p.pid}\n")
     return p
 
@@ -73,7 +75,7 @@ def test_a_daemon_that_comes_back_late_is_waited_for_and_one_that_does_not_stops
         first.kill()
         first.wait()
     assert sw.reason == f"sleep stopped during the sample (pid {first.pid} gone)"
-    threading.Timer(1.0, lambda: procs.append(_daemon(pidfile))).start()
+    threading.Timer(1.0, lambda: _daemon(pidfile, procs)).start()
     t0 = time.monotonic()
     (seen,) = guard.wait_back(10)
     assert 0.9 <= time.monotonic() - t0 < 5 and seen.pid == procs[-1].pid

@@ -14,7 +14,6 @@ import datetime as dt
 import json
 import os
 import secrets
-import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,17 +37,8 @@ def new_run_id() -> tuple[str, str]:
 
 
 def atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    """``text`` into ``path`` completely or not at all (diskspace.write_file)."""
+    diskspace.write_file(path, text)
 
 
 @dataclass(frozen=True)
@@ -283,8 +273,7 @@ class RunWriter:
 
     def _flush(self) -> None:
         text = json.dumps(self.run.to_dict(), indent=2, sort_keys=True, default=str)
-        with diskspace.mapped(self.dir / "run.json", len(text), self.dir):
-            atomic_write(self.dir / "run.json", text)
+        diskspace.write_file(self.dir / "run.json", text, self.dir)
 
 
 #: caps on what a run directory may hold: far above any real run, far below a machine's memory

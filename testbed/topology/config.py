@@ -13,7 +13,6 @@ import json
 import math
 import os
 import re
-import stat
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -42,7 +41,7 @@ from testbed.topology.model import (
     Variant,
     clone_name,
 )
-from testbed.topology.yamlnode import MAX_FILE_BYTES, Node, compose, oserror, show
+from testbed.topology.yamlnode import Node, compose, oserror, read_text, show
 
 BENCHMARK_NET = ipaddress.ip_network("198.18.0.0/15")
 # Every pattern here is applied with fullmatch: with re.match a '$' also matches before a
@@ -884,27 +883,11 @@ def load(path: str | os.PathLike) -> Topology:
     ConfigError naming the file."""
     p = Path(path)
     file = str(p)
+    text = read_text(p, what="topology")
     try:
-        st = p.stat()
-        if stat.S_ISDIR(st.st_mode):
-            raise ConfigError(file, "(file)", "cannot read: is a directory")
-        if not stat.S_ISREG(st.st_mode):
-            raise ConfigError(file, "(file)", "cannot read: not a regular file")
-        if st.st_size > MAX_FILE_BYTES:
-            raise ConfigError(file, "(file)", f"too large ({st.st_size} bytes; a topology is at most "
-                                              f"{MAX_FILE_BYTES} bytes)")
-        with p.open("rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
-        if len(data) > MAX_FILE_BYTES:
-            raise ConfigError(file, "(file)", f"too large (over {MAX_FILE_BYTES} bytes)")
-        text = data.decode("utf-8-sig")
         base = p.resolve().parent
-    except FileNotFoundError:
-        raise ConfigError(file, "(file)", "no such file") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(file, "(file)", f"cannot read: not UTF-8 text (byte {e.start})") from None
-    except (OSError, RuntimeError, ValueError) as e:
-        # a symlink loop (ELOOP), permission denied, a name too long, an embedded NUL
+    except (OSError, RuntimeError) as e:
+        # a symlink loop (ELOOP), a name too long
         raise ConfigError(file, "(file)", f"cannot read: {oserror(e) if isinstance(e, OSError) else e}") from None
     return parse(text, file, base)
 

@@ -201,9 +201,10 @@ def compose(text: str, file: str, what: str = "topology") -> yaml.Node:
     return root
 
 
-def read_text(path: str | os.PathLike, limit: int = 0) -> str:
+def read_text(path: str | os.PathLike, limit: int = 0, what: str = "") -> str:
     """A user's text file: regular, at most ``limit`` bytes (default: a topology's cap), UTF-8.
-    Anything the file system says is one ConfigError naming the file."""
+    Anything the file system says is one ConfigError naming the file; ``what`` names the kind
+    of file in the size message ("a topology is at most ...")."""
     limit = limit or MAX_FILE_BYTES
     p = Path(path)
     file = str(p)
@@ -214,7 +215,8 @@ def read_text(path: str | os.PathLike, limit: int = 0) -> str:
         if not stat.S_ISREG(st.st_mode):
             raise ConfigError(file, "(file)", "cannot read: not a regular file")
         if st.st_size > limit:
-            raise ConfigError(file, "(file)", f"too large ({st.st_size} bytes; at most {limit})")
+            cap = f"a {what} is at most {limit} bytes" if what else f"at most {limit}"
+            raise ConfigError(file, "(file)", f"too large ({st.st_size} bytes; {cap})")
         with p.open("rb") as f:
             data = f.read(limit + 1)
         if len(data) > limit:
