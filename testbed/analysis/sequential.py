@@ -26,8 +26,9 @@ Why the error rates hold (docs/gate-statistics.md has the figures):
   At look 2, where BASE's own five samples bound the precision however many NEW samples
   are taken, a cell whose (1 - 2 alpha) interval lies within +-``margin`` is unchanged
   "within the margin": a change of ``margin`` or more is called so with probability at
-  most alpha (the two one-sided tests at that margin). The margin defaults to twice the
-  threshold, the change a nightly gate must find (a 10 % drop).
+  most FINAL_ALPHA, 1 % (the two one-sided tests at that margin, on the 98 % interval).
+  The margin defaults to twice the threshold, the change a nightly gate must find (a
+  10 % drop).
 
 The spending function (Lan and DeMets 1983) gives q1 from the information fraction
 t = I1 / I2 of the planned looks; the variance of the relative change with b BASE and n
@@ -54,7 +55,7 @@ from testbed.records.records import RunRecord
 
 SPENDING = ("obrien-fleming", "pocock")
 #: more NEW samples a cell gets at most in the second stage (tuned on `testbed bench gate`)
-EXTRA = 10
+EXTRA = 5
 #: the final look's equivalence margin, as a multiple of the threshold
 MARGIN_FACTOR = 2.0
 
@@ -208,15 +209,40 @@ def restrict(rec: RunRecord, cell_ids: Sequence[str] | set[str]) -> RunRecord:
     return dataclasses.replace(rec, samples=tuple(s for s in rec.samples if s.cell.id in keep))
 
 
-def _margin_verdict(m: stats.Comparison, margin: float) -> stats.Comparison:
-    """At the final look, an inconclusive comparison whose interval lies within +-margin is
-    unchanged within the margin (equivalence at the final margin)."""
+#: the final look's equivalence test level: a change at the margin is called unchanged
+#: with probability at most this (per cell)
+FINAL_ALPHA = 0.01
+
+
+def widened(m: stats.Comparison, alpha: float = FINAL_ALPHA) -> tuple[float, float] | None:
+    """The comparison's (1 - 2 alpha) interval of the relative change at a smaller
+    ``alpha``: its stored (1 - 2 m.alpha) interval widened about its centre (on the log
+    scale for the moderated t, whose interval is exp(.) - 1) by the ratio of t quantiles
+    at the cell's pooled degrees of freedom (n1 + n2 - 2; the moderated t has more, so
+    the interval errs wide)."""
     ci = m.change_ci
+    if ci is None:
+        return None
+    df = max(1, m.base.n + m.new.n - 2)
+    k = float(sps.t.ppf(1 - alpha, df) / sps.t.ppf(1 - min(m.alpha, 0.25), df))
+    if m.test == "moderated" and ci[0] > -1.0:
+        lo, hi = math.log1p(ci[0]), math.log1p(ci[1])
+        mid, half = (lo + hi) / 2, (hi - lo) / 2 * k
+        return math.expm1(mid - half), math.expm1(mid + half)
+    mid, half = (ci[0] + ci[1]) / 2, (ci[1] - ci[0]) / 2 * k
+    return mid - half, mid + half
+
+
+def _margin_verdict(m: stats.Comparison, margin: float) -> stats.Comparison:
+    """At the final look, an inconclusive comparison whose (1 - 2 FINAL_ALPHA) interval
+    lies within +-margin is unchanged within the margin (two one-sided tests at the final
+    margin, level FINAL_ALPHA)."""
+    ci = widened(m)
     if m.verdict is not stats.Verdict.INCONCLUSIVE or ci is None or not (-margin <= ci[0] and ci[1] <= margin):
         return m
     return dataclasses.replace(m, verdict=stats.Verdict.UNCHANGED, note="; ".join(filter(None, [
-        m.note, f"final look: interval [{ci[0]:+.1%}, {ci[1]:+.1%}] within +-{margin:.0%}, unchanged "
-                f"within the margin"])))
+        m.note, f"final look: {1 - 2 * FINAL_ALPHA:.0%} interval [{ci[0]:+.1%}, {ci[1]:+.1%}] within "
+                f"+-{margin:.0%}: unchanged within the margin"])))
 
 
 _ORDER = (stats.Verdict.REGRESSED, stats.Verdict.INCONCLUSIVE, stats.Verdict.INSUFFICIENT,

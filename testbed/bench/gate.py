@@ -64,11 +64,25 @@ def _draws(rng: np.random.Generator, noise: float, reps: str, scale: float) -> l
     return list(MBPS * scale * rng.normal(1, noise, int(reps)))
 
 
+def repetitions(reps: str) -> dict:
+    """The repetitions a run records for a way of drawing its samples ("gate", or a count)."""
+    if reps == "gate":
+        return {"warmup": 1, "min_samples": 5, "max_samples": 10, "rsd_target": 0.03}
+    return {"warmup": 0, "min_samples": int(reps), "max_samples": int(reps), "rsd_target": 0.0}
+
+
 def night(tpl: RunRecord, run_id: str, rng: np.random.Generator, *, noise: float, reps: str,
-          scale: dict[str, float] | None = None, fail_p: float = 0.0) -> RunRecord:
+          scale: dict[str, float] | None = None, fail_p: float = 0.0,
+          declare: bool = True) -> RunRecord:
     """``tpl`` with fresh samples: per cell, draws at ``noise``, scaled by ``scale[cell id]``,
-    each failing (a failed sample with its reason, never a zero) with probability ``fail_p``."""
+    each failing (a failed sample with its reason, never a zero) with probability ``fail_p``.
+    The run records the repetitions that drew them (``declare``; False records a fixed
+    count, so `compare` does not know a stopping rule chose the counts)."""
     scale = scale or {}
+    topo = dict(tpl.topology)
+    topo["matrix"] = {**(topo.get("matrix") or {}),
+                      "repetitions": repetitions(reps if declare else "5")}
+    tpl = dataclasses.replace(tpl, topology=topo)
     out: list[SampleRecord] = []
     for s in tpl.samples:
         for rep, v in enumerate(_draws(rng, noise, reps, scale.get(s.cell.id, 1.0))):
@@ -190,7 +204,7 @@ def history_sim(sequences: int = 6, seed: int = 0, noise: float = 0.024, step: f
     return HistoryOutcome(sequences, found, alarms)
 
 
-def main(nights: int | None) -> int:
+def main(nights: int | None, seq_nights: int = 40) -> int:
     rows = run(nights or 10)
     print(f"200 synthetic stream cells per run, BASE and NEW drawn per night (seeded); "
           f"exit statuses of `testbed compare` (0 pass, 1 fail, 5 undecided)")
@@ -200,4 +214,6 @@ def main(nights: int | None) -> int:
           f"window {__import__('testbed.analysis.history').history.WINDOW}): -8% step at 2.4% nightly noise "
           f"found within 3 nights in {h.step_found_within_3}/{h.sequences} sequences; unchanged "
           f"30-night series replayed nightly alarmed in {h.unchanged_alarms}/{h.sequences}")
+    from testbed.bench import gate_seq
+    gate_seq.main(seq_nights)
     return 0
