@@ -58,6 +58,10 @@ SPENDING = ("obrien-fleming", "pocock")
 EXTRA = 5
 #: the final look's equivalence margin, as a multiple of the threshold
 MARGIN_FACTOR = 2.0
+#: the design's false-discovery level, both looks together. Under the complete null it
+#: bounds the share of nights with a false regression (see the module's docstring): 0.03,
+#: below the nightly target of one night in 30, by construction rather than by luck
+NIGHTLY_Q = 0.03
 
 
 def spent(q: float, t: float, kind: str = "obrien-fleming") -> float:
@@ -87,7 +91,7 @@ class Design:
     """The two-stage design. ``budget`` is the total of extra NEW samples over all cells
     (None: ``extra`` times half the cells, rounded up)."""
 
-    q: float = stats.FDR_Q
+    q: float = NIGHTLY_Q
     threshold: float = 0.05
     alpha: float = 0.05
     margin: float | None = None       # None: MARGIN_FACTOR x threshold
@@ -98,6 +102,8 @@ class Design:
     test: str = "auto"
 
     def __post_init__(self) -> None:
+        if not 0.0 < self.q < 1.0:
+            raise ValueError(f"q must be in (0, 1), got {self.q}")
         if self.extra < 1:
             raise ValueError(f"extra samples per cell must be >= 1, got {self.extra}")
         if self.budget is not None and self.budget < 0:

@@ -291,6 +291,9 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--margin", dest="seq_margin", type=number(0.0, 0.99, low_open=True), metavar="F",
                    help="final look: unchanged when the change's 98%% interval lies within "
                         "+-F (default: twice the threshold, 0.10)")
+    g.add_argument("--fdr", dest="seq_fdr", type=number(0.0, 0.5, low_open=True), metavar="Q",
+                   help="the design's false-discovery level over both looks; it bounds the share "
+                        "of unchanged nights with a false regression (default 0.03)")
     g.add_argument("--spending", dest="seq_spending", choices=("obrien-fleming", "pocock"),
                    help="alpha-spending function for the two looks (default obrien-fleming)")
     r.set_defaults(func=cmd_run)
