@@ -5,7 +5,9 @@ Runs are built in the project's own format: one template run is written by the p
 RunWriter (200 stream cells) and read back as a :class:`testbed.records.records.RunRecord`; each
 simulated night replaces its samples with fresh seeded draws (``noise`` relative, normal)
 and goes through :func:`testbed.analysis.compare.compare_runs` exactly as `testbed compare` would.
-Everything is seeded: the same arguments print the same figures.
+Everything is seeded: the same arguments print the same figures. A second table
+(:mod:`testbed.bench.gate_seq`) replays the sequential design of `testbed run
+--decide-against`, and checks it against the nightly targets.
 
 Scenarios (per night, BASE and NEW drawn independently):
 - ``unchanged``: nothing changed; any exit 1 is a false regression, exit 5 a night the gate
@@ -210,8 +212,9 @@ def main(nights: int | None, seq_nights: int = 40) -> int:
           f"exit statuses of `testbed compare` (0 pass, 1 fail, 5 undecided)")
     print(format_outcomes(rows))
     h = history_sim(sequences=50)
-    print(f"history (PELT, penalty {__import__('testbed.analysis.history').history.PENALTY} sigma^2 ln n, "
-          f"window {__import__('testbed.analysis.history').history.WINDOW}): -8% step at 2.4% nightly noise "
+    from testbed.analysis import history
+    print(f"history (PELT, penalty {history.PENALTY} sigma^2 ln n, "
+          f"window {history.WINDOW}): -8% step at 2.4% nightly noise "
           f"found within 3 nights in {h.step_found_within_3}/{h.sequences} sequences; unchanged "
           f"30-night series replayed nightly alarmed in {h.unchanged_alarms}/{h.sequences}")
     from testbed.bench import gate_seq
