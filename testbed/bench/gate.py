@@ -5,9 +5,9 @@ Runs are built in the project's own format: one template run is written by the p
 RunWriter (200 stream cells) and read back as a :class:`testbed.records.records.RunRecord`; each
 simulated night replaces its samples with fresh seeded draws (``noise`` relative, normal)
 and goes through :func:`testbed.analysis.compare.compare_runs` exactly as `testbed compare` would.
-Everything is seeded: the same arguments print the same figures. A second table
-(:mod:`testbed.bench.gate_seq`) replays the sequential design of `testbed run
---decide-against`, and checks it against the nightly targets.
+Everything is seeded: the same arguments print the same figures. `testbed bench gate`
+then prints a second table (:mod:`testbed.bench.gate_seq`): the sequential design of
+`testbed run --decide-against` replayed, checked against the nightly targets.
 
 Scenarios (per night, BASE and NEW drawn independently):
 - ``unchanged``: nothing changed; any exit 1 is a false regression, exit 5 a night the gate
@@ -206,7 +206,7 @@ def history_sim(sequences: int = 6, seed: int = 0, noise: float = 0.024, step: f
     return HistoryOutcome(sequences, found, alarms)
 
 
-def main(nights: int | None, seq_nights: int = 40) -> int:
+def main(nights: int | None) -> int:
     rows = run(nights or 10)
     print(f"200 synthetic stream cells per run, BASE and NEW drawn per night (seeded); "
           f"exit statuses of `testbed compare` (0 pass, 1 fail, 5 undecided)")
@@ -217,6 +217,4 @@ def main(nights: int | None, seq_nights: int = 40) -> int:
           f"window {history.WINDOW}): -8% step at 2.4% nightly noise "
           f"found within 3 nights in {h.step_found_within_3}/{h.sequences} sequences; unchanged "
           f"30-night series replayed nightly alarmed in {h.unchanged_alarms}/{h.sequences}")
-    from testbed.bench import gate_seq
-    gate_seq.main(seq_nights)
     return 0
