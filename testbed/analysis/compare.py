@@ -330,7 +330,7 @@ def _cell(run: RunRecord, cid: str, base: list[SampleRecord], new: list[SampleRe
         if vb and vn:
             results_.append(MetricResult(metric, decides, stats.compare(
                 vb, vn, higher_is_better=higher, threshold=threshold, alpha=alpha, test=test,
-                min_samples=min_samples)))
+                min_samples=min_samples, spread_from=spread_from(run))))
     # percentiles (p50 .. p99.9, as chosen) by a method fit for quantiles: testbed.analysis.tailgate
     results_ += [MetricResult(k, rr, c) for k, c in tailgate.comparisons(
         [s.metrics for s in ok_b], [s.metrics for s in ok_n], threshold=threshold, alpha=alpha,
@@ -338,6 +338,19 @@ def _cell(run: RunRecord, cid: str, base: list[SampleRecord], new: list[SampleRe
     return CellResult(**ident, verdict=CellVerdict.INCONCLUSIVE, metrics=tuple(results_),
                       note="" if any(m.metric == primary for m in results_)
                       else f"{primary} missing from the successful samples")
+
+
+def spread_from(run: RunRecord) -> int | None:
+    """The samples a run's stopping rule always takes, when the rule is adaptive (an rsd
+    target with max above min): the moderated t estimates its variance from those only,
+    since the rule stops sides that happen to look tight (stats.log_spread)."""
+    r = (run.topology.get("matrix") or {}).get("repetitions")
+    if not isinstance(r, dict):
+        return None
+    lo, hi, rsd = r.get("min_samples"), r.get("max_samples"), r.get("rsd_target")
+    if isinstance(lo, int) and isinstance(hi, int) and hi > lo >= 2 and rsd:
+        return lo
+    return None
 
 
 def failure_rate(base_failed: int, base_n: int, new_failed: int, new_n: int) -> float | None:

@@ -357,7 +357,10 @@ def ndr(limit_mbit: int = NDR_LIMIT_MBIT, precision: float = 0.05, trial_s: tupl
 def main(what: str, args: argparse.Namespace) -> int:
     if what == "gate":
         from testbed.bench import gate as bench_gate
-        return bench_gate.main(args.rounds)
+        from testbed.bench import gate_seq
+        status = bench_gate.main(args.rounds)
+        gate_seq.main(gate_seq.NIGHTS)
+        return status
     if what == "soak":
         from testbed.bench import soak as bench_soak
         return bench_soak.main(args.cells)

@@ -5,7 +5,9 @@ Runs are built in the project's own format: one template run is written by the p
 RunWriter (200 stream cells) and read back as a :class:`testbed.records.records.RunRecord`; each
 simulated night replaces its samples with fresh seeded draws (``noise`` relative, normal)
 and goes through :func:`testbed.analysis.compare.compare_runs` exactly as `testbed compare` would.
-Everything is seeded: the same arguments print the same figures.
+Everything is seeded: the same arguments print the same figures. `testbed bench gate`
+then prints a second table (:mod:`testbed.bench.gate_seq`): the sequential design of
+`testbed run --decide-against` replayed, checked against the nightly targets.
 
 Scenarios (per night, BASE and NEW drawn independently):
 - ``unchanged``: nothing changed; any exit 1 is a false regression, exit 5 a night the gate
@@ -64,11 +66,25 @@ def _draws(rng: np.random.Generator, noise: float, reps: str, scale: float) -> l
     return list(MBPS * scale * rng.normal(1, noise, int(reps)))
 
 
+def repetitions(reps: str) -> dict:
+    """The repetitions a run records for a way of drawing its samples ("gate", or a count)."""
+    if reps == "gate":
+        return {"warmup": 1, "min_samples": 5, "max_samples": 10, "rsd_target": 0.03}
+    return {"warmup": 0, "min_samples": int(reps), "max_samples": int(reps), "rsd_target": 0.0}
+
+
 def night(tpl: RunRecord, run_id: str, rng: np.random.Generator, *, noise: float, reps: str,
-          scale: dict[str, float] | None = None, fail_p: float = 0.0) -> RunRecord:
+          scale: dict[str, float] | None = None, fail_p: float = 0.0,
+          declare: bool = True) -> RunRecord:
     """``tpl`` with fresh samples: per cell, draws at ``noise``, scaled by ``scale[cell id]``,
-    each failing (a failed sample with its reason, never a zero) with probability ``fail_p``."""
+    each failing (a failed sample with its reason, never a zero) with probability ``fail_p``.
+    The run records the repetitions that drew them (``declare``; False records a fixed
+    count, so `compare` does not know a stopping rule chose the counts)."""
     scale = scale or {}
+    topo = dict(tpl.topology)
+    topo["matrix"] = {**(topo.get("matrix") or {}),
+                      "repetitions": repetitions(reps if declare else "5")}
+    tpl = dataclasses.replace(tpl, topology=topo)
     out: list[SampleRecord] = []
     for s in tpl.samples:
         for rep, v in enumerate(_draws(rng, noise, reps, scale.get(s.cell.id, 1.0))):
@@ -196,8 +212,9 @@ def main(nights: int | None) -> int:
           f"exit statuses of `testbed compare` (0 pass, 1 fail, 5 undecided)")
     print(format_outcomes(rows))
     h = history_sim(sequences=50)
-    print(f"history (PELT, penalty {__import__('testbed.analysis.history').history.PENALTY} sigma^2 ln n, "
-          f"window {__import__('testbed.analysis.history').history.WINDOW}): -8% step at 2.4% nightly noise "
+    from testbed.analysis import history
+    print(f"history (PELT, penalty {history.PENALTY} sigma^2 ln n, "
+          f"window {history.WINDOW}): -8% step at 2.4% nightly noise "
           f"found within 3 nights in {h.step_found_within_3}/{h.sequences} sequences; unchanged "
           f"30-night series replayed nightly alarmed in {h.unchanged_alarms}/{h.sequences}")
     return 0

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from testbed import __version__
-from testbed.cli.argtypes import integer
+from testbed.cli.argtypes import integer, number
 from testbed.errors import TestbedError, one_line
 
 
@@ -61,6 +61,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise config.ConfigError(str(args.topology or "<builtin default>"), "(topology)",
                                      f"differs from the one run {rec.run_id} was planned from "
                                      f"({', '.join(keys)}); --resume measures the same matrix")
+    if args.decide_against:
+        return _run_decided(args, topo, resume)
     out = runner.execute(topo, progress=lambda s: print(s, file=sys.stderr, flush=True), resume=resume)
     print(f"status: {out.status}, {out.samples} samples, {out.failed} failed", file=sys.stderr)
     # Every run is indexed in the results store (SQLite beside the results by default).
@@ -75,6 +77,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(html)
     print(out.run_dir)      # the last line stays the run directory, for scripts
     return 0 if out.failed == 0 else 1
+
+
+def _run_decided(args: argparse.Namespace, topo, resume) -> int:
+    """`testbed run --decide-against BASE`: the run, then the sequential gate (look 1, the
+    undecided cells measured again, look 2); the exit status is the gate's."""
+    from testbed.analysis import compare
+    from testbed.measure import decide
+    from testbed.records import results, store
+    if resume is not None:
+        raise decide.NotDecidable("--decide-against: not with --resume (look 1 needs the whole run as it was "
+                                  "measured in one go)")
+    base = compare.resolve(args.decide_against)
+    results.read_run(base)                  # a bad BASE is exit 2 before any work
+    decide.check(topo)
+    try:
+        design = decide.design_from_args(args)
+    except ValueError as e:
+        raise decide.NotDecidable(f"--decide-against: {e}") from None
+    d = decide.run(topo, base, design, progress=lambda s: print(s, file=sys.stderr, flush=True))
+    with store.open(args.db) as st:
+        st.index_run(d.run_dir)
+    print(d.text, end="")
+    print(d.run_dir)      # the last line stays the run directory, for scripts
+    return d.exit_status
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -254,6 +280,22 @@ def parser() -> argparse.ArgumentParser:
                    "directory or id) of the same topology: finished cells are kept, the rest measured")
     r.add_argument("--db", help="results index: SQLite path or postgresql:// URL "
                                "(default: results/index.sqlite)")
+    g = r.add_argument_group("nightly gate (sequential design; see docs/gate-statistics.md)")
+    g.add_argument("--decide-against", metavar="BASE", help="compare the run with BASE (a run "
+                   "directory or id), measure the cells left undecided again, and exit with the "
+                   "gate's status (0 pass, 1 fail, 5 undecided)")
+    g.add_argument("--budget", dest="seq_budget", type=integer(0, 1_000_000), metavar="N",
+                   help="most extra samples over all cells (default: --extra x half the cells)")
+    g.add_argument("--extra", dest="seq_extra", type=integer(1, 1000), metavar="N",
+                   help="extra NEW samples per undecided cell (default 5)")
+    g.add_argument("--margin", dest="seq_margin", type=number(0.0, 0.99, low_open=True), metavar="F",
+                   help="final look: unchanged when the change's 98%% interval lies within "
+                        "+-F (default: twice the threshold, 0.10)")
+    g.add_argument("--fdr", dest="seq_fdr", type=number(0.0, 0.5, low_open=True), metavar="Q",
+                   help="the design's false-discovery level over both looks; it bounds the share "
+                        "of unchanged nights with a false regression (default 0.03)")
+    g.add_argument("--spending", dest="seq_spending", choices=("obrien-fleming", "pocock"),
+                   help="alpha-spending function for the two looks (default obrien-fleming)")
     r.set_defaults(func=cmd_run)
     v = sub.add_parser("validate", help="check a topology file without creating anything")
     v.add_argument("topology", help="topology YAML file")

@@ -8,6 +8,7 @@ grow with the number of modes or cells.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import logging
 import os
@@ -237,15 +238,25 @@ class Outcome:
 
 
 def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None,
-            resume: Path | None = None) -> Outcome:
+            resume: Path | None = None, remeasure: Mapping[str, int] | None = None) -> Outcome:
     """Measure ``t``'s matrix into a new run directory, or, with ``resume``, go on with an
     interrupted run: its finished cells (those with an outcome in run.json, matched by their
-    definition hash) are skipped and the rest measured into the same directory."""
+    definition hash) are skipped and the rest measured into the same directory.
+
+    ``remeasure`` (with ``resume``, a finished run): the second stage of the sequential gate
+    (testbed.measure.decide). Only those cells (by definition hash) are measured again, each
+    for exactly its given count of further samples (after the topology's warm-ups; no
+    stopping rule, so the count cannot depend on the spread the gate judges), appended to
+    the run; their outcome in run.json is replaced by the new one."""
     preflight(t)
     cells = plan(t)
+    if remeasure is not None and resume is None:
+        raise ValueError("remeasure needs the run to add to (resume)")
     if resume is not None:
         # Read (and refused when bad or of another topology) before anything is created.
         done_before = {c.cell.hash for c in results.read_run(resume).cells}
+        if remeasure is not None:
+            done_before = {c.hash for c in cells if c.hash not in remeasure}
     # The results disk must hold what the matrix will write (a stated estimate), checked
     # before anything is created; a disk that fills anyway stops the run (DiskFull).
     from testbed.host import paths
@@ -279,6 +290,10 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None,
         if resume is not None:
             cells = [c for c in cells if c.hash not in done_before]
             writer.note_resume([c.id for c in cells])
+            if remeasure is not None:
+                again = {c.id for c in cells}
+                writer._set(cells=tuple(o for o in writer.cells if o.cell.id not in again))
+                writer.update(second_stage={"cells": sorted(again), "at": results.now()})
             progress(f"resuming {writer.run_id}: {len(done_before)} cells finished before, "
                      f"{len(cells)} left")
         harness = stack.enter_context(harness_cpus(t.harness_cpus))
@@ -404,6 +419,9 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None,
                                  "readings_per_sample": 2,
                                  "fraction_of_one_core_per_10s_window": round(2 * cost / 10, 6)})
         rule = stats.StoppingRule(t.matrix.repetitions)
+        rules = {h: stats.StoppingRule(dataclasses.replace(t.matrix.repetitions, min_samples=n, max_samples=n,
+                                                           rsd_target=0.0))
+                 for h, n in (remeasure or {}).items()}
         done = 0
         started = time.monotonic()
         for (attachment, backend, queues), group in itertools.groupby(cells, key=_nic_group):
@@ -438,11 +456,12 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None,
                             if cell.profile.search is not None:
                                 ratesearch_cell.measure_cell(cell, tpaths[0], writer, qemu_pids, placement, clock_ghz)
                             elif cell.pairs > 1 or cell.profile.paced:
-                                pairs_mod.measure_cell(cell, tpaths[:cell.pairs], writer, rule,
+                                pairs_mod.measure_cell(cell, tpaths[:cell.pairs], writer, rules.get(cell.hash, rule),
                                                        t.matrix.repetitions.warmup, qemu_pids, placement, clock_ghz,
                                                        watch)
                             else:
-                                measure.measure_cell(cell, tpaths[0], writer, rule, t.matrix.repetitions.warmup,
+                                measure.measure_cell(cell, tpaths[0], writer, rules.get(cell.hash, rule),
+                                                     t.matrix.repetitions.warmup,
                                                      qemu_pids, placement, clock_ghz, watch)
                             done += 1
                             try:

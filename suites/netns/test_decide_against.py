@@ -1,0 +1,86 @@
+"""`testbed run TOPOLOGY --decide-against BASE` on a real namespace topology: look 1 against
+BASE, only the undecided cell measured again (in the same run directory, through the
+runner's resume path), look 2, and the run records it all.
+
+BASE is a real run of the same topology whose samples are then edited on disk so that one
+cell's verdict is known in advance: conn1's BASE transactions are tripled (NEW regresses,
+decided at look 1: not measured again) and conn2's are spread +-50 % about their mean
+(NEW cannot be told from it: undecided, measured again)."""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import shutil
+
+import pytest
+
+from testbed.pytest_plugin import run_cli
+
+pytestmark = [pytest.mark.netns, pytest.mark.attach("netns")]
+
+TOPOLOGY = """\
+name: decide
+matrix:
+  attachments: [netns-veth]
+  connections: [1, 2]
+  profiles:
+    - {name: tcp_rr, pattern: rr, message_size: 1, response_size: 1, duration: 1}
+  repetitions: {warmup: 0, min: 5, max: 5, rsd_target: 0}
+noise: {action: keep}
+"""
+
+
+def _edit_base(run_dir):
+    lines = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
+    k = collections.Counter()
+    for s in lines:
+        cid = s["cell"]["id"]
+        if s.get("warmup") or s["status"] != "ok":
+            continue
+        if "conn1" in cid:
+            s["metrics"]["transactions_per_s"] *= 3
+        elif "conn2" in cid:
+            f = (0.5, 1.5)[k[cid] % 2]
+            k[cid] += 1
+            s["metrics"] = {m: v * f if isinstance(v, float) else v for m, v in s["metrics"].items()}
+    (run_dir / "samples.jsonl").write_text("".join(json.dumps(s, sort_keys=True) + "\n" for s in lines))
+
+
+def test_decide_against_measures_only_the_undecided_cell_again(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root: creates namespaces")
+    for tool in ("netperf", "netserver"):
+        if not shutil.which(tool):
+            pytest.skip(f"{tool} missing")
+    topo = tmp_path / "t.yaml"
+    topo.write_text(TOPOLOGY)
+    res = tmp_path / "res"
+    env = {"TESTBED_RESULTS": str(res)}
+    r = run_cli(["run", str(topo)], env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    base = res / r.stdout.strip().splitlines()[-1].split("/")[-1]
+    _edit_base(base)
+
+    r = run_cli(["run", str(topo), "--decide-against", str(base), "--extra", "2"], env=env)
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]          # conn1 regressed
+    run_dir = res / r.stdout.strip().splitlines()[-1].split("/")[-1]
+    assert run_dir != base
+    decision = json.loads((run_dir / "decision.json").read_text())
+    again = {x["cell_id"]: x["extra"] for x in decision["remeasured"]}
+    (cid,) = again
+    assert "conn2" in cid and again[cid] == 2
+    verdicts = {c["id"]: c["verdict"] for c in decision["cells"]}
+    assert {v for k, v in verdicts.items() if "conn1" in k} == {"regressed"}
+    assert decision["q1"] + decision["q2"] == pytest.approx(decision["design"]["q"])
+    samples = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
+    measured = collections.Counter(s["cell"]["id"] for s in samples if not s.get("warmup"))
+    assert measured[cid] == 5 + 2
+    assert all(n == 5 for c, n in measured.items() if c != cid)
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["second_stage"]["cells"] == [cid]
+    ids = [c["id"] for c in run["cells"]]
+    assert sorted(ids) == sorted(set(ids)) and len(ids) == 2       # each cell once
+    assert run["status"] == "complete"
+    assert f"again: {cid} +2" in r.stdout and "look 1" in r.stdout
+    assert (run_dir / "decision.txt").read_text().startswith("BASE ")

@@ -1,0 +1,372 @@
+"""The nightly gate's second look: undecided cells measured again, decided by a two-stage
+group-sequential design that keeps the error rates it promises.
+
+Look 1 is `compare` of BASE with the night's run, its Benjamini-Hochberg level lowered to
+the share of the false-discovery budget that the alpha-spending function gives the first
+look (``q1``). Cells that look 1 decides (regressed, improved, unchanged, broken,
+redefined, missing) stop. The others (insufficient, inconclusive, or a failure rate that
+rose but not credibly) get up to ``extra`` more NEW samples each, within a total
+``budget``. Look 2 compares BASE with the combined NEW samples of those cells at the
+*spent* level ``q2 = q - q1``. BASE is the last good build: it cannot be measured again,
+so only NEW grows.
+
+Why the error rates hold (docs/gate-statistics.md has the figures):
+- False regressions. Under the complete null (an unchanged night) Benjamini-Hochberg at a
+  level a rejects anything with probability at most a. Look 1 runs at q1, look 2 at
+  q2 over the family *as if every cell had gone on* (cells that stopped count with p = 1,
+  which is the Benjamini-Hochberg level q2 k2 / m over the k2 p-values of the cells
+  that went on, m those of look 1). Stopped cells' p = 1 is never smaller than their
+  hypothetical combined p, and BH is monotone in its p-values, so look 2 rejects with
+  probability at most q2. Together at most q1 + q2 = q: the second look at the spent
+  level. For a night with real changes the false-discovery proportion of the union is at
+  most the sum of the two looks' (V/R <= V1/R1 + V2/R2), so the FDR is at most q too.
+  The split ignores the positive correlation of the looks (the exact group-sequential
+  boundary would allow a slightly higher q2): conservative, and simple to check.
+- Missed changes. Look 1 calls a cell unchanged only by equivalence within +-threshold.
+  At look 2, where BASE's own five samples bound the precision however many NEW samples
+  are taken, a cell whose (1 - 2 alpha) interval lies within +-``margin`` is unchanged
+  "within the margin": a change of ``margin`` or more is called so with probability at
+  most FINAL_ALPHA, 1 % (the two one-sided tests at that margin, on the 98 % interval).
+  The margin defaults to twice the threshold, the change a nightly gate must find (a
+  10 % drop).
+
+The spending function (Lan and DeMets 1983) gives q1 from the information fraction
+t = I1 / I2 of the planned looks; the variance of the relative change with b BASE and n
+NEW samples goes as 1/b + 1/n, so t = (1/b + 1/n2) / (1/b + 1/n1).
+O'Brien-Fleming type, q1 = 2 - 2 Phi(z_{1-q/2} / sqrt(t)), is the default: it spends little
+at look 1 (where most cells are decided anyway, by large effects or by equivalence), and
+keeps most of the budget for the cells that needed more samples. Pocock type,
+q1 = q ln(1 + (e - 1) t), is the alternative.
+
+Everything here is pure: run records in, verdicts out.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from scipy import stats as sps
+
+from testbed.analysis import compare, stats
+from testbed.analysis.compare import CellResult, CellVerdict, RunComparison
+from testbed.records.records import RunRecord
+
+SPENDING = ("obrien-fleming", "pocock")
+#: more NEW samples a cell gets at most in the second stage (tuned on `testbed bench gate`)
+EXTRA = 5
+#: the final look's equivalence margin, as a multiple of the threshold
+MARGIN_FACTOR = 2.0
+#: the design's false-discovery level, both looks together. Under the complete null it
+#: bounds the share of nights with a false regression (see the module's docstring): 0.03,
+#: below the nightly target of one night in 30, by construction rather than by luck
+NIGHTLY_Q = 0.03
+
+
+def spent(q: float, t: float, kind: str = "obrien-fleming") -> float:
+    """The share of the level ``q`` spent by information fraction ``t`` (0 < t <= 1):
+    Lan-DeMets' O'Brien-Fleming-type or Pocock-type spending function."""
+    if not 0.0 < q < 1.0:
+        raise ValueError(f"q must be in (0, 1), got {q}")
+    if not 0.0 < t <= 1.0:
+        raise ValueError(f"information fraction must be in (0, 1], got {t}")
+    if kind == "obrien-fleming":
+        return float(2.0 - 2.0 * sps.norm.cdf(sps.norm.ppf(1.0 - q / 2.0) / math.sqrt(t)))
+    if kind == "pocock":
+        return float(q * math.log(1.0 + (math.e - 1.0) * t))
+    raise ValueError(f"unknown spending function {kind!r}; expected one of {SPENDING}")
+
+
+def information_fraction(n_base: int, n1: int, n2: int) -> float:
+    """I1 / I2 for a relative change measured with ``n_base`` BASE samples against ``n1``
+    NEW samples at look 1 and ``n2`` at look 2 (BASE does not grow)."""
+    if min(n_base, n1) < 1 or n2 < n1:
+        raise ValueError(f"need n_base, n1 >= 1 and n2 >= n1, got {n_base}, {n1}, {n2}")
+    return (1.0 / n_base + 1.0 / n2) / (1.0 / n_base + 1.0 / n1)
+
+
+@dataclass(frozen=True)
+class Design:
+    """The two-stage design. ``budget`` is the total of extra NEW samples over all cells
+    (None: ``extra`` times half the cells, rounded up)."""
+
+    q: float = NIGHTLY_Q
+    threshold: float = 0.05
+    alpha: float = 0.05
+    margin: float | None = None       # None: MARGIN_FACTOR x threshold
+    extra: int = EXTRA
+    budget: int | None = None
+    spending: str = "obrien-fleming"
+    min_samples: int = stats.MIN_SAMPLES
+    test: str = "auto"
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.q < 1.0:
+            raise ValueError(f"q must be in (0, 1), got {self.q}")
+        if self.extra < 1:
+            raise ValueError(f"extra samples per cell must be >= 1, got {self.extra}")
+        if self.budget is not None and self.budget < 0:
+            raise ValueError(f"budget must be >= 0, got {self.budget}")
+        if self.spending not in SPENDING:
+            raise ValueError(f"unknown spending function {self.spending!r}; expected one of {SPENDING}")
+        if self.margin is not None and self.margin < self.threshold:
+            raise ValueError(f"margin ({self.margin}) must be at least the threshold ({self.threshold})")
+
+    @property
+    def final_margin(self) -> float:
+        return self.margin if self.margin is not None else MARGIN_FACTOR * self.threshold
+
+    def total_budget(self, cells: int) -> int:
+        return self.budget if self.budget is not None else self.extra * math.ceil(cells / 2)
+
+    def levels(self, n_base: int, n1: int) -> tuple[float, float, float]:
+        """(t, q1, q2): the planned information fraction and the two looks' levels."""
+        t = information_fraction(max(n_base, 1), max(n1, 1), max(n1, 1) + self.extra)
+        q1 = spent(self.q, t, self.spending)
+        return t, q1, self.q - q1
+
+    def describe(self, t: float, q1: float, q2: float) -> str:
+        return (f"two-stage group-sequential design, {self.spending} alpha spending at "
+                f"information fraction {t:.2f}: look 1 at Benjamini-Hochberg q1 {q1:.4f}, look 2 at "
+                f"the spent level q2 = q - q1 = {q2:.4f} (q {self.q}); up to {self.extra} more NEW "
+                f"samples a cell; final look unchanged within +-{self.final_margin:.0%}")
+
+
+def look1(base: RunRecord, new: RunRecord, design: Design, **kw) -> tuple[RunComparison, float, float, float]:
+    """Look 1: `compare` at the first look's spent level, and (t, q1, q2)."""
+    n_base, n1 = typical_n(base), typical_n(new)
+    t, q1, q2 = design.levels(n_base, n1)
+    rc = compare.compare_runs(base, new, threshold=design.threshold, alpha=design.alpha,
+                              test=design.test, q=q1, min_samples=design.min_samples, **kw)
+    return rc, t, q1, q2
+
+
+def typical_n(rec: RunRecord) -> int:
+    """The median count of ok measured samples per cell (the planned n of a look)."""
+    counts: dict[str, int] = {}
+    for s in rec.samples:
+        if not s.warmup and s.ok:
+            counts[s.cell.id] = counts.get(s.cell.id, 0) + 1
+    if not counts:
+        return stats.MIN_SAMPLES
+    vals = sorted(counts.values())
+    return vals[len(vals) // 2]
+
+
+def family_size(rc: RunComparison) -> int:
+    """How many p-values the comparison's deciding family held."""
+    return sum(1 for c in rc.cells for m in c.metrics
+               if m.decides and m.comparison.p_value is not None) + \
+        sum(1 for c in rc.cells if c.failure_p is not None)
+
+
+@dataclass(frozen=True)
+class Remeasure:
+    cell_id: str
+    extra: int          # NEW samples asked for
+    why: str
+
+
+def _why_more(c: CellResult, min_samples: int) -> str | None:
+    """Why a look-1 cell needs more samples, or None when it is decided (or more NEW
+    samples cannot decide it: BASE itself has too few)."""
+    if c.verdict is CellVerdict.NO_BASELINE or c.base_ok < min_samples:
+        return None
+    if c.verdict.undecided:
+        return c.verdict.value
+    if c.failure_p is not None and c.verdict is not CellVerdict.BROKEN:
+        return "failure rate rose, not credibly: measured again to see whether it persists"
+    return None
+
+
+def _priority(c: CellResult) -> tuple[int, str]:
+    # Cells that could still fail the gate first: a change beyond the threshold without
+    # significance, then failures, then cells short of samples, then the rest.
+    deciding = [m.comparison for m in c.metrics if m.decides]
+    beyond = any(m.delta_rel is not None and abs(m.delta_rel) > m.threshold for m in deciding)
+    return (0 if beyond else 1 if c.failure_p is not None else 2 if c.verdict is CellVerdict.INSUFFICIENT
+            else 3, c.cell_id)
+
+
+def plan_remeasure(rc: RunComparison, design: Design) -> tuple[tuple[Remeasure, ...], tuple[str, ...]]:
+    """The cells to measure again, with their extra NEW samples, within the total budget;
+    and the undecided cells left out (BASE short of samples, or over the budget), with why."""
+    wanted = sorted((c for c in rc.cells if _why_more(c, design.min_samples)), key=_priority)
+    left = design.total_budget(len(rc.cells))
+    out, skipped = [], []
+    for c in wanted:
+        # A cell short of ok NEW samples gets what it lacks on top of the stage's extra.
+        n = design.extra + max(0, design.min_samples - c.new_ok)
+        if n > left:
+            skipped.append(f"{c.cell_id}: over the budget ({left} samples left of "
+                           f"{design.total_budget(len(rc.cells))})")
+            continue
+        left -= n
+        out.append(Remeasure(c.cell_id, n, _why_more(c, design.min_samples) or ""))
+    skipped += [f"{c.cell_id}: BASE has {c.base_ok} ok samples; more NEW samples cannot decide it"
+                for c in rc.cells if c.verdict.undecided and _why_more(c, design.min_samples) is None]
+    return tuple(out), tuple(skipped)
+
+
+def restrict(rec: RunRecord, cell_ids: Sequence[str] | set[str]) -> RunRecord:
+    """``rec`` with the samples of ``cell_ids`` only."""
+    keep = set(cell_ids)
+    return dataclasses.replace(rec, samples=tuple(s for s in rec.samples if s.cell.id in keep))
+
+
+#: the final look's equivalence test level: a change at the margin is called unchanged
+#: with probability at most this (per cell)
+FINAL_ALPHA = 0.01
+
+
+def widened(m: stats.Comparison, alpha: float = FINAL_ALPHA) -> tuple[float, float] | None:
+    """The comparison's (1 - 2 alpha) interval of the relative change at a smaller
+    ``alpha``: its stored (1 - 2 m.alpha) interval widened about its centre (on the log
+    scale for the moderated t, whose interval is exp(.) - 1) by the ratio of t quantiles
+    at the cell's pooled degrees of freedom (n1 + n2 - 2; the moderated t has more, so
+    the interval errs wide)."""
+    ci = m.change_ci
+    if ci is None:
+        return None
+    df = max(1, m.base.n + m.new.n - 2)
+    k = float(sps.t.ppf(1 - alpha, df) / sps.t.ppf(1 - min(m.alpha, 0.25), df))
+    if m.test == "moderated" and ci[0] > -1.0:
+        lo, hi = math.log1p(ci[0]), math.log1p(ci[1])
+        mid, half = (lo + hi) / 2, (hi - lo) / 2 * k
+        return math.expm1(mid - half), math.expm1(mid + half)
+    mid, half = (ci[0] + ci[1]) / 2, (ci[1] - ci[0]) / 2 * k
+    return mid - half, mid + half
+
+
+def _margin_verdict(m: stats.Comparison, margin: float) -> stats.Comparison:
+    """At the final look, an inconclusive comparison whose (1 - 2 FINAL_ALPHA) interval
+    lies within +-margin is unchanged within the margin (two one-sided tests at the final
+    margin, level FINAL_ALPHA)."""
+    ci = widened(m)
+    if m.verdict is not stats.Verdict.INCONCLUSIVE or ci is None or not (-margin <= ci[0] and ci[1] <= margin):
+        return m
+    return dataclasses.replace(m, verdict=stats.Verdict.UNCHANGED, note="; ".join(filter(None, [
+        m.note, f"final look: {1 - 2 * FINAL_ALPHA:.0%} interval [{ci[0]:+.1%}, {ci[1]:+.1%}] within "
+                f"+-{margin:.0%}: unchanged within the margin"])))
+
+
+_ORDER = (stats.Verdict.REGRESSED, stats.Verdict.INCONCLUSIVE, stats.Verdict.INSUFFICIENT,
+          stats.Verdict.IMPROVED, stats.Verdict.UNCHANGED)
+
+
+def finish_cell(c: CellResult, margin: float) -> CellResult:
+    """A look-2 cell with the final margin applied to its deciding metrics."""
+    if c.verdict is not CellVerdict.INCONCLUSIVE or not c.metrics:
+        return c
+    ms = tuple(dataclasses.replace(m, comparison=_margin_verdict(m.comparison, margin)) if m.decides else m
+               for m in c.metrics)
+    deciding = [m.comparison.verdict for m in ms if m.decides]
+    worst = next(v for v in _ORDER if v in deciding)
+    return dataclasses.replace(c, metrics=ms, verdict=CellVerdict(worst.value))
+
+
+@dataclass(frozen=True)
+class Sequential:
+    """Both looks and the final comparison (look 1's cells, those measured again replaced
+    by their look-2 results)."""
+
+    design: Design
+    t: float
+    q1: float
+    q2: float
+    look1: RunComparison
+    remeasured: tuple[Remeasure, ...]
+    skipped: tuple[str, ...]
+    look2: RunComparison | None
+    final: RunComparison
+    q2_effective: float | None = None   # q2 k2 / m: Benjamini-Hochberg over the look-2 p-values
+
+    @property
+    def exit_status(self) -> int:
+        return self.final.exit_status
+
+    def summary(self) -> dict:
+        return {"design": dataclasses.asdict(self.design), "information_fraction": self.t,
+                "q1": self.q1, "q2": self.q2, "q2_effective": self.q2_effective,
+                "look1": {"exit_status": self.look1.exit_status, "counts": self.look1.counts()},
+                "remeasured": [dataclasses.asdict(r) for r in self.remeasured],
+                "skipped": list(self.skipped),
+                "final": {"exit_status": self.final.exit_status, "counts": self.final.counts()}}
+
+
+def look2(base: RunRecord, combined: RunRecord, first: RunComparison, remeasured: Sequence[Remeasure],
+          design: Design, q2: float, **kw) -> tuple[RunComparison | None, RunComparison, float | None]:
+    """Look 2 over the cells measured again (``combined`` holds their look-1 and new NEW
+    samples), at the spent level spread over look 1's family; the final comparison."""
+    if not remeasured:
+        return None, first, None
+    ids = {r.cell_id for r in remeasured}
+    m = max(family_size(first), 1)
+    rc2 = compare.compare_runs(restrict(base, ids), restrict(combined, ids), threshold=design.threshold,
+                               alpha=design.alpha, test=design.test, q=q2, min_samples=design.min_samples, **kw)
+    k2 = family_size(rc2)
+    q_eff = q2 * min(k2, m) / m if k2 else q2
+    if k2:
+        rc2 = compare.compare_runs(restrict(base, ids), restrict(combined, ids), threshold=design.threshold,
+                                   alpha=design.alpha, test=design.test, q=q_eff,
+                                   min_samples=design.min_samples, **kw)
+    second = {c.cell_id: finish_cell(c, design.final_margin) for c in rc2.cells}
+    cells = tuple(second.get(c.cell_id, c) for c in first.cells)
+    final = dataclasses.replace(first, cells=cells, q=design.q, tests_used=first.tests_used + tuple(
+        f"{t} (look 2)" for t in rc2.tests_used))
+    return rc2, final, q_eff
+
+
+def decide(base: RunRecord, new: RunRecord, combined: RunRecord | None, design: Design,
+           remeasured: Sequence[Remeasure] | None = None, **kw) -> Sequential:
+    """Both looks from run records: ``new`` as it was at look 1, ``combined`` with the
+    second stage's samples added (None: no second stage was measured). ``remeasured`` is
+    what was asked (default: the plan from look 1)."""
+    rc1, t, q1, q2 = look1(base, new, design, **kw)
+    plan, skipped = plan_remeasure(rc1, design)
+    if remeasured is None:
+        remeasured = plan
+    if combined is None or not remeasured:
+        return Sequential(design, t, q1, q2, rc1, tuple(remeasured), skipped, None, rc1)
+    rc2, final, q_eff = look2(base, combined, rc1, remeasured, design, q2, **kw)
+    return Sequential(design, t, q1, q2, rc1, tuple(remeasured), skipped, rc2, final, q_eff)
+
+
+def render_text(sq: Sequential) -> str:
+    lines = [compare.render_text(sq.final).rstrip("\n")]
+    lines.append(sq.design.describe(sq.t, sq.q1, sq.q2)
+                 + ("" if sq.q2_effective is None else
+                    f"; look 2 Benjamini-Hochberg over its {len(sq.remeasured)} cells at q2 k2/m = {sq.q2_effective:.4f}"))
+    c1 = ", ".join(f"{n} {v}" for v, n in sorted(sq.look1.counts().items()))
+    lines.append(f"look 1: {c1}; measured again: {len(sq.remeasured)} cells, "
+                 f"{sum(r.extra for r in sq.remeasured)} NEW samples (budget "
+                 f"{sq.design.total_budget(len(sq.look1.cells))})")
+    lines.extend(f"  again: {r.cell_id} +{r.extra} ({r.why})" for r in sq.remeasured)
+    lines.extend(f"  not again: {s}" for s in sq.skipped)
+    return "\n".join(lines) + "\n"
+
+
+def stage_counts(rec: RunRecord) -> Mapping[str, int]:
+    """Measured (non-warm-up) samples per cell, ok or not: where look 1's samples end."""
+    out: dict[str, int] = {}
+    for s in rec.samples:
+        if not s.warmup and s.status != "noisy":
+            out[s.cell.id] = out.get(s.cell.id, 0) + 1
+    return out
+
+
+def first_stage(rec: RunRecord, counts: Mapping[str, int]) -> RunRecord:
+    """``rec`` as it was at look 1: each cell's first ``counts[cell]`` measured samples (in
+    the order taken) and its warm-ups."""
+    seen: dict[str, int] = {}
+    keep = []
+    for s in rec.samples:
+        if s.warmup or s.status == "noisy":
+            keep.append(s)
+            continue
+        k = seen.get(s.cell.id, 0)
+        if k < counts.get(s.cell.id, 0):
+            keep.append(s)
+        seen[s.cell.id] = k + 1
+    return dataclasses.replace(rec, samples=tuple(keep))
