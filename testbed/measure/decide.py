@@ -25,6 +25,7 @@ from pathlib import Path
 
 from testbed.analysis import sequential
 from testbed.errors import TestbedError
+from testbed.host import diskspace
 from testbed.measure import runner
 from testbed.records import results
 from testbed.topology.model import Topology
@@ -77,8 +78,10 @@ def run(t: Topology, base_dir: Path, design: sequential.Design,
     summary = {**sq.summary(), "base": str(base.dir), "run": str(out.run_dir),
                "first_stage_samples": dict(sequential.stage_counts(new1)),
                "cells": [{"id": c.cell_id, "verdict": c.verdict.value} for c in sq.final.cells]}
-    (out.run_dir / "decision.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
-    (out.run_dir / "decision.txt").write_text(text)
+    # Written whole or not at all, and a full disk is one line (as every run file).
+    diskspace.write_file(out.run_dir / "decision.json", json.dumps(summary, indent=1, default=str) + "\n",
+                         out.run_dir)
+    diskspace.write_file(out.run_dir / "decision.txt", text, out.run_dir)
     return Decided(out.run_dir, sq, text)
 
 

@@ -292,8 +292,7 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None,
             writer.note_resume([c.id for c in cells])
             if remeasure is not None:
                 again = {c.id for c in cells}
-                writer._set(cells=tuple(o for o in writer.cells if o.cell.id not in again))
-                writer.update(second_stage={"cells": sorted(again), "at": results.now()})
+                writer.measure_again(again, second_stage={"cells": sorted(again), "at": results.now()})
             progress(f"resuming {writer.run_id}: {len(done_before)} cells finished before, "
                      f"{len(cells)} left")
         harness = stack.enter_context(harness_cpus(t.harness_cpus))

@@ -175,6 +175,12 @@ class RunWriter:
             resumes[-1] = {**resumes[-1], "cells_left": cells_left}
             self.update(resumes=resumes)
 
+    def measure_again(self, cell_ids: set[str], **fields: Any) -> None:
+        """Forget the outcomes of ``cell_ids`` (they are measured again and get a new one;
+        their samples stay in samples.jsonl) and set ``fields``, in one flush."""
+        self._set(cells=tuple(o for o in self.run.cells if o.cell.id not in cell_ids))
+        self.update(**fields)
+
     @property
     def record(self) -> dict[str, Any]:
         """run.json as it stands (a copy: change it through update, note, count, add_*)."""
