@@ -19,9 +19,10 @@ import time
 import pytest
 
 from testbed import errors
+from testbed.attachments.ovs import namespaces as ovsns
 from testbed.host import proc
 from testbed.host.hostwatch import Daemon, Guard
-from testbed.host.net import netns, ovsd
+from testbed.host.net import ovsd
 from testbed.measure import sampling as measure
 from testbed.measure import testpaths
 from testbed.measure.session import claim_tag
@@ -50,7 +51,7 @@ def test_ovs_vswitchd_restarted_mid_sample_fails_it_naming_the_daemon(tmp_path):
         except (errors.CapabilityError, errors.TestbedError) as e:
             pytest.skip(f"private ovs-vswitchd not startable: {e}")
         try:
-            with netns.ovs_veth(tag, switch=sw) as conn, \
+            with ovsns.ovs_veth(tag, switch=sw) as conn, \
                     testpaths.connection_path(conn, str(tmp_path / "ep")) as path:
                 (first,) = ovsd.vswitchd_pids(sw.db)
                 pidfile = tmp_path / "ovs-vswitchd.pid"     # the private switch has none of its own

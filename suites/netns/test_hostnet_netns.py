@@ -15,9 +15,14 @@ from pathlib import Path
 import pytest
 
 from testbed import errors
+from testbed.attachments import bridge as bridge_mode
+from testbed.attachments import netns as nsconn
+from testbed.attachments.macvtap import namespaces as mvns
+from testbed.attachments.macvtap import plumbing as macvtap
+from testbed.attachments.ovs import namespaces as ovsns
 from testbed.guests import render
 from testbed.host import proc
-from testbed.host.net import links, macvtap, netns, ovs, ovsd
+from testbed.host.net import links, netns, ovs, ovsd
 from testbed.measure import transfer
 from testbed.measure.session import claim_tag
 from testbed.topology.model import Backend, Profile
@@ -114,7 +119,7 @@ def test_tcp_stream_between_namespaces(case, offloads, tmp_path: Path, request: 
                             "userspace-tso-enable: TCP with tx checksum offload on cannot pass")
             kw["tso"] = False
     tag = new_tag()
-    with netns.connect(kind, tag, offloads=offloads, **kw) as conn:
+    with nsconn.connect(kind, tag, offloads=offloads, **kw) as conn:
         check_shape(conn, tag)
         check_offloads(conn, offloads)
         tr = transfer.netperf(conn, STREAM, out_dir=str(tmp_path))
@@ -127,7 +132,7 @@ def test_tcp_stream_over_the_macvtap_segment(mode, tmp_path: Path):
     """The macvtap segment's wiring, with macvlans (macvtap's forwarding code) standing in for
     guests: bridge mode switches between them, vepa needs the hairpin, passthrough the wire."""
     tag = new_tag()
-    with netns.macvlan(tag, mode) as conn:
+    with mvns.macvlan(tag, mode) as conn:
         check_shape(conn, tag)
         tr = transfer.netperf(conn, STREAM, out_dir=str(tmp_path))
         check_transfer(conn, tr)
@@ -149,7 +154,7 @@ def test_everything_is_removed_when_the_block_fails(switch):
     tag = new_tag()
     tso = ovs.userspace_tso(switch)
     with pytest.raises(RuntimeError, match="boom"):
-        with netns.ovs_chain(tag, 2, "veth", tso=tso,
+        with ovsns.ovs_chain(tag, 2, "veth", tso=tso,
                              offloads=None if tso else netns.Offloads(tx=False)) as conn:
             assert leftovers(tag)                  # it was all there
             assert len(conn.bridges) == 2
@@ -164,7 +169,7 @@ def test_a_failed_setup_leaves_nothing():
     proc.run(["ip", "netns", "add", taken])
     try:
         with pytest.raises(errors.CommandError, match="File exists"):
-            with netns.linux_bridge(tag):
+            with bridge_mode.linux_bridge(tag):
                 pass
         assert leftovers(tag) == [f"netns {taken}"]
     finally:
@@ -183,7 +188,7 @@ def test_addresses_outside_the_benchmark_range_are_refused(subnet):
 
 def test_chain_length_is_checked():
     with pytest.raises(errors.TestbedError, match="1 to 9"):
-        with netns.ovs_chain(new_tag(), 10):
+        with ovsns.ovs_chain(new_tag(), 10):
             pass
 
 
@@ -199,7 +204,7 @@ def test_macvtap_segment_takes_macvtaps_on_its_veth_lower(mode):
         taps = [f"tb-{tag}-t0", f"tb-{tag}-t1"]
         # nic() comes before the device, as with libvirt, which creates it on <source dev>
         first = seg.nic(taps[0], "52:54:00:00:00:01", Backend.QEMU, 1500)
-        assert (first.kind, first.source, first.macvtap_mode) == ("direct", seg.lower, mode.value)
+        assert (first.kind, first.source, dict(first.options)["mode"]) == ("direct", seg.lower, mode.value)
         with macvtap.macvtap(taps[0], first.source, mode) as t0:
             second = seg.nic(taps[1], "52:54:00:00:00:02", Backend.QEMU, 1500).source
             # passthrough takes the whole lower: the second guest gets the other veth end

@@ -26,8 +26,8 @@ from testbed.host.net import netns
 
 @contextlib.contextmanager
 def fabric(req):
-    with netns.connect("veth", req.tag, subnet=req.topology.subnet, mtu=req.max_mtu,
-                       offloads=req.offloads) as conn:
+    with netns.veth_pair(req.tag, subnet=req.topology.subnet, mtu=req.max_mtu,
+                         offloads=req.offloads) as conn:
         yield ConnectionFabric(conn)
 
 

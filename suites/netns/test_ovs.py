@@ -17,6 +17,7 @@ import pytest
 
 from testbed import errors
 from testbed.attachments import ovs as ovs_mode
+from testbed.attachments.ovs import namespaces as ovsns
 from testbed.guests import render
 from testbed.host import proc
 from testbed.host.net import links, netns, ovs, ovsd
@@ -245,7 +246,7 @@ def test_userspace_datapath_without_tso_needs_tx_checksum_off(private_switch: ov
     """What DESIGN.md says about this machine, measured: without userspace TSO, TCP through
     the netdev datapath works once the senders stop offloading checksums, and not before."""
     tag = new_tag()
-    with netns.ovs_veth(tag, switch=private_switch, tso=False, offloads=netns.Offloads(tx=False)) as conn:
+    with ovsns.ovs_veth(tag, switch=private_switch, tso=False, offloads=netns.Offloads(tx=False)) as conn:
         assert all(ep.offload("tx") == "off" for ep in (conn.a, conn.b))
         tr = xfer.netperf(conn, STREAM, out_dir=str(tmp_path))
         assert tr.result.ok, tr.result.reason
@@ -253,7 +254,7 @@ def test_userspace_datapath_without_tso_needs_tx_checksum_off(private_switch: ov
         for hop, moved in zip(conn.hops, tr.hop_bytes):
             assert moved >= tr.result.metrics["bytes"], hop
     tag = new_tag()
-    with netns.ovs_veth(tag, switch=private_switch, tso=False, offloads=netns.Offloads(tx=True)) as conn:
+    with ovsns.ovs_veth(tag, switch=private_switch, tso=False, offloads=netns.Offloads(tx=True)) as conn:
         assert conn.a.offload("tx") == "on"
         tr = xfer.netperf(conn, STREAM, out_dir=str(tmp_path), timeout_s=12)
         assert not tr.result.ok, f"TCP passed with tx checksum offload on: {tr.result.metrics}"
@@ -263,7 +264,7 @@ def test_userspace_datapath_without_tso_needs_tx_checksum_off(private_switch: ov
 
 def test_userspace_datapath_with_tso_passes_tcp_with_offloads_on(private_switch: ovsd.Ovs, tmp_path: Path):
     tag = new_tag()
-    with netns.ovs_veth(tag, switch=private_switch, offloads=netns.Offloads.all(True)) as conn:
+    with ovsns.ovs_veth(tag, switch=private_switch, offloads=netns.Offloads.all(True)) as conn:
         assert conn.datapath == "ovs-netdev" and conn.a.offload("tx") == "on"
         tr = xfer.netperf(conn, STREAM, out_dir=str(tmp_path))
         assert tr.result.ok, tr.result.reason
@@ -274,7 +275,7 @@ def test_userspace_datapath_with_tso_passes_tcp_with_offloads_on(private_switch:
 
 def test_internal_ports_of_a_private_switch_move_into_namespaces(private_switch: ovsd.Ovs, tmp_path: Path):
     tag = new_tag()
-    with netns.ovs_internal(tag, switch=private_switch) as conn:
+    with ovsns.ovs_internal(tag, switch=private_switch) as conn:
         tr = xfer.netperf(conn, STREAM, out_dir=str(tmp_path))
         assert tr.result.ok, tr.result.reason
         assert proc.run(["ip", "-o", "link", "show", f"tb-{tag}-ia"], netns=conn.a.netns).stdout
@@ -289,7 +290,7 @@ def test_tso_switched_on_in_a_running_switch_breaks_tcp(private_switch: ovsd.Ovs
     traffic, turning it on stops TCP on its netdev ports, even with checksum offload off,
     until ovs-vswitchd restarts. If a newer OVS passes this, that rule can be revisited."""
     def transfer(timeout_s: float | None = None) -> xfer.Transfer:
-        with netns.ovs_veth(new_tag(), switch=private_switch, tso=False,
+        with ovsns.ovs_veth(new_tag(), switch=private_switch, tso=False,
                             offloads=netns.Offloads(tx=False)) as conn:
             return xfer.netperf(conn, STREAM, out_dir=str(tmp_path), timeout_s=timeout_s)
 

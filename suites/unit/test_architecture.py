@@ -3,6 +3,7 @@ and the model at the bottom knows no registry."""
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import testbed
@@ -115,3 +116,67 @@ def test_the_model_imports_nothing_above_it():
     # host operation and no tool; the registries validate names against them instead
     g = _graph()
     assert g["testbed.topology.model"] <= {"testbed"}, g["testbed.topology.model"]
+
+
+# -- one home per mode and per tool ------------------------------------------------------
+
+#: literals that look like a mode's name but name something else, where they are compared
+ALLOWED_LITERALS = {
+    ("host/net/ovs.py", "ovs-"),            # the OVS host module: is a datapath string an OVS one
+    ("host/snapshot.py", "bridge"),         # a Linux link kind (ip link type), read from the kernel
+}
+
+
+def _literals(node):
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        yield node.value
+    elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        for e in node.elts:
+            yield from _literals(e)
+
+
+def _branches_on(names: set[str], skip: tuple[str, ...]) -> list[str]:
+    """Comparisons (==, !=, in) and startswith/endswith calls on one of ``names`` (or a
+    ``name-`` prefix of one) in the package's code outside ``skip``."""
+    prefixes = {f"{n}-" for n in names}
+    found = []
+    for f in sorted(PKG.rglob("*.py")):
+        rel = f.relative_to(PKG).as_posix()
+        if rel.startswith(skip):
+            continue
+        for node in ast.walk(ast.parse(f.read_text())):
+            vals: list[str] = []
+            if isinstance(node, ast.Compare):
+                for side in (node.left, *node.comparators):
+                    vals += _literals(side)
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                  and node.func.attr in ("startswith", "endswith", "removeprefix")):
+                for a in node.args:
+                    vals += _literals(a)
+            hits = [v for v in vals if (v in names or v in prefixes) and (rel, v) not in ALLOWED_LITERALS]
+            if hits:
+                found.append(f"{rel}:{node.lineno} {hits}")
+    return found
+
+
+def test_no_branch_on_a_mode_name_outside_the_modes():
+    from testbed import attachments
+    from testbed.attachments import netns
+    names = {*attachments.names(), *netns.connections(), "macvtap", "ovs", "bridge", "vxlan", "macvlan"}
+    found = _branches_on(names, ("attachments/",))
+    assert found == [], "branches on a mode name outside attachments/: " + "; ".join(found)
+
+
+def test_no_branch_on_a_tool_name_outside_the_tools():
+    from testbed import tools
+    found = _branches_on({*tools.names(), "nuttcp"}, ("tools/",))
+    assert found == [], "branches on a tool name outside tools/: " + "; ".join(found)
+
+
+def test_the_branch_finder_finds_branches(tmp_path, monkeypatch):
+    # it must be able to fail: a module that branches on a mode is found
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "m.py").write_text('def f(a):\n    return 1 if a == "ovs" else a.startswith("macvtap-")\n')
+    monkeypatch.setattr(sys.modules[__name__], "PKG", pkg)
+    assert len(_branches_on({"ovs", "macvtap"}, ())) == 2

@@ -35,7 +35,9 @@ def test_runner_and_measure_name_no_mode(module):
 
 
 def test_the_registry_lists_every_mode_module_once():
-    files = {p.stem for p in (PKG / "attachments").glob("*.py")} - {"__init__", "base"}
+    # a mode is a module of the folder or a folder of its own (a package with its parts)
+    files = ({p.stem for p in (PKG / "attachments").glob("*.py")}
+             | {p.parent.name for p in (PKG / "attachments").glob("*/__init__.py")}) - {"__init__", "base"}
     modules = set(attachments.MODULES)
     assert len(attachments.MODULES) == len(modules)
     # every module of the folder that is not a shared helper (_name) is registered

@@ -233,7 +233,7 @@ def _render_all(topo_path: Path, tmp: Path) -> None:
         xml = render.domain_xml(d)
         nics = [render.interface_xml(render.NicParams(
             kinds[a], "tb-ab12-br", "tb-ab12-t0", "52:54:ab:12:00:00", b.driver_name, max(t.matrix.mtus),
-            queues=q, macvtap_mode=t.macvtap.mode.value))
+            queues=q, options=(("mode", t.macvtap.mode.value),)))
             for a in t.matrix.attachments if attachments.get(a).guests for b in t.matrix.backends for q in t.matrix.queues]
         _schema_check(xml.replace("</devices>", "".join(nics[:3]) + "</devices>"), tmp)
 

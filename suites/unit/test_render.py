@@ -25,12 +25,12 @@ NICS = {
     "bridge": render.NicParams("bridge", "tb-ab12-br", "tb-ab12-t0", "52:54:ab:12:00:00", "qemu", 9000),
     "ovs": render.NicParams("ovs", "tb-ab12-ovs", "tb-ab12-t0", "52:54:ab:12:00:00", "vhost", 1500, queues=4),
     "direct": render.NicParams("direct", "tb-ab12-lw0", "tb-ab12-m0", "52:54:ab:12:00:00", "qemu", 1500,
-                               macvtap_mode="vepa"),
+                               options=(("mode", "vepa"),)),
     "ethernet": render.NicParams("ethernet", "", "tb-ab12-t0", "52:54:ab:12:00:00", "qemu", 1500,
                                  checksum_offload=False),
     # A macvtap the testbed made on an emulated host's wire end; libvirt only opens it.
     "ethernet-macvtap": render.NicParams("ethernet", "", "tb-ab12-t1", "52:54:ab:12:00:01", "qemu", 1500,
-                                         managed=False),
+                                         options=(("managed", "no"),)),
 }
 
 
@@ -113,7 +113,7 @@ def test_cloud_init_boot_nics_and_hostile_values():
 def test_missing_value_is_an_error():
     import jinja2
     with pytest.raises(jinja2.UndefinedError):
-        render.render("libvirt/interface.xml.j2", kind="bridge")
+        render.render("libvirt/nic/bridge.xml.j2", kind="bridge")
 
 
 def test_variant_machine_type_and_nic_driver_options():

@@ -9,7 +9,8 @@ import pytest
 
 from testbed import attachments
 from testbed.analysis import stats
-from testbed.host.net import links, macvtap
+from testbed.attachments.macvtap import plumbing as macvtap
+from testbed.host.net import links
 from testbed.measure import sampling as measure
 from testbed.measure import testpaths
 from testbed.topology.config import default

@@ -172,10 +172,9 @@ class Report:
     kvm: Item
     tcg: Item
     vhost_net: Item
-    ovs_datapath: str                 # kernel | userspace | none
-    ovs: Item
-    macvtap: Item
-    vxlan: Item
+    #: what the attachment modes depend on (each mode's ``doctor``): ovs, its datapath,
+    #: macvtap, vxlan, ... An Item, or a word; written beside the fixed keys in as_dict
+    host: dict = field(default_factory=dict)
     versions: dict = field(default_factory=dict)
     probe_kernel: str = ""
     #: traffic tools in the guest image, with the versions the image's own binaries report
@@ -194,6 +193,7 @@ class Report:
 
     def as_dict(self) -> dict:
         d = asdict(self)
+        d.update(d.pop("host"))
         d["accelerator"] = self.accelerator.value if self.accelerator else None
         return d
 

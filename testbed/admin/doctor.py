@@ -7,17 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from testbed import attachments
-from testbed.admin.capabilities import (
-    Item,
-    Report,
-    accelerator_probe,
-    macvtap,
-    ovs_kernel_datapath,
-    ovs_running,
-    tool_versions,
-    vhost_net,
-    vxlan,
-)
+from testbed.admin.capabilities import Item, Report, accelerator_probe, tool_versions, vhost_net
 from testbed.guests import images
 
 
@@ -33,24 +23,27 @@ def doctor() -> Report:
     kernel = probe_kernel()
     kvm, tcg = accelerator_probe(str(kernel))
     vh = vhost_net()
-    ovs_ok = ovs_running()
-    kdp = ovs_kernel_datapath()
-    datapath = ("kernel" if kdp[0] else "userspace") if ovs_ok[0] else "none"
     return Report(
         kvm=Item(kvm.ok, f"stock kernel booted in {kvm.seconds:.1f} s" if kvm.ok else kvm.reason),
         tcg=Item(tcg.ok, f"stock kernel booted in {tcg.seconds:.1f} s" if tcg.ok else tcg.reason),
         vhost_net=Item(*vh),
-        ovs_datapath=datapath,
-        ovs=Item(ovs_ok[0], ovs_ok[1] if not ovs_ok[0] else
-                 ("kernel datapath" if kdp[0] else f"userspace (netdev) datapath only: {kdp[1]}")),
-        macvtap=Item(*macvtap()),
-        vxlan=Item(*vxlan()),
+        host=host_facts(),
         versions=tool_versions(),
         probe_kernel=str(kernel),
         guest_tools=img.tools,
         guest_image=f"{img.name}-{img.digest}",
         attachments=attachment_modes(),
     )
+
+
+def host_facts() -> dict:
+    """What the registered modes depend on, each fact asked once (modes that share one, such
+    as the two VXLAN modes, give the same key)."""
+    out: dict = {}
+    for m in attachments.modes():
+        for k, v in m.doctor().items():
+            out.setdefault(k, Item(*v) if isinstance(v, tuple) else v)
+    return out
 
 
 def attachment_modes() -> dict[str, Item]:

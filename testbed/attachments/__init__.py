@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from testbed.attachments.base import Check, Fabric, Mode, Request
 
-__all__ = ["Check", "Fabric", "Mode", "Request", "MODULES", "get", "names", "modes", "connection_fabric",
+__all__ = ["Check", "Fabric", "Mode", "Request", "MODULES", "get", "names", "modes",
            "unavailable", "still_here", "single_host", "supported_single_host"]
 
 #: The registry: testbed.attachments.<module> for each mode module, in listing order. An
@@ -81,10 +81,3 @@ def single_host() -> tuple:
 def supported_single_host() -> tuple:
     """Those of single_host() that this host can run."""
     return tuple(a for a in single_host() if unavailable(a) is None)
-
-
-def connection_fabric(conn) -> Fabric:
-    """The fabric over a namespace connection built outside the matrix (host.net.netns.connect
-    or a scenario's chain): its endpoints are the connection's own."""
-    from testbed.attachments.netns import ConnectionFabric
-    return ConnectionFabric(conn)

@@ -134,6 +134,9 @@ class Mode:
     classic: bool = False
     #: the namespace connection kind (host.net.netns.connect) of a netns mode
     netns_kind: str | None = None
+    #: the host facts this mode depends on, for `testbed doctor` (found by trying): name ->
+    #: an (ok, detail) pair, or a plain word (a datapath); modes sharing a fact give the same key
+    doctor: Callable[[], Mapping[str, Any]] = lambda: {}
 
     @property
     def guests(self) -> bool:

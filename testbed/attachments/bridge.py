@@ -7,9 +7,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from testbed.attachments.base import Fabric, Mode, Request
+from testbed.attachments.netns import netns_mode
 from testbed.guests import render
 from testbed.host.net import links
-from testbed.topology.model import Attachment, Backend
+from testbed.host.net.netns import DEFAULT_SUBNET, Builder, Connection, Hop, desc_offloads, links_in, veth_to
+from testbed.topology.model import Attachment, Backend, Offloads
 
 
 class SegmentFabric(Fabric):
@@ -63,4 +65,30 @@ def fabric(req: Request) -> Iterator[Fabric]:
         yield SegmentFabric(seg, (seg.name,))
 
 
-MODES = (Mode("bridge", fabric, across_instead="bridge-vxlan", variants=True, classic=True),)
+@contextlib.contextmanager
+def linux_bridge(tag: str, *, subnet: str = DEFAULT_SUBNET, mtu: int = 1500,
+                 offloads: Offloads | Sequence[Offloads | None] | None = None,
+                 path_offloads: Offloads | None = None) -> Iterator[Connection]:
+    """Namespaces joined by a Linux bridge (no address, no uplink) with a veth pair to each namespace."""
+    with contextlib.ExitStack() as stack:
+        b = Builder(stack, tag, subnet, mtu, path_offloads)
+        b.namespace(b.ns_a)
+        b.namespace(b.ns_b)
+        br = stack.enter_context(links.bridge(b.name("br"), mtu))
+        a_in, a_out = veth_to(b, "a", None)
+        b_in, b_out = veth_to(b, "b", None)
+        for port in (a_out, b_out):
+            links_in(None).enslave(port, br)
+        ea, eb = b.endpoints(a_in, b_in, offloads)
+        hops = (Hop(a_in, b.ns_a, "tx"), Hop(a_out, None, "rx"), Hop(b_out, None, "tx"),
+                Hop(b_in, b.ns_b, "rx"))
+        yield Connection("bridge", ea, eb, hops,
+                         f"Linux bridge {br} with veth pairs {a_in}/{a_out} and {b_in}/{b_out}, "
+                         f"mtu {mtu}, {desc_offloads(offloads)}", "linux-bridge", (br,))
+
+
+#: the namespace connections this mode builds (attachments.netns.connect finds them by name)
+CONNECTIONS = {"bridge": linux_bridge}
+
+MODES = (Mode("bridge", fabric, across_instead="bridge-vxlan", variants=True, classic=True),
+         netns_mode("netns-bridge", "bridge"))

@@ -91,12 +91,16 @@ def vxlan_fabric(real_segment, private_switch: bool):
     return fabric
 
 
-def unavailable() -> str | None:
+def _vxlan_probe() -> tuple[bool, str]:
     from testbed.admin import capabilities
-    ok, why = capabilities.vxlan()
+    return capabilities.vxlan()
+
+
+def unavailable() -> str | None:
+    ok, why = _vxlan_probe()
     return None if ok else why
 
 
 MODES = (Mode("bridge-vxlan", vxlan_fabric(real_segment, private_switch=False), placement="two",
               overhead=VXLAN_OVERHEAD, overhead_label="VXLAN-over-IPv4 overhead", unavailable=unavailable,
-              check=_across.check),)
+              check=_across.check, doctor=lambda: {"vxlan": _vxlan_probe()}),)

@@ -1,6 +1,8 @@
-"""The namespace kinds: two network namespaces instead of guests, joined the classic ways
-(host/net/netns.py): `netns-veth`, `netns-bridge`, `netns-ovs-veth`, `netns-ovs-internal`.
-Measured with the same tools and records as guests; no VM, no virtio backend.
+"""The namespace kinds: two network namespaces instead of guests, joined the classic ways.
+`netns-veth` (a veth pair) is this module's; each switch's own kind lives with its mode
+(`netns-bridge` in bridge.py, `netns-ovs-veth` and `netns-ovs-internal` in ovs/), built by
+the connection that mode lists in its ``CONNECTIONS``. Measured with the same tools and
+records as guests; no VM, no virtio backend.
 
 The fabric makes its endpoints itself (``own_pairs``): one pair, each namespace addressed
 at subnet+1 and +2 like guests are. Their counters are read on the endpoints' own devices,
@@ -9,10 +11,11 @@ which count what their namespace sends as tx.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from testbed.attachments.base import Fabric, Mode, Request
 from testbed.errors import TestbedError
+from testbed.host.net.netns import Connection, veth_pair
 
 
 class ConnectionFabric(Fabric):
@@ -65,27 +68,50 @@ def _fabric(kind: str):
     @contextlib.contextmanager
     def fabric(req: Request) -> Iterator[Fabric]:
         import ipaddress
-
-        from testbed.host.net import netns
         net = ipaddress.ip_network(req.topology.subnet)
-        with netns.connect(kind, req.tag, subnet=str(net), mtu=req.max_mtu, offloads=req.offloads) as conn:
+        with connect(kind, req.tag, subnet=str(net), mtu=req.max_mtu, offloads=req.offloads) as conn:
             yield ConnectionFabric(conn)
     return fabric
 
 
-def _ovs_unavailable() -> str | None:
-    from testbed.attachments import ovs
-    return ovs.unavailable()
+def netns_mode(name: str, kind: str, unavailable: Callable[[], str | None] = lambda: None) -> Mode:
+    """A mode whose two ends are namespaces joined by the namespace connection ``kind``
+    (a mode module lists it beside its guest mode, with that mode's own probe)."""
+    return Mode(name, _fabric(kind), endpoints="netns", placement="none", unavailable=unavailable,
+                netns_kind=kind)
 
 
-def _mode(name: str, kind: str, ovs: bool = False) -> Mode:
-    return Mode(name, _fabric(kind), endpoints="netns", placement="none",
-                unavailable=_ovs_unavailable if ovs else (lambda: None), netns_kind=kind)
+def connections() -> dict[str, Callable[..., contextlib.AbstractContextManager]]:
+    """Every namespace connection by name: what each registered mode module lists in its
+    ``CONNECTIONS`` (the plain veth pair is this module's)."""
+    import importlib
+
+    from testbed.attachments import MODULES
+    found: dict[str, Callable[..., contextlib.AbstractContextManager]] = {}
+    for mod in MODULES:
+        m = importlib.import_module(mod if "." in mod else f"testbed.attachments.{mod}")
+        found.update(getattr(m, "CONNECTIONS", {}))
+    return found
 
 
-MODES = (
-    _mode("netns-veth", "veth"),
-    _mode("netns-bridge", "bridge"),
-    _mode("netns-ovs-veth", "ovs-veth", ovs=True),
-    _mode("netns-ovs-internal", "ovs-internal", ovs=True),
-)
+def accepts(kind: str, option: str) -> bool:
+    """Whether the connection ``kind`` takes ``option`` (``path_offloads`` only where the
+    path has links of its own between the endpoints)."""
+    import inspect
+    return option in inspect.signature(connections()[kind]).parameters
+
+
+@contextlib.contextmanager
+def connect(kind: str, tag: str, **kw) -> Iterator[Connection]:
+    """Any namespace connection by name (see connections()); ``kw`` goes to its builder
+    (subnet, mtu, offloads, and what the kind takes: path_offloads, switch, tso, chain, link)."""
+    known = connections()
+    if kind not in known:
+        raise TestbedError(f"unknown namespace connection {kind!r}; one of {', '.join(known)}")
+    with known[kind](tag, **kw) as conn:
+        yield conn
+
+
+CONNECTIONS = {"veth": veth_pair}
+
+MODES = (netns_mode("netns-veth", "veth"),)

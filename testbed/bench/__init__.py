@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from testbed.admin import capabilities
+from testbed.attachments.ovs import namespaces as ovsns
 from testbed.bench.netns import netns_bench
 from testbed.errors import TestbedError
 from testbed.guests import bootprofile, images, virt
@@ -105,14 +106,13 @@ def chain_table(ns: tuple[int, ...] = (1, 2, 4, 8), duration_s: int = 3) -> list
     pairs, two namespaces as source and sink. One netperf TCP_STREAM per point."""
     import tempfile
 
-    from testbed.host.net import netns
     from testbed.topology.model import Pattern, Profile
     profile = Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=duration_s)
     rows = []
     with Session(default()) as ses, tempfile.TemporaryDirectory(prefix="tb-chain-") as out:
-        for link in netns.ChainLink:
+        for link in ovsns.ChainLink:
             for n in ns:
-                with netns.ovs_chain(ses.tag, n, link) as conn:
+                with ovsns.ovs_chain(ses.tag, n, link) as conn:
                     t = transfer.netperf(conn, profile, out_dir=out)
                 rows.append({"link": link.value, "bridges": n, "ok": t.result.ok,
                              "throughput_mbps": t.result.metrics.get("throughput_mbps"),
@@ -280,8 +280,7 @@ def harness(ns: tuple[int, ...] = (1, 2, 4), rounds: int = 3, duration_s: int = 
                 # -1 is not used: the bare servers serve every round, as someone would leave them
                 srv = stack.enter_context(proc.background(["iperf3", "-s", "-p", str(BARE_IPERF3_PORT)],
                                                           out_dir=tmp, name=f"bare-iperf3-s{i}", netns=sns))
-                from testbed.host.net import netns as netns_mod
-                netns_mod.wait_listening(sns, BARE_IPERF3_PORT, srv)
+                transfer.wait_listening(sns, BARE_IPERF3_PORT, srv)
             for r in range(rounds):
                 for who in (("bare", "testbed") if r % 2 == 0 else ("testbed", "bare")):
                     if who == "bare":

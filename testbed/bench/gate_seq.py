@@ -24,7 +24,6 @@ from testbed.analysis import compare, sequential
 from testbed.bench import gate
 from testbed.records.records import RunRecord
 
-
 #: nights of the unchanged n=5 scenario (the targets' yardstick); the others run fewer
 NIGHTS = 40
 

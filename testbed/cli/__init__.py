@@ -7,6 +7,7 @@ Exit statuses: 0 ok; 1 a run completed with failed cells (or another error); 2 b
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -125,10 +126,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(line("tcg", d["tcg"]))
         print(f"{'accel':<10} {d['accelerator'] or 'none'}")
         print(line("vhost-net", d["vhost_net"]))
-        print(line("ovs", d["ovs"]))
-        print(f"{'datapath':<10} {d['ovs_datapath']}")
-        print(line("macvtap", d["macvtap"]))
-        print(line("vxlan", d["vxlan"]))
+        for name, fact in rep.host.items():        # what the modes depend on, in their words
+            print(line(name, dataclasses.asdict(fact)) if not isinstance(fact, str) else f"{name:<10} {fact}")
         for name, item in d["attachments"].items():
             print(f"{'mode':<10} {name:<19} {'yes' if item['ok'] else 'no ':<4} {item['detail']}")
         for k, v in d["versions"].items():

@@ -76,25 +76,26 @@ def domain_xml(p: DomainParams) -> str:
 
 @dataclass(frozen=True)
 class NicParams:
-    kind: str                  # bridge | ovs | direct | ethernet
+    #: the libvirt interface kind: templates/libvirt/nic/<kind>.xml.j2 renders it (bridge,
+    #: ovs, direct, ethernet today; a mode with a new kind of NIC adds its template)
+    kind: str
     source: str                # bridge name, or macvtap lower device
     target: str                # host-side device name (tb- prefixed)
     mac: str
     driver: str                # vhost | qemu
     mtu: int
     queues: int = 1
-    macvtap_mode: str = "bridge"
     #: False: the virtio device offers no checksum/segmentation offload to the guest
     checksum_offload: bool = True
-    #: ethernet only. False: the target exists already (a macvtap the testbed made) and
-    #: libvirt opens it as it is, neither creating nor deleting it
-    managed: bool = True
+    #: what only this kind's template reads, as (name, value) pairs: direct's ``mode``,
+    #: ethernet's ``managed`` ("no": the target exists already and libvirt opens it as it is)
+    options: tuple[tuple[str, str], ...] = ()
     #: extra <driver> attributes from a variant (rx_queue_size, tx_queue_size, event_idx)
     driver_options: tuple[tuple[str, str], ...] = ()
 
 
 def interface_xml(p: NicParams) -> str:
-    return render("libvirt/interface.xml.j2", **p.__dict__)
+    return render(f"libvirt/nic/{p.kind}.xml.j2", **{**p.__dict__, "options": dict(p.options)})
 
 
 @dataclass(frozen=True)

@@ -368,8 +368,9 @@ def for_path(fabric, endpoints: Sequence[tuple[int, object]], *, guests: bool,
     Only objects that exist here now are watched (a fabric across two hosts names some on
     the other host)."""
     from testbed import attachments
+    from testbed.host.net import ovs
     daemons: tuple[Daemon, ...] = ()
-    if "ovs" in (fabric.datapath or ""):
+    if ovs.switches(fabric.datapath):
         daemons += ovs_daemons(ovs_rundir)
     if guests:
         daemons += libvirt_daemons()

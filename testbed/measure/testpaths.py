@@ -18,6 +18,7 @@ from pathlib import Path
 
 from testbed import attachments
 from testbed.admin import cleanup
+from testbed.attachments.netns import ConnectionFabric
 from testbed.errors import TestbedError
 from testbed.guests import guestnic, render, virt
 from testbed.host import hostwatch
@@ -186,7 +187,7 @@ def own_endpoints_path(attachment: Attachment, tag: str, subnet: str, max_mtu: i
 def connection_path(conn, out_dir: str) -> Iterator[measure.TestPath]:
     """A TestPath over a connection built outside the matrix (chains, offloads: the
     scenarios build those), for measure.measure_cell."""
-    fab = attachments.connection_fabric(conn)
+    fab = ConnectionFabric(conn)
     with fab.own_pairs(out_dir) as pairs, \
             plug(fab, pairs, tag="", subnet=f"{conn.a.address}/{conn.a.prefixlen}", max_mtu=0) as [path]:
         yield path

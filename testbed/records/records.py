@@ -34,6 +34,11 @@ FORMAT_VERSION = 2
 TRANSACTIONAL = tuple(p.value for p in Pattern if p.is_transactional)
 
 
+def _mapping(v: Any) -> Mapping[str, Any]:
+    """A nested reading as a mapping; anything else (a hand-edited or damaged record) as none."""
+    return v if isinstance(v, Mapping) else {}
+
+
 def num(v: Any) -> float | None:
     """A finite number, or None (booleans, text, NaN and missing values are not figures)."""
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) \
@@ -223,12 +228,12 @@ class Cpu(Part):
         return num(self.host.get("softirq"))
 
     def guest_busy(self, name: str) -> float | None:
-        return num((self.guest.get(name) or {}).get("busy"))
+        return num(_mapping(self.guest.get(name)).get("busy"))
 
     def cores(self) -> Cores:
-        guests = [num((g or {}).get("busy")) for g in self.guest.values()]
+        guests = [num(_mapping(g).get("busy")) for g in self.guest.values()]
         guest = sum(v for v in guests if v is not None) if any(v is not None for v in guests) else None
-        totals = [num((g or {}).get("total")) for g in self.per_guest.values()]
+        totals = [num(_mapping(g).get("total")) for g in self.per_guest.values()]
         qemu = None
         if any(v is not None for v in totals):
             qemu = sum(v for v in totals if v is not None)

@@ -24,6 +24,7 @@ import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from enum import Enum
 
 from testbed.errors import CapabilityError, CommandError, TestbedError
 from testbed.host import proc
@@ -45,6 +46,13 @@ MTU, VLAN, SIZE = 9000, 100, 8000
 NET = "198.18.101."
 
 
+class Switch(Enum):
+    """What joins the tested server's bond to its address in study A's configurations."""
+    NONE = "none"           # the address sits on the bond (or its VLAN) itself
+    LINUX = "linux"         # a Linux bridge, the address on a veth into it
+    OVS = "ovs"             # an OVS bridge, the address on an internal port
+
+
 @dataclass(frozen=True)
 class Config:
     number: int
@@ -54,25 +62,27 @@ class Config:
     published_mbps: float
     published_loss: float
     published_note: str = ""
-
-    @property
-    def vlan(self) -> bool:
-        return self.key in ("vlan", "bridge-vlan", "ovs-bond-vlan")
+    switch: Switch = Switch.NONE
+    vlan: bool = False
+    #: the bond is OVS's own (LACP, balance-tcp) rather than a Linux bond under the switch
+    ovs_bond: bool = False
 
     @property
     def ovs(self) -> bool:
-        return self.key.startswith("ovs")
+        return self.switch is Switch.OVS
 
 
 CONFIGS = (
     Config(1, "bond", "Linux bond, no bridge", Attachment("netns-veth"), 12390, 0),
-    Config(2, "vlan", "bond + VLAN sub-interface", Attachment("netns-veth"), 11958, 5),
-    Config(3, "bridge", "Linux bridge + veth + bond", Attachment("netns-bridge"), 10499, 0),
-    Config(4, "bridge-vlan", "Linux bridge + VLAN", Attachment("netns-bridge"), 10340, 0),
-    Config(5, "ovs-linux-bond", "OVS bridge + Linux bond", Attachment("netns-ovs-veth"), 12241, 0),
+    Config(2, "vlan", "bond + VLAN sub-interface", Attachment("netns-veth"), 11958, 5, vlan=True),
+    Config(3, "bridge", "Linux bridge + veth + bond", Attachment("netns-bridge"), 10499, 0, switch=Switch.LINUX),
+    Config(4, "bridge-vlan", "Linux bridge + VLAN", Attachment("netns-bridge"), 10340, 0, switch=Switch.LINUX,
+           vlan=True),
+    Config(5, "ovs-linux-bond", "OVS bridge + Linux bond", Attachment("netns-ovs-veth"), 12241, 0, switch=Switch.OVS),
     Config(6, "ovs-bond", "OVS bridge + OVS LACP bond (balance-tcp)", Attachment("netns-ovs-veth"), 9921, 5.7,
-           "one link carried all the traffic"),
-    Config(7, "ovs-bond-vlan", "OVS bond + OVS VLAN tag on the access port", Attachment("netns-ovs-veth"), 9915, 5.5),
+           "one link carried all the traffic", switch=Switch.OVS, ovs_bond=True),
+    Config(7, "ovs-bond-vlan", "OVS bond + OVS VLAN tag on the access port", Attachment("netns-ovs-veth"), 9915, 5.5,
+           switch=Switch.OVS, vlan=True, ovs_bond=True),
 )
 
 
@@ -182,12 +192,12 @@ def _tested(stack: contextlib.ExitStack, tag: str, c: Config, ns: str, members: 
             workdir: str) -> str:
     """The tested server's side of configuration ``c``; returns the device for the address."""
     n = lambda kind: object_name(tag, kind)  # noqa: E731
-    if c.key in ("bond", "vlan", "bridge", "bridge-vlan", "ovs-linux-bond"):
+    if not c.ovs_bond:
         bond = _bond(ns, n("ab"), members)
-        lower = _vlan(ns, bond, n("av")) if c.key in ("vlan", "bridge-vlan") else bond
-        if c.key in ("bond", "vlan"):
+        lower = _vlan(ns, bond, n("av")) if c.vlan else bond
+        if c.switch is Switch.NONE:
             return lower
-        if c.key.startswith("bridge"):
+        if c.switch is Switch.LINUX:
             # The "VM" side: a veth pair, one end in the bridge, the address on the other.
             _links(ns).add_bridge(n("br"))
             _links(ns).add_veth(n("e0"), n("e1"))
@@ -196,7 +206,7 @@ def _tested(stack: contextlib.ExitStack, tag: str, c: Config, ns: str, members: 
             _up(ns, n("e1"), n("e0"), n("br"))
             return n("e0")
         return _ovs_side(stack, ns, workdir, n("ob"), (bond,), n("oi"), False)
-    return _ovs_side(stack, ns, workdir, n("ob"), (n("ob0"), *members), n("oi"), c.key == "ovs-bond-vlan")
+    return _ovs_side(stack, ns, workdir, n("ob"), (n("ob0"), *members), n("oi"), c.vlan)
 
 
 def jumbo_check(w: Wire, deadline_s: float = 30.0) -> str | None:
@@ -260,7 +270,7 @@ def measure(s: ses.Session, c: Config, rate: str, secs: int) -> tuple[dict, str]
             # Which members LACP had enabled: "one link carried everything" means something
             # different when the other member was never enabled.
             bond_show = proc.run(["ovs-appctl", "-t", f"{s.out_dir(f'ovs{c.number}')}/ovs-vswitchd.ctl",
-                                  "bond/show"], timeout=20, check=False).stdout if c.key.startswith("ovs-bond") else ""
+                                  "bond/show"], timeout=20, check=False).stdout if c.ovs_bond else ""
     except CapabilityError as e:
         return s.fail(cell, f"not run here: {e}"), ""
     except (TestbedError, OSError) as e:

@@ -1,9 +1,9 @@
 """Study B, chaining OVS bridges: N = 1..9 bridges joined by patch ports or by veth pairs,
-two namespaces as source and sink, 1/2/4/8/16 streams (host.net.netns.ovs_chain)."""
+two namespaces as source and sink, 1/2/4/8/16 streams (host.net.ovsns.ovs_chain)."""
 from __future__ import annotations
 
+from testbed.attachments.ovs import namespaces as ovsns
 from testbed.errors import TestbedError
-from testbed.host.net import netns
 from testbed.records.records import Environment, as_environment
 from testbed.scenarios import session as ses
 from testbed.scenarios.study import Finding, StudyReport, Table, env_difference, fmt, ratio_verdict
@@ -16,26 +16,26 @@ STUDY_ENV = {"hardware": "i5 4 cores at 3.3 GHz", "kernel": "Linux 3.13, OVS 2.0
 
 
 
-def profile(link: netns.ChainLink, n: int, seconds: int) -> Profile:
+def profile(link: ovsns.ChainLink, n: int, seconds: int) -> Profile:
     # The chain is part of the cell's identity: one profile name per (link, length).
     return Profile(f"stream-{link.value}-n{n}", pattern=Pattern.STREAM, message_size=ses.IPERF_WRITE,
                    duration_s=seconds)
 
 
 def run(quick: bool, progress, hosts=None) -> StudyReport:
-    lengths = (1, 2, 4) if quick else tuple(range(1, netns.MAX_CHAIN + 1))
+    lengths = (1, 2, 4) if quick else tuple(range(1, ovsns.MAX_CHAIN + 1))
     streams = (1,) if quick else (1, 2, 4, 8, 16)
     seconds = 2 if quick else 10
-    profiles = [profile(l, n, seconds) for l in netns.ChainLink for n in lengths]
+    profiles = [profile(l, n, seconds) for l in ovsns.ChainLink for n in lengths]
     topo = ses.topology(NAME, [Attachment("netns-ovs-veth")], profiles, connections=streams)
     got: dict[tuple[str, int, int], dict] = {}
     with ses.session(NAME, topo, quick, progress) as s:
-        for link in netns.ChainLink:
+        for link in ovsns.ChainLink:
             for n in lengths:
                 for k in streams:
                     cell = Cell(Attachment("netns-ovs-veth"), Backend.QEMU, 1500, k, profile(link, n, seconds))
                     try:
-                        with netns.ovs_chain(s.tag, n, link) as conn:
+                        with ovsns.ovs_chain(s.tag, n, link) as conn:
                             got[(link.value, n, k)] = s.measure(cell, conn)
                     except (TestbedError, OSError) as e:  # the path could not be built: a failed cell
                         got[(link.value, n, k)] = s.fail(cell, f"chain {link.value} x{n}: {e}")
@@ -51,7 +51,7 @@ def _gbit(rec) -> float | None:
 def report(got: dict, env: Environment | dict, quick: bool, run_id: str, lengths, streams) -> StudyReport:
     env = as_environment(env)
     tables = []
-    for link in netns.ChainLink:
+    for link in ovsns.ChainLink:
         rows = []
         for n in lengths:
             base = _gbit(got.get((link.value, 1, 1)))
@@ -61,9 +61,9 @@ def report(got: dict, env: Environment | dict, quick: bool, run_id: str, lengths
                 cores = ses.summary_mean(rec or {}, "host_cores")
                 rows.append((str(n), str(k), fmt(g), f"{g / base:.0%}" if g is not None and base else "-",
                              fmt(cores), ses.reason(rec)))
-        pub = ("flat up to 8 bridges" if link is netns.ChainLink.PATCH else
+        pub = ("flat up to 8 bridges" if link is ovsns.ChainLink.PATCH else
                "about -10% at 2 bridges for 1-2 streams, much more with more streams")
-        tables.append(Table(f"Chain of OVS bridges joined by {'patch ports' if link is netns.ChainLink.PATCH else 'veth pairs'}"
+        tables.append(Table(f"Chain of OVS bridges joined by {'patch ports' if link is ovsns.ChainLink.PATCH else 'veth pairs'}"
                             f" (netperf TCP_STREAM, 128 KiB writes, MTU 1500); published: {pub}",
                             ("bridges", "streams", "measured Gbit/s", "vs 1 bridge", "host cores busy", "failure"),
                             tuple(rows)))

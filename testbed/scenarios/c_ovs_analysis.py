@@ -14,9 +14,11 @@ import sys
 import time
 
 from testbed import attachments
+from testbed.attachments import netns as nsconn
+from testbed.attachments.ovs import namespaces as ovsns
 from testbed.errors import TestbedError
 from testbed.host import proc
-from testbed.host.net import netns, ovsd
+from testbed.host.net import ovsd
 from testbed.records import results
 from testbed.records.records import Environment, as_environment, pattern_from_name, primary_metric
 from testbed.scenarios import session as ses
@@ -81,7 +83,7 @@ def run(quick: bool, progress, hosts=None) -> StudyReport:
                 cell = Cell(Attachment("netns-ovs-veth"), Backend.QEMU, 1500, 1,
                             next(p for p in ct_profiles if p.name == f"tcp_stream-ct-{ct}"))
                 try:
-                    with netns.ovs_veth(s.tag, switch=sw) as conn:
+                    with ovsns.ovs_veth(s.tag, switch=sw) as conn:
                         if ct == "on":
                             _ofctl(sw, conn.bridges[0], "add-flows", "-", input="\n".join(CT_FLOWS) + "\n")
                         got[("ct", ct)] = s.measure(cell, conn)
@@ -102,7 +104,7 @@ def run(quick: bool, progress, hosts=None) -> StudyReport:
 
 def _measure(s: ses.Session, kind: str, cell: Cell) -> dict:
     try:
-        with netns.connect(kind, s.tag) as conn:
+        with nsconn.connect(kind, s.tag) as conn:
             return s.measure(cell, conn)
     except (TestbedError, OSError) as e:  # the path could not be built: a failed cell
         return s.fail(cell, f"{kind}: {e}")
@@ -155,7 +157,7 @@ def _flows(s: ses.Session, sw: ovsd.Ovs, cell: Cell, n: int, secs: int) -> dict:
     started = results.now()
     py = [sys.executable, "-m", "testbed.scenarios.udpflows"]
     try:
-        with netns.ovs_veth(s.tag, switch=sw) as conn:
+        with ovsns.ovs_veth(s.tag, switch=sw) as conn:
             _flow_cache(sw, cell.profile.name.endswith("-on"))
             # No ICMP port-unreachable storm back through the switch: a bound sink.
             with proc.background([*py, "sink", "9", str(secs + 15)], out_dir=s.out_dir("flows"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from testbed.attachments import netns as nsconn
 from testbed.errors import TestbedError
 from testbed.host.net import netns
 from testbed.records.records import Environment, as_environment
@@ -45,9 +46,9 @@ def run(quick: bool, progress, hosts=None) -> StudyReport:
                     cell = Cell(att, Backend.QEMU, 1500, n, profile(on, seconds))
                     try:
                         # Offloads on the endpoints, and on the switch's veth ends where it has them.
-                        path = {} if kind in ("veth", "ovs-internal") else \
-                            {"path_offloads": netns.Offloads.all(on)}
-                        with netns.connect(kind, s.tag, offloads=netns.Offloads.all(on), **path) as conn:
+                        path = {"path_offloads": netns.Offloads.all(on)} \
+                            if nsconn.accepts(kind, "path_offloads") else {}
+                        with nsconn.connect(kind, s.tag, offloads=netns.Offloads.all(on), **path) as conn:
                             rec = s.measure(cell, conn)
                             rec = dataclasses.replace(rec, extra={**rec.extra,
                                                                   "applied": dict(conn.a.offloads)})

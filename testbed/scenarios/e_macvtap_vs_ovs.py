@@ -32,16 +32,23 @@ STUDY_ENV = {"hardware": "KVM hosts (vendor lab), physical link between hosts",
              "kernel": "not stated", "accelerator": "KVM"}
 SIZES = {"small": 64, "medium": 1024, "large": 16384}
 
+#: how the report names each mode measured across two hosts
+ACROSS_LABEL = {Attachment("macvtap"): "macvtap-across"}
+
+#: the tool the study used, and the one that runs the same patterns when the image lacks it
+STUDY_TOOL, FALLBACK_TOOL = Tool("uperf"), Tool("netperf")
+
 
 def guest_tool() -> tuple[str, str | None]:
-    """(tool, why not uperf): uperf when the guest image records it, else netperf."""
+    """(tool, why not the study's): the study's tool when the guest image records it, else
+    the fallback (the report's caveat says which ran and why)."""
     img = images.ensure()
     if img.tools is None:
-        return "netperf", f"guest image {img.name}-{img.digest} records no tool list (built before tools were recorded)"
-    if "uperf" not in img.tools:
-        return "netperf", (f"guest image {img.name}-{img.digest} has no uperf (build one with a "
-                           "source_tools recipe and select it with TESTBED_IMAGE)")
-    return "uperf", None
+        return FALLBACK_TOOL, f"guest image {img.name}-{img.digest} records no tool list (built before tools were recorded)"
+    if STUDY_TOOL not in img.tools:
+        return FALLBACK_TOOL, (f"guest image {img.name}-{img.digest} has no {STUDY_TOOL} (build one with a "
+                               "source_tools recipe and select it with TESTBED_IMAGE)")
+    return STUDY_TOOL, None
 
 
 def _profiles(quick: bool, secs: int, tool: str = "netperf") -> list[Profile]:
@@ -113,7 +120,8 @@ def run(quick: bool, progress, hosts=None) -> StudyReport:
         progress(f"scenario {NAME}: two hosts, {', '.join(a.value for a in across)}")
         out2 = runner.execute(_topology(f"scenario-{NAME}-2h", across, quick, True, hosts, tool),
                               progress=progress)
-        cells.update({("macvtap-across" if a == "macvtap" else a, m, c, p): v
+        # the study's labels for the two-host cells: macvtap keeps its mode name across hosts
+        cells.update({(ACROSS_LABEL.get(a, a), m, c, p): v
                       for (a, m, c, p), v in _cells(out2.run_dir).items()})
         extra.append(out2.run_dir.name)
     env = results.read_run(out.run_dir).environment
@@ -215,8 +223,8 @@ def report(cells: dict, env: Environment | dict, quick: bool, run_id: str, extra
     if env.accelerator == "tcg":
         caveats.append("guests ran under TCG: these figures and verdicts are functional checks only, "
                        "never comparable with KVM")
-    if tool != "uperf":
-        caveats.append(f"netperf ran the same stream and RR patterns instead of uperf: {no_uperf}")
+    if tool != STUDY_TOOL:
+        caveats.append(f"{tool} ran the same stream and RR patterns instead of {STUDY_TOOL}: {no_uperf}")
     return StudyReport(NAME, STUDY, quick, env_difference(STUDY_ENV, env, (
         ("tool", "uperf", tool), ("virtio backend", "vhost-net", "QEMU userspace virtio (runner default)"),)),
         (table,), tuple(findings), tuple(caveats), run_id=run_id, extra_runs=extra)

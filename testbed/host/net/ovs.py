@@ -52,6 +52,12 @@ def check_ours(name: str) -> None:
         raise TestbedError(f"refusing to touch OVS object {name!r}: not a {PREFIX} object")
 
 
+def switches(datapath: str | None) -> bool:
+    """Whether a path's datapath (a fabric's: ovs-netdev, ovs-system, ovs-netdev-vxlan, ...)
+    goes through Open vSwitch, whose daemons it then depends on."""
+    return (datapath or "").startswith("ovs-")
+
+
 def ovs_datapath(switch: ovsd.Ovs) -> str:
     """The datapath type bridges on ``switch`` get. A private switch always uses netdev: a
     kernel datapath would be shared with the host's switch."""

@@ -1,6 +1,7 @@
 """`ovs`: an Open vSwitch bridge with no uplink and no host address on the host's switch
 (started if nothing runs it); libvirt creates each guest's tap with a tb- name and adds it
-(host/net/ovs.py has the userspace-datapath measurements behind the TSO requirement)."""
+(host/net/ovs.py has the userspace-datapath measurements behind the TSO requirement).
+In namespaces (no guests) its bridges join two namespaces: namespaces.py."""
 from __future__ import annotations
 
 import contextlib
@@ -10,6 +11,8 @@ from dataclasses import dataclass
 
 from testbed.attachments.base import Fabric, Mode, Request
 from testbed.attachments.bridge import SegmentFabric
+from testbed.attachments.netns import netns_mode
+from testbed.attachments.ovs.namespaces import CONNECTIONS
 from testbed.errors import CapabilityError, TestbedError
 from testbed.guests import render
 from testbed.host.net import links, ovsd
@@ -30,6 +33,15 @@ def unavailable() -> str | None:
     except CapabilityError as e:
         return str(e)
     return None
+
+
+def doctor() -> dict:
+    """`testbed doctor`: is a switch running (started if needed), and which datapath it can use."""
+    from testbed.admin import capabilities
+    ok, why = capabilities.ovs_running()
+    kdp, kwhy = capabilities.ovs_kernel_datapath()
+    return {"ovs": (ok, why if not ok else ("kernel datapath" if kdp else f"userspace (netdev) datapath only: {kwhy}")),
+            "ovs_datapath": ("kernel" if kdp else "userspace") if ok else "none"}
 
 
 @dataclass(frozen=True)
@@ -89,4 +101,8 @@ def fabric(req: Request) -> Iterator[Fabric]:
 
 
 MODES = (Mode("ovs", fabric, across_instead="ovs-vxlan", needs_ovs=True, variants=True,
-              classic=True, unavailable=unavailable),)
+              classic=True, unavailable=unavailable, doctor=doctor),
+         netns_mode("netns-ovs-veth", "ovs-veth", unavailable),
+         netns_mode("netns-ovs-internal", "ovs-internal", unavailable))
+
+__all__ = ["CONNECTIONS", "MODES", "OvsSegment", "doctor", "fabric", "segment", "unavailable"]

@@ -1,8 +1,8 @@
 """`macvtap`: each guest NIC is a macvtap (libvirt ``type='direct'``) on a lower device.
 
 On one host the lower is a tb- veth pair the testbed makes, or the user's device(s) named in
-the topology's ``macvtap:`` block (host/net/macvtap.py describes the bridge, vepa and
-passthrough modes on a veth). With the guests placed on two hosts, each guest's lower is
+the topology's ``macvtap:`` block (plumbing.py makes it and describes the bridge, vepa and
+passthrough modes on a veth; namespaces.py joins two namespaces by macvlans on it). With the guests placed on two hosts, each guest's lower is
 its host's end of the wire (emulated hosts) or its underlay (real hosts), so guest frames
 cross the wire as they are, with no tunnel.
 
@@ -16,6 +16,7 @@ from collections.abc import Iterator, Sequence
 from testbed.attachments import _across
 from testbed.attachments.base import Check, Fabric, Mode, Request
 from testbed.attachments.bridge import SegmentFabric
+from testbed.attachments.macvtap.namespaces import CONNECTIONS
 
 
 def parse(n):
@@ -65,7 +66,7 @@ def check(t) -> Check | None:
     if MODE.across(t):
         return _across.check(t)
     if t.macvtap.lower:
-        from testbed.host.net import macvtap
+        from testbed.attachments.macvtap import plumbing as macvtap
         why = macvtap.check_lowers(t.macvtap.lower, t.macvtap.mode, max(t.matrix.mtus))
         if why:
             return Check("macvtap.lower", why)
@@ -86,17 +87,17 @@ class WireFabric(Fabric):
         self.datapath = f"macvtap-{mode.value}-wire"
 
     def port(self, i, target, mac):
-        from testbed.host.net import macvtap
+        from testbed.attachments.macvtap import plumbing as macvtap
         s = _across.side(i)
         return macvtap.lent_to_root(target, self.wires[s], self.ns[s], self.mode, mac)
 
     def nic(self, i, n, target, mac, backend, mtu, queues):
         from testbed.guests import render
         return render.NicParams(kind="ethernet", source="", target=target, mac=mac,
-                                driver=backend.driver_name, mtu=mtu, queues=queues, managed=False)
+                                driver=backend.driver_name, mtu=mtu, queues=queues, options=(("managed", "no"),))
 
     def attach(self, i, target):
-        from testbed.host.net import macvtap
+        from testbed.attachments.macvtap import plumbing as macvtap
         macvtap.take_back(target, self.ns[_across.side(i)])
         return contextlib.nullcontext()
 
@@ -125,7 +126,7 @@ def real_segment(mode):
 
     def nic(side, target, mac, backend, mtu, queues):
         return render.NicParams(kind="direct", source=side.underlay, target=target, mac=mac,
-                                driver=backend.driver_name, mtu=mtu, queues=queues, macvtap_mode=mode.value)
+                                driver=backend.driver_name, mtu=mtu, queues=queues, options=(("mode", mode.value),))
 
     return realhost.Segment(f"macvtap-{mode.value}-underlay", 0, lambda stack, side: (None, None), nic,
                             lambda side, tap, mtu: ops.set_mtu(side.shell, tap, mtu))
@@ -143,13 +144,20 @@ def fabric(req: Request) -> Iterator[Fabric]:
         with vxlan.hosts_and_wire(req.tag, req.max_mtu) as (ns, wires):
             yield WireFabric(ns, wires, t.macvtap.mode)
         return
-    from testbed.host.net import macvtap
+    from testbed.attachments.macvtap import plumbing as macvtap
     with macvtap.segment(req.tag, req.max_mtu, t.macvtap.mode, t.macvtap.lower) as seg:
         fab = SegmentFabric(seg, tuple(d for d in (seg.lower, seg.peer, seg.hairpin) if d) if seg.owned else ())
         fab.guest_sends_as_rx = False
         yield fab
 
 
+def doctor() -> dict:
+    from testbed.admin import capabilities
+    return {"macvtap": capabilities.macvtap()}
+
+
 MODE = Mode("macvtap", fabric, placement="any", classic=True, fields={"macvtap": parse},
-            unavailable=unavailable, check=check, validate=validate)
+            unavailable=unavailable, check=check, validate=validate, doctor=doctor)
 MODES = (MODE,)
+
+__all__ = ["CONNECTIONS", "MODE", "MODES", "check", "fabric", "parse", "real_segment", "unavailable", "validate"]

@@ -1,4 +1,4 @@
-"""`macvtap` attachment: guests' NICs are macvtap devices (libvirt interface type='direct')
+"""The macvtap mode's host plumbing: guests' NICs are macvtap devices (libvirt interface type='direct')
 on a lower device the testbed creates, a veth pair ``tb-<tag>-lw0``/``tb-<tag>-lw1``; never
 a host NIC. libvirt names macvtaps macvtapN unless <target dev> names them, so nic() always
 passes a tb- target (libvirt ignores targets that start with its own prefixes: macvtap,
@@ -64,7 +64,7 @@ class MacvtapSegment:
                                "would pick a macvtapN name the cleanup cannot recognise")
         return render.NicParams(kind="direct", source=self.lower_for(), target=target, mac=mac,
                                 driver=backend.driver_name, mtu=mtu, queues=queues,
-                                macvtap_mode=self.mode.value)
+                                options=(("mode", self.mode.value),))
 
     def set_mtu(self, mtu: int, taps: list[str]) -> None:
         if not self.owned:
