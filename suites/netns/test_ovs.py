@@ -297,3 +297,23 @@ def test_tso_switched_on_in_a_running_switch_breaks_tcp(private_switch: ovsd.Ovs
     assert transfer().result.ok
     private_switch.vsctl("set", "Open_vSwitch", ".", f"other_config:{ovs.TSO_KEY}=true")
     assert not transfer(timeout_s=12).result.ok
+
+
+def test_cleanup_finds_and_removes_a_dead_runs_bridge_on_the_switch(switch: ovsd.Ovs):
+    # The ovs mode declares its bridges as a kind of object it leaves (Mode.object_kinds):
+    # cleanup finds one whose run is gone and removes it, and leaves a live run's alone.
+    from testbed.admin import cleanup
+    from testbed.measure.session import claim_tag, release_tag
+    dead_tag, live_tag = claim_tag(), claim_tag()
+    dead, live = f"tb-{dead_tag}-ovs", f"tb-{live_tag}-ovs"
+    try:
+        with ovs.bridge(dead, switch, 1500), ovs.bridge(live, switch, 1500):
+            release_tag(dead_tag)                      # its owner is gone
+            found = cleanup.find()
+            assert dead in found.kinds()["ovs_bridges"] and live not in found.kinds()["ovs_bridges"]
+            assert dead in found.describe()
+            cleanup.remove(cleanup.Leftovers(objects={"ovs_bridges": [dead]}))
+            assert dead not in ovs.tb_bridges() and live in ovs.tb_bridges()
+    finally:
+        release_tag(live_tag)
+    assert dead not in ovs.tb_bridges() and live not in ovs.tb_bridges()

@@ -38,21 +38,48 @@ class Leftovers:
     domains: list[str] = field(default_factory=list)
     links: list[str] = field(default_factory=list)
     netns: list[str] = field(default_factory=list)
-    ovs_bridges: list[str] = field(default_factory=list)
     state: list[str] = field(default_factory=list)
     #: guest snapshots whose writer died half-way (tb-snap-* in the cache); finished
     #: snapshots and images are never cleanup's business (`testbed cache prune`)
     partial_snapshots: list[str] = field(default_factory=list)
     #: image builds whose builder died half-way (tb-build-* beside the cached images)
     partial_builds: list[str] = field(default_factory=list)
+    #: objects of the kinds the modes make (attachments Mode.object_kinds), by kind name
+    objects: dict[str, list[str]] = field(default_factory=dict)
+
+    def kinds(self) -> dict[str, list[str]]:
+        """Every kind with its names, the modes' own kinds among them (ovs_bridges, ...)."""
+        return {"domains": self.domains, "links": self.links, "netns": self.netns, **self.objects,
+                "state": self.state, "partial_snapshots": self.partial_snapshots,
+                "partial_builds": self.partial_builds}
 
     def empty(self) -> bool:
-        return not any((self.domains, self.links, self.netns, self.ovs_bridges, self.state,
-                        self.partial_snapshots, self.partial_builds))
+        return not any(self.kinds().values())
 
     def describe(self) -> str:
-        parts = [f"{k}: {', '.join(v)}" for k, v in self.__dict__.items() if v]
+        parts = [f"{k}: {', '.join(v)}" for k, v in self.kinds().items() if v]
         return "; ".join(parts) or "none"
+
+
+def _object_kinds() -> list:
+    """The kinds of object the registered modes make, each once (by name)."""
+    from testbed import attachments
+    found: dict = {}
+    for m in attachments.modes():
+        for k in m.object_kinds:
+            found.setdefault(k.name, k)
+    return list(found.values())
+
+
+def _objects(shell, live: set[str]) -> dict[str, list[str]]:
+    return {k.name: _dead(k.find(shell), live) for k in _object_kinds()}
+
+
+def _remove_objects(shell, found: Leftovers) -> None:
+    for k in _object_kinds():
+        for name in found.objects.get(k.name, ()):
+            with contextlib.suppress(CommandError):
+                k.delete(shell, name)
 
 
 def _domains(uri: str) -> list[str]:
@@ -64,14 +91,6 @@ def _domains(uri: str) -> list[str]:
         return sorted(d.name() for d in conn.listAllDomains() if d.name().startswith(PREFIX))
     finally:
         conn.close()
-
-
-def _ovs_bridges() -> list[str]:
-    try:
-        out = proc.run(["ovs-vsctl", "--timeout=5", "list-br"], timeout=10).stdout
-    except CommandError:
-        return []
-    return sorted(b for b in out.split() if b.startswith(PREFIX))
 
 
 TAG_RE = re.compile(rf"^{PREFIX}([0-9a-f]{{4}})(-|$)")
@@ -124,7 +143,7 @@ def find(uri: str = "qemu:///system", include_live: bool = False) -> Leftovers:
         domains=_dead(_domains(uri), live),
         links=_dead(names, live),
         netns=_dead([p.name for p in netns_dir.iterdir()] if netns_dir.is_dir() else [], live),
-        ovs_bridges=_dead(_ovs_bridges(), live),
+        objects=_objects(None, live),
         state=_dead([p.name for p in state.iterdir()] if state.is_dir() else [], live),
         partial_snapshots=[str(p) for p in guestcache.partial() if guestcache.writer_dead(p)],
         partial_builds=[str(p) for p in images.partial_builds() if guestcache.writer_dead(p)],
@@ -160,9 +179,8 @@ def remove(found: Leftovers, uri: str = "qemu:///system") -> None:
                             dom.undefine()
             finally:
                 conn.close()
-    for br in found.ovs_bridges:
-        with contextlib.suppress(CommandError):
-            proc.run(["ovs-vsctl", "--timeout=10", "--if-exists", "del-br", br], timeout=20)
+    # Mode-made objects (switch bridges) before links: ports leave a switch before their devices go.
+    _remove_objects(None, found)
     for name in found.links:
         links.delete(name)
     for ns in found.netns:
@@ -278,18 +296,16 @@ def find_on(shell, uri: str, include_live: bool = False) -> Leftovers:
         names = ops.on(shell).names()
     except CommandError:
         names = []
-    brs = shell.run(["ovs-vsctl", "--timeout=5", "list-br"], timeout=15, check=False)
     state = shell.run(["ls", "-1", str(paths.state_dir())], timeout=30, check=False)
     return Leftovers(domains=_dead(_domains(uri), live), links=_dead(names, live),
-                     ovs_bridges=_dead(brs.stdout.split() if brs.rc == 0 else [], live),
+                     objects=_objects(shell, live),
                      state=_dead(state.stdout.split() if state.rc == 0 else [], live))
 
 
 def remove_on(shell, found: Leftovers, uri: str) -> None:
     """Remove what find_on found, on that host."""
     remove(Leftovers(domains=found.domains), uri)
-    for br in found.ovs_bridges:
-        shell.run(["ovs-vsctl", "--timeout=10", "--if-exists", "del-br", br], timeout=20, check=False)
+    _remove_objects(shell, found)
     for name in found.links:
         ops.on(shell).delete(name)
     for st in found.state:

@@ -103,6 +103,16 @@ class Check:
 
 
 @dataclass(frozen=True)
+class ObjectKind:
+    """A kind of tb- object a mode leaves on a host, as cleanup sees it."""
+    name: str                                        # how cleanup reports it: "ovs_bridges"
+    #: the tb- objects of this kind on a host (an executor; None: this host)
+    find: Callable[[Any], list[str]]
+    #: remove one (gone already is fine)
+    delete: Callable[[Any, str], None]
+
+
+@dataclass(frozen=True)
 class Mode:
     """One attachment mode, as the registry knows it."""
 
@@ -137,6 +147,9 @@ class Mode:
     #: the host facts this mode depends on, for `testbed doctor` (found by trying): name ->
     #: an (ok, detail) pair, or a plain word (a datapath); modes sharing a fact give the same key
     doctor: Callable[[], Mapping[str, Any]] = lambda: {}
+    #: kinds of host object the mode makes beyond links, namespaces and domains (the ovs
+    #: mode's bridges on the host's switch), so cleanup finds and removes a dead run's
+    object_kinds: tuple[ObjectKind, ...] = ()
 
     @property
     def guests(self) -> bool:

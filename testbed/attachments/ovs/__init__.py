@@ -9,14 +9,22 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from testbed.attachments.base import Fabric, Mode, Request
+from testbed.attachments.base import Fabric, Mode, ObjectKind, Request
 from testbed.attachments.bridge import SegmentFabric
 from testbed.attachments.netns import netns_mode
 from testbed.attachments.ovs.namespaces import CONNECTIONS
 from testbed.errors import CapabilityError, TestbedError
 from testbed.guests import render
 from testbed.host.net import links, ovsd
-from testbed.host.net.ovs import bridge, check_ours, ovs_datapath, require_userspace_tso, userspace_tso
+from testbed.host.net.ovs import (
+    bridge,
+    check_ours,
+    delete_bridge,
+    ovs_datapath,
+    require_userspace_tso,
+    tb_bridges,
+    userspace_tso,
+)
 from testbed.topology.model import Attachment, Backend, object_name
 
 log = logging.getLogger(__name__)
@@ -101,7 +109,8 @@ def fabric(req: Request) -> Iterator[Fabric]:
 
 
 MODES = (Mode("ovs", fabric, across_instead="ovs-vxlan", needs_ovs=True, variants=True,
-              classic=True, unavailable=unavailable, doctor=doctor),
+              classic=True, unavailable=unavailable, doctor=doctor,
+              object_kinds=(ObjectKind("ovs_bridges", tb_bridges, delete_bridge),)),
          netns_mode("netns-ovs-veth", "ovs-veth", unavailable),
          netns_mode("netns-ovs-internal", "ovs-internal", unavailable))
 

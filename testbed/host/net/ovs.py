@@ -121,3 +121,20 @@ def _del_br(name: str, switch: ovsd.Ovs) -> None:
     except CommandError as e:
         log.error("could not delete OVS bridge %s: %s", name, e)
         raise
+
+
+def tb_bridges(shell=None) -> list[str]:
+    """The tb- bridges on a host's switch (``shell``: an executor, None for this host); none
+    when no switch answers, since then there is nothing of ours in it to remove."""
+    from testbed import PREFIX
+    from testbed.host import executor
+    res = (shell or executor.local()).run(["ovs-vsctl", "--timeout=5", "list-br"], timeout=15, check=False)
+    return sorted(b for b in res.stdout.split() if b.startswith(PREFIX)) if res.rc == 0 else []
+
+
+def delete_bridge(shell, name: str) -> None:
+    """Remove a tb- bridge (and its ports) from a host's switch; gone already is fine."""
+    from testbed.host import executor
+    check_ours(name)
+    (shell or executor.local()).run(["ovs-vsctl", "--timeout=10", "--if-exists", "del-br", name],
+                                    timeout=20, check=False)
