@@ -38,8 +38,11 @@ MIN_POINTS = 4
 
 #: a regression is reported when its change point lies within the newest WINDOW runs
 WINDOW = 7
-#: runs from the change point on that must confirm it (the change point's run included)
-CONFIRM = 2
+#: runs from the change point on that must confirm it (the change point's run included):
+#: three, so two unlucky nights in a row are not a step (bench gate: with two, unchanged
+#: 30-night series alarmed in about 1 in 25; with three, none in 150, while a -8 % step at
+#: 2.4 % noise is still found within 3 nights in 44-46 of 50)
+CONFIRM = 3
 #: what a bisect range names: the environment keys that differ between last good and first bad
 BISECT_KEYS = ("kernel", "host", "machine_id", "versions", "image")
 
@@ -53,6 +56,11 @@ class Point:
     spread: float | None = None     # their standard deviation (None below 2 samples)
     #: (key, value) of the run's environment that a bisect range names (BISECT_KEYS)
     environment: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def stderr(self) -> float | None:
+        """The standard error of the point's mean (None without a spread)."""
+        return self.spread / math.sqrt(self.n) if self.spread is not None and self.n > 1 else None
 
 
 @dataclass(frozen=True)
@@ -127,9 +135,9 @@ class Series:
 
 
 #: penalty per change, in sigma^2 ln(n): calibrated by `testbed bench gate`'s history
-#: simulation: at 3.0 a -8 % step at 2.4 % nightly noise exits 1 within 3 nights in 45 of 50
-#: seeded sequences, unchanged 30-night series replayed nightly alarm in 2 of 50 (4.0: 40 and
-#: 2; 6.0: 32 and 1). With min_size=2 and the confirmation rule, a lower penalty buys speed.
+#: simulation (nights of 5 samples, 2.4 % nightly noise): at 3.0, with CONFIRM = 3 and the
+#: noise floor from the points' own spreads, a -8 % step exits 1 within 3 nights in 44-46 of
+#: 50 seeded sequences and unchanged 30-night series replayed nightly alarm in 0 of 150.
 PENALTY = 3.0
 
 
@@ -142,16 +150,26 @@ def noise_sigma(y: np.ndarray) -> float:
 
 
 def change_points(values: Sequence[float], *, higher_is_better: bool = True,
-                  threshold: float = 0.05) -> list[tuple[int, float, float]]:
-    """(index, mean before, mean after) of each change in ``values`` (ruptures PELT)."""
+                  threshold: float = 0.05,
+                  stderr: Sequence[float | None] = ()) -> list[tuple[int, float, float]]:
+    """(index, mean before, mean after) of each change in ``values`` (ruptures PELT).
+
+    ``stderr``: each point's standard error (its samples' spread over the square root of
+    their count). The night-to-night noise is at least that, so its median is a floor under
+    the noise estimate from successive differences, which is unstable on a short series (a
+    few calm nights made it small and a normal night look like a step)."""
     import ruptures
     y = np.asarray(values, dtype=float)
     n = y.size
     if n < MIN_POINTS:
         return []
     sigma = noise_sigma(y)
-    # min_size=2: a segment needs two runs, so a single outlying night is never a change
-    # (it is "suspect" instead) and a change is confirmed by the run after it
+    known = [e for e in stderr if e is not None and math.isfinite(e)]
+    if known:
+        sigma = max(sigma, float(np.median(known)))
+    # min_size=CONFIRM: a segment needs that many runs, so one or two outlying nights are
+    # never a change (a lone one is "suspect" instead) and a change is confirmed by the runs
+    # after it
     ends = ruptures.Pelt(model="l2", min_size=CONFIRM, jump=1).fit(y.reshape(-1, 1)).predict(
         pen=PENALTY * sigma ** 2 * math.log(n))
     bounds = [0, *ends]
@@ -253,7 +271,7 @@ def judge(cell_id: str, h: str, metric: str, env: str, pts: Sequence[Point],
                     regression=(a < b) == higher, last_good=pts[i - 1].run_id,
                     bisect=env_difference(pts[i - 1], pts[i]))
         for i, b, a in change_points([p.value for p in pts], higher_is_better=higher,
-                                     threshold=threshold))
+                                     threshold=threshold, stderr=[p.stderr for p in pts]))
     return Series(cell_id, h, metric, env, tuple(pts), cps)
 
 

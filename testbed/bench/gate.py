@@ -174,11 +174,14 @@ def format_outcomes(rows: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
-def history_replay(values: list[float], start: int) -> int | None:
+def history_replay(values: list[float], start: int, spreads: list[float | None] | None = None,
+                   n: int = 5) -> int | None:
     """Replay a nightly series night by night from ``start``: the first night (index) on
-    which `testbed history` would exit 1, or None."""
+    which `testbed history` would exit 1, or None. ``spreads``: each night's sample standard
+    deviation over its ``n`` samples (what the index gives `history`)."""
     from testbed.analysis import history
-    pts = [history.Point(f"n{i:03d}", "", float(v), 5) for i, v in enumerate(values)]
+    spreads = spreads or [None] * len(values)
+    pts = [history.Point(f"n{i:03d}", "", float(v), n, sd) for i, (v, sd) in enumerate(zip(values, spreads))]
     for t in range(max(start, history.MIN_POINTS - 1), len(pts)):
         if history.judge("c", "h", "throughput_mbps", "e", pts[:t + 1]).newest_regresses:
             return t
@@ -194,15 +197,22 @@ class HistoryOutcome:
 
 def history_sim(sequences: int = 6, seed: int = 0, noise: float = 0.024, step: float = 0.08,
                 nights: int = 30, step_at: int = 20) -> HistoryOutcome:
+    """Each night is the mean of 5 samples whose spread makes the nightly noise ``noise``
+    (per-sample noise times sqrt 5), so points carry a count and a spread as indexed runs do."""
     found = alarms = 0
+    per_sample = noise * np.sqrt(5)
+
+    def night(rng, level: float) -> tuple[float, float]:
+        s = level * rng.normal(1, per_sample, 5)
+        return float(s.mean()), float(s.std(ddof=1))
+
     for k in range(sequences):
         rng = np.random.default_rng([seed, 1000 + k])
-        flat = list(1000 * rng.normal(1, noise, nights))
-        stepped = [v * (1 - step) if i >= step_at else v
-                   for i, v in enumerate(1000 * rng.normal(1, noise, nights))]
-        t = history_replay(stepped[:step_at + 3], 0)
+        flat = [night(rng, 1000.0) for _ in range(nights)]
+        stepped = [night(rng, 1000.0 * (1 - step) if i >= step_at else 1000.0) for i in range(nights)]
+        t = history_replay([v for v, _ in stepped[:step_at + 3]], 0, [sd for _, sd in stepped[:step_at + 3]])
         found += t is not None and step_at <= t <= step_at + 2
-        alarms += history_replay(flat, 0) is not None
+        alarms += history_replay([v for v, _ in flat], 0, [sd for _, sd in flat]) is not None
     return HistoryOutcome(sequences, found, alarms)
 
 
