@@ -72,6 +72,21 @@ done
 # applies everything (hostname, write_files) and the network stage would only start
 # Python (10-30 s under TCG) to log "datasource in local mode" and exit.
 chroot "$root" systemctl mask cloud-init.service >/dev/null 2>&1 || true
+# cloud-init's local and final stages in one Python process (files/cloud-init-boot): the
+# final stage's own process spent seconds under TCG starting Python and importing
+# cloud-init again. cloud-init-local.service runs the process; cloud-final.service keeps
+# its place after multi-user.target and asks that process for the stage (files/cloud-final-go).
+install -d "$root/usr/local/lib/testbed"
+install -m 0755 "$here/files/cloud-init-boot" "$here/files/cloud-final-go" "$root/usr/local/lib/testbed/"
+for u in cloud-init-local cloud-final systemd-remount-fs systemd-udev-trigger; do
+  mkdir -p "$root/etc/systemd/system/$u.service.d"
+done
+install -m 0644 "$here/files/cloud-init-local.conf" "$root/etc/systemd/system/cloud-init-local.service.d/10-testbed.conf"
+install -m 0644 "$here/files/cloud-final.conf" "$root/etc/systemd/system/cloud-final.service.d/10-testbed.conf"
+# No remount of a root the initrd mounted read-write with fstab's options already.
+install -m 0644 "$here/files/remount-fs.conf" "$root/etc/systemd/system/systemd-remount-fs.service.d/10-testbed.conf"
+# udev's coldplug for the subsystems a guest uses only (files/udev-trigger.conf).
+install -m 0644 "$here/files/udev-trigger.conf" "$root/etc/systemd/system/systemd-udev-trigger.service.d/10-testbed.conf"
 mkdir -p "$root/etc/systemd/journald.conf.d"
 printf '[Journal]\nStorage=volatile\n' > "$root/etc/systemd/journald.conf.d/10-testbed.conf"
 

@@ -91,3 +91,17 @@ def test_session_run_records_the_guests_accelerator(guest_pair, run_writer):
     assert env["comparable_class"] == {"kvm": "kvm", "tcg": "tcg-functional-only"}[env["accelerator"]]
     assert env["image"]["name"] and env["image"]["digest"]
     assert run_writer.record["status"] == "running" and run_writer.dir.is_dir()
+
+
+def test_guests_ran_cloud_init(guest_pair):
+    """cloud-init ran both its stages in the session's guests (the image runs them in one
+    process, docs/performance.md): `cloud-init status` says done, write_files wrote the
+    seed's file, the hostname is the seed's, and both units ended well."""
+    for g in (guest_pair.client, guest_pair.server):
+        status = g.agent.run(["/usr/bin/cloud-init", "status", "--long"], timeout=120).stdout
+        assert "status: done" in status, status
+        assert g.agent.read_file("/etc/testbed-run").strip(), "write_files wrote nothing"
+        assert g.agent.run(["/bin/hostname"]).stdout.strip() == g.spec.name
+        units = g.agent.run(["/bin/systemctl", "is-active", "cloud-init-local.service", "cloud-final.service"],
+                            check=False).stdout.split()
+        assert units == ["active", "active"], units

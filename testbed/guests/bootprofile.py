@@ -5,7 +5,9 @@ time`: kernel, initrd, userspace; `blame`: each unit's start time; `critical-cha
 init's account of its stages (`cloud-init analyze show`: the time inside each stage, which
 starts only once Python has imported cloud-init), and the console, where cloud-init prints
 the guest's uptime as each stage starts and as it finishes. A stage's unit time minus its
-stage time is Python start-up and imports, which under TCG is most of it.
+stage time is Python start-up and imports, which under TCG is most of it (the testbed's
+image runs both stages in one process, so its final stage's difference is only reading
+the configuration in the running process; images/debian12/files/cloud-init-boot).
 
 The parsers are pure and tested on output captured from the testbed's guest
 (suites/unit/test_bootprofile.py); `collect` runs the commands through a guest agent.

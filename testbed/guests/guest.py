@@ -116,6 +116,19 @@ class Agent:
         finally:
             self.command("guest-file-close", {"handle": handle})
 
+    def exists(self, path: str) -> bool | None:
+        """Whether ``path`` exists in the guest, asked by opening it through the agent: no
+        process is started in the guest (under TCG a process start takes the guest's vCPU
+        from whatever it is doing, such as the boot being waited for). None: the agent
+        would not say (file commands disabled in its configuration, or any other refusal
+        than a missing file); the caller asks another way."""
+        try:
+            handle = self.command("guest-file-open", {"path": path, "mode": "r"})
+        except GuestError as e:
+            return False if "No such file or directory" in str(e) else None
+        self.command("guest-file-close", {"handle": handle})
+        return True
+
     def read_file(self, path: str, limit: int = 1 << 20) -> str:
         handle = self.command("guest-file-open", {"path": path, "mode": "r"})
         try:
