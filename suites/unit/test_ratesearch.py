@@ -197,7 +197,7 @@ def test_a_minimum_rate_that_already_loses_gives_no_lower_bound():
 def sample(status="ok", metrics=None, counters=None, reason=None):
     cell = Cell(Attachment("netns-veth"), Backend.QEMU, 1500, 1,
                 Profile("ndr", tool=Tool("iperf3"), protocol=Protocol.UDP, search=RateSearch()))
-    return results.Sample("run", cell.as_dict(), 0, False, status, reason, metrics or {}, {}, "t0", "t1",
+    return results.SampleRecord.new("run", cell.as_dict(), 0, False, status, reason, metrics or {}, {}, "t0", "t1",
                           extra={"counters": counters or {}})
 
 
