@@ -45,7 +45,7 @@ def write(root: Path, run_id: str, cells: list[tuple], **env) -> Path:
         for c, samples in built:
             for rep, (metrics, c_pu) in enumerate(samples):
                 w.add_sample(SampleRecord.new(run_id, c.as_dict(), rep, False, "ok", None, metrics, c_pu,
-                                    now(), now()))
+                                              now(), now()))
             w.add_cell(c, "ok", None, None, {})
     return w.dir
 

@@ -45,9 +45,9 @@ def write(root: Path, run_id: str, cells: list[tuple], *, memory_mib: int = 1024
             for rep, (mbps, host, pairs) in enumerate(samples):
                 extra = {"pairs": pairs} if pairs is not None else {}
                 w.add_sample(SampleRecord.new(run_id, cell, rep, False, "ok", None,
-                                    {metric: mbps, "latency_p99_us": 100.0},
-                                    {"host": {"busy": host, "softirq": 0.1}}, now(), now(),
-                                    extra=extra))
+                                              {metric: mbps, "latency_p99_us": 100.0},
+                                              {"host": {"busy": host, "softirq": 0.1}}, now(), now(),
+                                              extra=extra))
             w.add_cell(c, "ok", None, None, {})
     return w.dir
 

@@ -77,10 +77,10 @@ def write_run(root: Path, run_id: str, samples: dict[Cell, list], **env) -> Path
             for rep, item in enumerate(items):
                 if isinstance(item, str):
                     w.add_sample(SampleRecord.new(run_id, c.as_dict(), rep, False, "failed", item, {}, {},
-                                        now(), now()))
+                                                  now(), now()))
                 else:
                     w.add_sample(SampleRecord.new(run_id, c.as_dict(), rep, False, "ok", None, item[0],
-                                        item[1], now(), now()))
+                                                  item[1], now(), now()))
             w.add_cell(c, "ok", None, True, {})
     return w.dir
 

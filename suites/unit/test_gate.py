@@ -45,7 +45,7 @@ def synthetic(root, run_id: str, cs: list[Cell], *, seed: int, n: int = 5, noise
             key = (str(d), c.hash)
             if key not in _LINES:
                 _LINES[key] = json.loads(SampleRecord.new(run_id, c.as_dict(), 0, False, "ok", None,
-                                                items[0][0], items[0][1], now(), now()).to_json())
+                                                          items[0][0], items[0][1], now(), now()).to_json())
             line = _LINES[key]
             for rep, (m, _) in enumerate(items[skip:], start=skip):
                 f.write(json.dumps({**line, "rep": rep, "metrics": m}) + "\n")

@@ -67,10 +67,10 @@ def write_run(root: Path, run_id: str, *, k: float = 1.0, reps: int = 4, failed:
                          "latency_p99_us": 1322 * (1 + c.mtu / 20000) * n}
                     load = 1.0 + 0.1 * c.connections
                 w.add_sample(SampleRecord.new(run_id, c.as_dict(), rep, False, "ok", None, m,
-                                    cpu(load, load * 0.8), now(), now()))
+                                              cpu(load, load * 0.8), now(), now()))
             for rep in range(failed):
                 w.add_sample(SampleRecord.new(run_id, c.as_dict(), reps + rep, False, "failed",
-                                    "netperf: timed out <after> 30 s", {}, {}, now(), now()))
+                                              "netperf: timed out <after> 30 s", {}, {}, now(), now()))
             w.add_cell(c, "ok", None, True, {})
     return w.dir
 

@@ -46,8 +46,8 @@ def write(root: Path, run_id: str, levels: dict[int, list[dict]], profile: Profi
             c = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, profile, pairs=n)
             agg = sum(p.get(metric, 0.0) for p in pairs)
             w.add_sample(SampleRecord.new(run_id, c.as_dict(), 0, False, "ok", None, {metric: agg},
-                                {"host": {"busy": (busy or {}).get(n, 0.5 * n), "softirq": 0.1}},
-                                now(), now(), extra={"pairs": pairs}))
+                                          {"host": {"busy": (busy or {}).get(n, 0.5 * n), "softirq": 0.1}},
+                                          now(), now(), extra={"pairs": pairs}))
             w.add_cell(c, "ok", None, None, {})
     return w.dir
 

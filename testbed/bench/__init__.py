@@ -94,9 +94,9 @@ def matrix() -> dict:
     modes = attachments.supported_single_host()
     topo = config.parse(MATRIX.replace("ATTACHMENTS", ", ".join(m.value for m in modes)), "<bench matrix>")
     out = runner.execute(topo, progress=lambda s: None)
-    run = results.read_run(out.run_dir).run
-    t = run["timing"]
-    return {"cells": len(run["cells"]), "modes": [m.value for m in modes], "boots": run["counts"]["boots"],
+    run = results.read_run(out.run_dir)
+    t = run.value_of("timing")
+    return {"cells": len(run.cells), "modes": [m.value for m in modes], "boots": run.counts.boots,
             "measure_wall_s": t["measure_wall_s"], "sum_of_windows_s": t["sum_of_windows_s"],
             "ratio": round(t["measure_wall_s"] / t["sum_of_windows_s"], 3) if t["sum_of_windows_s"] else None,
             "failed": out.failed, "run_dir": str(out.run_dir)}

@@ -50,8 +50,8 @@ def template(cells: int, root: Path) -> RunRecord:
     with results.RunWriter(root, "template", topo, ENV) as w:
         for c in cs:
             w.add_sample(results.SampleRecord.new("template", c.as_dict(), 0, False, "ok", None,
-                                        {"throughput_mbps": MBPS}, {}, results.now(),
-                                        results.now()))
+                                                  {"throughput_mbps": MBPS}, {}, results.now(),
+                                                  results.now()))
             w.add_cell(c, "ok", None, True, {})
     return results.read_run(w.dir)
 
