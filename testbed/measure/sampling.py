@@ -34,7 +34,7 @@ from testbed.host import hostwatch
 from testbed.host.nsagent import NsHost
 from testbed.measure import cpu, crosscheck, pairs, window
 from testbed.records import results
-from testbed.records.records import SampleRecord
+from testbed.records.records import Cpu, SampleRecord
 from testbed.tools import get_tool
 from testbed.tools.base import ToolDriver, ToolResult, sizes, vet
 from testbed.topology.model import Cell, Pattern, Profile
@@ -321,6 +321,7 @@ def sample_paths(cell: Cell, paths: Sequence[TestPath], writer: results.RunWrite
         per_path.append(parsed[0] if len(parsed) == 1 else driver.aggregate(parsed))
     res = pairs.combine(profile, per_path, driver)[0] if by_pair else per_path[0]
     cpu_info, guest_s = cpu_over_window(g_before, g_after, h_before, h_after)
+    cpu_rec = Cpu.from_dict(cpu_info)
     extra = {"window": window_record(res.metrics.get("duration_s"), expected_s, cpu_info["window_s"], guest_s),
              "kernel": _kernel(), "instances": instances, "start_skew_s": round(skew_s, 4),
              # seen from the host through the agent's polling, so an upper bound
@@ -338,7 +339,7 @@ def sample_paths(cell: Cell, paths: Sequence[TestPath], writer: results.RunWrite
     checks = [wire_check(cell, p, dict(r.metrics), d) for p, r, d in zip(paths, per_path, deltas)]
     extra["warnings"] = [*res.warnings, *cpu_warnings(cpu_info)]
     if by_pair:
-        extra.update(pairs.pairs_extra(profile, per_path, cpu_info["per_guest"],
+        extra.update(pairs.pairs_extra(profile, per_path, cpu_rec.per_guest,
                                        [[ep.guest.spec.name for ep in (p.client, p.server)] for p in paths]))
         check = pairs.wire_record(checks)
     else:
@@ -356,7 +357,7 @@ def sample_paths(cell: Cell, paths: Sequence[TestPath], writer: results.RunWrite
     status, reason = noise_outcome(watch, noisy, warmup, extra)
     if status == "failed":
         return failed(reason, cpu_info, extra, check)   # type: ignore[arg-type]
-    return SampleRecord.new(writer.run_id, cell.as_dict(), rep, warmup, status, reason, metrics, cpu_info,
+    return SampleRecord.new(writer.run_id, cell.as_dict(), rep, warmup, status, reason, metrics, cpu_rec,
                             started, results.now(), raw, placement, extra, check)
 
 
