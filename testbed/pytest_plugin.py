@@ -125,14 +125,11 @@ class SessionRunWriter:
             measuring[base] = base if k == 0 else f"{base}-t{k + 1}"
         return measuring[base]
 
-    def add_sample(self, s):
-        from testbed.records.records import SampleRecord
-        rec = s if isinstance(s, SampleRecord) else s.record()
+    def add_sample(self, rec):
+        import dataclasses
         new = self._session_id(rec.cell.id)
         if new != rec.cell.id:
-            d = rec.to_dict()
-            d["cell"] = {**d["cell"], "id": new}
-            rec = SampleRecord.from_dict(d)
+            rec = dataclasses.replace(rec, cell=dataclasses.replace(rec.cell, id=new))
         return super().add_sample(rec)  # type: ignore[misc]
 
     def add_cell(self, cell, status, reason, converged, summary, extra=None):

@@ -31,7 +31,7 @@ def test_guests(guest_cell: Cell, guest_path, guest_pair, run_writer) -> None:
     [s] = measure.measure_cell(guest_cell, guest_path, run_writer, ONE_SAMPLE, 0, pids,
                                {g.spec.name: "local" for g in (gp.client, gp.server)})
     _check(guest_cell, s, gp.accelerator)
-    assert s.cpu["guest"][gp.client.spec.name]["busy"] > 0      # the client guest did the work
+    assert s.cpu.guest[gp.client.spec.name]["busy"] > 0      # the client guest did the work
 
 
 def test_namespaces(ns_cell: Cell, ns_path, run_writer) -> None:

@@ -148,17 +148,16 @@ def test_quiet_start_timeout_is_exit_4(tmp_path):
 
 
 def test_pairs_samples_carry_the_noise_figure(tmp_path):
-    """N pairs at once (testbed.measure.pairs) go through the same guard: the figure per sample."""
+    """N pairs at once (measure_paths over N paths) go through the same guard: the figure per sample."""
     if os.geteuid() != 0 or not shutil.which("netperf"):
         pytest.skip("needs root and netperf")
-    from testbed.measure import pairs
     from testbed.topology import config
     cell = Cell(Attachment("netns-veth"), Backend.QEMU, 1500, 1, CELL.profile, pairs=2)
     with results.RunWriter(tmp_path / "res", "20260101T000000Z-nopa", _topology(), {"accelerator": "none"}) as w, \
             testpaths.pair_paths(Attachment("netns-veth"), Backend.QEMU, claim_tag(), config.default(), None, 2, 1500,
                               tmp_path / "ep") as paths:
-        [s] = pairs.measure_cell(cell, paths, w, stats.StoppingRule(Repetitions()), 0, {}, {},
+        [s] = measure.measure_paths(cell, paths, w, stats.StoppingRule(Repetitions()), 0, {}, {},
                                  watch=window.Watch(NoiseSpec(threshold_cores=1024)))
     assert s.status == "ok", s.reason
-    n = s.extra["noise"]
+    n = s.data["noise"]
     assert n["noisy"] is False and n["action"] is None and n["other_cores"] >= 0 and n["run_queue_mean"] > 0

@@ -32,7 +32,7 @@ def test_rr_sample_records_each_percentile_with_its_transactions():
     with bench.netns_bench(Attachment("netns-veth"), lock=False) as (_, writer, path):
         s = measure.measure_once(cell, path, writer, 0, False, {}, {}, None)
     assert s.status == "ok", s.reason
-    by = {p["p"]: p for p in s.extra["percentiles"]}
+    by = {p["p"]: p for p in s.data["percentiles"]}
     n = round(s.metrics["transactions_per_s"] * s.metrics["duration_s"])
     assert set(by) == {50.0, 99.0, 99.9}
     for p in by.values():

@@ -11,7 +11,7 @@ import pytest
 from testbed.analysis import capacity, compare
 from testbed.analysis.capacity import CapacityError, Demand, UnitCost, fit, parse_demand
 from testbed.cli import results as cli_results
-from testbed.records.results import RunWriter, Sample, now
+from testbed.records.results import RunWriter, SampleRecord, now
 from testbed.topology.model import Attachment, Backend, Cell, GuestSpec, HostSpec, Matrix, Pattern, Profile, Topology
 
 pytestmark = pytest.mark.unit
@@ -44,8 +44,8 @@ def write(root: Path, run_id: str, cells: list[tuple], **env) -> Path:
     with RunWriter(root, run_id, topo, environment) as w:
         for c, samples in built:
             for rep, (metrics, c_pu) in enumerate(samples):
-                w.add_sample(Sample(run_id, c.as_dict(), rep, False, "ok", None, metrics, c_pu,
-                                    now(), now()))
+                w.add_sample(SampleRecord.new(run_id, c.as_dict(), rep, False, "ok", None, metrics, c_pu,
+                                              now(), now()))
             w.add_cell(c, "ok", None, None, {})
     return w.dir
 

@@ -11,7 +11,7 @@ import pytest
 from testbed.analysis import capacity_model, capacity_plan, compare
 from testbed.analysis.capacity import parse_demand
 from testbed.cli import results as cli_results
-from testbed.records.results import RunWriter, Sample, now
+from testbed.records.results import RunWriter, SampleRecord, now
 from testbed.topology.model import Attachment, Backend, Cell, GuestSpec, HostSpec, Matrix, Pattern, Profile, Topology
 
 pytestmark = pytest.mark.unit
@@ -44,10 +44,10 @@ def write(root: Path, run_id: str, cells: list[tuple], *, memory_mib: int = 1024
             cell = {**c.as_dict(), "pairs": n, "id": f"{c.id}-p{n}"}
             for rep, (mbps, host, pairs) in enumerate(samples):
                 extra = {"pairs": pairs} if pairs is not None else {}
-                w.add_sample(Sample(run_id, cell, rep, False, "ok", None,
-                                    {metric: mbps, "latency_p99_us": 100.0},
-                                    {"host": {"busy": host, "softirq": 0.1}}, now(), now(),
-                                    extra=extra))
+                w.add_sample(SampleRecord.new(run_id, cell, rep, False, "ok", None,
+                                              {metric: mbps, "latency_p99_us": 100.0},
+                                              {"host": {"busy": host, "softirq": 0.1}}, now(), now(),
+                                              extra=extra))
             w.add_cell(c, "ok", None, None, {})
     return w.dir
 

@@ -16,7 +16,7 @@ import pytest
 from testbed import errors
 from testbed.analysis import compare
 from testbed.cli import results as cli_results
-from testbed.records.results import RunWriter, Sample, now
+from testbed.records.results import RunWriter, SampleRecord, now
 from testbed.topology.model import Attachment, Backend, Cell, GuestSpec, HostSpec, Matrix, Pattern, Profile, Topology
 
 pytestmark = pytest.mark.unit
@@ -76,11 +76,11 @@ def write_run(root: Path, run_id: str, samples: dict[Cell, list], **env) -> Path
         for c, items in samples.items():
             for rep, item in enumerate(items):
                 if isinstance(item, str):
-                    w.add_sample(Sample(run_id, c.as_dict(), rep, False, "failed", item, {}, {},
-                                        now(), now()))
+                    w.add_sample(SampleRecord.new(run_id, c.as_dict(), rep, False, "failed", item, {}, {},
+                                                  now(), now()))
                 else:
-                    w.add_sample(Sample(run_id, c.as_dict(), rep, False, "ok", None, item[0],
-                                        item[1], now(), now()))
+                    w.add_sample(SampleRecord.new(run_id, c.as_dict(), rep, False, "ok", None, item[0],
+                                                  item[1], now(), now()))
             w.add_cell(c, "ok", None, True, {})
     return w.dir
 

@@ -10,7 +10,7 @@ import pytest
 from test_compare import STREAM, cpu, run_cli, stream_metrics, write_run  # noqa: F401
 
 from testbed.analysis import compare
-from testbed.records.results import Sample, now
+from testbed.records.results import SampleRecord, now
 from testbed.topology.model import Attachment, Backend, Cell
 
 pytestmark = pytest.mark.unit
@@ -44,8 +44,8 @@ def synthetic(root, run_id: str, cs: list[Cell], *, seed: int, n: int = 5, noise
         for c, items in samples.items():
             key = (str(d), c.hash)
             if key not in _LINES:
-                _LINES[key] = json.loads(Sample(run_id, c.as_dict(), 0, False, "ok", None,
-                                                items[0][0], items[0][1], now(), now()).to_json())
+                _LINES[key] = json.loads(SampleRecord.new(run_id, c.as_dict(), 0, False, "ok", None,
+                                                          items[0][0], items[0][1], now(), now()).to_json())
             line = _LINES[key]
             for rep, (m, _) in enumerate(items[skip:], start=skip):
                 f.write(json.dumps({**line, "rep": rep, "metrics": m}) + "\n")

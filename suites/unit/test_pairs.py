@@ -201,3 +201,59 @@ def test_pairs_axis_ids_and_hashes():
                      "profiles: [{name: a}]}\n")
     cells = runner.plan(t)
     assert [c.pairs for c in cells] == [1, 2, 1, 2] and config.cell_count(t.matrix) == len(cells)
+
+
+# --------------------------------------------------------------------------- one loop's parts
+
+def test_a_cell_is_recorded_by_pair_when_it_has_pairs_or_a_paced_profile():
+    stream, paced = Profile("s"), Profile("s", tool=Tool("iperf3"), rate_bps=10**9, rate="1gbit")
+    one = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, stream)
+    assert not pairs.by_pair(one) and pairs.label(one, 0) == ""
+    assert pairs.by_pair(Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, stream, pairs=2))
+    assert pairs.label(Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, paced), 1) == "pair 2: "
+
+
+def test_the_pairs_extra_and_their_wire_record():
+    from testbed.measure import crosscheck
+    p = Profile("s", tool=Tool("iperf3"), rate_bps=2 * 10**9, rate="2gbit")
+    per_guest = {"g1": {"total": 0.3}, "g2": {"total": 0.2}, "g1-p2": {"total": 0.1}}
+    x = pairs.pairs_extra(p, [_res(1990.0), _res(1500.0)], per_guest, [["g1", "g2"], ["g1-p2", "g2-p2"]])
+    assert [r["cpu_cores"] for r in x["pairs"]] == [0.5, None]
+    assert x["saturated"] is True and x["short_pairs"] == [2] and "latency_loop" not in x
+    ok = crosscheck.Check(100, 110, 2, 0.9, 0.91, "ok", "tb-a", "to-endpoint")
+    bad = crosscheck.Check(100, 10, 2, 0.9, 10.0, "fail", "tb-b", "to-endpoint", reason="too few")
+    assert pairs.wire_record([ok, ok]) == {"pairs": [ok.as_dict(), ok.as_dict()], "verdict": "pass"}
+    assert pairs.wire_record([ok, bad])["verdict"] == "fail"
+
+
+def _sample(cell: Cell, rep: int, value: float | None):
+    from testbed.records.records import SampleRecord
+    if value is None:
+        return SampleRecord.new("r", cell.as_dict(), rep, False, "failed", "boom", {}, {}, "t0", "t1")
+    return SampleRecord.new("r", cell.as_dict(), rep, False, "ok", None, {"throughput_mbps": value}, {}, "t0", "t1")
+
+
+@pytest.mark.parametrize("values,taken,status,converged", [
+    ([100.0, 100.5, 99.0, 100.0], 2, "ok", True),                 # rsd met after two: stops
+    ([100.0, 150.0, 60.0, 120.0], 4, "ok", False),                # max_samples, not converged
+    ([100.0, None, 100.2, 100.0], 3, "partial", True),            # a failure counts, the rule goes on
+    ([None, None, None, None], 4, "failed", None),                # no values: no decision
+    ([100.0, 150.0, 60.0, None], 4, "partial", False),           # the last one failed at max_samples
+])
+def test_cell_samples_keep_the_stopping_rule_in_one_place(tmp_path, values, taken, status, converged):
+    from testbed.analysis import stats
+    from testbed.records import results
+    from testbed.topology.model import Repetitions
+    cell = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, Profile("s"))
+    rule = stats.StoppingRule(Repetitions(0, 2, 4, 0.05))
+    with results.RunWriter(tmp_path, "r", config.default(), {"accelerator": "none"}) as w:
+        counted = measure.CellSamples(cell, rule)
+        for rep, v in enumerate(values):
+            if not counted.add(_sample(cell, rep, v)):
+                break
+        got = counted.finish(w)
+    assert len(got) == taken
+    outcome = w.cells[-1]
+    assert outcome.status == status and outcome.converged is converged
+    if status != "failed":
+        assert outcome.summary_mean("throughput_mbps") is not None

@@ -164,12 +164,14 @@ def test_fractions_of_the_measured_maximum():
     from testbed.tools import pacing
     cell = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, ps[1], pairs=2)
     base_id = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, ps[0], pairs=2).id
-    got, why = pacing.resolve_fraction(cell, ps, [{"id": base_id, "status": "ok",
-                                                   "summary": {"transactions_per_s": {"mean": 9000.0}}}])
+    from testbed.records.records import CellOutcome
+    got, why = pacing.resolve_fraction(cell, ps, [CellOutcome.from_dict(
+        {"id": base_id, "status": "ok", "summary": {"transactions_per_s": {"mean": 9000.0}}})])
     assert why is None and got.profile.rate_tps == 2250 and got.profile.rate == "0.5max"   # half of 4500 per pair
     # the hash holds the fraction, not what this run's maximum made of it
     assert got.hash == cell.hash and got.id == cell.id
-    _, why = pacing.resolve_fraction(cell, ps, [{"id": base_id, "status": "failed", "reason": "boom", "summary": {}}])
+    _, why = pacing.resolve_fraction(cell, ps, [CellOutcome.from_dict(
+        {"id": base_id, "status": "failed", "reason": "boom", "summary": {}})])
     assert "was not measured in this run (boom)" in why
     _, why = pacing.resolve_fraction(cell, ps, [])
     assert why.startswith("0.5max: the maximum of " + base_id)

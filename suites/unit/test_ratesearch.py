@@ -197,8 +197,8 @@ def test_a_minimum_rate_that_already_loses_gives_no_lower_bound():
 def sample(status="ok", metrics=None, counters=None, reason=None):
     cell = Cell(Attachment("netns-veth"), Backend.QEMU, 1500, 1,
                 Profile("ndr", tool=Tool("iperf3"), protocol=Protocol.UDP, search=RateSearch()))
-    return results.Sample("run", cell.as_dict(), 0, False, status, reason, metrics or {}, {}, "t0", "t1",
-                          extra={"counters": counters or {}})
+    return results.SampleRecord.new("run", cell.as_dict(), 0, False, status, reason, metrics or {}, {}, "t0", "t1",
+                                    extra={"counters": counters or {}})
 
 
 def test_trial_of_a_sample_checks_loss_on_both_devices():

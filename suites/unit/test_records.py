@@ -158,7 +158,7 @@ def test_a_run_upgraded_from_format_1_compares_with_one_written_today(tmp_path):
     topo = default()
     cell = next(c for c in runner.plan(topo) if c.profile.name == "tcp_stream")
     with results.RunWriter(tmp_path, "new", topo, {"accelerator": "tcg"}) as w:
-        w.add_sample(results.Sample("new", cell.as_dict(), 0, False, "ok", None,
+        w.add_sample(SampleRecord.new("new", cell.as_dict(), 0, False, "ok", None,
                                     {"throughput_mbps": 1.0}, {}, results.now(), results.now()))
     old = {**json.loads((tmp_path / "new" / "run.json").read_text()), "format_version": 1}
     shutil.copytree(tmp_path / "new", tmp_path / "old")
@@ -177,7 +177,7 @@ def test_the_writer_keeps_its_dict_api_and_writes_typed_records(tmp_path):
     topo = default()
     c = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, Profile("tcp_stream"))
     with results.RunWriter(tmp_path, "w1", topo, {"accelerator": "tcg", "link_gbit": 10.0}) as w:
-        w.add_sample(results.Sample("w1", c.as_dict(), 0, False, "ok", None,
+        w.add_sample(SampleRecord.new("w1", c.as_dict(), 0, False, "ok", None,
                                     {"throughput_mbps": 5.0}, {"host": {"busy": 1.0}},
                                     results.now(), results.now()))
         w.add_cell(c, "ok", None, True, {"throughput_mbps": {"n": 1, "mean": 5.0}})
@@ -190,16 +190,63 @@ def test_the_writer_keeps_its_dict_api_and_writes_typed_records(tmp_path):
         with pytest.raises(ValueError, match="status"):
             w.add_sample(SampleRecord(run_id="w1", cell=CellRecord(id=c.id), status="meh"))
         with pytest.raises(ValueError, match="reason"):
-            w.add_sample(results.Sample("w1", c.as_dict(), 1, False, "failed", None, {}, {},
+            w.add_sample(SampleRecord.new("w1", c.as_dict(), 1, False, "failed", None, {}, {},
                                         results.now(), results.now()))
     rec = results.read_run(tmp_path / "w1")
     assert rec.status == "complete" and rec.counts.samples == 1 and rec.notes == ("a note",)
     assert rec.cells[0].summary_mean("throughput_mbps") == 5.0 and rec.cells[0].converged is True
     assert rec.value_of("scenario") == {"name": "x"} and rec.environment.link_gbit == 10.0
-    # a sample's line is exactly the dict the Sample always wrote
-    s = results.Sample("w1", c.as_dict(), 0, False, "ok", None, {"throughput_mbps": 5.0},
-                       {"host": {"busy": 1.0}}, rec.samples[0].started, rec.samples[0].ended)
-    assert _lines(tmp_path / "w1")[0] == json.loads(json.dumps(s.as_dict()))
+    # a sample's line carries every field, as samples.jsonl lines always have
+    assert _lines(tmp_path / "w1")[0] == {
+        "run_id": "w1", "cell": c.as_dict(), "rep": 0, "warmup": False, "status": "ok", "reason": None,
+        "metrics": {"throughput_mbps": 5.0}, "cpu": {"host": {"busy": 1.0}},
+        "started": rec.samples[0].started, "ended": rec.samples[0].ended, "raw": [], "placement": {},
+        "extra": {}, "crosscheck": {}}
+
+
+def test_a_sample_line_has_the_shape_readers_expect(tmp_path):
+    """samples.jsonl's line shape, pinned: the keys of a sample, a failed one's too, and
+    the file's ``extra`` (not ``data``) holding the tool and scenario data."""
+    c = Cell(Attachment("netns-veth"), Backend.QEMU, 1500, 1, Profile("tcp_stream"), pairs=2)
+    with results.RunWriter(tmp_path, "w1", default(), {"accelerator": "none"}) as w:
+        w.add_sample(SampleRecord.new("w1", c.as_dict(), 0, True, "ok", None, {"throughput_mbps": 5.0}, {},
+                                      "t0", "t1", ["raw/x.out"], {"g1": "local"},
+                                      {"pairs": [{"throughput_mbps": 2.5}]}, {"verdict": "pass"}))
+        w.add_sample(SampleRecord.new("w1", c.as_dict(), 1, False, "failed", "pair 2: boom", {}, {}, "t0", "t1"))
+    ok, bad = (json.loads(x) for x in (tmp_path / "w1" / "samples.jsonl").read_text().splitlines())
+    keys = ["cell", "cpu", "crosscheck", "ended", "extra", "metrics", "placement", "raw", "reason", "rep",
+            "run_id", "started", "status", "warmup"]
+    assert sorted(ok) == sorted(bad) == keys
+    assert ok["cell"] == {**c.as_dict(), "pairs": 2} and ok["warmup"] is True and ok["raw"] == ["raw/x.out"]
+    assert ok["extra"] == {"pairs": [{"throughput_mbps": 2.5}]} and ok["crosscheck"] == {"verdict": "pass"}
+    assert bad["extra"] == {} and bad["metrics"] == {} and bad["reason"] == "pair 2: boom"
+    line = (tmp_path / "w1" / "samples.jsonl").read_text().splitlines()[0]
+    assert line == json.dumps(ok, sort_keys=True)        # one line, keys sorted
+
+
+def test_a_sample_written_and_read_back_is_equal(tmp_path):
+    """The writer serialises the typed record once; the one reader gives back an equal one."""
+    c = Cell(Attachment("bridge"), Backend.QEMU, 9000, 4, Profile("tcp_rr", pattern=Pattern.RR),
+             context=(("variant", "a"),))
+    built = [
+        SampleRecord.new("w1", c.as_dict(), 0, False, "ok", None,
+                         {"transactions_per_s": 1234.5, "latency_p99_us": 80.0},
+                         {"window_s": 3.01, "host": {"busy": 1.25}, "guest": {"g1": {"busy": 0.5, "per_cpu": {}}},
+                          "per_guest": {"g1": {"total": 0.75}}, "invariant": {"holds": True}},
+                         "t0", "t1", ["raw/a.out", "raw/a.err"], {"g1": "local", "g2": "local"},
+                         {"window": {"tool_s": 3.0, "coverage": {"host": 1.0}}, "warnings": [],
+                          "percentiles": [{"p": 99, "n": 3000}], "noise": {"noisy": False, "action": None}},
+                         {"ratio": 0.97, "expected_ratio": 0.97, "verdict": "ok", "device": "tb-x"}),
+        SampleRecord.new("w1", c.as_dict(), 1, False, "noisy", "noisy: 1.5 other cores", {}, {}, "t2", "t3"),
+        SampleRecord.new("w1", c.as_dict(), 1, False, "failed", "client timed out", {}, {}, "t4", "t5"),
+    ]
+    with results.RunWriter(tmp_path, "w1", default(), {"accelerator": "none"}) as w:
+        for s in built:
+            w.add_sample(s)
+    back = results.read_run(tmp_path / "w1").samples
+    assert back == tuple(built)
+    assert [s.to_json() for s in back] == [s.to_json() for s in built]
+    assert back[0].cpu.host_busy == 1.25 and back[0].crosscheck.verdict == "ok" and back[0].cell.variant == "a"
 
 
 # --------------------------------------------------------------------------- primary metric

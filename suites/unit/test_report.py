@@ -21,7 +21,7 @@ from PIL import Image
 from testbed.analysis import compare, report
 from testbed.cli import results as cli_results
 from testbed.host import proc
-from testbed.records.results import RunWriter, Sample, now
+from testbed.records.results import RunWriter, SampleRecord, now
 from testbed.topology.model import Attachment, Backend, Cell, GuestSpec, HostSpec, Matrix, Pattern, Profile, Topology
 
 pytestmark = pytest.mark.unit
@@ -66,11 +66,11 @@ def write_run(root: Path, run_id: str, *, k: float = 1.0, reps: int = 4, failed:
                          "latency_p50_us": 545 * n, "latency_p90_us": 736 * n,
                          "latency_p99_us": 1322 * (1 + c.mtu / 20000) * n}
                     load = 1.0 + 0.1 * c.connections
-                w.add_sample(Sample(run_id, c.as_dict(), rep, False, "ok", None, m,
-                                    cpu(load, load * 0.8), now(), now()))
+                w.add_sample(SampleRecord.new(run_id, c.as_dict(), rep, False, "ok", None, m,
+                                              cpu(load, load * 0.8), now(), now()))
             for rep in range(failed):
-                w.add_sample(Sample(run_id, c.as_dict(), reps + rep, False, "failed",
-                                    "netperf: timed out <after> 30 s", {}, {}, now(), now()))
+                w.add_sample(SampleRecord.new(run_id, c.as_dict(), reps + rep, False, "failed",
+                                              "netperf: timed out <after> 30 s", {}, {}, now(), now()))
             w.add_cell(c, "ok", None, True, {})
     return w.dir
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from testbed.analysis import compare, report, report_interactive, slo
-from testbed.records.results import RunWriter, Sample, now
+from testbed.records.results import RunWriter, SampleRecord, now
 from testbed.topology.model import (
     Attachment,
     Backend,
@@ -58,24 +58,26 @@ def write(root: Path) -> Path:
         for i, (mbps, loss) in enumerate(((40.0, 0.5), (19.0, 0.0), (21.0, 0.05), (19.8, 0.0))):
             trial = {"index": i, "intended_duration_s": 1.0, "offered_mbps": mbps, "loss_ratio": loss,
                      "wire": {"verdict": "ok"}}
-            w.add_sample(Sample("r1", c.as_dict(), i, False, "ok", None, {"throughput_mbps": mbps * (1 - loss)},
-                                {}, now(), now(), extra={"trial": trial}))
+            w.add_sample(SampleRecord.new("r1", c.as_dict(), i, False, "ok", None,
+                                          {"throughput_mbps": mbps * (1 - loss)}, {}, now(), now(),
+                                          extra={"trial": trial}))
         w.add_cell(c, "ok", None, True, {}, extra={"search": {
             "ndr": {"lower_mbps": 19.8, "upper_mbps": 21.0}, "pdr": {"lower_mbps": 19.8, "upper_mbps": 21.0}}})
         c = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, RR)
         hist = [[100, 200, 30000], [200, 300, 4000], [1000, 2000, 90]]
         for rep in range(3):
-            w.add_sample(Sample("r1", c.as_dict(), rep, False, "ok", None,
-                                {"transactions_per_s": 3400.0, "latency_p50_us": 150.0},
-                                {}, now(), now(), extra={"histogram": hist, "percentiles": [
+            w.add_sample(SampleRecord.new("r1", c.as_dict(), rep, False, "ok", None,
+                                          {"transactions_per_s": 3400.0, "latency_p50_us": 150.0},
+                                          {}, now(), now(), extra={"histogram": hist, "percentiles": [
                                     {"p": 50.0, "value_us": 150.0, "sufficient": True, "source": "histogram"},
                                     {"p": 99.9, "value_us": 1900.0, "sufficient": True, "source": "histogram"}]}))
         w.add_cell(c, "ok", None, True, {})
         for tps, p99 in ((1000, 300.0), (4000, 900.0)):
             c = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, paced(tps))
-            w.add_sample(Sample("r1", c.as_dict(), 0, False, "ok", None,
-                                {"transactions_per_s": tps * 0.99, "latency_p99_us": p99, "latency_p50_us": p99 / 3},
-                                {}, now(), now(), extra={"latency_loop": "closed-loop (coordinated omission)"}))
+            w.add_sample(SampleRecord.new(
+                "r1", c.as_dict(), 0, False, "ok", None,
+                {"transactions_per_s": tps * 0.99, "latency_p99_us": p99, "latency_p50_us": p99 / 3},
+                {}, now(), now(), extra={"latency_loop": "closed-loop (coordinated omission)"}))
             w.add_cell(c, "ok", None, True, {})
     return w.dir
 

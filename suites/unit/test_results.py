@@ -9,11 +9,11 @@ from testbed.topology.config import default
 from testbed.topology.model import Attachment, Backend, Cell, Profile
 
 
-def _sample(run_id: str, rep: int, status: str = "ok") -> results.Sample:
+def _sample(run_id: str, rep: int, status: str = "ok") -> results.SampleRecord:
     cell = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, Profile("tcp_stream"))
-    return results.Sample(run_id, cell.as_dict(), rep, False, status, None if status == "ok" else "boom",
-                          {"throughput_mbps": 100.0 + rep} if status == "ok" else {}, {}, results.now(),
-                          results.now())
+    return results.SampleRecord.new(run_id, cell.as_dict(), rep, False, status, None if status == "ok" else "boom",
+                                    {"throughput_mbps": 100.0 + rep} if status == "ok" else {}, {}, results.now(),
+                                    results.now())
 
 
 def test_run_roundtrip_and_status(tmp_path):
@@ -62,8 +62,8 @@ def test_a_format_1_run_loads_upgraded_with_the_hash_a_new_run_would_have(tmp_pa
     (cell,) = [c for c in runner.plan(topo) if c.profile.name == "tcp_stream"][:1]
     assert cell.context                                  # guests' size and placement
     with results.RunWriter(tmp_path, "old", topo, {"accelerator": "tcg"}) as w:
-        w.add_sample(results.Sample("old", cell.as_dict(), 0, False, "ok", None,
-                                    {"throughput_mbps": 1.0}, {}, results.now(), results.now()))
+        w.add_sample(results.SampleRecord.new("old", cell.as_dict(), 0, False, "ok", None,
+                                              {"throughput_mbps": 1.0}, {}, results.now(), results.now()))
         w.add_cell(cell, "ok", None, None, {})
     # rewrite it as format 1 wrote it: no hash, no context
     run = json.loads((tmp_path / "old" / "run.json").read_text())

@@ -12,7 +12,7 @@ import pytest
 
 from testbed.analysis import compare, slo
 from testbed.analysis.capacity import CapacityError
-from testbed.records.results import RunWriter, Sample, now
+from testbed.records.results import RunWriter, SampleRecord, now
 from testbed.topology.model import (
     Attachment,
     Backend,
@@ -45,9 +45,9 @@ def write(root: Path, run_id: str, levels: dict[int, list[dict]], profile: Profi
         for n, pairs in levels.items():
             c = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, profile, pairs=n)
             agg = sum(p.get(metric, 0.0) for p in pairs)
-            w.add_sample(Sample(run_id, c.as_dict(), 0, False, "ok", None, {metric: agg},
-                                {"host": {"busy": (busy or {}).get(n, 0.5 * n), "softirq": 0.1}},
-                                now(), now(), extra={"pairs": pairs}))
+            w.add_sample(SampleRecord.new(run_id, c.as_dict(), 0, False, "ok", None, {metric: agg},
+                                          {"host": {"busy": (busy or {}).get(n, 0.5 * n), "softirq": 0.1}},
+                                          now(), now(), extra={"pairs": pairs}))
             w.add_cell(c, "ok", None, None, {})
     return w.dir
 

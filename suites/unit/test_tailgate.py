@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from testbed.analysis import compare, stats, tailgate
-from testbed.records.results import RunWriter, Sample, now
+from testbed.records.results import RunWriter, SampleRecord, now
 from testbed.topology.model import Attachment, Backend, Cell, GuestSpec, HostSpec, Matrix, Pattern, Profile, Topology
 
 pytestmark = pytest.mark.unit
@@ -29,7 +29,7 @@ def write_run(root: Path, run_id: str, metrics: list[dict]) -> Path:
                     "g1", "g2", matrix)
     with RunWriter(root, run_id, topo, ENV) as w:
         for rep, m in enumerate(metrics):
-            w.add_sample(Sample(run_id, CELL.as_dict(), rep, False, "ok", None, m, {}, now(), now()))
+            w.add_sample(SampleRecord.new(run_id, CELL.as_dict(), rep, False, "ok", None, m, {}, now(), now()))
         w.add_cell(CELL, "ok", None, True, {})
     return w.dir
 

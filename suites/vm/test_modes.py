@@ -65,7 +65,7 @@ def test_macvtap_mode_puts_traffic_on_the_lower_device(guest_pair, writer, mode)
         s = _measure(path, writer, cell)
         after = links.counters(lw0)
     assert s.status == "ok", s.reason
-    assert s.extra["datapath"] == f"macvtap-{mode.value}"
+    assert s.data["datapath"] == f"macvtap-{mode.value}"
     # Unlike bridge mode, vepa and passthrough send guest-to-guest frames out of the lower
     # device: it carried at least most of what netperf reported.
     moved = max(after[0] - before[0], after[1] - before[1]) * 8 / 1e6
@@ -106,7 +106,7 @@ def test_multiqueue_nic(guest_pair, writer):
             assert {"rx-0", "rx-1", "tx-0", "tx-1"} <= set(qs), qs
         s = _measure(path, writer, cell)
     assert s.status == "ok", s.reason
-    assert s.cell["queues"] == 2 and s.cell["id"].startswith("bridge-qemu-q2-")
+    assert s.cell.queues == 2 and s.cell.id.startswith("bridge-qemu-q2-")
 
 
 @pytest.mark.attach("bridge")

@@ -49,35 +49,35 @@ def test_cell_measures(guest_pair, writer, cell):
     if cell.profile.pattern is Pattern.STREAM:
         # The sending guest's host-side device carried about what netperf reported (its
         # window is a little longer than netperf's, so it reads lower; headers make it higher).
-        dev = s.extra["device_mbps"]
+        dev = s.data["device_mbps"]
         tput = s.metrics["throughput_mbps"]
         assert 0.6 * tput < dev[path.client.tap]["from_guest"] < 1.1 * tput, dev
         assert 0.6 * tput < dev[path.server.tap]["to_guest"] < 1.1 * tput, dev
         # The wire cross-check on the receiving guest's tap: the ratio headers explain.
         c = s.crosscheck
-        assert c["verdict"] == "ok" and c["device"] == path.server.tap, c
-        assert abs(c["ratio"] - c["expected_ratio"]) <= 0.03 * c["expected_ratio"], c
+        assert c.verdict == "ok" and c.extra["device"] == path.server.tap, c
+        assert abs(c.ratio - c.expected_ratio) <= 0.03 * c.expected_ratio, c
     else:
         assert s.metrics["latency_p99_us"] >= s.metrics["latency_p50_us"] > 0
     # Guest CPU was measured in both guests over the window; the client did work.
-    assert s.cpu["guest"]["g1"]["busy"] > 0
+    assert s.cpu.guest["g1"]["busy"] > 0
     for g in ("g1", "g2"):
-        per_cpu = s.cpu["guest"][g]["per_cpu"]
+        per_cpu = s.cpu.guest[g]["per_cpu"]
         assert per_cpu and all({"user", "system", "softirq", "irq", "steal"} <= set(v) for v in per_cpu.values())
-    assert s.cpu["host"]["busy"] > 0
+    assert s.cpu.host["busy"] > 0
     # Host CPU per guest: the vCPU threads ran (TCG runs guest code in them), and what is
     # attributed to QEMU threads, vhost, ovs-vswitchd and ksoftirqd (disjoint threads) never
     # exceeds the whole host's busy time over the same window (idle is kept in whole ticks:
     # one tick of rounding at each end).
-    per_guest = s.cpu["per_guest"]
+    per_guest = s.cpu.per_guest
     assert per_guest["g1"]["vcpu"] > 0 and per_guest["g2"]["vcpu"] > 0, per_guest
-    attributed = sum(g["total"] for g in per_guest.values()) + sum(s.cpu["named"].values())
-    tick = 2 / cpu.USER_HZ / s.cpu["window_s"]
-    assert attributed <= s.cpu["host"]["busy"] + tick, (attributed, s.cpu["host"])
-    assert s.cpu["invariant"]["holds"] and s.cpu["unattributed"] >= 0, s.cpu["invariant"]
+    attributed = sum(g["total"] for g in per_guest.values()) + sum(s.cpu.named.values())
+    tick = 2 / cpu.USER_HZ / s.cpu.window_s
+    assert attributed <= s.cpu.host["busy"] + tick, (attributed, s.cpu.host)
+    assert s.cpu.extra["invariant"]["holds"] and s.cpu.extra["unattributed"] >= 0, s.cpu.extra["invariant"]
     # libvirt's own figure for each domain agrees with the threads attributed to it.
     for g in ("g1", "g2"):
-        lv = s.cpu["libvirt"][g]
+        lv = s.cpu.extra["libvirt"][g]
         assert lv["status"] in ("agree", "unavailable"), lv
     # The raw tool output is kept beside the sample.
     assert (writer.dir / s.raw[0]).read_text().strip()

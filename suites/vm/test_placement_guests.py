@@ -49,7 +49,7 @@ def test_vcpu_pins_apart_together_and_broken(guest_pair, run_writer):
                                            {"g1": "local", "g2": "local"}, watch=watch)
                 assert s.status == "ok", f"{label}: {s.reason}"
                 for n, cpu in want.items():
-                    rec = s.extra["placement"][n]
+                    rec = s.data["placement"][n]
                     assert rec["held"] is True, (label, rec)
                     [vt] = _vcpu_threads(rec)
                     # the thread's own affinity, libvirt's pin and where it ran: all the CPU asked

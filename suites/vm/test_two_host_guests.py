@@ -74,14 +74,14 @@ def test_guests_on_two_hosts(guest_pair, attachment, tmp_path, run_writer):
     s = samples["tcp_stream"][0]
     tput = s.metrics["throughput_mbps"]
     assert tput > 0
-    dev = s.extra["device_mbps"]
+    dev = s.data["device_mbps"]
     assert 0.6 * tput < dev[path.client.tap]["from_guest"] < 1.2 * tput, dev
     assert 0.6 * tput < dev[path.server.tap]["to_guest"] < 1.2 * tput, dev
     # What the guests' NICs report is recorded: on ovs-vxlan the device offers no checksum offload.
     if attachment == Attachment("ovs-vxlan"):
-        assert all(s.extra["offloads"][g]["tx"].startswith("off") for g in ("g1", "g2")), s.extra["offloads"]
+        assert all(s.data["offloads"][g]["tx"].startswith("off") for g in ("g1", "g2")), s.data["offloads"]
     else:
-        assert s.extra["offloads"]["g1"]["tx"].startswith("on"), s.extra["offloads"]
+        assert s.data["offloads"]["g1"]["tx"].startswith("on"), s.data["offloads"]
     rr = samples["tcp_rr"][0]
     assert rr.metrics["transactions_per_s"] > 0
     total, other = vxlan.read_capture(pcap, topo.tunnel.udp_port)
@@ -143,9 +143,9 @@ def test_macvtap_across_two_hosts(guest_pair, tmp_path, run_writer):
     for mtu, s in samples.items():
         assert s.status == "ok", (mtu, s.reason)
         assert s.placement == placement
-        assert s.extra["datapath"] == "macvtap-bridge-wire"
+        assert s.data["datapath"] == "macvtap-bridge-wire"
         tput = s.metrics["throughput_mbps"]
-        dev = s.extra["device_mbps"]
+        dev = s.data["device_mbps"]
         assert 0.6 * tput < dev[path.client.tap]["from_guest"] < 1.2 * tput, dev
     assert snapshot.diff(before, snapshot.take()) == []
     leftovers = [n for n in proc.run(["ip", "netns", "list"], timeout=10).stdout.split()

@@ -22,6 +22,7 @@ from testbed.host import proc
 from testbed.measure import transfer
 from testbed.measure.session import Session
 from testbed.records import results
+from testbed.records.records import SampleRecord
 from testbed.topology.config import default
 from testbed.topology.model import GuestSpec
 
@@ -93,9 +94,9 @@ def matrix() -> dict:
     modes = attachments.supported_single_host()
     topo = config.parse(MATRIX.replace("ATTACHMENTS", ", ".join(m.value for m in modes)), "<bench matrix>")
     out = runner.execute(topo, progress=lambda s: None)
-    run = results.read_run(out.run_dir).run
-    t = run["timing"]
-    return {"cells": len(run["cells"]), "modes": [m.value for m in modes], "boots": run["counts"]["boots"],
+    run = results.read_run(out.run_dir)
+    t = run.value_of("timing")
+    return {"cells": len(run.cells), "modes": [m.value for m in modes], "boots": run.counts.boots,
             "measure_wall_s": t["measure_wall_s"], "sum_of_windows_s": t["sum_of_windows_s"],
             "ratio": round(t["measure_wall_s"] / t["sum_of_windows_s"], 3) if t["sum_of_windows_s"] else None,
             "failed": out.failed, "run_dir": str(out.run_dir)}
@@ -168,7 +169,7 @@ def fidelity(rounds: int = 5, duration_s: int = 5, message_size: int = 16384) ->
     cell = Cell(Attachment("netns-veth"), Backend.QEMU, 1500, 1, profile)
     bare: list[float] = []
     harness: list[float] = []
-    samples: list = []
+    samples: list[SampleRecord] = []
     reasons: list[str] = []
     with contextlib.ExitStack() as stack:
         tmp, writer, path = stack.enter_context(netns_bench(Attachment("netns-veth")))
@@ -219,27 +220,27 @@ def fidelity(rounds: int = 5, duration_s: int = 5, message_size: int = 16384) ->
     return out
 
 
-def _wire_row(samples: list) -> dict:
+def _wire_row(samples: list[SampleRecord]) -> dict:
     """Median wire ratio (payload / wire bytes) of the samples that carry a cross-check,
     the expected ratio, and their verdicts."""
-    checks = [s.crosscheck for s in samples if s.crosscheck]
+    checks = [s.crosscheck for s in samples if s.crosscheck.to_dict()]
     if not checks:
         return {"unavailable": "; ".join(s.reason or "" for s in samples) or "no samples"}
-    return {"ratio": statistics.median(c["ratio"] for c in checks),
-            "expected": statistics.median(c["expected_ratio"] for c in checks),
-            "verdicts": [c["verdict"] for c in checks]}
+    return {"ratio": statistics.median(c.ratio for c in checks),
+            "expected": statistics.median(c.expected_ratio for c in checks),
+            "verdicts": [c.verdict for c in checks]}
 
 
-def _coverage(samples: list) -> dict:
+def _coverage(samples: list[SampleRecord]) -> dict:
     """How much of the tool's interval the collectors covered (worst sample), and by how
     much their windows were longer (median)."""
-    wins = [s.extra["window"] for s in samples if "window" in s.extra and s.extra["window"]["tool_s"]]
+    wins = [w for s in samples if (w := s.window) is not None and w.tool_s]
     if not wins:
         return {}
     out = {}
-    for who in wins[0]["coverage"]:
-        cov = [w["coverage"][who] for w in wins if w["coverage"].get(who) is not None]
-        exc = [w["excess_s"][who] for w in wins if w["excess_s"].get(who) is not None]
+    for who in wins[0].coverage:
+        cov = [w.coverage[who] for w in wins if w.coverage.get(who) is not None]
+        exc = [w.excess_s[who] for w in wins if w.excess_s.get(who) is not None]
         if cov:
             out[who] = {"min_coverage": min(cov), "median_excess_s": round(statistics.median(exc), 3)}
     return out
@@ -250,12 +251,13 @@ BARE_IPERF3_PORT = 5301   # the hand-run iperf3 servers; the testbed's own use i
 
 def harness(ns: tuple[int, ...] = (1, 2, 4), rounds: int = 3, duration_s: int = 3) -> list[dict]:
     """Per-pair harness overhead: at each N, N namespace veth pairs; the aggregate
-    the testbed reports for a cell with N pairs (testbed.measure.pairs: agents, servers, collectors,
+    the testbed reports for a cell with N pairs (testbed.measure.sampling: agents, servers, collectors,
     counters, skew check) against N bare iperf3 clients started by hand at once, the two
     alternating in the same run. One row per N: medians and their ratio."""
     import tempfile
 
-    from testbed.measure import pairs, testpaths
+    from testbed.measure import sampling as measure
+    from testbed.measure import testpaths
     from testbed.tools import iperf3 as iperf3_tool
     from testbed.topology.config import default
     from testbed.topology.model import Attachment, Backend, Cell, Pattern, Profile, Tool
@@ -301,7 +303,7 @@ def harness(ns: tuple[int, ...] = (1, 2, 4), rounds: int = 3, duration_s: int = 
                         if ok:
                             bare.append(total)
                     else:
-                        smp = pairs.measure_once(cell, paths, writer, r, False, {}, {}, None)
+                        smp = measure.sample_paths(cell, paths, writer, r, False, {}, {}, None)
                         if smp.status == "ok":
                             tb.append(smp.metrics["throughput_mbps"])
                         else:

@@ -49,9 +49,9 @@ def template(cells: int, root: Path) -> RunRecord:
                     (GuestSpec("g1", "local"), GuestSpec("g2", "local")), "g1", "g2", matrix)
     with results.RunWriter(root, "template", topo, ENV) as w:
         for c in cs:
-            w.add_sample(results.Sample("template", c.as_dict(), 0, False, "ok", None,
-                                        {"throughput_mbps": MBPS}, {}, results.now(),
-                                        results.now()))
+            w.add_sample(results.SampleRecord.new("template", c.as_dict(), 0, False, "ok", None,
+                                                  {"throughput_mbps": MBPS}, {}, results.now(),
+                                                  results.now()))
             w.add_cell(c, "ok", None, True, {})
     return results.read_run(w.dir)
 

@@ -113,7 +113,7 @@ def run(rounds: int = 5, progress: Callable[[str], None] = lambda s: None) -> di
                     metric = measure.primary_metric(prof)
                     if s.status == "ok":
                         values[prof.name][name].append(s.metrics[metric])
-                        noisy += bool((s.extra.get("noise") or {}).get("noisy"))
+                        noisy += s.noisy
                     else:
                         failures.append(f"round {r + 1} {name} {prof.name}: {s.reason}")
             progress(f"round {r + 1}/{rounds} done")

@@ -19,6 +19,7 @@ from testbed.measure import ratesearch
 from testbed.measure import sampling as measure
 from testbed.measure.crosscheck import Wire
 from testbed.records import results
+from testbed.records.records import CellRecord, SampleRecord
 from testbed.tools.base import sizes
 from testbed.topology.model import Cell
 
@@ -32,7 +33,7 @@ def trial_profile(cell: Cell, duration_s: float, load_pps: float):
     return dataclasses.replace(cell.profile, duration_s=secs, rate_bps=bps, rate=f"{bps}bit", search=None)
 
 
-def trial_of(s: results.Sample, index: int, duration_s: float, load_pps: float, *, size: int, mtu: int,
+def trial_of(s: SampleRecord, index: int, duration_s: float, load_pps: float, *, size: int, mtu: int,
              sender: str, receiver: str, guest_sends_as_rx: bool) -> ratesearch.Trial:
     """Pure: a measured sample -> the search's trial, with the loss checked on both devices."""
     base = dict(index=index, intended_duration_s=duration_s, intended_pps=load_pps, message_size=size)
@@ -42,7 +43,7 @@ def trial_of(s: results.Sample, index: int, duration_s: float, load_pps: float, 
     if "udp_sent_msgs" not in m or "udp_recv_msgs" not in m:
         return ratesearch.Trial(ok=False, reason="the tool reported no datagram counts", **base)
     sent, received = int(m["udp_sent_msgs"]), int(m["udp_recv_msgs"])
-    counters: Mapping = s.extra.get("counters", {})
+    counters: Mapping = s.data.get("counters", {})
     if sender not in counters or receiver not in counters:
         return ratesearch.Trial(ok=False, reason="no device counters for the trial", **base)
     wire = ratesearch.loss_check(sent, received, Wire(**counters[sender]), Wire(**counters[receiver]),
@@ -84,12 +85,11 @@ def measure_cell(cell: Cell, path: measure.TestPath, writer: results.RunWriter,
         t = dataclasses.replace(trial_of(s, index, duration_s, load_pps, size=size, mtu=cell.mtu,
                                          sender=path.client.tap, receiver=path.server.tap,
                                          guest_sends_as_rx=path.guest_sends_as_rx), wall_s=round(wall, 3))
-        extra = {**s.extra, "trial": t.as_dict()}
-        if t.ok:
-            s = dataclasses.replace(s, cell=cell.as_dict(), extra=extra)
-        else:
-            s = dataclasses.replace(s, cell=cell.as_dict(), extra=extra, status="failed",
-                                    reason=s.reason or t.reason, metrics={})
+        # recorded as the search's cell (not the trial's paced one), with the trial's figures
+        data = {**s.data, "trial": t.as_dict()}
+        s = dataclasses.replace(s, cell=CellRecord.from_dict(cell.as_dict()), data=data)
+        if not t.ok:
+            s = dataclasses.replace(s, status="failed", reason=s.reason or t.reason, metrics={})
         writer.add_sample(s)
         return t
 

@@ -308,9 +308,8 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None,
                          recipe_image, accel, run_id, tag, state,  # type: ignore[arg-type]
                          env["cpu_mhz"] / 1000 if env.get("cpu_mhz") else None, progress)
             stack.close()       # tears everything down and finishes run.json
-            final = results.read_run(writer.dir).run
-            return Outcome(writer.dir, final["status"], final["counts"]["samples"],
-                           final["counts"]["failed"])
+            final = results.read_run(writer.dir)
+            return Outcome(writer.dir, final.status, final.counts.samples, final.counts.failed)
         guests: dict[str, virt.Guest] = {}
         conns: dict[str, object] = {}
         n_pairs = max(c.pairs for c in cells) if cells else 1
@@ -444,7 +443,7 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None,
                                 placement_mod.pin_vhost(qemu_pids[name], p.vhost)
                         while left:
                             cell = left.pop(0)
-                            cell, why = pacing.resolve_fraction(cell, t.matrix.profiles, writer.record["cells"])
+                            cell, why = pacing.resolve_fraction(cell, t.matrix.profiles, writer.cells)
                             if why:
                                 measure.fail_cell(cell, writer, why, placement)
                                 done += 1
@@ -454,14 +453,11 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None,
                                      + (f" (eta {eta:.0f} s)" if eta is not None else ""))
                             if cell.profile.search is not None:
                                 ratesearch_cell.measure_cell(cell, tpaths[0], writer, qemu_pids, placement, clock_ghz)
-                            elif cell.pairs > 1 or cell.profile.paced:
-                                pairs_mod.measure_cell(cell, tpaths[:cell.pairs], writer, rules.get(cell.hash, rule),
-                                                       t.matrix.repetitions.warmup, qemu_pids, placement, clock_ghz,
-                                                       watch)
                             else:
-                                measure.measure_cell(cell, tpaths[0], writer, rules.get(cell.hash, rule),
-                                                     t.matrix.repetitions.warmup,
-                                                     qemu_pids, placement, clock_ghz, watch)
+                                # one path, or the first cell.pairs of them at once
+                                measure.measure_paths(cell, tpaths, writer, rules.get(cell.hash, rule),
+                                                      t.matrix.repetitions.warmup, qemu_pids, placement, clock_ghz,
+                                                      watch)
                             done += 1
                             try:
                                 fault = _host_fault(tpaths, host.uri, guests, writer, progress, back)
@@ -487,7 +483,7 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None,
                     raise lost from None
                 # The mode could not be set up (or torn down): its remaining cells fail with
                 # the reason and the other modes still run.
-                recorded = {c["id"] for c in writer.record["cells"]}
+                recorded = {c.id for c in writer.cells}
                 for cell in group:
                     if cell.id not in recorded:
                         measure.fail_cell(cell, writer, f"{attachment.value}/{backend.value}: {e}", placement)
@@ -495,9 +491,8 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None,
         windows = sum(x.cpu.window_s or 0.0 for x in _samples_of(writer))
         writer.update(timing={"measure_wall_s": round(time.monotonic() - started, 2),
                               "sum_of_windows_s": round(windows, 2)})
-        counts = dict(writer.record["counts"])
-    final = results.read_run(writer.dir).run
-    return Outcome(writer.dir, final["status"], counts["samples"], counts["failed"])
+        counts = writer.counts
+    return Outcome(writer.dir, results.read_run(writer.dir).status, counts.samples, counts.failed)
 
 
 #: segment rebuilds after faults from outside, per NIC group, before its cells are given up

@@ -1,6 +1,12 @@
 """Measure one cell: check the MTU path, then warm-up and samples under a stopping rule,
 each sample with the tool and the CPU collectors over the same window.
 
+One loop for one path and for N guest pairs measured at once (:func:`measure_paths`, one
+sample: :func:`sample_paths`; one path is N = 1, :func:`measure_cell`). What only N pairs
+record, each pair's result and the aggregate over them, is pure and lives in
+testbed.measure.pairs; the stopping rule's bookkeeping is :class:`CellSamples`. A sample is
+built as the typed record it is written as (records.SampleRecord), from the tool's result on.
+
 A tool that failed, timed out or printed nothing gives a failed sample with its reason,
 never a zero or a guess. So does one that exited 0 with a zero result or measured over less
 than 0.9 of the requested duration (tools.base.vet), a wire cross-check that fails
@@ -16,7 +22,9 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from testbed.analysis import stats
 from testbed.errors import CommandError, GuestError, TestbedError
@@ -24,8 +32,9 @@ from testbed.guests.guest import Agent
 from testbed.guests.virt import Guest
 from testbed.host import hostwatch
 from testbed.host.nsagent import NsHost
-from testbed.measure import cpu, crosscheck, window
+from testbed.measure import cpu, crosscheck, pairs, window
 from testbed.records import results
+from testbed.records.records import Cpu, SampleRecord
 from testbed.tools import get_tool
 from testbed.tools.base import ToolDriver, ToolResult, sizes, vet
 from testbed.topology.model import Cell, Pattern, Profile
@@ -170,104 +179,156 @@ def client_plan(driver: ToolDriver, cell: Cell, server_addr: str, port: int,
 def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int, warmup: bool,
                  qemu_pids: Mapping[str, int], placement: Mapping[str, str],
                  clock_ghz: float | None = None, watch: window.Watch | None = None, *,
-                 wire_fails: bool = True) -> results.Sample:
-    """One sample. ``wire_fails=False``: the receiving device's byte check is recorded but
-    does not fail the sample, for a caller that checks the wire its own way (the rate
-    search's per-trial loss check on both devices: a one-second UDP trial in a slow guest
-    has datagrams arriving after the receiver stopped counting, several percent of it)."""
+                 wire_fails: bool = True) -> SampleRecord:
+    """One sample on one path: :func:`sample_paths` with N = 1."""
+    return sample_paths(cell, [path], writer, rep, warmup, qemu_pids, placement, clock_ghz, watch,
+                        wire_fails=wire_fails)
+
+
+def sample_paths(cell: Cell, paths: Sequence[TestPath], writer: results.RunWriter, rep: int, warmup: bool,
+                 qemu_pids: Mapping[str, int], placement: Mapping[str, str],
+                 clock_ghz: float | None = None, watch: window.Watch | None = None, *,
+                 wire_fails: bool = True) -> SampleRecord:
+    """One sample over ``paths`` at once (one path, or one per guest pair of an N-pair cell),
+    as the typed record it is written as. A cell recorded by pair (pairs.by_pair: N pairs, or
+    paced) keeps each pair's result in ``extra.pairs`` (testbed.measure.pairs) and names the
+    pair in a failure's reason.
+
+    ``wire_fails=False``: the receiving device's byte check is recorded but does not fail
+    the sample, for a caller that checks the wire its own way (the rate search's per-trial
+    loss check on both devices: a one-second UDP trial in a slow guest has datagrams
+    arriving after the receiver stopped counting, several percent of it)."""
     watch = watch or window.Watch()
     profile = cell.profile
     driver = get_tool(profile.tool)
-    cli, srv = path.client, path.server
+    by_pair = pairs.by_pair(cell)
     started = results.now()
     raw: list[str] = []
     tag = f"{'warmup' if warmup else 'rep'}{rep}"
-    domains = {ep.guest.spec.name: ep.guest.dom for ep in (cli, srv)
-               if isinstance(ep.guest, Guest) and ep.guest.spec.name in qemu_pids}
+    eps = [ep for p in paths for ep in (p.client, p.server)]
+    # A cell recorded by pair counts its own guests' QEMUs only; one path's CPU record has
+    # always named every QEMU it was given.
+    pids_q = dict(qemu_pids) if not by_pair else \
+        {ep.guest.spec.name: qemu_pids[ep.guest.spec.name] for ep in eps if ep.guest.spec.name in qemu_pids}
+    domains = {ep.guest.spec.name: ep.guest.dom for ep in eps
+               if isinstance(ep.guest, Guest) and ep.guest.spec.name in pids_q}
+    # The host guard (daemons, objects, wire gaps: hostwatch) judges the samples of one
+    # path; a cell recorded by pair is not watched by it.
+    guard = paths[0].guard if len(paths) == 1 and not by_pair else None
 
     host: hostwatch.SampleWatch | None = None
 
     def failed(reason: str, cpu_info: Mapping | None = None, extra: Mapping | None = None,
-               check: Mapping | None = None) -> results.Sample:
+               check: Mapping | None = None) -> SampleRecord:
         # What the host did (a daemon restarted, an object removed) is the cause; the
         # tool's complaint is its symptom.
         if host is not None and host.finish() and host.reason not in reason:
             reason = f"{host.reason} (then: {reason})"
-        return results.Sample(writer.run_id, cell.as_dict(), rep, warmup, "failed", reason, {},
-                              cpu_info or {}, started, results.now(), tuple(raw), placement,
-                              extra or {}, check or {})
+        return SampleRecord.new(writer.run_id, cell.as_dict(), rep, warmup, "failed", reason, {}, cpu_info or {},
+                                started, results.now(), raw, placement, extra, check)
 
-    if path.guard is not None and (gone := path.guard.missing()):
-        path.guard.fault = "; ".join(gone)
+    if guard is not None and (gone := guard.missing()):
+        guard.fault = "; ".join(gone)
         return failed("; ".join(gone))
-    server_pid = None
-    server_out = ""
     port = driver.default_port
-    servers = path.servers or Servers(reuse=False)
-    try:
-        server_pid = servers.start(srv.guest, driver, profile, port)
-    except (CommandError, GuestError, TestbedError) as e:
-        return failed(f"server did not start: {e}")
+    servers = [p.servers or Servers(reuse=False) for p in paths]
+    server_pids: list[int | None] = [None] * len(paths)
+    server_out = [""] * len(paths)
     runs = driver.runs(profile)
+    limit_s, expected_s = profile.duration_s * runs + SAMPLE_MARGIN_S, profile.duration_s * runs
     win = contextlib.ExitStack()
     try:
-        argv, nproc = client_plan(driver, cell, srv.address, port, cli.guest.agent)
-        g_before = {ep.guest.spec.name: cpu.guest_reading(ep.guest.agent) for ep in (cli, srv)}
-        taps_before = path.counters()
-        h_before = cpu.host_reading(qemu_pids, domains)
-        obs = win.enter_context(watch.window(qemu_pids, cell.id, rep))
-        if path.guard is not None:
+        for i, p in enumerate(paths):
+            try:
+                server_pids[i] = servers[i].start(p.server.guest, driver, profile, port)
+            except (CommandError, GuestError, TestbedError) as e:
+                return failed(f"{pairs.label(cell, i)}server did not start: {e}")
+        plans = [client_plan(driver, cell, p.server.address, port, p.client.guest.agent) for p in paths]
+        g_before = {ep.guest.spec.name: cpu.guest_reading(ep.guest.agent) for ep in eps}
+        counters_before = [p.counters() for p in paths]
+        h_before = cpu.host_reading(pids_q, domains)
+        obs = win.enter_context(watch.window(pids_q, cell.id, rep))
+        if guard is not None:
             # a paced profile idles between bursts by design: no gap check
-            host = win.enter_context(path.guard.sample(
+            host = win.enter_context(guard.sample(
                 gap_check=not (profile.paced or profile.rate_bps or profile.search is not None)))
         t0 = time.monotonic()
-        pids = [cli.guest.agent.spawn(argv) for _ in range(nproc)]
+        # Every path's clients at once, each path from its own thread (its own guest agent):
+        # spawned path after path, the last would start one agent round trip per path later
+        # (about 0.5 s each under TCG), and the pairs would not overlap for the whole test.
+        spawned = _each(len(paths), lambda i: [paths[i].client.guest.agent.spawn(plans[i][0])
+                                               for _ in range(plans[i][1])])
         skew_s = time.monotonic() - t0
-        outs, ends = [], []
-        for i, pid in enumerate(pids):
-            try:
-                # The first wait sleeps through the test's own duration: no agent polls
-                # inside the guests while they are being measured.
-                outs.append(cli.guest.agent.wait(pid, argv, profile.duration_s * runs + SAMPLE_MARGIN_S,
-                                                 expected_s=profile.duration_s * runs if i == 0 else 0.0))
-                ends.append(time.monotonic())
-            except CommandError as e:
-                for rest in pids[i + 1:]:
-                    cli.guest.agent.kill(rest)
-                return failed(f"client {'timed out' if e.timed_out else 'failed'}: {e}")
+        outs: list[list] = [[] for _ in paths]
+
+        def wait_path(i: int) -> list[float]:
+            # Each path's clients are waited for by its own thread: waiting path after path
+            # would see a later pair end one agent round trip late for every pair before it
+            # (seconds under TCG), a skew no client had. The first wait sleeps through the
+            # test's own duration: no agent polls inside the guests while they are measured.
+            seen = []
+            for j, pid in enumerate(spawned[i]):
+                outs[i].append(paths[i].client.guest.agent.wait(pid, plans[i][0], limit_s,
+                                                                expected_s=expected_s if j == 0 else 0.0))
+                seen.append(time.monotonic())
+            return seen
+        ends: list[float] = []
+        errors: list[tuple[int, CommandError]] = []
+        for i, got in enumerate(_each(len(paths), wait_path, catch=CommandError)):
+            if isinstance(got, CommandError):
+                errors.append((i, got))
+            else:
+                ends.extend(got)
+        if errors:
+            # the clients not yet waited for (the one that failed was stopped by its wait)
+            for i, p in enumerate(paths):
+                failed_at = len(outs[i]) + (1 if any(k == i for k, _ in errors) else 0)
+                for rest in spawned[i][failed_at:]:
+                    p.client.guest.agent.kill(rest)
+            i, e = errors[0]
+            return failed(f"{pairs.label(cell, i)}client {'timed out' if e.timed_out else 'failed'}: {e}")
         span = time.monotonic() - t0
-        end_skew = max(ends) - min(ends)
-        why = end_skew_reason(ends, profile.duration_s, f"{len(pids)} instances")
+        instances = sum(len(x) for x in spawned)
+        why = end_skew_reason(ends, profile.duration_s,
+                              f"{len(paths)} pairs" if by_pair else f"{instances} instances")
         if why:
             return failed(why)
-        h_after = cpu.host_reading(qemu_pids, domains)
+        h_after = cpu.host_reading(pids_q, domains)
         win.close()
-        taps_after = path.counters()
-        g_after = {ep.guest.spec.name: cpu.guest_reading(ep.guest.agent) for ep in (cli, srv)}
+        counters_after = [p.counters() for p in paths]
+        g_after = {ep.guest.spec.name: cpu.guest_reading(ep.guest.agent) for ep in eps}
     except (CommandError, GuestError) as e:
         return failed(f"measurement could not run: {e}")
     finally:
         win.close()
-        if server_pid is not None:
-            server_out = servers.release(srv.guest, driver, server_pid)
+        for i, p in enumerate(paths):
+            if server_pids[i] is not None:
+                server_out[i] = servers[i].release(p.server.guest, driver, server_pids[i])  # type: ignore[arg-type]
 
-    parsed: list[ToolResult] = []
-    for i, o in enumerate(outs):
-        p_out = writer.write_raw(cell.id, f"{tag}-client{i}.out", o.stdout)
-        writer.write_raw(cell.id, f"{tag}-client{i}.err", o.stderr)
-        raw.append(str(p_out.relative_to(writer.dir)))
-        parsed.append(vet(driver.parse_sample(o.stdout, o.stderr, o.rc, profile=profile,
-                                              server_output=server_out), profile))
-    if server_out:
-        p_srv = writer.write_raw(cell.id, f"{tag}-server.out", server_out)
-        raw.append(str(p_srv.relative_to(writer.dir)))
-    res = parsed[0] if len(parsed) == 1 else driver.aggregate(parsed)
+    per_path: list[ToolResult] = []
+    for i, o_list in enumerate(outs):
+        who = f"{tag}-pair{i + 1}" if by_pair else tag
+        parsed = []
+        for j, o in enumerate(o_list):
+            p_out = writer.write_raw(cell.id, f"{who}-client{j}.out", o.stdout)
+            writer.write_raw(cell.id, f"{who}-client{j}.err", o.stderr)
+            raw.append(str(p_out.relative_to(writer.dir)))
+            parsed.append(vet(driver.parse_sample(o.stdout, o.stderr, o.rc, profile=profile,
+                                                  server_output=server_out[i]), profile))
+        if server_out[i] and not by_pair:
+            p_srv = writer.write_raw(cell.id, f"{who}-server.out", server_out[i])
+            raw.append(str(p_srv.relative_to(writer.dir)))
+        per_path.append(parsed[0] if len(parsed) == 1 else driver.aggregate(parsed))
+    res = pairs.combine(profile, per_path, driver)[0] if by_pair else per_path[0]
     cpu_info, guest_s = cpu_over_window(g_before, g_after, h_before, h_after)
-    tool_s = res.metrics.get("duration_s")
-    extra = {"window": window_record(tool_s, profile.duration_s * runs, cpu_info["window_s"], guest_s),
-             "kernel": _kernel()}
-    deltas = {tap: taps_after[tap] - taps_before[tap] for tap in taps_before}
-    wextra, pin_bad, noisy = watch.verdict(obs, cpu_info, qemu_pids, domains)
+    cpu_rec = Cpu.from_dict(cpu_info)
+    extra = {"window": window_record(res.metrics.get("duration_s"), expected_s, cpu_info["window_s"], guest_s),
+             "kernel": _kernel(), "instances": instances, "start_skew_s": round(skew_s, 4),
+             # seen from the host through the agent's polling, so an upper bound
+             "end_skew_s": round(max(ends) - min(ends), 3), "datapath": paths[0].datapath}
+    deltas = [{tap: after[tap] - before[tap] for tap in before}
+              for before, after in zip(counters_before, counters_after)]
+    wextra, pin_bad, noisy = watch.verdict(obs, cpu_info, pids_q, domains)
     extra.update(wextra)
     if not res.ok:
         return failed(res.reason or "tool failed without a reason", cpu_info, extra)
@@ -275,34 +336,60 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
         return failed(host.reason, cpu_info, extra)     # type: ignore[arg-type]
     if pin_bad:
         return failed(f"placement did not hold: {pin_bad}", cpu_info, extra)
-    check = wire_check(cell, path, dict(res.metrics), deltas)
-    extra.update({
-        "warnings": [*res.warnings, *cpu_warnings(cpu_info)], "datapath": path.datapath,
+    checks = [wire_check(cell, p, dict(r.metrics), d) for p, r, d in zip(paths, per_path, deltas)]
+    extra["warnings"] = [*res.warnings, *cpu_warnings(cpu_info)]
+    if by_pair:
+        extra.update(pairs.pairs_extra(profile, per_path, cpu_rec.per_guest,
+                                       [[ep.guest.spec.name for ep in (p.client, p.server)] for p in paths]))
+        check = pairs.wire_record(checks)
+    else:
+        extra.update(path_extra(paths[0], deltas[0], span))
+        check = checks[0].as_dict()
+    why = invariant_reason(cpu_info)
+    if why:
+        return failed(why, cpu_info, extra, check)
+    bad = next(((i, c) for i, c in enumerate(checks) if c.verdict == "fail"), None)
+    if bad is not None and wire_fails:
+        return failed(f"{pairs.label(cell, bad[0])}wire cross-check: {bad[1].reason}", cpu_info, extra, check)
+    metrics = {**res.metrics, **derived(dict(res.metrics), cpu_info, clock_ghz)}
+    if profile.pattern.is_transactional and not by_pair:
+        metrics = latency_percentiles(profile, driver, [o.stdout for o in outs[0]], metrics, extra)
+    status, reason = noise_outcome(watch, noisy, warmup, extra)
+    if status == "failed":
+        return failed(reason, cpu_info, extra, check)   # type: ignore[arg-type]
+    return SampleRecord.new(writer.run_id, cell.as_dict(), rep, warmup, status, reason, metrics, cpu_rec,
+                            started, results.now(), raw, placement, extra, check)
+
+
+def _each(n: int, fn: Callable[[int], Any], catch: type[BaseException] | None = None) -> list[Any]:
+    """``fn(i)`` for i in 0..n-1, each in its own thread when there are several (each path's
+    guests have their own agents); with ``catch``, such an exception is returned in its
+    place after every call has ended."""
+    def call(i: int) -> Any:
+        try:
+            return fn(i)
+        except BaseException as e:
+            if catch is not None and isinstance(e, catch):
+                return e
+            raise
+    if n == 1:
+        return [call(0)]
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        return list(pool.map(call, range(n)))
+
+
+def path_extra(path: TestPath, deltas: Mapping[str, crosscheck.Wire], span: float) -> dict:
+    """One path's devices in its sample: the offloads its NICs report, and per device under
+    test its counter deltas over the window and the rates they make."""
+    return {
         "offloads": {k: dict(v) for k, v in path.offloads.items()},
-        "instances": len(pids), "start_skew_s": round(skew_s, 4),
         # per device under test: its counter deltas over the window, for checks that need
         # both ends (the rate search's loss check, testbed.measure.ratesearch)
         "counters": {k: dataclasses.asdict(d) for k, d in deltas.items()},
-        # seen from the host through the agent's polling, so an upper bound
-        "end_skew_s": round(end_skew, 3),
         # per host-side device: Mbit/s the guest sent and received over the window
         "device_mbps": {k: {"from_guest": round(_mbps(d.towards(not path.guest_sends_as_rx)[0], span), 3),
                             "to_guest": round(_mbps(d.towards(path.guest_sends_as_rx)[0], span), 3)}
-                        for k, d in deltas.items()}})
-    why = invariant_reason(cpu_info)
-    if why:
-        return failed(why, cpu_info, extra, check.as_dict())
-    if check.verdict == "fail" and wire_fails:
-        return failed(f"wire cross-check: {check.reason}", cpu_info, extra, check.as_dict())
-    metrics = {**res.metrics, **derived(dict(res.metrics), cpu_info, clock_ghz)}
-    if profile.pattern.is_transactional:
-        metrics = latency_percentiles(profile, driver, [o.stdout for o in outs], metrics, extra)
-    status, reason = noise_outcome(watch, noisy, warmup, extra)
-    if status == "failed":
-        return failed(reason, cpu_info, extra, check.as_dict())   # type: ignore[arg-type]
-    return results.Sample(writer.run_id, cell.as_dict(), rep, warmup, status, reason, metrics,
-                          cpu_info, started, results.now(), tuple(raw), placement, extra,
-                          check.as_dict())
+                        for k, d in deltas.items()}}
 
 
 def noise_outcome(watch: window.Watch, noisy: str | None, warmup: bool, extra: dict) -> tuple[str, str | None]:
@@ -449,51 +536,83 @@ def derived(metrics: Mapping[str, float], cpu_info: Mapping, clock_ghz: float | 
     return out
 
 
+class CellSamples:
+    """The samples of one cell that its stopping rule counts, and the rule's bookkeeping: the
+    one place that decides whether a cell needs another sample and what its outcome is."""
+
+    def __init__(self, cell: Cell, rule: stats.StoppingRule) -> None:
+        self.cell, self.rule = cell, rule
+        self.metric = primary_metric(cell.profile)
+        self.samples: list[SampleRecord] = []
+        self.decision: stats.Decision | None = None
+
+    def add(self, s: SampleRecord) -> bool:
+        """Count a measured sample (not a noisy one: it is measured again); False once the
+        rule is met or max_samples is reached."""
+        self.samples.append(s)
+        values = [v for x in self.samples if x.ok and (v := x.metrics.get(self.metric)) is not None]
+        # the rule's decision over every sample so far: what the cell's ``converged`` reports
+        self.decision = self.rule.decide(values) if values else None
+        if self.decision is not None and not self.decision.more:
+            return False
+        return len(self.samples) < self.rule.repetitions.max_samples
+
+    def finish(self, writer: results.RunWriter) -> list[SampleRecord]:
+        """The cell's outcome into run.json (ok, partial or failed, with the failures'
+        reasons and a summary of the ok samples); returns the counted samples."""
+        ok = [x for x in self.samples if x.ok]
+        status = "ok" if ok and len(ok) == len(self.samples) else ("partial" if ok else "failed")
+        reason = None if status == "ok" else \
+            "; ".join(sorted({x.reason or "" for x in self.samples if not x.ok}))
+        writer.add_cell(self.cell, status, reason, self.decision.converged if self.decision else None,
+                        summaries(ok))
+        return self.samples
+
+
 def measure_cell(cell: Cell, path: TestPath, writer: results.RunWriter, rule: stats.StoppingRule,
                  warmup: int, qemu_pids: Mapping[str, int], placement: Mapping[str, str],
-                 clock_ghz: float | None = None, watch: window.Watch | None = None) -> list[results.Sample]:
-    """All samples of one cell. The MTU is applied and checked first; a failed check fails the cell.
-    A noisy sample (testbed.measure.window) is written and measured again once the host settled; the
-    samples returned are the ones the stopping rule counted."""
+                 clock_ghz: float | None = None, watch: window.Watch | None = None) -> list[SampleRecord]:
+    """All samples of one cell on one path: :func:`measure_paths` with N = 1."""
+    return measure_paths(cell, [path], writer, rule, warmup, qemu_pids, placement, clock_ghz, watch)
+
+
+def measure_paths(cell: Cell, paths: Sequence[TestPath], writer: results.RunWriter, rule: stats.StoppingRule,
+                  warmup: int, qemu_pids: Mapping[str, int], placement: Mapping[str, str],
+                  clock_ghz: float | None = None, watch: window.Watch | None = None) -> list[SampleRecord]:
+    """All samples of one cell over the first ``cell.pairs`` of ``paths`` (one path, or one
+    per guest pair, measured at once). The MTU is applied and checked on every path first; a
+    failed check fails the cell. A noisy sample (testbed.measure.window) is written and
+    measured again once the host settled; the samples returned are the ones the stopping
+    rule counted."""
     watch = watch or window.Watch()
     watch.begin_cell()
-    try:
-        set_mtu(path, cell.mtu)
-    except (CommandError, GuestError, TestbedError) as e:
-        reason = f"could not set MTU {cell.mtu}: {e}"
-        return fail_cell(cell, writer, reason, placement)
-    why = check_mtu(path, cell.mtu)
-    if why:
-        return fail_cell(cell, writer, why, placement)
+    paths = list(paths)[:cell.pairs]
+    if len(paths) < cell.pairs:
+        return fail_cell(cell, writer, f"{cell.pairs} pairs asked, {len(paths)} plugged", placement)
+    for i, p in enumerate(paths):
+        try:
+            set_mtu(p, cell.mtu)
+        except (CommandError, GuestError, TestbedError) as e:
+            return fail_cell(cell, writer, f"{pairs.label(cell, i)}could not set MTU {cell.mtu}: {e}", placement)
+        why = check_mtu(p, cell.mtu)
+        if why:
+            return fail_cell(cell, writer, f"{pairs.label(cell, i)}{why}", placement)
     for w in range(warmup):
-        writer.add_sample(measure_once(cell, path, writer, w, True, qemu_pids, placement, clock_ghz, watch))
-    samples: list[results.Sample] = []
-    metric = primary_metric(cell.profile)
-    decision = None
+        writer.add_sample(sample_paths(cell, paths, writer, w, True, qemu_pids, placement, clock_ghz, watch))
+    counted = CellSamples(cell, rule)
     while True:
-        s = measure_once(cell, path, writer, len(samples), False, qemu_pids, placement, clock_ghz, watch)
+        s = sample_paths(cell, paths, writer, len(counted.samples), False, qemu_pids, placement, clock_ghz, watch)
         writer.add_sample(s)
         if s.status == "noisy":
             watch.settle(qemu_pids)
             continue
-        samples.append(s)
-        values = [x.metrics[metric] for x in samples if x.status == "ok" and metric in x.metrics]
-        if s.status != "ok" and len(samples) >= rule.repetitions.max_samples:
+        if not counted.add(s):
             break
-        decision = rule.decide(values) if values else None
-        if decision is not None and not decision.more:
-            break
-        if len(samples) >= rule.repetitions.max_samples:
-            break
-    ok = [x for x in samples if x.status == "ok"]
-    summary = _summaries(ok)
-    status = "ok" if ok and len(ok) == len(samples) else ("partial" if ok else "failed")
-    reason = None if status == "ok" else "; ".join(sorted({x.reason or "" for x in samples if x.status != "ok"}))
-    writer.add_cell(cell, status, reason, decision.converged if decision else None, summary)
-    return samples
+    return counted.finish(writer)
 
 
-def _summaries(samples: Sequence[results.Sample]) -> dict:
+def summaries(samples: Sequence[SampleRecord]) -> dict:
+    """Per metric over ``samples``: n, mean, median, stddev and the 95 % interval."""
     out = {}
     keys = sorted({k for s in samples for k in s.metrics})
     for k in keys:
@@ -505,12 +624,12 @@ def _summaries(samples: Sequence[results.Sample]) -> dict:
 
 
 def fail_cell(cell: Cell, writer: results.RunWriter, reason: str,
-               placement: Mapping[str, str]) -> list[results.Sample]:
-    s = results.Sample(writer.run_id, cell.as_dict(), 0, False, "failed", reason, {}, {},
-                       results.now(), results.now(), (), placement)
+              placement: Mapping[str, str]) -> list[SampleRecord]:
+    s = SampleRecord.new(writer.run_id, cell.as_dict(), 0, False, "failed", reason, {}, {},
+                         results.now(), results.now(), (), placement)
     writer.add_sample(s)
     writer.add_cell(cell, "failed", reason, None, {})
     return [s]
 
 
-__all__ = ["Endpoint", "TestPath", "measure_cell", "primary_metric", "Pattern"]
+__all__ = ["CellSamples", "Endpoint", "TestPath", "measure_cell", "measure_paths", "primary_metric", "Pattern"]

@@ -135,31 +135,20 @@ def measure_interleaved(cells: Sequence[Cell], paths: Mapping[str, measure.TestP
             v = variant_of(c)
             writer.add_sample(measure.measure_once(c, paths[v], writer, w, True, pids[v],
                                                    placement, clock_ghz))
-    metric = measure.primary_metric(cells[0].profile)
-    samples: dict[Cell, list[results.Sample]] = {c: [] for c in live}
-    decisions: dict[Cell, stats.Decision | None] = {c: None for c in live}
+    counted = {c: measure.CellSamples(c, rule) for c in live}
     active = list(live)
     rnd = 0
     while active:
         for c in round_order(list(active), rnd):
             v = variant_of(c)
-            s = measure.measure_once(c, paths[v], writer, len(samples[c]), False, pids[v],
+            s = measure.measure_once(c, paths[v], writer, len(counted[c].samples), False, pids[v],
                                      placement, clock_ghz)
             writer.add_sample(s)
-            samples[c].append(s)
-            values = [x.metrics[metric] for x in samples[c] if x.status == "ok" and metric in x.metrics]
-            decisions[c] = rule.decide(values) if values else None
-            d = decisions[c]
-            if len(samples[c]) >= rule.repetitions.max_samples or (d is not None and not d.more):
+            if not counted[c].add(s):
                 active.remove(c)
         rnd += 1
     for c in live:
-        ok = [x for x in samples[c] if x.status == "ok"]
-        status = "ok" if ok and len(ok) == len(samples[c]) else ("partial" if ok else "failed")
-        reason = None if status == "ok" else "; ".join(
-            sorted({x.reason or "" for x in samples[c] if x.status != "ok"}))
-        d = decisions[c]
-        writer.add_cell(c, status, reason, d.converged if d else None, measure._summaries(ok))
+        counted[c].finish(writer)
 
 
 def run(t: Topology, cells: Sequence[Cell], stack: contextlib.ExitStack, writer: results.RunWriter,

@@ -1,8 +1,8 @@
 """What else happened during a sample's window: where the guests' threads ran, and whether
 the host was busy with work that is not the testbed's (the noise guard).
 
-A :class:`Watch` is opened around the window the CPU collectors read (measure.measure_once,
-pairs.measure_once). While it is open, one thread samples every ``SAMPLE_EVERY_S`` (0.5 s; watching two
+A :class:`Watch` is opened around the window the CPU collectors read (sampling.sample_paths,
+one path or N pairs). While it is open, one thread samples every ``SAMPLE_EVERY_S`` (0.5 s; watching two
 processes of 19 threads each cost 0.8 % of a core here, measured over 5 s):
 
 - field 39 of /proc/<qemu pid>/task/<tid>/stat (the CPU each QEMU thread last ran on), so

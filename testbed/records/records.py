@@ -440,6 +440,28 @@ class SampleRecord(Part):
             d["extra"] = dict(data or {})
         return d
 
+    @classmethod
+    def new(cls, run_id: str, cell: CellRecord | Mapping[str, Any], rep: int, warmup: bool, status: str,
+            reason: str | None, metrics: Mapping[str, float], cpu: Cpu | Mapping[str, Any], started: str,
+            ended: str, raw: Iterable[str] = (), placement: Mapping[str, str] | None = None,
+            extra: Mapping[str, Any] | None = None,
+            crosscheck: Crosscheck | Mapping[str, Any] | None = None) -> SampleRecord:
+        """A sample as a writer builds it (the sampling loop, a scenario, a test): every field
+        is written, as samples.jsonl lines have always carried them all. ``cell`` is a
+        model.Cell's as_dict, ``extra`` the file's tool and scenario data (``data`` here)."""
+        return cls(run_id=run_id, cell=cell if isinstance(cell, CellRecord) else CellRecord.from_dict(cell),
+                   rep=rep, warmup=warmup, status=status, reason=reason, metrics=dict(metrics),
+                   cpu=cpu if isinstance(cpu, Cpu) else Cpu.from_dict(cpu), started=started, ended=ended,
+                   raw=tuple(raw), placement=dict(placement or {}), data=dict(extra or {}),
+                   crosscheck=crosscheck if isinstance(crosscheck, Crosscheck)
+                   else Crosscheck.from_dict(crosscheck or {}),
+                   present=frozenset(cls._known()))
+
+    def to_json(self) -> str:
+        """The sample's line of samples.jsonl (without its newline): the one serialisation."""
+        import json
+        return json.dumps(self.to_dict(), sort_keys=True, default=str)
+
     @property
     def ok(self) -> bool:
         return self.status == "ok"

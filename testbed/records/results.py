@@ -15,7 +15,7 @@ import json
 import os
 import secrets
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -39,43 +39,6 @@ def new_run_id() -> tuple[str, str]:
 def atomic_write(path: Path, text: str) -> None:
     """``text`` into ``path`` completely or not at all (diskspace.write_file)."""
     diskspace.write_file(path, text)
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One measured repetition of a cell. `status` is ok, failed, or noisy (measured while the
-    host was busy with other work, and measured again); failed and noisy have a reason."""
-
-    run_id: str
-    cell: Mapping[str, Any]
-    rep: int
-    warmup: bool
-    status: str
-    reason: str | None
-    metrics: Mapping[str, float]
-    cpu: Mapping[str, Any]
-    started: str
-    ended: str
-    raw: tuple[str, ...] = ()
-    placement: Mapping[str, str] = field(default_factory=dict)   # guest -> host
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    #: the wire cross-check (testbed.measure.crosscheck): tool_bytes, wire_bytes, wire_packets,
-    #: expected_ratio, ratio, verdict, and the device and direction counted
-    crosscheck: Mapping[str, Any] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["metrics"], d["cpu"], d["cell"] = dict(self.metrics), dict(self.cpu), dict(self.cell)
-        d["crosscheck"] = dict(self.crosscheck)
-        d["raw"] = list(self.raw)
-        return d
-
-    def record(self) -> SampleRecord:
-        """The typed record this sample is written as."""
-        return SampleRecord.from_dict(json.loads(json.dumps(self.as_dict(), default=str)))
-
-    def to_json(self) -> str:
-        return json.dumps(self.record().to_dict(), sort_keys=True)
 
 
 def _comparable(topology: Mapping[str, Any]) -> dict:
@@ -240,11 +203,11 @@ class RunWriter:
         self._set(cells=(*self.run.cells, out))
         self._flush()
 
-    def add_sample(self, s: Sample | SampleRecord) -> None:
-        rec = s if isinstance(s, SampleRecord) else s.record()
+    def add_sample(self, rec: SampleRecord) -> None:
+        """One sample appended to samples.jsonl, as built (SampleRecord.new): validated, then
+        serialised once."""
         rec.validate()
-        diskspace.append_line(self._samples, self.dir / "samples.jsonl",
-                              json.dumps(rec.to_dict(), sort_keys=True) + "\n", self.dir)
+        diskspace.append_line(self._samples, self.dir / "samples.jsonl", rec.to_json() + "\n", self.dir)
         c = self.run.counts
         # A noisy sample is neither ok nor failed: it is measured again (testbed.measure.window).
         self._set(counts=dataclasses.replace(c, samples=c.samples + 1,
@@ -394,6 +357,6 @@ def iter_runs(root: Path) -> Iterator[Path]:
 
 
 #: the typed records, re-exported for the writers and readers that import them from here
-__all__ = ["FORMAT_VERSION", "CellOutcome", "Counts", "RunRecord", "RunWriter", "Sample",
+__all__ = ["FORMAT_VERSION", "CellOutcome", "Counts", "RunRecord", "RunWriter",
            "SampleRecord", "atomic_write", "cell_hash", "iter_runs", "new_run_id", "now",
            "read_run", "records", "topology_dict"]

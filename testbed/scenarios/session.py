@@ -109,8 +109,8 @@ class Session:
                extra: Mapping[str, Any] | None = None, raw: Sequence[str] = (),
                cpu: Mapping[str, Any] | None = None) -> CellOutcome:
         """A sample measured by a scenario's own experiment (one repetition)."""
-        s = results.Sample(self.writer.run_id, cell.as_dict(), 0, False, "ok", None, dict(metrics),
-                           dict(cpu or {}), started, results.now(), tuple(raw), {}, dict(extra or {}))
+        s = results.SampleRecord.new(self.writer.run_id, cell.as_dict(), 0, False, "ok", None, dict(metrics),
+                                     dict(cpu or {}), started, results.now(), tuple(raw), {}, dict(extra or {}))
         self.writer.add_sample(s)
         summary = {k: {"n": 1, "mean": v, "median": v, "stddev": None, "ci95": [None, None]}
                    for k, v in metrics.items()}

@@ -78,7 +78,7 @@ def resolve_fraction(cell, profiles, outcomes) -> tuple[object, str | None]:
     """A cell paced at a fraction of a maximum (``rates: [0.5max]``) with its target per
     pair resolved from the maximum its base profile measured earlier in this run: (cell,
     None), or (cell, why not) when that maximum is missing or failed. ``profiles``: the
-    matrix's; ``outcomes``: the run's cell entries so far (run.json ``cells``)."""
+    matrix's; ``outcomes``: the run's cell outcomes so far (records.CellOutcome, run.json ``cells``)."""
     import dataclasses
     p = cell.profile
     if p.rate_fraction is None:
@@ -87,11 +87,11 @@ def resolve_fraction(cell, profiles, outcomes) -> tuple[object, str | None]:
     if base is None:
         return cell, f"profile {p.rate_of!r}, whose maximum {p.rate} is a fraction of, is not in the matrix"
     sibling = dataclasses.replace(cell, profile=base).id
-    out = next((o for o in outcomes if o.get("id") == sibling), None)
-    mean = (((out or {}).get("summary") or {}).get(base.pattern.primary_metric) or {}).get("mean")
-    if out is None or out.get("status") == "failed" or not mean:
+    out = next((o for o in outcomes if o.id == sibling), None)
+    mean = out.summary_mean(base.pattern.primary_metric) if out is not None else None
+    if out is None or not mean:
         return cell, (f"{p.rate}: the maximum of {sibling} was not measured in this run"
-                      + (f" ({out.get('reason')})" if out and out.get("reason") else ""))
+                      + (f" ({out.reason})" if out is not None and out.reason else ""))
     per_pair = mean / max(1, cell.pairs)
     tps = max(1, round(p.rate_fraction * per_pair))
     return dataclasses.replace(cell, profile=dataclasses.replace(p, rate_tps=tps)), None
