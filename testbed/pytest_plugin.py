@@ -8,6 +8,11 @@ run here is skipped with a reason naming what is missing, found by trying it.
 A session that measures is a run: tests pass the session-scoped ``run_writer`` to
 measure.measure_cell, and the session leaves results/<run-id> (or --results DIR) with this
 host's environment, finished and indexed at its end (testbed.measure.session.Session).
+
+With pytest-xdist (`./tb test` runs ``-n 2``) every root-tier test goes to one worker, in
+order, and the unit tier runs on the other; the host checks act only in the process that
+runs root tests, and the controller reports them (see the host networking section below).
+Without xdist, or with ``-n 0``, one process does all of it.
 """
 from __future__ import annotations
 
