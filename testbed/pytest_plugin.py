@@ -8,6 +8,11 @@ run here is skipped with a reason naming what is missing, found by trying it.
 A session that measures is a run: tests pass the session-scoped ``run_writer`` to
 measure.measure_cell, and the session leaves results/<run-id> (or --results DIR) with this
 host's environment, finished and indexed at its end (testbed.measure.session.Session).
+
+With pytest-xdist (`./tb test` runs ``-n 2``) every root-tier test goes to one worker, in
+order, and the unit tier runs on the other; the host checks act only in the process that
+runs root tests, and the controller reports them (see the host networking section below).
+Without xdist, or with ``-n 0``, one process does all of it.
 """
 from __future__ import annotations
 
@@ -223,13 +228,25 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
 
 # Host networking before and after the whole suite must be identical: every tier that
 # creates host objects has to have removed them, and touched nothing else.
+#
+# With pytest-xdist (`./tb test` runs two workers) the controller collects and runs nothing,
+# and every root-tier test goes to one worker, in collection order (TierScheduling below): the
+# unit tier, which touches nothing on the host, runs on the other worker meanwhile. So the
+# host checks belong to whichever process runs the first root test, and start there, before
+# it: the lock, the dead run's leftovers, the snapshot. A worker hands what it found to the
+# controller (xdist's workeroutput), which prints it and fails the session, so the one summary
+# at the end says it. Without xdist the session itself is that process.
 _SNAPSHOT_KEY = pytest.StashKey[object]()
-
-
 _ALONE_KEY = pytest.StashKey[bool]()
+_WANTED_KEY = pytest.StashKey[bool]()
+_NOTES_KEY = pytest.StashKey[list]()        # lines for the terminal, from any process
+_CHECKED_KEY = pytest.StashKey[bool]()      # some process compared the host before and after
+_DIFF_KEY = pytest.StashKey[list]()         # what changed on the host, from any process
+
+_ROOT_TIERS = ("netns", "store", "vm", "scenarios")
 
 
-def _alone(session: pytest.Session) -> bool:
+def _alone(config: pytest.Config) -> bool:
     """Whether this is the only test session on the host. Tests make tb- objects without
     registering a run for each, so another live session's objects look like a dead run's:
     a session holds a lock for its lifetime, and one that finds the lock taken neither
@@ -245,71 +262,137 @@ def _alone(session: pytest.Session) -> bool:
     except BlockingIOError:
         os.close(fd)
         return False
-    session.config.add_cleanup(lambda: os.close(fd))   # closing releases the lock
+    config.add_cleanup(lambda: os.close(fd))   # closing releases the lock
     return True
 
 
-_ROOT_TIERS = ("netns", "store", "vm", "scenarios")
-_GUARD_KEY = pytest.StashKey[bool]()
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
 
 
-def _host_guard_wanted(session: pytest.Session) -> bool:
-    """The host-wide checks (dead leftovers removed, networking snapshot, tb- objects at the
-    end) belong to sessions that run root tiers as root. A unit-only session, or any other
-    project's session that merely has this plugin installed, touches nothing on the host."""
-    if os.geteuid() != 0 or session.config.option.collectonly:
-        return False
-    return any(item.get_closest_marker(t) for item in session.items for t in _ROOT_TIERS)
+def _root_tier(item: pytest.Item) -> bool:
+    return any(item.get_closest_marker(t) for t in _ROOT_TIERS)
+
+
+def _note(config: pytest.Config, line: str) -> None:
+    """A warning line for the terminal: written now by a plain session, printed by the
+    controller at the end for a worker (whose own terminal output nobody sees)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter and not _is_worker(config):
+        reporter.write_line(line, yellow=True)
+    else:
+        config.stash.setdefault(_NOTES_KEY, []).append(line)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    if not _host_guard_wanted(session):
-        return
-    session.config.stash[_GUARD_KEY] = True
+    """The host-wide checks (dead leftovers removed, networking snapshot, tb- objects at the
+    end) belong to sessions that run root tiers as root. A unit-only session, or any other
+    project's session that merely has this plugin installed, touches nothing on the host."""
+    config = session.config
+    config.stash[_WANTED_KEY] = (os.geteuid() == 0 and not config.option.collectonly
+                                 and any(_root_tier(item) for item in session.items))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # Before the first root test's fixtures: a worker that runs only unit tests never gets here.
+    config = item.config
+    if _root_tier(item) and config.stash.get(_WANTED_KEY, False) and _SNAPSHOT_KEY not in config.stash:
+        _start_host_guard(config)
+
+
+def _start_host_guard(config: pytest.Config) -> None:
     from testbed.admin import cleanup
     from testbed.host import snapshot
-    alone = session.config.stash[_ALONE_KEY] = _alone(session)
+    config.stash[_SNAPSHOT_KEY] = None          # once, even if what follows fails
+    alone = config.stash[_ALONE_KEY] = _alone(config)
     # tb- objects whose owning process is dead (a session or run killed with SIGKILL, a
     # machine image taken while one ran) would make every run-level test refuse to
     # start. They are provably the testbed's and provably orphaned, so they go first,
     # and the session says so; a live run's objects are left alone.
     found = cleanup.find() if alone else cleanup.Leftovers()
     if not found.empty():
-        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter:
-            reporter.write_line(f"removing a dead run's leftovers before testing: {found.describe()}",
-                                yellow=True)
+        _note(config, f"removing a dead run's leftovers before testing: {found.describe()}")
         cleanup.remove(found)
-    session.config.stash[_SNAPSHOT_KEY] = snapshot.take()
+    config.stash[_SNAPSHOT_KEY] = snapshot.take()
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     import sys
+    config = session.config
     # Tags this process claimed for its tests are released first: objects a test leaked
     # under one are then a dead run's, which the check below reports.
     if "testbed.measure.session" in sys.modules:
         sys.modules["testbed.measure.session"].release_tags()
-    before = session.config.stash.get(_SNAPSHOT_KEY, None)
-    if not session.config.stash.get(_GUARD_KEY, False) or before is None:
+    before = config.stash.get(_SNAPSHOT_KEY, None)
+    if before is not None:
+        from testbed.admin import cleanup
+        from testbed.host import snapshot
+        diff = snapshot.diff(before, snapshot.take())  # type: ignore[arg-type]
+        # Session fixtures are gone by now: any tb- object still here (a domain, a state folder,
+        # which the networking snapshot does not see) was leaked by a test or a run it started.
+        left = cleanup.find() if config.stash.get(_ALONE_KEY, False) else cleanup.Leftovers()
+        if not left.empty():
+            diff = [*diff, f"tb- objects left behind: {left.describe()}"]
+        config.stash[_CHECKED_KEY] = True
+        config.stash[_DIFF_KEY] = [*config.stash.get(_DIFF_KEY, []), *diff]
+    if _is_worker(config):
+        config.workeroutput.update(  # type: ignore[attr-defined]
+            tb_notes=config.stash.get(_NOTES_KEY, []), tb_checked=config.stash.get(_CHECKED_KEY, False),
+            tb_diff=config.stash.get(_DIFF_KEY, []), tb_index=config.stash.get(_INDEX_KEY, None),
+            tb_run=str(config.stash[_RUN_KEY]) if _RUN_KEY in config.stash else None)
         return
-    from testbed.admin import cleanup
-    from testbed.host import snapshot
-    diff = snapshot.diff(before, snapshot.take())  # type: ignore[arg-type]
-    # Session fixtures are gone by now: any tb- object still here (a domain, a state folder,
-    # which the networking snapshot does not see) was leaked by a test or a run it started.
-    left = cleanup.find() if session.config.stash.get(_ALONE_KEY, False) else cleanup.Leftovers()
-    if not left.empty():
-        diff = [*diff, f"tb- objects left behind: {left.describe()}"]
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter:
+        for line in config.stash.get(_NOTES_KEY, []):
+            reporter.write_line(line, yellow=True)
+    diff = config.stash.get(_DIFF_KEY, [])
     if diff:
         if reporter:
             reporter.write_line("host networking changed during the test session:", red=True)
             for line in diff:
                 reporter.write_line(f"  {line}", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
-    elif reporter:
+    elif reporter and config.stash.get(_CHECKED_KEY, False):
         reporter.write_sep("-", "host networking snapshot: identical before and after the session")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """xdist's controller: what a worker's host checks and run record said, kept for the
+    controller's own end of session (sessionfinish, terminal summary)."""
+    out = getattr(node, "workeroutput", None) or {}
+    config = node.config
+    config.stash[_NOTES_KEY] = [*config.stash.get(_NOTES_KEY, []), *out.get("tb_notes", [])]
+    config.stash[_DIFF_KEY] = [*config.stash.get(_DIFF_KEY, []), *out.get("tb_diff", [])]
+    if out.get("tb_checked"):
+        config.stash[_CHECKED_KEY] = True
+    if out.get("tb_run"):
+        config.stash[_RUN_KEY] = Path(out["tb_run"])
+    if out.get("tb_index"):
+        config.stash[_INDEX_KEY] = out["tb_index"]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """Every root-tier test in one work unit, so one worker runs them all in collection order
+    (they share the host: its lock, its snapshot, libvirt, the guest pair); every other test
+    is a unit of its own, handed to whichever worker is free. Test ids stay as they are
+    (xdist's loadgroup would append ``@group`` to each)."""
+    if config.getvalue("dist") == "each":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TierScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            tier = _tier_of(config.rootpath / nodeid.split("::", 1)[0])
+            if tier in _ROOT_TIERS:
+                return "tb-root-tiers"
+            # xdist_group marks (--dist loadgroup) are still honoured
+            return nodeid.split("@")[-1] if nodeid.rfind("@") > nodeid.rfind("]") else nodeid
+
+    return TierScheduling(config, log)
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import testbed
+from testbed.admin import cleanup
 
 pytestmark = [pytest.mark.netns, pytest.mark.attach("netns")]
 
@@ -36,13 +37,15 @@ def _script(tmp: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
     full = {**os.environ, "PYTHONPATH": str(Path(testbed.__file__).parent.parent),
             "TESTBED": f"{sys.executable} -m testbed", "TESTBED_RESULTS": str(tmp / "results"),
             "CAPACITY_TOPOLOGY": str(tmp / "density.yaml"), "CAPACITY_OUT": str(tmp / "out"), **env}
-    for _ in range(30):
+    deadline = time.monotonic() + 300
+    while True:
         p = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=900,
                            cwd=tmp, env=full)
         if p.returncode != 4 or "in progress" not in p.stderr:
             return p
-        time.sleep(10)      # another session's `testbed run` holds the host: wait for it
-    pytest.skip("another run held this host for 5 minutes")
+        # another session's `testbed run` holds the host: again as soon as it ends
+        if not cleanup.wait_host_free(deadline - time.monotonic()):
+            pytest.skip("another run held this host for 5 minutes")
 
 
 def test_capacity_script_from_a_density_run_to_the_table_and_plot(tmp_path):

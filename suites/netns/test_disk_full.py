@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from testbed.admin import cleanup
 from testbed.pytest_plugin import run_cli
 from testbed.records import results
 
@@ -54,9 +55,8 @@ def cli(args: list[str], env: dict) -> subprocess.CompletedProcess:
     deadline = time.monotonic() + 600
     while True:
         r = run_cli(args, env=env)
-        if "in progress on this host" not in r.stderr or time.monotonic() > deadline:
+        if "in progress on this host" not in r.stderr or not cleanup.wait_host_free(deadline - time.monotonic()):
             return r
-        time.sleep(3)
 
 
 def finished_cells(run_dir: Path) -> list[str]:
@@ -94,7 +94,7 @@ def test_a_disk_that_fills_stops_the_run_cleanly_and_resume_completes_it(tmp_pat
         if run_dir is None:
             err = p.stderr.read() if p.poll() is not None else "no cell finished"
             assert "in progress on this host" in err and time.monotonic() < deadline, err
-            time.sleep(3)           # another session's run holds the host lock
+            cleanup.wait_host_free(deadline - time.monotonic())     # another session's run holds the host
     # Someone else fills the disk: a ballast file takes all but a few KiB.
     ballast = small_tmpfs / "ballast"
     free = shutil.disk_usage(small_tmpfs).free

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from testbed.admin import cleanup
 from testbed.records import results
 
 pytestmark = [pytest.mark.netns, pytest.mark.attach("netns")]
@@ -57,7 +58,7 @@ def start(tmp_path: Path, text: str) -> tuple[subprocess.Popen, Path]:
             time.sleep(0.05)
         err = p.stderr.read() if p.poll() is not None else "timeout"
         if "in progress on this host" in err and time.monotonic() < deadline:
-            time.sleep(2)           # another session's run holds the host lock
+            cleanup.wait_host_free(deadline - time.monotonic())     # another session's run holds the host
             continue
         pytest.fail(f"the run did not start: {err}")
 

@@ -184,3 +184,31 @@ def test_an_image_build_killed_midway_is_found_and_removed_by_cleanup(tmp_path, 
     assert guestcache.writer_dead(work)
     cleanup.remove(cleanup.Leftovers(partial_builds=[str(work)]))
     assert not work.exists() and images.partial_builds() == []
+
+
+def test_waiting_for_the_host_returns_when_the_run_ends_or_its_holder_is_dead(tmp_path, monkeypatch):
+    """Tests told "in progress on this host" go on the moment the other run releases the
+    lock (its holder line cleared), not after a fixed pause; a dead holder's line is free."""
+    import threading
+    import time
+
+    from testbed.admin import cleanup
+    monkeypatch.setattr(cleanup, "lock_path", lambda: tmp_path / "run.lock")
+    assert cleanup.wait_host_free(0)                                   # no lock file yet
+    release = threading.Event()
+
+    def run() -> None:
+        with cleanup.host_lock("20990101T000000Z-abcd"):
+            release.wait(5)
+    th = threading.Thread(target=run)
+    th.start()
+    while not ((tmp_path / "run.lock").exists() and (tmp_path / "run.lock").read_text()):
+        time.sleep(0.01)
+    assert not cleanup.wait_host_free(0.2)                             # held by a live process
+    threading.Timer(0.3, release.set).start()
+    t0 = time.monotonic()
+    assert cleanup.wait_host_free(10)
+    assert time.monotonic() - t0 < 2
+    th.join()
+    (tmp_path / "run.lock").write_text("20990101T000000Z-dead pid 999999999\n")
+    assert cleanup.wait_host_free(0)                                   # its holder died

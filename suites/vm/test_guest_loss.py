@@ -60,7 +60,7 @@ def test_a_destroyed_and_a_panicked_guest_fail_their_samples_and_are_brought_bac
         first = p.stderr.readline()
         if "in progress on this host" in first and time.monotonic() < deadline:
             p.wait()
-            time.sleep(5)           # another session's run holds the host lock
+            cleanup.wait_host_free(deadline - time.monotonic())     # another session's run holds the host
             continue
         lines.append(first)
         break

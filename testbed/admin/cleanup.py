@@ -279,6 +279,27 @@ def host_lock(run_id: str) -> Iterator[None]:
         os.close(fd)
 
 
+def wait_host_free(timeout: float, poll_s: float = 0.05) -> bool:
+    """Wait (at most ``timeout`` s) until no live run holds the host lock; True once free.
+
+    For callers told "in progress on this host" that want to go on as soon as the other
+    run ends, not after a fixed pause. It reads the holder line host_lock writes and clears,
+    and never takes the lock itself, so a run starting meanwhile is not refused because
+    somebody waits; a line whose pid is dead (a run killed with SIGKILL) counts as free."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            holder = lock_path().read_text().split()
+        except OSError:
+            holder = []
+        pid = int(holder[2]) if len(holder) >= 3 and holder[1] == "pid" and holder[2].isdigit() else None
+        if not holder or (pid is not None and not _pid_alive(pid)):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
+
+
 def refuse_if_leftovers(uri: str = "qemu:///system") -> None:
     """Called with the host lock held: anything tb- now belongs to a dead run."""
     found = find(uri)
