@@ -208,9 +208,10 @@ def test_pairs_axis_ids_and_hashes():
 def test_a_cell_is_recorded_by_pair_when_it_has_pairs_or_a_paced_profile():
     stream, paced = Profile("s"), Profile("s", tool=Tool("iperf3"), rate_bps=10**9, rate="1gbit")
     one = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, stream)
-    assert not pairs.by_pair(one) and pairs.label(one, 0) == ""
+    assert not pairs.by_pair(one) and pairs.label(pairs.by_pair(one), 0) == ""
     assert pairs.by_pair(Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, stream, pairs=2))
-    assert pairs.label(Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, paced), 1) == "pair 2: "
+    paced_cell = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, paced)
+    assert pairs.by_pair(paced_cell) and pairs.label(pairs.by_pair(paced_cell), 1) == "pair 2: "
 
 
 def test_the_pairs_extra_and_their_wire_record():

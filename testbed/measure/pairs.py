@@ -96,9 +96,9 @@ def by_pair(cell: Cell) -> bool:
     return cell.pairs > 1 or cell.profile.paced
 
 
-def label(cell: Cell, i: int) -> str:
+def label(recorded_by_pair: bool, i: int) -> str:
     """What a reason about path ``i`` starts with: ``pair 2: `` for a cell recorded by pair."""
-    return f"pair {i + 1}: " if by_pair(cell) else ""
+    return f"pair {i + 1}: " if recorded_by_pair else ""
 
 
 def pair_record(profile: Profile, res: ToolResult, cores: float | None) -> dict:

@@ -180,15 +180,16 @@ def measure_once(cell: Cell, path: TestPath, writer: results.RunWriter, rep: int
                  qemu_pids: Mapping[str, int], placement: Mapping[str, str],
                  clock_ghz: float | None = None, watch: window.Watch | None = None, *,
                  wire_fails: bool = True) -> SampleRecord:
-    """One sample on one path: :func:`sample_paths` with N = 1."""
+    """One sample on one path: :func:`sample_paths` with N = 1, recorded as one path's sample
+    even for a paced profile (the rate search's trials, variants: they read its counters)."""
     return sample_paths(cell, [path], writer, rep, warmup, qemu_pids, placement, clock_ghz, watch,
-                        wire_fails=wire_fails)
+                        wire_fails=wire_fails, by_pair=False)
 
 
 def sample_paths(cell: Cell, paths: Sequence[TestPath], writer: results.RunWriter, rep: int, warmup: bool,
                  qemu_pids: Mapping[str, int], placement: Mapping[str, str],
                  clock_ghz: float | None = None, watch: window.Watch | None = None, *,
-                 wire_fails: bool = True) -> SampleRecord:
+                 wire_fails: bool = True, by_pair: bool | None = None) -> SampleRecord:
     """One sample over ``paths`` at once (one path, or one per guest pair of an N-pair cell),
     as the typed record it is written as. A cell recorded by pair (pairs.by_pair: N pairs, or
     paced) keeps each pair's result in ``extra.pairs`` (testbed.measure.pairs) and names the
@@ -197,11 +198,13 @@ def sample_paths(cell: Cell, paths: Sequence[TestPath], writer: results.RunWrite
     ``wire_fails=False``: the receiving device's byte check is recorded but does not fail
     the sample, for a caller that checks the wire its own way (the rate search's per-trial
     loss check on both devices: a one-second UDP trial in a slow guest has datagrams
-    arriving after the receiver stopped counting, several percent of it)."""
+    arriving after the receiver stopped counting, several percent of it).
+
+    ``by_pair``: how the sample is recorded; by default as the cell says (pairs.by_pair)."""
     watch = watch or window.Watch()
     profile = cell.profile
     driver = get_tool(profile.tool)
-    by_pair = pairs.by_pair(cell)
+    by_pair = pairs.by_pair(cell) if by_pair is None else by_pair
     started = results.now()
     raw: list[str] = []
     tag = f"{'warmup' if warmup else 'rep'}{rep}"
@@ -242,7 +245,7 @@ def sample_paths(cell: Cell, paths: Sequence[TestPath], writer: results.RunWrite
             try:
                 server_pids[i] = servers[i].start(p.server.guest, driver, profile, port)
             except (CommandError, GuestError, TestbedError) as e:
-                return failed(f"{pairs.label(cell, i)}server did not start: {e}")
+                return failed(f"{pairs.label(by_pair, i)}server did not start: {e}")
         plans = [client_plan(driver, cell, p.server.address, port, p.client.guest.agent) for p in paths]
         g_before = {ep.guest.spec.name: cpu.guest_reading(ep.guest.agent) for ep in eps}
         counters_before = [p.counters() for p in paths]
@@ -286,7 +289,7 @@ def sample_paths(cell: Cell, paths: Sequence[TestPath], writer: results.RunWrite
                 for rest in spawned[i][failed_at:]:
                     p.client.guest.agent.kill(rest)
             i, e = errors[0]
-            return failed(f"{pairs.label(cell, i)}client {'timed out' if e.timed_out else 'failed'}: {e}")
+            return failed(f"{pairs.label(by_pair, i)}client {'timed out' if e.timed_out else 'failed'}: {e}")
         span = time.monotonic() - t0
         instances = sum(len(x) for x in spawned)
         why = end_skew_reason(ends, profile.duration_s,
@@ -350,7 +353,7 @@ def sample_paths(cell: Cell, paths: Sequence[TestPath], writer: results.RunWrite
         return failed(why, cpu_info, extra, check)
     bad = next(((i, c) for i, c in enumerate(checks) if c.verdict == "fail"), None)
     if bad is not None and wire_fails:
-        return failed(f"{pairs.label(cell, bad[0])}wire cross-check: {bad[1].reason}", cpu_info, extra, check)
+        return failed(f"{pairs.label(by_pair, bad[0])}wire cross-check: {bad[1].reason}", cpu_info, extra, check)
     metrics = {**res.metrics, **derived(dict(res.metrics), cpu_info, clock_ghz)}
     if profile.pattern.is_transactional and not by_pair:
         metrics = latency_percentiles(profile, driver, [o.stdout for o in outs[0]], metrics, extra)
@@ -572,13 +575,16 @@ class CellSamples:
 def measure_cell(cell: Cell, path: TestPath, writer: results.RunWriter, rule: stats.StoppingRule,
                  warmup: int, qemu_pids: Mapping[str, int], placement: Mapping[str, str],
                  clock_ghz: float | None = None, watch: window.Watch | None = None) -> list[SampleRecord]:
-    """All samples of one cell on one path: :func:`measure_paths` with N = 1."""
-    return measure_paths(cell, [path], writer, rule, warmup, qemu_pids, placement, clock_ghz, watch)
+    """All samples of one cell on one path: :func:`measure_paths` with N = 1, recorded as one
+    path's samples even for a paced profile."""
+    return measure_paths(cell, [path], writer, rule, warmup, qemu_pids, placement, clock_ghz, watch,
+                         by_pair=False)
 
 
 def measure_paths(cell: Cell, paths: Sequence[TestPath], writer: results.RunWriter, rule: stats.StoppingRule,
                   warmup: int, qemu_pids: Mapping[str, int], placement: Mapping[str, str],
-                  clock_ghz: float | None = None, watch: window.Watch | None = None) -> list[SampleRecord]:
+                  clock_ghz: float | None = None, watch: window.Watch | None = None, *,
+                  by_pair: bool | None = None) -> list[SampleRecord]:
     """All samples of one cell over the first ``cell.pairs`` of ``paths`` (one path, or one
     per guest pair, measured at once). The MTU is applied and checked on every path first; a
     failed check fails the cell. A noisy sample (testbed.measure.window) is written and
@@ -586,6 +592,7 @@ def measure_paths(cell: Cell, paths: Sequence[TestPath], writer: results.RunWrit
     rule counted."""
     watch = watch or window.Watch()
     watch.begin_cell()
+    by_pair = pairs.by_pair(cell) if by_pair is None else by_pair
     paths = list(paths)[:cell.pairs]
     if len(paths) < cell.pairs:
         return fail_cell(cell, writer, f"{cell.pairs} pairs asked, {len(paths)} plugged", placement)
@@ -593,15 +600,17 @@ def measure_paths(cell: Cell, paths: Sequence[TestPath], writer: results.RunWrit
         try:
             set_mtu(p, cell.mtu)
         except (CommandError, GuestError, TestbedError) as e:
-            return fail_cell(cell, writer, f"{pairs.label(cell, i)}could not set MTU {cell.mtu}: {e}", placement)
+            return fail_cell(cell, writer, f"{pairs.label(by_pair, i)}could not set MTU {cell.mtu}: {e}", placement)
         why = check_mtu(p, cell.mtu)
         if why:
-            return fail_cell(cell, writer, f"{pairs.label(cell, i)}{why}", placement)
+            return fail_cell(cell, writer, f"{pairs.label(by_pair, i)}{why}", placement)
     for w in range(warmup):
-        writer.add_sample(sample_paths(cell, paths, writer, w, True, qemu_pids, placement, clock_ghz, watch))
+        writer.add_sample(sample_paths(cell, paths, writer, w, True, qemu_pids, placement, clock_ghz, watch,
+                                       by_pair=by_pair))
     counted = CellSamples(cell, rule)
     while True:
-        s = sample_paths(cell, paths, writer, len(counted.samples), False, qemu_pids, placement, clock_ghz, watch)
+        s = sample_paths(cell, paths, writer, len(counted.samples), False, qemu_pids, placement, clock_ghz, watch,
+                         by_pair=by_pair)
         writer.add_sample(s)
         if s.status == "noisy":
             watch.settle(qemu_pids)
