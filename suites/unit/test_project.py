@@ -149,3 +149,14 @@ def test_test_modules_have_unique_names():
     base name: two files of one name in different tiers fail collection of the whole suite."""
     names = [p.name for p in (ROOT / "suites").rglob("test_*.py")]
     assert sorted(n for n in set(names) if names.count(n) > 1) == []
+
+
+def test_unit_tier_files_touch_nothing_on_the_host():
+    """`./tb test` runs the unit tier on one worker beside the root tiers and schedules by
+    folder: a test that makes host objects (a root tier's marker, the namespace pair) filed
+    under suites/unit would run beside them and change the host snapshot they are checked by."""
+    root_marks = re.compile(r"pytest\.mark\.(netns|vm|store|scenarios)\b|\bnetns_pair\b")
+    offenders = [f"{p.name}:{n}" for p in sorted((ROOT / "suites" / "unit").glob("test_*.py"))
+                 if p.name != "test_project.py"
+                 for n, line in enumerate(p.read_text().splitlines(), 1) if root_marks.search(line)]
+    assert not offenders, offenders

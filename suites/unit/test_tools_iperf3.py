@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from testbed.host import proc
-from testbed.measure.transfer import wait_listening
 from testbed.tools import ToolResult, UnsupportedProfile, get_tool
 from testbed.topology.model import Pattern, Profile, Protocol, Tool
 
@@ -155,35 +153,3 @@ def test_unsupported(profile, kw, match) -> None:
         IPERF3.client_argv(profile, "198.18.0.2", **kw)
 
 
-# -- the real iperf3 between two namespaces ---------------------------------------------
-# netns_pair comes from testbed.pytest_plugin.
-
-@pytest.mark.netns
-@pytest.mark.parametrize("profile", [
-    prof(Pattern.STREAM, duration_s=1), prof(Pattern.MAERTS, duration_s=1),
-    prof(Pattern.BIDIRECTIONAL, duration_s=1),
-    prof(Pattern.STREAM, Protocol.UDP, duration_s=1, rate_bps=200_000_000),
-], ids=["tcp_stream", "tcp_maerts", "tcp_bidir", "udp_stream"])
-def test_real_iperf3(netns_pair, tmp_path, profile: Profile) -> None:
-    client, server, addr = netns_pair
-    with proc.background(IPERF3.server_argv(profile, port=5202), out_dir=str(tmp_path),
-                         name="iperf3-s", netns=server) as srv:
-        wait_listening(server, 5202, srv)
-        done = proc.run(IPERF3.client_argv(profile, addr, port=5202), netns=client, timeout=60,
-                        check=False)
-        srv.wait(timeout=10)                 # -1: the server leaves after one test
-    result = IPERF3.parse(done.stdout, done.stderr, done.rc)
-    assert result.ok, result.reason
-    assert result.metrics["throughput_mbps"] > 0 and result.intervals
-    if profile.protocol is Protocol.UDP:
-        assert result.metrics["udp_sent_msgs"] >= result.metrics["udp_recv_msgs"] > 0
-        assert "jitter_ms" in result.metrics
-
-
-@pytest.mark.netns
-def test_real_iperf3_without_server_fails(netns_pair) -> None:
-    client, _, addr = netns_pair
-    done = proc.run(IPERF3.client_argv(prof(Pattern.STREAM, duration_s=1), addr, port=5299),
-                    netns=client, timeout=60, check=False)
-    result = IPERF3.parse(done.stdout, done.stderr, done.rc)
-    assert not result.ok and "unable to connect to server" in (result.reason or "")

@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from testbed.host import proc
-from testbed.measure.transfer import wait_listening
 from testbed.tools import ToolResult, UnsupportedProfile, get_tool
 from testbed.tools.netperf import SELECTORS
 from testbed.topology.model import Pattern, Profile, Protocol, Tool
@@ -282,46 +280,6 @@ def test_aggregate_names_the_failed_instance() -> None:
     ok = ToolResult(ok=True, metrics={"throughput_mbps": 1.0})
     result = NETPERF.aggregate([ok, ToolResult.failed("netperf exited 1: boom"), ok])
     assert result.reason == "instance 2 of 3 failed: netperf exited 1: boom" and not result.metrics
-
-
-# -- the real netperf between two namespaces --------------------------------------------
-# netns_pair comes from testbed.pytest_plugin.
-
-@pytest.mark.netns
-@pytest.mark.parametrize("protocol,pattern,extra", [
-    (Protocol.TCP, Pattern.STREAM, dict(confidence=(99, 5), iterations=(3, 3))),
-    (Protocol.TCP, Pattern.MAERTS, {}),
-    (Protocol.TCP, Pattern.RR, {}),
-    (Protocol.UDP, Pattern.STREAM, {}),
-], ids=["tcp_stream-confidence", "tcp_maerts", "tcp_rr", "udp_stream"])
-def test_real_netperf(netns_pair, tmp_path, protocol, pattern, extra) -> None:
-    client, server, addr = netns_pair
-    profile = prof(protocol, pattern, duration_s=1)
-    with proc.background(NETPERF.server_argv(profile, port=12866), out_dir=str(tmp_path),
-                         name="netserver", netns=server) as srv:
-        wait_listening(server, 12866, srv)
-        argv = NETPERF.client_argv(profile, addr, port=12866, **extra)
-        argv[argv.index("--"):argv.index("--")] = ["-D", "0.3"]     # interim keyval lines too
-        done = proc.run(argv, netns=client, timeout=60, check=False)
-    result = NETPERF.parse(done.stdout, done.stderr, done.rc)
-    assert result.ok, f"{result.reason}\n{done.stdout}"
-    rate = result.metrics.get("throughput_mbps", 0) + result.metrics.get("transactions_per_s", 0)
-    assert rate > 0 and result.metrics["duration_s"] > 0 and result.intervals
-    if pattern.is_transactional:
-        assert result.metrics["latency_p99_us"] >= result.metrics["latency_p50_us"] > 0
-    if protocol is Protocol.UDP:
-        assert result.metrics["udp_sent_msgs"] >= result.metrics["udp_recv_msgs"] > 0
-    if extra:
-        assert "confidence_achieved" in result.metrics
-
-
-@pytest.mark.netns
-def test_real_netperf_without_server_fails(netns_pair) -> None:
-    client, _, addr = netns_pair
-    done = proc.run(NETPERF.client_argv(prof(Protocol.TCP, Pattern.STREAM, duration_s=1), addr,
-                                        port=12899), netns=client, timeout=60, check=False)
-    result = NETPERF.parse(done.stdout, done.stderr, done.rc)
-    assert not result.ok and "are you sure there is a netserver listening" in (result.reason or "")
 
 
 def test_vet_fails_zero_results_and_short_intervals():

@@ -3,15 +3,12 @@ the line structure of uperf's own workloads; argv is exact. uperf cannot be inst
 the captured outputs are its only oracle (the live test skips when uperf is missing)."""
 from __future__ import annotations
 
-import os
 import re
-import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
-from testbed.host import proc
 from testbed.tools import UnsupportedProfile, get_tool
 from testbed.topology.model import Pattern, Profile, Protocol, Tool
 
@@ -277,39 +274,6 @@ def test_client_and_server_argv() -> None:
 def test_unsupported(profile, kw, match) -> None:
     with pytest.raises(UnsupportedProfile, match=match):
         UPERF.client_argv(profile, "198.18.0.2", **kw)
-
-
-# -- the real uperf, where it is installed --------------------------------------------------
-
-@pytest.mark.netns
-def test_real_uperf(tmp_path) -> None:
-    if not proc.ok(["uperf", "-V"]):
-        pytest.skip("uperf is not installed (not packaged for Debian)")
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create network namespaces")
-    ns = f"tb-u{os.getpid()}"
-    try:
-        if proc.run(["ip", "netns", "add", ns], check=False).rc != 0:
-            pytest.skip("`ip netns add` failed")
-        proc.run(["ip", "link", "set", "lo", "up"], netns=ns)
-        proc.run(["ip", "addr", "add", "198.18.251.1/32", "dev", "lo"], netns=ns)
-        profile = prof(Pattern.RR, duration_s=2)
-        path = tmp_path / "rr.xml"
-        path.write_text(UPERF.profile_xml(profile, "198.18.251.1", 2))
-        with proc.background(UPERF.server_argv(profile, port=20010), out_dir=str(tmp_path),
-                             name="uperf-s", netns=ns):
-            deadline = time.monotonic() + 10
-            while not proc.run(["ss", "-Hltn", "sport = :20010"], netns=ns).stdout.strip():
-                assert time.monotonic() < deadline, "uperf -s not listening after 10 s"
-                time.sleep(0.1)
-            done = proc.run(UPERF.client_argv(profile, "198.18.251.1", port=20010,
-                                              profile_path=str(path)),
-                            netns=ns, timeout=60, check=False)
-        result = UPERF.parse(done.stdout, done.stderr, done.rc)
-        assert result.ok, result.reason
-        assert result.metrics["transactions_per_s"] > 0 and result.intervals
-    finally:
-        proc.run(["ip", "netns", "del", ns], check=False)
 
 
 # -- defects found by running uperf 1.0.8 --------------------------------------------------
