@@ -283,10 +283,11 @@ def sample_paths(cell: Cell, paths: Sequence[TestPath], writer: results.RunWrite
             else:
                 ends.extend(got)
         if errors:
-            # the clients not yet waited for (the one that failed was stopped by its wait)
+            # the clients not yet waited for: a path's waits stop at its failed one, which
+            # its wait stopped; a path without a failure was waited for to the end
+            failed_paths = {i for i, _ in errors}
             for i, p in enumerate(paths):
-                failed_at = len(outs[i]) + (1 if any(k == i for k, _ in errors) else 0)
-                for rest in spawned[i][failed_at:]:
+                for rest in spawned[i][len(outs[i]) + (i in failed_paths):]:
                     p.client.guest.agent.kill(rest)
             i, e = errors[0]
             return failed(f"{pairs.label(by_pair, i)}client {'timed out' if e.timed_out else 'failed'}: {e}")
