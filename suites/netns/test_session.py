@@ -73,3 +73,30 @@ def test_session_refuses_beside_a_dead_runs_objects_and_creates_nothing(tmp_path
                 pass
         assert set(paths.state_dir().iterdir()) == before and not list(tmp_path.iterdir())
         assert _lock_free()
+
+
+def test_a_dead_domains_libvirt_log_is_found_and_removed_but_does_not_stop_a_run(tmp_path):
+    """libvirt keeps a domain's log in its log folder after the domain is gone. One of a
+    dead run's domains is found and removed by cleanup; a live run's is left alone; a run
+    may start beside a dead one's (it is a file, and disturbs nothing)."""
+    require_root()
+    if not paths.QEMU_LOG_DIR.is_dir():
+        pytest.skip(f"{paths.QEMU_LOG_DIR} missing (libvirt's QEMU driver not installed)")
+    if not _lock_free():
+        pytest.skip("another run holds the host lock")
+    dead, live = claim_tag(), claim_tag()
+    dead_log, live_log = paths.QEMU_LOG_DIR / f"tb-{dead}-g1.log", paths.QEMU_LOG_DIR / f"tb-{live}-g1.log"
+    try:
+        for f in (dead_log, live_log):
+            f.write_text("2026-01-01 00:00:00.000+0000: starting up\n")
+        release_tag(dead)
+        found = cleanup.find()
+        assert dead_log.name in found.domain_logs and live_log.name not in found.domain_logs
+        with Session(default(), results_dir=tmp_path, keep_logs=False):
+            pass                                          # not refused because of it
+        cleanup.remove(found)
+        assert not dead_log.exists() and live_log.exists()
+    finally:
+        release_tag(live)
+        for f in (dead_log, live_log):
+            f.unlink(missing_ok=True)

@@ -28,3 +28,13 @@ def test_no_summary_is_a_failure_not_zero():
 def test_client_argv_is_the_studys_command():
     assert nuttcp.client_argv("198.18.0.2", rate="20G") == [
         "nuttcp", "-P5000", "-fparse", "-l8000", "-u", "-w4m", "-R20G", "-i1", "-N4", "-T10", "198.18.0.2"]
+
+
+def test_nothing_received_is_a_failure_not_a_zero_rate():
+    # Real: a study run over an OVS LACP bond whose control connection worked while none of
+    # the UDP data reached the receiver (no -i line printed, only the summary).
+    out = ("megabytes=0.0000 real_seconds=5.00 rate_Mbps=0.0000 tx_cpu=76 rx_cpu=0 drop=93716 pkt=93716 "
+           "data_loss=100.00000\n")
+    r = nuttcp.parse(out)
+    assert not r.ok and r.mbps is None
+    assert "none of the 93716 datagrams" in r.reason

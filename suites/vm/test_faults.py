@@ -115,3 +115,6 @@ def test_guest_that_does_not_boot(accelerator, tmp_path):
     msg = str(ei.value)
     assert "guest agent" in msg and "last console lines" in msg
     assert "vdz" in msg or "root" in msg.lower()
+    # libvirt's own log of the domain went with it (libvirt keeps it otherwise)
+    from testbed.host import paths
+    assert not list(paths.QEMU_LOG_DIR.glob(f"tb-{tag}-*")), list(paths.QEMU_LOG_DIR.glob(f"tb-{tag}-*"))

@@ -9,6 +9,7 @@ going are never mistaken for leftovers, and cleanup never pulls the rug from und
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import logging
@@ -46,12 +47,14 @@ class Leftovers:
     partial_builds: list[str] = field(default_factory=list)
     #: objects of the kinds the modes make (attachments Mode.object_kinds), by kind name
     objects: dict[str, list[str]] = field(default_factory=dict)
+    #: libvirt's logs of tb- domains (paths.QEMU_LOG_DIR), which libvirt keeps after the domain
+    domain_logs: list[str] = field(default_factory=list)
 
     def kinds(self) -> dict[str, list[str]]:
         """Every kind with its names, the modes' own kinds among them (ovs_bridges, ...)."""
         return {"domains": self.domains, "links": self.links, "netns": self.netns, **self.objects,
                 "state": self.state, "partial_snapshots": self.partial_snapshots,
-                "partial_builds": self.partial_builds}
+                "partial_builds": self.partial_builds, "domain_logs": self.domain_logs}
 
     def empty(self) -> bool:
         return not any(self.kinds().values())
@@ -147,7 +150,15 @@ def find(uri: str = "qemu:///system", include_live: bool = False) -> Leftovers:
         state=_dead([p.name for p in state.iterdir()] if state.is_dir() else [], live),
         partial_snapshots=[str(p) for p in guestcache.partial() if guestcache.writer_dead(p)],
         partial_builds=[str(p) for p in images.partial_builds() if guestcache.writer_dead(p)],
+        domain_logs=_dead(_domain_logs(), live),
     )
+
+
+def _domain_logs() -> list[str]:
+    try:
+        return [p.name for p in paths.QEMU_LOG_DIR.iterdir() if p.name.startswith(PREFIX)]
+    except OSError:
+        return []
 
 
 @contextlib.contextmanager
@@ -179,6 +190,9 @@ def remove(found: Leftovers, uri: str = "qemu:///system") -> None:
                             dom.undefine()
             finally:
                 conn.close()
+    for name in found.domain_logs:
+        with contextlib.suppress(OSError):
+            (paths.QEMU_LOG_DIR / name).unlink()
     # Mode-made objects (switch bridges) before links: ports leave a switch before their devices go.
     _remove_objects(None, found)
     for name in found.links:
@@ -302,7 +316,9 @@ def wait_host_free(timeout: float, poll_s: float = 0.05) -> bool:
 
 def refuse_if_leftovers(uri: str = "qemu:///system") -> None:
     """Called with the host lock held: anything tb- now belongs to a dead run."""
-    found = find(uri)
+    # A dead run's domain log is only a file: it does not disturb a run, which need not wait
+    # for `testbed cleanup` because of it (cleanup and the test session remove it).
+    found = dataclasses.replace(find(uri), domain_logs=[])
     if not found.empty():
         raise LeftoversError(f"a dead run left testbed objects behind ({found.describe()}); "
                              "run `testbed cleanup` first")
@@ -318,9 +334,11 @@ def find_on(shell, uri: str, include_live: bool = False) -> Leftovers:
     except CommandError:
         names = []
     state = shell.run(["ls", "-1", str(paths.state_dir())], timeout=30, check=False)
+    logs = shell.run(["ls", "-1", str(paths.QEMU_LOG_DIR)], timeout=30, check=False)
     return Leftovers(domains=_dead(_domains(uri), live), links=_dead(names, live),
                      objects=_objects(shell, live),
-                     state=_dead(state.stdout.split() if state.rc == 0 else [], live))
+                     state=_dead(state.stdout.split() if state.rc == 0 else [], live),
+                     domain_logs=_dead(logs.stdout.split() if logs.rc == 0 else [], live))
 
 
 def remove_on(shell, found: Leftovers, uri: str) -> None:
@@ -331,13 +349,15 @@ def remove_on(shell, found: Leftovers, uri: str) -> None:
         ops.on(shell).delete(name)
     for st in found.state:
         shell.run(["rm", "-rf", "--", str(paths.state_dir() / st)], timeout=60, check=False)
+    for name in found.domain_logs:
+        shell.run(["rm", "-f", "--", str(paths.QEMU_LOG_DIR / name)], timeout=60, check=False)
 
 
 def refuse_if_leftovers_on(hosts) -> None:
     """The leftovers check for remote hosts (model.HostSpec with transport ssh)."""
     from testbed.host import remote
     for h in hosts:
-        found = find_on(remote.shell(h), h.uri)
+        found = dataclasses.replace(find_on(remote.shell(h), h.uri), domain_logs=[])   # as refuse_if_leftovers
         if not found.empty():
             raise LeftoversError(f"host {h.name}: a dead run left testbed objects behind ({found.describe()}); "
                                  f"run `testbed cleanup --hosts TOPOLOGY` first")

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from testbed import PREFIX
 from testbed.errors import CommandError, GuestError, ReadinessError, TestbedError
 from testbed.guests import guestcache, images, render
 from testbed.guests.guest import Agent
@@ -77,11 +78,26 @@ def map_parallel(fn, items: list, workers: int) -> list:
 
 def destroy(dom: libvirt.virDomain) -> None:
     """Stop and forget a domain; tolerates 'already gone'."""
+    name = None
     with contextlib.suppress(libvirt.libvirtError):
+        name = dom.name()
         if dom.isActive():
             dom.destroy()
     with contextlib.suppress(libvirt.libvirtError):
         dom.undefine()
+    forget_log(dom, name)
+
+
+def forget_log(dom: libvirt.virDomain, name: str | None) -> None:
+    """libvirt's log of one of our domains on this machine: it stays when the domain goes,
+    so every run would leave a tb- file behind (the console log the testbed keeps is its own)."""
+    local = False
+    with contextlib.suppress(libvirt.libvirtError):
+        local = dom.connect().getURI().startswith("qemu:///")
+    if local and name and name.startswith(PREFIX):
+        for f in paths.QEMU_LOG_DIR.glob(f"{name}.log*"):
+            with contextlib.suppress(OSError):
+                f.unlink()
 
 
 @contextlib.contextmanager
@@ -336,6 +352,8 @@ def _remote_files(shell: remote.Shell, image: images.Image, seed: Path, state: P
         with contextlib.suppress(CommandError):
             (state / f"{name}.console.log").write_text(shell.read(str(console)))
         shell.run(["rm", "-rf", "--", str(rstate)], check=False)
+        # the domain is gone by now; libvirt's log of it on that host would stay
+        shell.run(["rm", "-f", "--", str(paths.QEMU_LOG_DIR / f"{name}.log")], check=False)
 
 
 def _overlay_file(backing: Path, path: Path) -> None:

@@ -16,6 +16,11 @@ def state_dir() -> Path:
     return Path(os.environ.get("TESTBED_STATE", "/var/lib/testbed"))
 
 
+#: where libvirtd (through virtlogd) keeps each QEMU domain's log on its host; libvirt leaves
+#: the file behind when the domain goes, so the testbed removes those of its own domains
+QEMU_LOG_DIR = Path("/var/log/libvirt/qemu")
+
+
 def results_dir() -> Path:
     """Run output: `--results DIR` (which sets TESTBED_RESULTS for this process and its
     children) or ./results in the working directory. Never next to the package: an installed

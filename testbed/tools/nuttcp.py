@@ -62,6 +62,12 @@ def parse(stdout: str, stderr: str = "", rc: int = 0) -> NuttcpResult:
                           and "=" not in x)
         why = f"nuttcp exited {rc}" if rc != 0 else "nuttcp printed no summary line"
         return NuttcpResult(False, f"{why}: {text[-300:] or 'no output'}", tuple(intervals))
+    if float(final.get("megabytes", "nan")) == 0 and int(final.get("pkt", "0")) > 0:
+        # The control connection worked but the receiver got none of the datagrams: the data
+        # path is broken, which is not a loss rate to report (a 0 would stand as one).
+        return NuttcpResult(False, f"nuttcp: the receiver got none of the {final['pkt']} datagrams sent "
+                            f"(data_loss={final.get('data_loss', '?')}%): the path carried no test traffic",
+                            tuple(intervals))
     cpu = lambda k: float(final[k].rstrip("%")) if k in final else None  # noqa: E731
     return NuttcpResult(True, None, tuple(intervals), float(final["rate_Mbps"]), int(final["drop"]),
                         int(final["pkt"]), float(final["data_loss"]), cpu("tx_cpu"), cpu("rx_cpu"))
