@@ -8,7 +8,6 @@ nothing with its tag is left in `ip -o link`, `ip netns list` or `ovs-vsctl list
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 from pathlib import Path
 

@@ -8,7 +8,6 @@ and the switch's global other_config is as it was.
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 import time
 from pathlib import Path

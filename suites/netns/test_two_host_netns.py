@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import shutil
 import time
 from collections.abc import Iterator

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import shutil
 import threading
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ from testbed.measure import crosscheck, transfer
 from testbed.measure.session import claim_tag
 from testbed.tools.base import vet
 from testbed.tools.netperf import NetperfDriver
-from testbed.topology.model import Pattern, Profile, Protocol
+from testbed.topology.model import Profile, Protocol
 
 pytestmark = [
     pytest.mark.netns,

@@ -218,8 +218,8 @@ def history_sim(sequences: int = 6, seed: int = 0, noise: float = 0.024, step: f
 
 def main(nights: int | None) -> int:
     rows = run(nights or 10)
-    print(f"200 synthetic stream cells per run, BASE and NEW drawn per night (seeded); "
-          f"exit statuses of `testbed compare` (0 pass, 1 fail, 5 undecided)")
+    print("200 synthetic stream cells per run, BASE and NEW drawn per night (seeded); "
+          "exit statuses of `testbed compare` (0 pass, 1 fail, 5 undecided)")
     print(format_outcomes(rows))
     h = history_sim(sequences=50)
     from testbed.analysis import history
