@@ -49,6 +49,16 @@ class CommandError(TestbedError):
         super().__init__(f"`{' '.join(self.argv)}` {what}{tail}")
 
 
+class StoppedError(CommandError):
+    """A command was stopped before its end because what it measured through was already
+    broken (the host guard saw a device, namespace, daemon or guest go during it): waiting
+    for it to time out would only make the user wait."""
+
+    def __init__(self, argv: Sequence[str], why: str) -> None:
+        super().__init__(argv, None, "")
+        self.args = (f"`{' '.join(self.argv)}` stopped early: {why}",)
+
+
 class ReadinessError(TestbedError):
     """A wait passed its deadline. Says what it waited for and the last console lines."""
 

@@ -10,9 +10,10 @@ import json
 import time
 from collections.abc import Sequence
 
-from testbed.errors import CommandError, GuestError
+from testbed.errors import CommandError, GuestError, StoppedError
 from testbed.guests.lazy import libvirt, libvirt_qemu
 from testbed.host import proc
+from testbed.host.proc import Stop
 
 AGENT_TIMEOUT_S = 10
 
@@ -63,17 +64,24 @@ class Agent:
         return self.status(pid) is None
 
     def wait(self, pid: int, argv: Sequence[str], timeout: float,
-             expected_s: float = 0.0) -> GuestResult:
+             expected_s: float = 0.0, stop: Stop | None = None) -> GuestResult:
         """Poll until the process exits. ``expected_s``: how long it is known to run (a
         tool's test duration). No polls before then, because every poll is agent work inside
         the guest during a measurement window; afterwards short polls, so the end is seen
-        within a few tens of milliseconds instead of up to a whole back-off step."""
+        within a few tens of milliseconds instead of up to a whole back-off step.
+        ``stop``: set when waiting on is pointless (the host guard saw the path break); the
+        process is killed and StoppedError raised."""
         start = time.monotonic()
         deadline = start + timeout
+        pause = stop.wait if stop is not None else time.sleep
         if expected_s > 0:
-            time.sleep(min(expected_s, timeout))
+            pause(min(expected_s, timeout))
         delay = 0.01
         while True:
+            if stop is not None and stop.is_set():
+                if self.ping():         # a crashed guest's agent would only make us wait
+                    self.kill(pid)
+                raise StoppedError([f"{self.name}:", *argv], stop.why)
             st = self.status(pid)
             if st is not None:
                 return GuestResult(tuple(argv), _rc(st), _b64(st.get("out-data")),
@@ -81,7 +89,7 @@ class Agent:
             if time.monotonic() >= deadline:
                 self.kill(pid)
                 raise CommandError([f"{self.name}:", *argv], None, "", timed_out=True)
-            time.sleep(delay)
+            pause(delay)
             delay = min(delay * 1.5, 0.25)
 
     def kill(self, pid: int, signal: str = "KILL") -> None:

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar, runtime_checkable
 
-from testbed.errors import CommandError
+from testbed.errors import CommandError, StoppedError
 from testbed.host import proc
 
 #: Paths whose content depends on the network namespace that reads them.
@@ -95,7 +95,7 @@ class Executor(Protocol):
     def spawn(self, argv: Sequence[str]) -> int: ...
 
     def wait(self, pid: int, argv: Sequence[str], timeout: float,
-             expected_s: float = 0.0) -> proc.Completed: ...
+             expected_s: float = 0.0, stop: proc.Stop | None = None) -> proc.Completed: ...
 
     def kill(self, pid: int, signal: str = "KILL") -> None: ...
 
@@ -139,15 +139,25 @@ class _Processes:
         return bg.stdout(), bg.stderr()
 
     def wait(self, pid: int, argv: Sequence[str], timeout: float,
-             expected_s: float = 0.0) -> proc.Completed:
-        # expected_s only matters to the guest agent, which has to poll; a child is waited on.
+             expected_s: float = 0.0, stop: proc.Stop | None = None) -> proc.Completed:
+        # expected_s only matters to the guest agent, which has to poll; a child is waited on
+        # (in short steps when a stop may come: see guest.Agent.wait).
         bg = self._procs[pid]
         start = time.monotonic()
-        try:
-            rc = bg.popen.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill(pid)
-            raise CommandError([f"{self.name}:", *argv], None, "", timed_out=True) from None
+        deadline = start + timeout
+        while True:
+            if stop is not None and stop.is_set():
+                self.kill(pid)
+                raise StoppedError([f"{self.name}:", *argv], stop.why)
+            left = deadline - time.monotonic()
+            try:
+                rc = bg.popen.wait(timeout=max(0.0, left if stop is None else min(left, 0.1)))
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() < deadline:
+                    continue
+                self.kill(pid)
+                raise CommandError([f"{self.name}:", *argv], None, "", timed_out=True) from None
         self._procs.pop(pid, None)
         out, err = self._output(bg)
         self._forget(bg)

@@ -35,6 +35,7 @@ from pathlib import Path
 import psutil
 
 from testbed.errors import TestbedError
+from testbed.host import proc
 
 #: how often the counters are read through a window (a netlink dump of two devices costs a
 #: fraction of a millisecond)
@@ -47,6 +48,10 @@ MIN_GAP_S = 0.75
 MIN_GAP_GUEST_S = 2.0
 #: how long the run waits for a daemon that stopped or restarted to answer again
 COMEBACK_S = 60.0
+#: how often a sample's daemons, objects and guests are checked while its tools run: a fault
+#: stops the wait for the tools then (SampleWatch.stop), instead of at their timeout, a
+#: minute or more later (the checks are pidfile reads, a link lookup or two, a console read)
+CHECK_EVERY_S = 1.0
 
 LIBVIRT_PIDFILES = {"libvirtd": ("/run/libvirtd.pid", "/var/run/libvirtd.pid"),
                     "virtqemud": ("/run/virtqemud.pid", "/var/run/virtqemud.pid")}
@@ -186,12 +191,34 @@ class SampleWatch:
     sampler: Sampler | None
     reason: str | None = None
     done: bool = False
+    #: set (with why) as soon as a check during the window finds a fault: the sample has
+    #: failed already, so whoever waits for its tools may stop them
+    stop: proc.Stop = field(default_factory=proc.Stop)
+    _over: threading.Event = field(default_factory=threading.Event)
+    _checker: threading.Thread | None = None
+
+    def start(self, every_s: float = CHECK_EVERY_S) -> None:
+        self._checker = threading.Thread(target=self._check, args=(every_s,), name="tb-host-check", daemon=True)
+        self._checker.start()
+
+    def _check(self, every_s: float) -> None:
+        while not self._over.wait(every_s):
+            try:
+                why = changes(self.before, [d.seen() for d in self.guard.daemons]) + self.guard.missing()
+            except Exception:       # judged again, in full, by finish
+                continue
+            if why:
+                self.stop.stop("; ".join(why))
+                return
 
     def finish(self) -> str | None:
-        """Stop the counter thread and judge the sample (idempotent)."""
+        """Stop the counter and check threads and judge the sample (idempotent)."""
         if self.done:
             return self.reason
         self.done = True
+        self._over.set()
+        if self._checker is not None:
+            self._checker.join(timeout=30)
         if self.sampler is not None:
             self.sampler.__exit__(None, None, None)
         why = changes(self.before, [d.seen() for d in self.guard.daemons])
@@ -254,6 +281,7 @@ class Guard:
         sw = SampleWatch(self, before, sampler)
         if sampler is not None:
             sampler.__enter__()
+        sw.start()
         try:
             yield sw
         finally:

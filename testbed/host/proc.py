@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,20 @@ class Completed:
     stdout: str
     stderr: str
     seconds: float
+
+
+class Stop(threading.Event):
+    """Set, with ``why``, to stop waiting for a command whose result no longer matters (the
+    host guard saw its path break); the executors' ``wait`` kill it and raise StoppedError."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.why = ""
+
+    def stop(self, why: str) -> None:
+        if not self.is_set():
+            self.why = why
+            self.set()
 
 
 def in_netns(netns: str | None, argv: Sequence[str]) -> list[str]:

@@ -122,8 +122,8 @@ class Shell:
         return self._jobs.spawn(argv)
 
     def wait(self, pid: int, argv: Sequence[str], timeout: float,
-             expected_s: float = 0.0) -> proc.Completed:
-        return self._jobs.wait(pid, argv, timeout, expected_s)
+             expected_s: float = 0.0, stop: proc.Stop | None = None) -> proc.Completed:
+        return self._jobs.wait(pid, argv, timeout, expected_s, stop)
 
     def kill(self, pid: int, signal: str = "KILL") -> None:
         self._jobs.kill(pid, signal)

@@ -514,6 +514,11 @@ def _host_fault(tpaths: Sequence[measure.TestPath], uri: str, guests: Mapping[st
         if p.guard is not None:
             back.update(p.guard.lost)
             p.guard.lost.clear()
+    for name in back:
+        # Now, before the segment goes: a crashed guest still runs, hung, and would hold every
+        # NIC unplug of the teardown to its timeout (bring_back destroys it anyway).
+        with contextlib.suppress(Exception):
+            guests[name].dom.destroy()
     seen = guard.wait_back(hostwatch.COMEBACK_S, progress, hostwatch.answers(guard.daemons, uri))
     if guests and any(f"{n} " in (fault or "") for n in hostwatch.LIBVIRT_PIDFILES):
         hostwatch.reconnect(list(guests.values()), uri)

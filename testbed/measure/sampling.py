@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from testbed.analysis import stats
-from testbed.errors import CommandError, GuestError, TestbedError
+from testbed.errors import CommandError, GuestError, StoppedError, TestbedError
 from testbed.guests.guest import Agent
 from testbed.guests.virt import Guest
 from testbed.host import hostwatch
@@ -227,6 +227,12 @@ def sample_paths(cell: Cell, paths: Sequence[TestPath], writer: results.RunWrite
         # tool's complaint is its symptom.
         if host is not None and host.finish() and host.reason not in reason:
             reason = f"{host.reason} (then: {reason})"
+        elif host is None and guard is not None and (gone := guard.missing()):
+            # failed before its window opened (a guest's reading, a server's start): an object
+            # gone meanwhile is still the cause, and the segment is to be rebuilt for it
+            guard.fault = "; ".join(gone)
+            if guard.fault not in reason:
+                reason = f"{guard.fault} (then: {reason})"
         return SampleRecord.new(writer.run_id, cell.as_dict(), rep, warmup, "failed", reason, {}, cpu_info or {},
                                 started, results.now(), raw, placement, extra, check)
 
@@ -272,7 +278,8 @@ def sample_paths(cell: Cell, paths: Sequence[TestPath], writer: results.RunWrite
             seen = []
             for j, pid in enumerate(spawned[i]):
                 outs[i].append(paths[i].client.guest.agent.wait(pid, plans[i][0], limit_s,
-                                                                expected_s=expected_s if j == 0 else 0.0))
+                                                                expected_s=expected_s if j == 0 else 0.0,
+                                                                stop=host.stop if host is not None else None))
                 seen.append(time.monotonic())
             return seen
         ends: list[float] = []
@@ -290,7 +297,8 @@ def sample_paths(cell: Cell, paths: Sequence[TestPath], writer: results.RunWrite
                 for rest in spawned[i][len(outs[i]) + (i in failed_paths):]:
                     p.client.guest.agent.kill(rest)
             i, e = errors[0]
-            return failed(f"{pairs.label(by_pair, i)}client {'timed out' if e.timed_out else 'failed'}: {e}")
+            what = "timed out" if e.timed_out else "stopped" if isinstance(e, StoppedError) else "failed"
+            return failed(f"{pairs.label(by_pair, i)}client {what}: {e}")
         span = time.monotonic() - t0
         instances = sum(len(x) for x in spawned)
         why = end_skew_reason(ends, profile.duration_s,
