@@ -66,7 +66,11 @@ def test_veth_real_netperf_within_tolerance_and_a_20pct_higher_tool_figure_fails
         m, wire = run_and_count(conn, TCP, str(tmp_path))
     c = check(TCP, m, wire)
     assert c.verdict == "ok", c
-    assert abs(c.ratio - c.expected_ratio) / c.expected_ratio < crosscheck.TOLERANCE, c
+    # What the wire carried beyond the payload's headers is what TCP's retransmissions
+    # explain (none on a quiet host; seen: 5 % of the bytes once, with the receiving
+    # namespace short of CPU and its backlog dropping).
+    ratio = c.tool_bytes / (c.wire_bytes - c.explained_extra_bytes)
+    assert abs(ratio - c.expected_ratio) / c.expected_ratio < crosscheck.TOLERANCE, c
     # The same real counters, against a tool that claims 20 % more than it moved.
     inflated = {**m, "bytes": m["bytes"] * 1.2}
     bad = check(TCP, inflated, wire)

@@ -19,6 +19,21 @@ REPS = Repetitions(warmup=0, min_samples=5, max_samples=5, rsd_target=0)   # com
 
 
 def _run(gp, root, name, throttle_mbit=None):
+    """Five good samples of the cell on a freshly plugged path. A path whose samples failed
+    is plugged afresh once: twice on this 2-core TCG host the server guest's new virtio NIC
+    stopped receiving a few seconds into a stream (the guard saw TCP back off, 3-26 s gaps,
+    and the next sample could not reach netserver), which is the guest's fault, not the
+    comparison's, and each failed sample says so in the run written first."""
+    try:
+        return _run_once(gp, root, name, throttle_mbit)
+    except AssertionError as first:
+        try:
+            return _run_once(gp, root, f"{name}-again", throttle_mbit)
+        except AssertionError as again:
+            raise AssertionError(f"twice too few good samples: {first}; then: {again}") from None
+
+
+def _run_once(gp, root, name, throttle_mbit=None):
     env = environment.fingerprint(gp.accelerator)
     with results.RunWriter(root, name, default(), env) as w:
         with testpaths.mode(CELL.attachment, CELL.backend, gp.tag, gp.client, gp.server, "198.18.0.0/24",

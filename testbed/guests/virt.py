@@ -493,6 +493,14 @@ def guest_ifname(g: Guest, mac: str) -> str | None:
 def plugged_nic(g: Guest, xml: str, mac: str, timeout: float = 60) -> Iterator[str]:
     """Hot-plug a NIC under test into a running guest; yields its name inside the guest.
     Unplugged on exit, waiting until libvirt reports it gone so the next plug can reuse the slot."""
+    # The MAC is the same for every plug of this NIC in a run: an earlier unplug the guest has
+    # not finished yet (a slow PCIe hot-unplug under TCG) would leave two NICs with one MAC
+    # and one address in the guest, and a path that works now and then.
+    deadline = time.monotonic() + timeout
+    while _has_mac(g, mac):
+        if time.monotonic() > deadline:
+            raise TestbedError(f"guest {g.name}: an earlier NIC {mac} is still unplugging after {timeout:.0f} s")
+        time.sleep(0.2)
     try:
         g.dom.attachDeviceFlags(xml, libvirt.VIR_DOMAIN_AFFECT_LIVE)
     except libvirt.libvirtError as e:
@@ -506,6 +514,13 @@ def plugged_nic(g: Guest, xml: str, mac: str, timeout: float = 60) -> Iterator[s
         yield ifname
     finally:
         _unplug(g, xml, mac)
+
+
+def _has_mac(g: Guest, mac: str) -> bool:
+    try:
+        return g.dom.isActive() and mac.lower() in g.dom.XMLDesc(0).lower()
+    except libvirt.libvirtError:
+        return False
 
 
 def _unplug(g: Guest, xml: str, mac: str, timeout: float = 30) -> None:
