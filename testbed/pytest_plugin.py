@@ -38,7 +38,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="where a session that measures writes its run (default: $TESTBED_RESULTS or ./results)")
 
 
+def _terminate(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    import signal
+    import threading
+    # A CI job's timeout, or `kill`, sends SIGTERM: by default it ends the process at once and
+    # leaves every session fixture's tb- objects (guests, links, namespaces) behind. As an
+    # interrupt, pytest tears the fixtures down first, as for Ctrl-C. A handler someone else
+    # installed is left alone.
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminate)
     for tier in TIERS:
         config.addinivalue_line("markers", f"{tier}: testbed tier {tier}")
     config.addinivalue_line("markers", "attach(mode): test belongs to an attachment mode")
