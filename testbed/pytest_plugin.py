@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,12 +39,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="where a session that measures writes its run (default: $TESTBED_RESULTS or ./results)")
 
 
+_TERM_PID: list[int] = []     # the process the SIGTERM handler was installed in
+
+
 def _terminate(signum, frame) -> None:
+    if os.getpid() not in _TERM_PID:
+        # A forked copy of this process (pyroute2's namespace helper) inherits the handler:
+        # raised there, the interrupt would run pytest's end in the copy, which tells xdist's
+        # controller that the worker was interrupted. It ends as SIGTERM's default would.
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
     raise KeyboardInterrupt(f"signal {signum}")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    import signal
     import threading
     # A CI job's timeout, or `kill`, sends SIGTERM: by default it ends the process at once and
     # leaves every session fixture's tb- objects (guests, links, namespaces) behind. As an
@@ -51,6 +61,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # installed is left alone.
     if threading.current_thread() is threading.main_thread() and \
             signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        _TERM_PID.append(os.getpid())
         signal.signal(signal.SIGTERM, _terminate)
     for tier in TIERS:
         config.addinivalue_line("markers", f"{tier}: testbed tier {tier}")

@@ -81,7 +81,10 @@ def test_netns_run_fills_every_field(tmp_path):
         c = s["crosscheck"]
         assert c["verdict"] == "ok" and c["wire_bytes"] >= c["tool_bytes"] > 0, c
         if s["cell"]["profile"] == "tcp_stream":
-            assert abs(c["ratio"] - c["expected_ratio"]) <= 0.03 * c["expected_ratio"], c
+            # Within the tolerance of the headers' ratio; below it by at most what TCP's
+            # retransmissions explain (an upper bound: full-size segments), as the check allows.
+            room = 1 - c["explained_extra_bytes"] / c["wire_bytes"]
+            assert c["expected_ratio"] * room * 0.97 <= c["ratio"] <= c["expected_ratio"] * 1.03, c
         # Host CPU adds up: what nobody is charged with is stated, never negative, and the
         # invariant was checked on the sample.
         assert s["cpu"]["invariant"]["holds"] and s["cpu"]["unattributed"] >= 0, s["cpu"]["invariant"]
