@@ -26,6 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from pyroute2 import NetlinkError
+
 from testbed.analysis import stats
 from testbed.errors import CommandError, GuestError, StoppedError, TestbedError
 from testbed.guests.guest import Agent
@@ -309,7 +311,9 @@ def sample_paths(cell: Cell, paths: Sequence[TestPath], writer: results.RunWrite
         win.close()
         counters_after = [p.counters() for p in paths]
         g_after = {ep.guest.spec.name: cpu.guest_reading(ep.guest.agent) for ep in eps}
-    except (CommandError, GuestError) as e:
+    except (CommandError, GuestError, NetlinkError) as e:
+        # NetlinkError: a device read by netlink was removed from outside meanwhile (the
+        # guard names it in the reason and the segment is rebuilt)
         return failed(f"measurement could not run: {e}")
     finally:
         win.close()
