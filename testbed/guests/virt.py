@@ -496,11 +496,8 @@ def plugged_nic(g: Guest, xml: str, mac: str, timeout: float = 60) -> Iterator[s
     # The MAC is the same for every plug of this NIC in a run: an earlier unplug the guest has
     # not finished yet (a slow PCIe hot-unplug under TCG) would leave two NICs with one MAC
     # and one address in the guest, and a path that works now and then.
-    deadline = time.monotonic() + timeout
-    while _has_mac(g, mac):
-        if time.monotonic() > deadline:
-            raise TestbedError(f"guest {g.name}: an earlier NIC {mac} is still unplugging after {timeout:.0f} s")
-        time.sleep(0.2)
+    if not _gone(g, mac, timeout):
+        raise TestbedError(f"guest {g.name}: an earlier NIC {mac} is still unplugging after {timeout:.0f} s")
     try:
         g.dom.attachDeviceFlags(xml, libvirt.VIR_DOMAIN_AFFECT_LIVE)
     except libvirt.libvirtError as e:
@@ -516,11 +513,18 @@ def plugged_nic(g: Guest, xml: str, mac: str, timeout: float = 60) -> Iterator[s
         _unplug(g, xml, mac)
 
 
-def _has_mac(g: Guest, mac: str) -> bool:
-    try:
-        return g.dom.isActive() and mac.lower() in g.dom.XMLDesc(0).lower()
-    except libvirt.libvirtError:
-        return False
+def _gone(g: Guest, mac: str, timeout: float) -> bool:
+    """Wait (at most ``timeout`` s) until no NIC with ``mac`` is left in the running domain."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if not (g.dom.isActive() and mac.lower() in g.dom.XMLDesc(0).lower()):
+                return True
+        except libvirt.libvirtError:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
 
 
 def _unplug(g: Guest, xml: str, mac: str, timeout: float = 30) -> None:
@@ -528,12 +532,8 @@ def _unplug(g: Guest, xml: str, mac: str, timeout: float = 30) -> None:
         if not g.dom.isActive():
             return
         g.dom.detachDeviceFlags(xml, libvirt.VIR_DOMAIN_AFFECT_LIVE)
-        deadline = time.monotonic() + timeout
-        while mac.lower() in g.dom.XMLDesc(0).lower():
-            if time.monotonic() > deadline:
-                log.warning("guest %s: NIC %s still present %ds after unplug", g.name, mac, timeout)
-                return
-            time.sleep(0.2)
+        if not _gone(g, mac, timeout):
+            log.warning("guest %s: NIC %s still present %ds after unplug", g.name, mac, timeout)
 
 
 def qemu_pid(g: Guest) -> int | None:
