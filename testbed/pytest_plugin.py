@@ -9,10 +9,11 @@ A session that measures is a run: tests pass the session-scoped ``run_writer`` t
 measure.measure_cell, and the session leaves results/<run-id> (or --results DIR) with this
 host's environment, finished and indexed at its end (testbed.measure.session.Session).
 
-With pytest-xdist (`./tb test` runs ``-n 2``) every root-tier test goes to one worker, in
-order, and the unit tier runs on the other; the host checks act only in the process that
-runs root tests, and the controller reports them (see the host networking section below).
-Without xdist, or with ``-n 0``, one process does all of it.
+With pytest-xdist (`./tb test` runs ``-n 3``) each root-tier module goes whole to one
+worker, so root tests run beside each other; the host checks act in the controlling session
+(see the host networking section below), and a test marked ``alone`` (it kills daemons, leaves
+a dead run's objects for cleanup to find, or needs the host to itself) runs with no other
+root test beside it. Without xdist, or with ``-n 0``, one process does all of it.
 """
 from __future__ import annotations
 
@@ -66,6 +67,8 @@ def pytest_configure(config: pytest.Config) -> None:
     for tier in TIERS:
         config.addinivalue_line("markers", f"{tier}: testbed tier {tier}")
     config.addinivalue_line("markers", "attach(mode): test belongs to an attachment mode")
+    config.addinivalue_line("markers", "alone: a root-tier test that runs with no other root test "
+                                       "beside it (it disturbs the host, or needs it to itself)")
 
 
 def _tier_of(path: Path) -> str | None:
@@ -87,6 +90,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         m = item.get_closest_marker("attach")
         if m and "all" not in wanted and m.args[0] not in wanted:
             item.add_marker(pytest.mark.skip(reason=f"attachment {m.args[0]} not selected (--attach)"))
+    # The longest work first, so parallel workers end together: the scenarios and the guest
+    # tier, then namespaces and the store, the unit tier last (many short tests fill the end).
+    # Stable: within a tier, modules and tests keep their order.
+    items.sort(key=lambda item: _RUN_ORDER.get(_tier_of(Path(str(item.fspath))) or "", len(_RUN_ORDER)))
+
+
+_RUN_ORDER = {"scenarios": 0, "vm": 1, "netns": 2, "store": 3, "unit": 4}
 
 
 def require_root() -> None:
@@ -253,13 +263,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
 # Host networking before and after the whole suite must be identical: every tier that
 # creates host objects has to have removed them, and touched nothing else.
 #
-# With pytest-xdist (`./tb test` runs two workers) the controller collects and runs nothing,
-# and every root-tier test goes to one worker, in collection order (TierScheduling below): the
-# unit tier, which touches nothing on the host, runs on the other worker meanwhile. So the
-# host checks belong to whichever process runs the first root test, and start there, before
-# it: the lock, the dead run's leftovers, the snapshot. A worker hands what it found to the
-# controller (xdist's workeroutput), which prints it and fails the session, so the one summary
-# at the end says it. Without xdist the session itself is that process.
+# With pytest-xdist (`./tb test` runs three workers) the controller collects and runs nothing,
+# and each root-tier module goes whole to one worker (TierScheduling below), so root tests of
+# different modules run beside each other and beside the unit tier. The host checks (the lock,
+# a dead run's leftovers, the snapshot) are the controlling session's: it takes them when the
+# first worker has collected root tests, before any test is handed out, and compares at its
+# end, after every worker's fixtures are gone; what workers noted comes back through xdist's
+# workeroutput, so the one summary at the end says it. Without xdist the session itself takes
+# them, before its first root test.
 _SNAPSHOT_KEY = pytest.StashKey[object]()
 _ALONE_KEY = pytest.StashKey[bool]()
 _WANTED_KEY = pytest.StashKey[bool]()
@@ -319,10 +330,64 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    # Before the first root test's fixtures: a worker that runs only unit tests never gets here.
+    # Before the first root test's fixtures, in a session without workers (the controller
+    # takes them for its workers: pytest_xdist_node_collection_finished).
     config = item.config
-    if _root_tier(item) and config.stash.get(_WANTED_KEY, False) and _SNAPSHOT_KEY not in config.stash:
+    if _root_tier(item) and config.stash.get(_WANTED_KEY, False) and _SNAPSHOT_KEY not in config.stash \
+            and not _is_worker(config):
         _start_host_guard(config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids) -> None:
+    """xdist's controller, once a worker has collected and before any test is handed out."""
+    config = node.config
+    if _SNAPSHOT_KEY in config.stash or os.geteuid() != 0 or config.option.collectonly:
+        return
+    if any(_tier_of(config.rootpath / i.split("::", 1)[0]) in _ROOT_TIERS for i in ids):
+        _start_host_guard(config)
+
+
+# Root tests beside each other: each holds a shared lock while it runs (setup, call, teardown:
+# its fixtures are made and removed inside), and one marked ``alone`` holds it exclusively.
+# A gate taken before either gives the exclusive one its turn: once it waits, no new test
+# starts. A session started by a test (pytest inside a test) runs under its parent's lock.
+_LOCK_HELD_VAR = "TESTBED_PYTEST_TEST_LOCK"
+
+
+@contextlib.contextmanager
+def _test_lock(alone: bool) -> Iterator[None]:
+    import fcntl
+
+    from testbed.host import paths
+    holder = os.environ.get(_LOCK_HELD_VAR)
+    if holder and holder != str(os.getpid()):
+        yield
+        return
+    d = paths.state_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    gate = os.open(d / "pytest-gate.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    main = os.open(d / "pytest-tests.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(main, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+        os.environ[_LOCK_HELD_VAR] = str(os.getpid())
+        yield
+    finally:
+        os.close(main)          # closing releases the lock
+        os.close(gate)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem):
+    if not (_root_tier(item) and os.geteuid() == 0 and item.config.stash.get(_WANTED_KEY, False)):
+        yield
+        return
+    with _test_lock(item.get_closest_marker("alone") is not None):
+        yield
 
 
 def _start_host_guard(config: pytest.Config) -> None:
@@ -400,10 +465,11 @@ def pytest_testnodedown(node, error) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """Every root-tier test in one work unit, so one worker runs them all in collection order
-    (they share the host: its lock, its snapshot, libvirt, the guest pair); every other test
-    is a unit of its own, handed to whichever worker is free. Test ids stay as they are
-    (xdist's loadgroup would append ``@group`` to each)."""
+    """Each root-tier module in one work unit, so one worker runs it whole, in order (its
+    module fixtures, and the session's guest pair, are that worker's); every other test is a
+    unit of its own, handed to whichever worker is free. Units go out in collection order
+    (the longest tiers first: pytest_collection_modifyitems), not xdist's by size. Test ids
+    stay as they are (xdist's loadgroup would append ``@group`` to each)."""
     if config.getvalue("dist") == "each":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -412,9 +478,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
         def _split_scope(self, nodeid: str) -> str:
             tier = _tier_of(config.rootpath / nodeid.split("::", 1)[0])
             if tier in _ROOT_TIERS:
-                return "tb-root-tiers"
+                return nodeid.split("::", 1)[0]
             # xdist_group marks (--dist loadgroup) are still honoured
             return nodeid.split("@")[-1] if nodeid.rfind("@") > nodeid.rfind("]") else nodeid
+
+        def schedule(self) -> None:
+            config.option.loadscopereorder = False
+            super().schedule()
 
     return TierScheduling(config, log)
 

@@ -30,7 +30,8 @@ from testbed.records import results
 from testbed.topology import config
 from testbed.topology.model import Attachment, Backend, Cell, Profile
 
-pytestmark = [pytest.mark.netns, pytest.mark.attach("netns")]
+# alone: it kills the host's ovs-vswitchd, which every OVS test beside it uses
+pytestmark = [pytest.mark.alone, pytest.mark.netns, pytest.mark.attach("netns")]
 
 
 def test_ovs_vswitchd_restarted_mid_sample_fails_it_naming_the_daemon(tmp_path):

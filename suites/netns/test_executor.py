@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 import time
 
@@ -20,6 +19,7 @@ from testbed.guests.guest import Agent
 from testbed.host import nsagent, proc, remote
 from testbed.host.executor import Executor, Local, Netns
 from testbed.host.net import ops
+from testbed.measure.session import claim_tag
 from testbed.topology.model import HostSpec, Offloads
 
 pytestmark = [
@@ -31,7 +31,7 @@ pytestmark = [
 
 
 def new_tag() -> str:
-    return secrets.token_hex(2)
+    return claim_tag()          # registered as this process's: runs beside the test leave its objects alone
 
 
 def leftovers(tag: str) -> list[str]:

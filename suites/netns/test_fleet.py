@@ -6,7 +6,8 @@ The controller runs in a namespace of its own, wired to each target's namespace 
 pair: nothing gets an address in the root namespace. Each target has its own testbed home
 (venv, results) and its own machine id (TESTBED_MACHINE_ID through the inventory's
 testbed_machine_id), so one machine stands in for three hosts; the runs share the real host
-lock and state folder, so they take turns, as two runs on one host must.
+lock and state folder as shared runs (testbed_shared_host: other tests' runs share the
+machine meanwhile), so they run together and each records shared_host.
 
 One fleet run: t0 completes; t1's sshd is killed while it runs, so t1 fails alone with its
 reason; "imposter" is t2's sshd on a second port whose known_hosts entry holds another key,
@@ -173,7 +174,9 @@ def _inventory(f: Fleet) -> Path:
               "ansible_python_interpreter": "/usr/bin/python3", "ansible_become_method": "su",
               "testbed_python": "/usr/bin/python3", "testbed_deps_site": deps,
               "testbed_host_packages": False, "testbed_host_setup": False,
-              "testbed_run_timeout": 1800, "testbed_lock_wait": 1500}
+              "testbed_run_timeout": 1800, "testbed_lock_wait": 1500,
+              # the three hosts are one machine, which other tests' runs share meanwhile
+              "testbed_shared_host": True}
     hosts = {}
     for i, t in enumerate(f.targets[:2]):
         hosts[t.name] = {"ansible_host": t.address, "testbed_home": str(t.home),
@@ -267,6 +270,7 @@ def test_a_fleet_run_fails_hosts_alone_and_retry_brings_them_in(fleet):
     assert run0["status"] == "complete" and run0["topology"]["name"] == "fleet-netns-t0"
     assert env0["machine_id"] == "fleet-test-t0" and env0["machine_id_source"] == "TESTBED_MACHINE_ID"
     assert env0["host_class"] == "gen-a" and env0["inventory_host"] == "t0"
+    assert env0["shared_host"] is True              # testbed_shared_host reached the run
     assert env0["host"] and env0["cpu_model"]
 
     # put things right: t1's sshd back, the imposter's known_hosts corrected; retry the failed

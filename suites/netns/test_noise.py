@@ -40,7 +40,14 @@ from testbed.topology.model import (
     Repetitions,
 )
 
-pytestmark = [pytest.mark.netns, pytest.mark.attach("netns")]
+# alone: a CPU burner and a quiet-start wait: the noise is the test's own
+pytestmark = [pytest.mark.alone, pytest.mark.netns, pytest.mark.attach("netns")]
+
+
+@pytest.fixture(autouse=True)
+def _host_alone(monkeypatch):
+    """Its runs hold the host alone, where a noisy sample is measured again (the default)."""
+    monkeypatch.delenv("TESTBED_SHARED_HOST", raising=False)
 
 CELL = Cell(Attachment("netns-veth"), Backend.QEMU, 1500, 1,
             Profile("tcp_rr", pattern=Pattern.RR, message_size=1, response_size=1, duration_s=3))

@@ -99,6 +99,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.alone      # a second ovs-vswitchd, which the host guard of runs beside it would see
 def test_ensure_running_starts_a_switch_from_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """The cold start the setup script and CI rely on, on paths of its own so the host's
     switch is not stopped for it: database created, both daemons detached, userspace TSO
@@ -298,6 +299,7 @@ def test_tso_switched_on_in_a_running_switch_breaks_tcp(private_switch: ovsd.Ovs
     assert not transfer(timeout_s=12).result.ok
 
 
+@pytest.mark.alone      # a dead run's bridge, which runs beside it would refuse to start by
 def test_cleanup_finds_and_removes_a_dead_runs_bridge_on_the_switch(switch: ovsd.Ovs):
     # The ovs mode declares its bridges as a kind of object it leaves (Mode.object_kinds):
     # cleanup finds one whose run is gone and removes it, and leaves a live run's alone.

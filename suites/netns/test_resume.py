@@ -18,7 +18,8 @@ import pytest
 
 from testbed.pytest_plugin import run_cli
 
-pytestmark = [pytest.mark.netns, pytest.mark.attach("netns")]
+# alone: a run killed with SIGKILL leaves its objects until it resumes
+pytestmark = [pytest.mark.alone, pytest.mark.netns, pytest.mark.attach("netns")]
 
 TOPOLOGY = """\
 name: resume

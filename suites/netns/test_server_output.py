@@ -8,6 +8,7 @@ import pytest
 
 from testbed.host import proc
 from testbed.host.nsagent import NsAgent
+from testbed.measure.session import claim_tag
 
 pytestmark = pytest.mark.netns
 
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.netns
 def test_stop_returns_what_the_server_printed(tmp_path) -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root to create a network namespace")
-    ns = f"tb-so{os.getpid() % 100000}"
+    ns = f"tb-{claim_tag()}-so"      # registered: runs beside this test leave it alone
     proc.run(["ip", "netns", "add", ns])
     try:
         agent = NsAgent(ns, str(tmp_path))

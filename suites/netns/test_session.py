@@ -18,6 +18,9 @@ from testbed.pytest_plugin import require_root
 from testbed.records import results
 from testbed.topology.config import default
 
+# alone: dead runs' objects, cleanup of them, and the host lock free between sessions
+pytestmark = pytest.mark.alone
+
 
 def _lock_free() -> bool:
     fd = os.open(cleanup.lock_path(), os.O_RDWR | os.O_CREAT, 0o644)

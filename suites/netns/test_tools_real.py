@@ -9,6 +9,7 @@ import time
 import pytest
 
 from testbed.host import proc
+from testbed.measure.session import claim_tag
 from testbed.measure.transfer import wait_listening
 from testbed.tools import get_tool
 from testbed.topology.model import Pattern, Profile, Protocol, Tool
@@ -114,7 +115,7 @@ def test_real_uperf(tmp_path) -> None:
         pytest.skip("uperf is not installed (not packaged for Debian)")
     if os.geteuid() != 0:
         pytest.skip("needs root to create network namespaces")
-    ns = f"tb-u{os.getpid()}"
+    ns = f"tb-{claim_tag()}-u"       # registered: runs beside this test leave it alone
     try:
         if proc.run(["ip", "netns", "add", ns], check=False).rc != 0:
             pytest.skip("`ip netns add` failed")

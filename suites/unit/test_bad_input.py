@@ -372,7 +372,7 @@ def test_run_refuses_bad_input_while_another_run_holds_the_host(tmp_path):
     old = os.environ.get("TESTBED_STATE")
     os.environ["TESTBED_STATE"] = str(state)
     try:
-        with cleanup.host_lock("20260101T000000Z-held"):
+        with cleanup.host_lock("20260101T000000Z-held", shared=False):
             held = cleanup.lock_path().read_text()
             p = subprocess.run([sys.executable, "-m", "testbed", "run", str(f)], capture_output=True, text=True,
                                timeout=120, env=env)

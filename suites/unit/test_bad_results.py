@@ -263,6 +263,15 @@ def test_environment_folders_must_be_folders(capsys, tmp_path, monkeypatch, var)
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.parametrize("value", ["yes", "2", " true"])
+def test_shared_host_variable_is_0_or_1(capsys, tmp_path, monkeypatch, value) -> None:
+    monkeypatch.setenv("TESTBED_SHARED_HOST", value)
+    before = snapshot(tmp_path)
+    err = refused(capsys, ["export-csv", str(RUN), "-o", str(tmp_path / "o.csv")], names="TESTBED_SHARED_HOST")
+    assert "expected 0 or 1" in err
+    assert snapshot(tmp_path) == before
+
+
 def test_results_option_must_be_a_folder(capsys, tmp_path) -> None:
     f = tmp_path / "file"
     f.write_text("x")

@@ -64,6 +64,11 @@ def test_the_testbeds_own_host_vars_are_checked(tmp_path):
     with pytest.raises(UserFileError, match="hv2: testbed_machine_id"):
         inv.check_vars(p, inv.list_hosts(p))
     inv.check_vars(p, inv.list_hosts(p, "hv1"))
+    p = _inv(tmp_path, "all:\n  hosts:\n    hv1: {testbed_shared_host: true}\n"
+                       "    hv2: {testbed_shared_host: 'yes please'}\n")
+    with pytest.raises(UserFileError, match="hv2: testbed_shared_host must be true or false"):
+        inv.check_vars(p, inv.list_hosts(p))
+    inv.check_vars(p, inv.list_hosts(p, "hv1"))
 
 
 def test_each_hosts_topology_overrides_are_validated(tmp_path):

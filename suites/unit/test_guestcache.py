@@ -198,7 +198,7 @@ def test_waiting_for_the_host_returns_when_the_run_ends_or_its_holder_is_dead(tm
     release = threading.Event()
 
     def run() -> None:
-        with cleanup.host_lock("20990101T000000Z-abcd"):
+        with cleanup.host_lock("20990101T000000Z-abcd", shared=False):
             release.wait(5)
     th = threading.Thread(target=run)
     th.start()
@@ -212,3 +212,31 @@ def test_waiting_for_the_host_returns_when_the_run_ends_or_its_holder_is_dead(tm
     th.join()
     (tmp_path / "run.lock").write_text("20990101T000000Z-dead pid 999999999\n")
     assert cleanup.wait_host_free(0)                                   # its holder died
+
+
+def test_shared_runs_hold_the_host_together_and_a_run_alone_is_refused(tmp_path, monkeypatch):
+    """--shared-host: shared runs hold the lock at once; a run that wants the host alone is
+    refused while any goes on (named from its state folder), and waits see the host busy
+    until the last one ends; a shared run is refused while one holds it alone."""
+    import contextlib
+
+    from testbed.admin import cleanup
+    from testbed.errors import LeftoversError
+    monkeypatch.setattr(cleanup, "lock_path", lambda: tmp_path / "run.lock")
+    monkeypatch.setenv("TESTBED_STATE", str(tmp_path / "state"))
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(cleanup.owned_state("abcd", "20990101T000000Z-abcd"))
+        stack.enter_context(cleanup.host_lock("20990101T000000Z-abcd", shared=True))
+        second = stack.enter_context(contextlib.ExitStack())
+        second.enter_context(cleanup.host_lock("20990101T000000Z-beef", shared=True))   # beside it
+        with pytest.raises(LeftoversError, match=r"run \(shared\) 20990101T000000Z-abcd pid \d+ in progress"):
+            with cleanup.host_lock("20990101T000000Z-cafe", shared=False):
+                pass
+        assert not cleanup.wait_host_free(0.1)
+        second.close()
+        assert not cleanup.wait_host_free(0.1)          # the first still holds it
+    assert cleanup.wait_host_free(0)
+    with cleanup.host_lock("20990101T000000Z-cafe", shared=False):
+        with pytest.raises(LeftoversError, match="run 20990101T000000Z-cafe pid"):
+            with cleanup.host_lock("20990101T000000Z-beef", shared=True):
+                pass

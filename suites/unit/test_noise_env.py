@@ -69,7 +69,8 @@ def test_noise_pure_parts():
     assert "run queue 5.0 (threshold 4)" in window.judge(spec, 0.1, 5.0)
 
 
-def test_retry_budget_then_keep():
+def test_retry_budget_then_keep(monkeypatch):
+    monkeypatch.delenv("TESTBED_SHARED_HOST", raising=False)      # a run that holds the host alone
     w = window.Watch(NoiseSpec(max_retries=1, action=NoiseAction.RETRY))
     assert w.action_for(None) is None and w.action_for("busy") == "retry"
     w.retries_left -= 1
@@ -78,6 +79,17 @@ def test_retry_budget_then_keep():
     assert w.action_for("busy") == "retry"
     assert window.Watch(NoiseSpec(action=NoiseAction.FAIL)).action_for("busy") == "fail"
     assert window.Watch().action_for("busy") == "keep"    # measuring without a topology: marked only
+
+
+def test_a_shared_host_keeps_noisy_samples_instead_of_retrying(monkeypatch):
+    """Beside other shared runs (--shared-host) the neighbours are expected: a retry would meet
+    them again. What the topology asked to fail still fails."""
+    monkeypatch.setenv("TESTBED_SHARED_HOST", "1")
+    assert window.Watch(NoiseSpec(max_retries=3, action=NoiseAction.RETRY)).action_for("busy") == "keep"
+    assert window.Watch(NoiseSpec(action=NoiseAction.FAIL)).action_for("busy") == "fail"
+    assert window.for_host(NoiseSpec()).action is NoiseAction.KEEP
+    monkeypatch.setenv("TESTBED_SHARED_HOST", "0")
+    assert window.for_host(NoiseSpec()).action is NoiseAction.RETRY
 
 
 def _sample(status: str, rep: int, value: float, noisy: bool = False, reason: str | None = None) -> dict:

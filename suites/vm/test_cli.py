@@ -14,18 +14,20 @@ from pathlib import Path
 import pytest
 
 from testbed.admin import cleanup
-from testbed.host import snapshot
 
 pytestmark = pytest.mark.vm
 
 
-def _env(tmp_path: Path) -> dict:
-    return {**os.environ, "TESTBED_RESULTS": str(tmp_path / "results")}
+def _env(tmp_path: Path, alone: bool = False) -> dict:
+    env = {**os.environ, "TESTBED_RESULTS": str(tmp_path / "results")}
+    if alone:
+        env.pop("TESTBED_SHARED_HOST", None)    # a run that wants the host to itself, as by default
+    return env
 
 
-def _cli(tmp_path: Path, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
+def _cli(tmp_path: Path, *args: str, timeout: float = 1200, alone: bool = False) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "testbed.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=_env(tmp_path))
+                          timeout=timeout, env=_env(tmp_path, alone))
 
 
 def _start(tmp_path: Path) -> subprocess.Popen:
@@ -61,16 +63,18 @@ def _only_run(tmp_path: Path) -> Path:
     return runs[0]
 
 
-def _unchanged(before: snapshot.Snapshot) -> None:
-    diff = snapshot.diff(before, snapshot.take())
+def _unchanged(before: cleanup.Baseline) -> None:
+    # other tests' runs beside this one come and go with their own objects
+    diff = before.changes()
     assert diff == [], "\n".join(diff)
 
 
 def test_run_default_topology_and_a_second_run_meanwhile(accelerator, tmp_path):
-    before = snapshot.take()
+    before = cleanup.Baseline.take()
     first = _start(tmp_path)
     _wait_for_measuring(first)
-    second = _cli(tmp_path / "second", "run", timeout=120)
+    # The first run shares the host (the suite's runs do); one that wants it alone is refused.
+    second = _cli(tmp_path / "second", "run", timeout=120, alone=True)
     assert second.returncode == 4, second.stderr
     assert "in progress" in second.stderr and len(second.stderr.strip().splitlines()) == 1
     out, err = first.communicate(timeout=1200)
@@ -115,7 +119,7 @@ def test_run_default_topology_and_a_second_run_meanwhile(accelerator, tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
 def test_signal_tears_everything_down(accelerator, tmp_path, sig):
-    before = snapshot.take()
+    before = cleanup.Baseline.take()
     proc = _start(tmp_path)
     lines = _wait_for_measuring(proc)
     time.sleep(2)
@@ -128,8 +132,9 @@ def test_signal_tears_everything_down(accelerator, tmp_path, sig):
     _unchanged(before)
 
 
+@pytest.mark.alone      # a dead run's objects, which every run beside it would refuse to start by
 def test_sigkill_leftovers_block_new_runs_until_cleanup(accelerator, tmp_path):
-    before = snapshot.take()
+    before = cleanup.Baseline.take()
     proc = _start(tmp_path)
     _wait_for_measuring(proc)
     proc.kill()

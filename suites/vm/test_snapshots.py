@@ -114,6 +114,7 @@ def _files(snap: guestcache.Snapshot) -> dict:
     return {f.name: (f.stat().st_size, f.stat().st_mtime_ns) for f in snap.folder.iterdir()}
 
 
+@pytest.mark.alone      # a dead run's objects and `testbed cleanup`, which removes every dead run's
 def test_sigkill_mid_restore_then_cleanup_leaves_only_the_cache(guest_pair):
     snap = _snapshot_of(guest_pair, "g1")
     before = _files(snap)

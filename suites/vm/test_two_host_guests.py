@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from testbed import attachments
+from testbed.admin import cleanup
 from testbed.analysis import stats
 from testbed.guests import guestnic
-from testbed.host import proc, snapshot
+from testbed.host import proc
 from testbed.host.net import vxlan
 from testbed.measure import sampling as measure
 from testbed.measure import testpaths
@@ -56,7 +57,7 @@ def test_guests_on_two_hosts(guest_pair, attachment, tmp_path, run_writer):
     topo = config.parse(TOPOLOGY, "two-hosts.yaml", Path.cwd())
     gp = guest_pair
     tag = gp.tag
-    before = snapshot.take()
+    before = cleanup.Baseline.take()      # other tests' runs beside this one are left out
     placement = {"g1": "ha", "g2": "hb"}
     writer = run_writer       # the session's run record (pytest_plugin.run_writer)
     with testpaths.mode(attachment, Backend.QEMU, tag, gp.client, gp.server, topo.subnet, 1500, topology=topo,
@@ -87,7 +88,7 @@ def test_guests_on_two_hosts(guest_pair, attachment, tmp_path, run_writer):
     total, other = vxlan.read_capture(pcap, topo.tunnel.udp_port)
     assert total > 100
     assert other == [], other[:5]
-    assert snapshot.diff(before, snapshot.take()) == []
+    assert before.changes() == []
     assert not [n for n in proc.run(["ip", "netns", "list"], timeout=10).stdout.split() if n.startswith(f"tb-{tag}-h")]
 
 
@@ -111,7 +112,7 @@ def test_macvtap_across_two_hosts(guest_pair, tmp_path, run_writer):
     assert attachments.get(Attachment("macvtap")).across(topo)
     gp = guest_pair
     tag = gp.tag
-    before = snapshot.take()
+    before = cleanup.Baseline.take()      # other tests' runs beside this one are left out
     placement = {"g1": "ha", "g2": "hb"}
     ns_a, wire_a = vxlan.emulated_host(tag, 0)
     profile = Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=4)
@@ -147,7 +148,7 @@ def test_macvtap_across_two_hosts(guest_pair, tmp_path, run_writer):
         tput = s.metrics["throughput_mbps"]
         dev = s.data["device_mbps"]
         assert 0.6 * tput < dev[path.client.tap]["from_guest"] < 1.2 * tput, dev
-    assert snapshot.diff(before, snapshot.take()) == []
+    assert before.changes() == []
     leftovers = [n for n in proc.run(["ip", "netns", "list"], timeout=10).stdout.split()
                  if n.startswith(f"tb-{tag}-")]
     assert leftovers == []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import json
 import logging
@@ -74,10 +75,6 @@ def _object_kinds() -> list:
     return list(found.values())
 
 
-def _objects(shell, live: set[str]) -> dict[str, list[str]]:
-    return {k.name: _dead(k.find(shell), live) for k in _object_kinds()}
-
-
 def _remove_objects(shell, found: Leftovers) -> None:
     for k in _object_kinds():
         for name in found.objects.get(k.name, ()):
@@ -97,6 +94,8 @@ def _domains(uri: str) -> list[str]:
 
 
 TAG_RE = re.compile(rf"^{PREFIX}([0-9a-f]{{4}})(-|$)")
+#: a capability probe's scratch namespace (testbed.admin.capabilities), owned by the pid it names
+PROBE_RE = re.compile(rf"^{PREFIX}probe-(\d+)(?![0-9])")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -109,18 +108,61 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def live_tags() -> set[str]:
-    """Tags of runs whose owning process is still alive."""
+def live_tags(foreign: bool = False) -> set[str]:
+    """Tags of runs whose owning process is still alive; ``foreign``: only those another
+    process owns (runs and test sessions beside this one)."""
     tags: set[str] = set()
     state = paths.state_dir()
     for owner in state.glob(f"{PREFIX}*/owner.json") if state.is_dir() else ():
         try:
-            info = json.loads(owner.read_text())
-        except (OSError, ValueError):
+            pid = int(json.loads(owner.read_text()).get("pid", 0))
+        except (OSError, ValueError, TypeError, AttributeError):
             continue
-        if _pid_alive(int(info.get("pid", 0))):
+        if _pid_alive(pid) and not (foreign and pid == os.getpid()):
             tags.add(owner.parent.name[len(PREFIX):])
     return tags
+
+
+_NAME_RE = re.compile(rf"{PREFIX}[A-Za-z0-9_.-]+")
+
+
+def _only_others(line: str, others: set[str]) -> bool:
+    """Whether every tb- name on a line belongs to another live run (by tag) or to a live
+    capability probe; False for a line without one."""
+    names = _NAME_RE.findall(line)
+    if not names:
+        return False
+    for n in names:
+        m, p = TAG_RE.match(n), PROBE_RE.match(n)
+        if not ((m and m.group(1) in others) or (p and _pid_alive(int(p.group(1))))):
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """Host networking now, to say later what this process changed on the host while other
+    runs (other processes' live tags) create and remove their own objects beside it.
+
+    A line of the difference is left out when every tb- name on it belongs to a run another
+    process owned at the start or owns at the end; everything else is this process's doing
+    (or a leak, whose tag is dead by then), and so is any change to the host's own objects."""
+
+    snapshot: object
+    others: frozenset[str]
+
+    @classmethod
+    def take(cls) -> Baseline:
+        from testbed.host import snapshot
+        others = frozenset(live_tags(foreign=True))
+        return cls(snapshot.take(), others)
+
+    def changes(self) -> list[str]:
+        from testbed.host import snapshot
+        after = snapshot.take()
+        others = set(self.others) | live_tags(foreign=True)
+        return [line for line in snapshot.diff(self.snapshot, after)  # type: ignore[arg-type]
+                if not _only_others(line, others)]
 
 
 def _dead(names: list[str], live: set[str]) -> list[str]:
@@ -131,27 +173,58 @@ def _dead(names: list[str], live: set[str]) -> list[str]:
         m = TAG_RE.match(n)
         if m and m.group(1) in live:
             continue
+        # Another run's probe lives for milliseconds: only its process's death makes it a leftover.
+        p = PROBE_RE.match(n)
+        if p and _pid_alive(int(p.group(1))):
+            continue
         out.append(n)
     return sorted(out)
 
 
 def find(uri: str = "qemu:///system", include_live: bool = False) -> Leftovers:
     """tb- objects on this host; those of live runs are left out unless include_live."""
+    # Everything is listed before the live tags are read: a process registers its tag before
+    # it makes an object, so every object listed has its owner registered by then (read the
+    # other way round, a run starting in between would have its first objects taken for a
+    # dead run's).
     with IPRoute() as ipr:
         names = [l.get("ifname") for l in ipr.get_links()]
     netns_dir = Path("/run/netns")
     state = paths.state_dir()
+    listed = {"domains": _domains(uri), "links": names,
+              "netns": [p.name for p in netns_dir.iterdir()] if netns_dir.is_dir() else [],
+              "objects": {k.name: k.find(None) for k in _object_kinds()},
+              "state": [p.name for p in state.iterdir()] if state.is_dir() else [],
+              "domain_logs": _domain_logs()}
     live = set() if include_live else live_tags()
     return Leftovers(
-        domains=_dead(_domains(uri), live),
-        links=_dead(names, live),
-        netns=_dead([p.name for p in netns_dir.iterdir()] if netns_dir.is_dir() else [], live),
-        objects=_objects(None, live),
-        state=_dead([p.name for p in state.iterdir()] if state.is_dir() else [], live),
+        domains=_dead(listed["domains"], live),
+        links=_dead(listed["links"], live),
+        netns=_dead(listed["netns"], live),
+        objects={k: _dead(v, live) for k, v in listed["objects"].items()},
+        state=_dead(listed["state"], live),
         partial_snapshots=[str(p) for p in guestcache.partial() if guestcache.writer_dead(p)],
         partial_builds=[str(p) for p in images.partial_builds() if guestcache.writer_dead(p)],
-        domain_logs=_dead(_domain_logs(), live),
+        domain_logs=_dead(listed["domain_logs"], live),
     )
+
+
+def confirmed(first: Leftovers, again) -> Leftovers:
+    """What ``first`` found that a second look (``again()``, a new find) still finds: a run
+    that ended between the listing and the live tags had removed its objects before its
+    registration, so they are gone from the second look, while a dead run's stay."""
+    if first.empty():
+        return first
+    second = again()
+
+    def both(a: list[str], b: list[str]) -> list[str]:
+        return [n for n in a if n in set(b)]
+    return Leftovers(domains=both(first.domains, second.domains), links=both(first.links, second.links),
+                     netns=both(first.netns, second.netns), state=both(first.state, second.state),
+                     partial_snapshots=both(first.partial_snapshots, second.partial_snapshots),
+                     partial_builds=both(first.partial_builds, second.partial_builds),
+                     objects={k: both(v, second.objects.get(k, [])) for k, v in first.objects.items()},
+                     domain_logs=both(first.domain_logs, second.domain_logs))
 
 
 def _domain_logs() -> list[str]:
@@ -161,15 +234,35 @@ def _domain_logs() -> list[str]:
         return []
 
 
+def register(tag: str, owner: dict) -> Path:
+    """The state folder tb-<tag>, made with its owner.json already in it (written in a
+    private folder, then renamed into place): another process never sees the folder
+    without its owner, which would make it, and the first objects, a dead run's.
+    FileExistsError when the tag is taken."""
+    import tempfile
+    state = paths.state_dir()
+    state.mkdir(parents=True, exist_ok=True)
+    d = state / f"{PREFIX}{tag}"
+    tmp = Path(tempfile.mkdtemp(prefix=".owning-", dir=state))
+    try:
+        (tmp / "owner.json").write_text(json.dumps(owner))
+        if d.exists():
+            raise FileExistsError(str(d))
+        os.rename(tmp, d)       # an existing, non-empty folder of that name makes this fail
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, FileExistsError) or e.errno in (errno.EEXIST, errno.ENOTEMPTY):
+            raise FileExistsError(str(d)) from None
+        raise
+    return d
+
+
 @contextlib.contextmanager
 def owned_state(tag: str, run_id: str) -> Iterator[Path]:
     """The run's state folder, registered as owned by this process while it lives."""
-    d = paths.state_dir() / f"{PREFIX}{tag}"
-    d.mkdir(parents=True, exist_ok=False)
     # Where the run writes its results, so `testbed cleanup` from another directory can still
     # mark a killed run's record (results go to ./results or --results, not one fixed place).
-    (d / "owner.json").write_text(json.dumps({"pid": os.getpid(), "run_id": run_id,
-                                              "results": str(paths.results_dir())}))
+    d = register(tag, {"pid": os.getpid(), "run_id": run_id, "results": str(paths.results_dir())})
     try:
         yield d
     finally:
@@ -270,44 +363,91 @@ def lock_path() -> Path:
 
 
 @contextlib.contextmanager
-def host_lock(run_id: str) -> Iterator[None]:
-    """One run per host at a time: a second one is told which run holds the host."""
+def host_lock(run_id: str, shared: bool | None = None) -> Iterator[None]:
+    """One run per host at a time: a second one is told which run holds the host.
+
+    A shared run (``shared``, default: paths.shared_host(), i.e. ``--shared-host``) holds the
+    lock together with other shared runs; a run that wants the host alone is refused while
+    any of them goes on, and a shared run is refused while one holds it alone. Only a run
+    alone writes its line into the lock file (shared ones are named from their state folders)."""
+    shared = paths.shared_host() if shared is None else shared
     p = lock_path()
     p.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = Path(p).read_text().strip() or "unknown"
+            holder = Path(p).read_text().strip() or _shared_holders() or "unknown"
             raise LeftoversError(f"run {holder} in progress on this host (lock {p}); "
                                  "wait for it to finish") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{run_id} pid {os.getpid()}\n".encode())
+        if not shared:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{run_id} pid {os.getpid()}\n".encode())
         try:
             yield
         finally:
-            os.ftruncate(fd, 0)
+            if not shared:
+                os.ftruncate(fd, 0)
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def _shared_holders() -> str:
+    """The runs sharing the host: the owners of live state folders whose process holds the
+    lock (their lock holds no line)."""
+    pids = _lock_pids(lock_path()) or set()
+    ids = []
+    for owner in sorted(paths.state_dir().glob(f"{PREFIX}*/owner.json")):
+        try:
+            info = json.loads(owner.read_text())
+            if int(info.get("pid", 0)) in pids and info.get("run_id"):
+                ids.append(f"{info['run_id']} pid {info['pid']}")
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue
+    return f"(shared) {', '.join(ids)}" if ids else ""
+
+
+def _lock_pids(p: Path) -> set[int] | None:
+    """The processes holding a flock on ``p``, from /proc/locks (read without taking the
+    lock); None when that cannot be read."""
+    try:
+        ino = os.stat(p).st_ino
+        text = Path("/proc/locks").read_text()
+    except FileNotFoundError:
+        return set()
+    except OSError:
+        return None
+    pids = set()
+    for line in text.splitlines():
+        f = line.split()
+        # "1: FLOCK ADVISORY WRITE 1234 08:01:5678 0 EOF"; a blocked waiter's line has "->" first
+        if len(f) >= 6 and f[1] == "FLOCK" and f[5].rsplit(":", 1)[-1] == str(ino) and f[4].isdigit():
+            pids.add(int(f[4]))
+    return pids
 
 
 def wait_host_free(timeout: float, poll_s: float = 0.05) -> bool:
     """Wait (at most ``timeout`` s) until no live run holds the host lock; True once free.
 
     For callers told "in progress on this host" that want to go on as soon as the other
-    run ends, not after a fixed pause. It reads the holder line host_lock writes and clears,
-    and never takes the lock itself, so a run starting meanwhile is not refused because
-    somebody waits; a line whose pid is dead (a run killed with SIGKILL) counts as free."""
+    run ends, not after a fixed pause. It looks at the lock (/proc/locks) and never takes it,
+    so a run starting meanwhile is not refused because somebody waits; a lock dies with its
+    process, so a run killed with SIGKILL counts as gone. Without /proc/locks it reads the
+    holder line host_lock writes and clears (a line whose pid is dead counts as free)."""
     deadline = time.monotonic() + timeout
     while True:
-        try:
-            holder = lock_path().read_text().split()
-        except OSError:
-            holder = []
-        pid = int(holder[2]) if len(holder) >= 3 and holder[1] == "pid" and holder[2].isdigit() else None
-        if not holder or (pid is not None and not _pid_alive(pid)):
+        pids = _lock_pids(lock_path())
+        held = None if pids is None else bool(pids)
+        if held is None:
+            try:
+                holder = lock_path().read_text().split()
+            except OSError:
+                holder = []
+            pid = int(holder[2]) if len(holder) >= 3 and holder[1] == "pid" and holder[2].isdigit() else None
+            held = bool(holder) and (pid is None or _pid_alive(pid))
+        if not held:
             return True
         if time.monotonic() >= deadline:
             return False
@@ -318,7 +458,7 @@ def refuse_if_leftovers(uri: str = "qemu:///system") -> None:
     """Called with the host lock held: anything tb- now belongs to a dead run."""
     # A dead run's domain log is only a file: it does not disturb a run, which need not wait
     # for `testbed cleanup` because of it (cleanup and the test session remove it).
-    found = dataclasses.replace(find(uri), domain_logs=[])
+    found = dataclasses.replace(confirmed(find(uri), lambda: find(uri)), domain_logs=[])
     if not found.empty():
         raise LeftoversError(f"a dead run left testbed objects behind ({found.describe()}); "
                              "run `testbed cleanup` first")
@@ -327,7 +467,6 @@ def refuse_if_leftovers(uri: str = "qemu:///system") -> None:
 def find_on(shell, uri: str, include_live: bool = False) -> Leftovers:
     """tb- objects on a remote host (remote.Shell), read over ssh and its libvirt. A run's
     liveness is known here, where it runs: its state folder on this machine."""
-    live = set() if include_live else live_tags()
     from testbed.host.net import ops
     try:
         names = ops.on(shell).names()
@@ -335,8 +474,11 @@ def find_on(shell, uri: str, include_live: bool = False) -> Leftovers:
         names = []
     state = shell.run(["ls", "-1", str(paths.state_dir())], timeout=30, check=False)
     logs = shell.run(["ls", "-1", str(paths.QEMU_LOG_DIR)], timeout=30, check=False)
-    return Leftovers(domains=_dead(_domains(uri), live), links=_dead(names, live),
-                     objects=_objects(shell, live),
+    domains = _domains(uri)
+    objects = {k.name: k.find(shell) for k in _object_kinds()}
+    live = set() if include_live else live_tags()       # after the listing, as in find()
+    return Leftovers(domains=_dead(domains, live), links=_dead(names, live),
+                     objects={k: _dead(v, live) for k, v in objects.items()},
                      state=_dead(state.stdout.split() if state.rc == 0 else [], live),
                      domain_logs=_dead(logs.stdout.split() if logs.rc == 0 else [], live))
 
@@ -357,7 +499,9 @@ def refuse_if_leftovers_on(hosts) -> None:
     """The leftovers check for remote hosts (model.HostSpec with transport ssh)."""
     from testbed.host import remote
     for h in hosts:
-        found = dataclasses.replace(find_on(remote.shell(h), h.uri), domain_logs=[])   # as refuse_if_leftovers
+        sh = remote.shell(h)
+        found = dataclasses.replace(confirmed(find_on(sh, h.uri), lambda: find_on(sh, h.uri)),  # noqa: B023
+                                    domain_logs=[])   # as refuse_if_leftovers
         if not found.empty():
             raise LeftoversError(f"host {h.name}: a dead run left testbed objects behind ({found.describe()}); "
                                  f"run `testbed cleanup --hosts TOPOLOGY` first")

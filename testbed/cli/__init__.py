@@ -270,6 +270,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-v", "--verbose", action="store_true", help="log what is done, step by step")
     p.add_argument("--results", dest="results_root", metavar="DIR",
                    help="where runs are written and looked up (default: ./results, or $TESTBED_RESULTS)")
+    p.add_argument("--shared-host", action="store_true",
+                   help="run beside other shared runs on this host instead of holding it alone "
+                        "(for functional checks on a shared machine: noisy samples are kept, "
+                        "marked, not measured again; also $TESTBED_SHARED_HOST=1)")
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run a topology's matrix (default: the built-in topology)")
     r.add_argument("topology", nargs="?", help="topology YAML file (default: the built-in topology)")
@@ -340,6 +344,7 @@ def _check_environment() -> None:
     from testbed.host import safeio
     for name in ("TESTBED_RESULTS", "TESTBED_STATE", "TESTBED_CACHE"):
         safeio.check_dir_variable(name, os.environ.get(name))
+    safeio.check_flag_variable("TESTBED_SHARED_HOST", os.environ.get("TESTBED_SHARED_HOST"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -355,6 +360,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.results_root:
         # Through the environment, so child processes (scenario parts, test helpers) agree.
         os.environ["TESTBED_RESULTS"] = str(Path(args.results_root).absolute())
+    if args.shared_host:
+        os.environ["TESTBED_SHARED_HOST"] = "1"
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     signal.signal(signal.SIGTERM, _on_signal)

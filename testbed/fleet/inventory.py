@@ -119,6 +119,10 @@ def check_vars(inventory: str | Path, hosts: list[Host]) -> None:
             if not isinstance(v, (str, int)) or not str(v).isprintable() or len(str(v)) > 128:
                 raise UserFileError(inventory, f"host {h.name}: {key} must be one printable "
                                                f"line of at most 128 characters")
+        shared = h.vars.get("testbed_shared_host")
+        if shared is not None and not isinstance(shared, bool):
+            raise UserFileError(inventory, f"host {h.name}: testbed_shared_host must be true or false, "
+                                           f"not {str(shared)[:40]!r}")
         mid = h.vars.get("testbed_machine_id")
         if mid not in (None, "") and not re.match(r"^[A-Za-z0-9._:-]{1,128}$", str(mid)):
             raise UserFileError(inventory, f"host {h.name}: testbed_machine_id may hold letters, "

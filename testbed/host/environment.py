@@ -12,7 +12,7 @@ import psutil
 from testbed import __version__
 from testbed.admin import capabilities
 from testbed.errors import CommandError
-from testbed.host import hostid, proc
+from testbed.host import hostid, paths, proc
 from testbed.topology.model import Accelerator
 
 
@@ -66,6 +66,8 @@ def fingerprint(accel: Accelerator | None, *, image: Any = None, extra: dict | N
                                              "tools": getattr(image, "tools", None)},
         "testbed": __version__,
         "testbed_commit": git_commit(),
+        # run beside other testbed runs (--shared-host): its figures had neighbours by design
+        "shared_host": paths.shared_host(),
         # governor, turbo, C-states, SMT, NUMA, IRQ affinity, kernel command line, THP
         "tuning": tuning.local(nics),
         # machine_id, its source, host_class, inventory_host: which host measured (testbed.host.hostid)

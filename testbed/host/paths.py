@@ -21,6 +21,16 @@ def state_dir() -> Path:
 QEMU_LOG_DIR = Path("/var/log/libvirt/qemu")
 
 
+#: `testbed --shared-host`, for this process and the runs it starts
+SHARED_HOST_VAR = "TESTBED_SHARED_HOST"
+
+
+def shared_host() -> bool:
+    """Whether runs share this host with other shared runs (``TESTBED_SHARED_HOST=1``, set by
+    ``--shared-host``) instead of holding it alone; the value is checked at the CLI's start."""
+    return os.environ.get(SHARED_HOST_VAR, "0").strip() == "1"
+
+
 def results_dir() -> Path:
     """Run output: `--results DIR` (which sets TESTBED_RESULTS for this process and its
     children) or ./results in the working directory. Never next to the package: an installed

@@ -237,6 +237,12 @@ def write_output(path: Path | None, text: str, arg: str, mode: int = 0o644) -> N
         raise
 
 
+def check_flag_variable(name: str, value: str | None) -> None:
+    """An environment variable that switches something on (1) or off (0, or unset)."""
+    if value is not None and value.strip() not in ("0", "1"):
+        raise UserFileError(name, f"expected 0 or 1, got {value[:40]!r}")
+
+
 def check_dir_variable(name: str, value: str | None) -> None:
     """An environment variable that names a folder the testbed writes into (TESTBED_RESULTS,
     TESTBED_STATE): it may be missing, but not anything other than a directory."""

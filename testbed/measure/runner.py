@@ -297,7 +297,7 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None,
                      f"{len(cells)} left")
         harness = stack.enter_context(harness_cpus(t.harness_cpus))
         writer.update(noise_guard={"threshold_cores": t.noise.threshold_cores, "run_queue": t.noise.run_queue,
-                                   "action": t.noise.action.value, "max_retries": t.noise.max_retries,
+                                   "action": window.for_host(t.noise).action.value, "max_retries": t.noise.max_retries,
                                    "quiet_start": quiet, "harness_cpus": harness or None})
         if len(t.hosts) > 1:
             writer.update(hosts=host_fingerprints(t, env))

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import os
 import shutil
 import threading
@@ -25,7 +24,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from testbed import PREFIX
 from testbed.admin import cleanup
 from testbed.host import environment, paths
 from testbed.records import results
@@ -120,13 +118,10 @@ def claim_tag() -> str:
     registration lasts until :func:`release_tags` or the process exits."""
     while True:
         _, tag = results.new_run_id()
-        d = paths.state_dir() / f"{PREFIX}{tag}"
-        d.parent.mkdir(parents=True, exist_ok=True)
         try:
-            d.mkdir()
+            d = cleanup.register(tag, {"pid": os.getpid(), "claimed": True})
         except FileExistsError:
             continue            # another run's tag; draw again
-        (d / "owner.json").write_text(json.dumps({"pid": os.getpid(), "claimed": True}))
         with _claim_lock:
             if not _claimed:
                 atexit.register(release_tags)
