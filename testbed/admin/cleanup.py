@@ -234,6 +234,15 @@ def _domain_logs() -> list[str]:
         return []
 
 
+def _umask() -> int:
+    """This process's umask, read without setting it (os.umask would, for every thread)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    return 0o022
+
+
 def register(tag: str, owner: dict) -> Path:
     """The state folder tb-<tag>, made with its owner.json already in it (written in a
     private folder, then renamed into place): another process never sees the folder
@@ -245,6 +254,8 @@ def register(tag: str, owner: dict) -> Path:
     d = state / f"{PREFIX}{tag}"
     tmp = Path(tempfile.mkdtemp(prefix=".owning-", dir=state))
     try:
+        # as mkdir would make it: libvirt's QEMU (another user) reads overlays and seeds in it
+        os.chmod(tmp, 0o777 & ~_umask())
         (tmp / "owner.json").write_text(json.dumps(owner))
         if d.exists():
             raise FileExistsError(str(d))
