@@ -86,7 +86,10 @@ def test_a_throwaway_mode_validates_runs_and_cleans_up(toy_mode, tmp_path, monke
     # a measured fact, cross-checked on the wire: transactions really crossed the veth
     assert ok[0].metrics["transactions_per_s"] > 0
     assert ok[0].crosscheck.verdict == "ok", ok[0].crosscheck
-    assert _tb_links() <= before, f"left behind: {_tb_links() - before}"
+    # this run's objects are gone (other tests' runs beside this one come and go meanwhile)
+    tag = out.run_dir.name.rsplit("-", 1)[1]
+    left = {n for n in _tb_links() - before if n.startswith(f"tb-{tag}")}
+    assert not left, f"left behind: {left}"
 
 
 TOY_TOOL = '''\

@@ -124,14 +124,18 @@ def live_tags(foreign: bool = False) -> set[str]:
 
 
 _NAME_RE = re.compile(rf"{PREFIX}[A-Za-z0-9_.-]+")
+#: Open vSwitch's own datapath devices: ovs-vswitchd makes one with the first bridge of its
+#: datapath and removes it with the last, whichever run's bridges those are
+_DATAPATH_RE = re.compile(r"\bovs-(?:netdev|system)\b")
 
 
 def _only_others(line: str, others: set[str]) -> bool:
     """Whether every tb- name on a line belongs to another live run (by tag) or to a live
-    capability probe; False for a line without one."""
+    capability probe, or the line is about OVS's datapath device while other runs go on;
+    False for a line without one."""
     names = _NAME_RE.findall(line)
     if not names:
-        return False
+        return bool(others) and bool(_DATAPATH_RE.search(line))
     for n in names:
         m, p = TAG_RE.match(n), PROBE_RE.match(n)
         if not ((m and m.group(1) in others) or (p and _pid_alive(int(p.group(1))))):

@@ -254,13 +254,17 @@ class Guard:
     #: guests found lost by a sample: name -> reason (the runner brings them back)
     lost: dict[str, str] = field(default_factory=dict)
 
-    def missing(self) -> list[str]:
+    def _lost_guests(self) -> list[str]:
         out = []
         for name, check in self.guests:
             why = check()
             if why:
                 self.lost[name] = why
                 out.append(why)
+        return out
+
+    def missing(self) -> list[str]:
+        out = self._lost_guests()
         if out:
             return out          # a lost guest takes its NIC with it: that says enough
         for what, exists in self.objects:
@@ -270,7 +274,8 @@ class Guard:
                 ok = False
             if not ok:
                 out.append(f"{what} went missing (removed from outside the run)")
-        return out
+        # A guest destroyed between the two looks took its NIC: the guest is the cause.
+        return (self._lost_guests() or out) if out else out
 
     @contextlib.contextmanager
     def sample(self, gap_check: bool = True) -> Iterator[SampleWatch]:
