@@ -90,13 +90,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         m = item.get_closest_marker("attach")
         if m and "all" not in wanted and m.args[0] not in wanted:
             item.add_marker(pytest.mark.skip(reason=f"attachment {m.args[0]} not selected (--attach)"))
-    # The longest work first, so parallel workers end together: the scenarios and the guest
-    # tier, then namespaces and the store, the unit tier last (many short tests fill the end).
-    # Stable: within a tier, modules and tests keep their order.
-    items.sort(key=lambda item: _RUN_ORDER.get(_tier_of(Path(str(item.fspath))) or "", len(_RUN_ORDER)))
+    # Order for parallel workers: first the root tests that need the host alone, together
+    # (one worker runs them while the others take the unit tier, which needs no lock), then
+    # the longest root work first, so the workers end together: the scenarios, the guest
+    # tier, namespaces, the store. Stable: modules and tests otherwise keep their order.
+    items.sort(key=_run_order)
+    path = getattr(config, "workerinput", {}).get("tb_alone_file")
+    if path:
+        # for the controller's scheduler, which sees test ids only
+        Path(path).write_text(json.dumps([i.nodeid for i in items if _alone_test(i)]))
 
 
-_RUN_ORDER = {"scenarios": 0, "vm": 1, "netns": 2, "store": 3, "unit": 4}
+_RUN_ORDER = {"unit": 1, "scenarios": 2, "vm": 3, "netns": 4, "store": 5}
+
+
+def _alone_test(item: pytest.Item) -> bool:
+    return item.get_closest_marker("alone") is not None and _root_tier(item)
+
+
+def _run_order(item: pytest.Item) -> int:
+    if _alone_test(item):
+        return 0
+    return _RUN_ORDER.get(_tier_of(Path(str(item.fspath))) or "", len(_RUN_ORDER) + 1)
 
 
 def require_root() -> None:
@@ -381,13 +396,45 @@ def _test_lock(alone: bool) -> Iterator[None]:
         os.close(gate)
 
 
+_HELD: list[contextlib.ExitStack] = []     # an exclusive lock kept for the next test (alone too)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem):
     if not (_root_tier(item) and os.geteuid() == 0 and item.config.stash.get(_WANTED_KEY, False)):
         yield
         return
-    with _test_lock(item.get_closest_marker("alone") is not None):
+    alone = _alone_test(item)
+    if _HELD and not alone:
+        _HELD.pop().close()
+    stack = _HELD.pop() if _HELD else contextlib.ExitStack()
+    if not stack._exit_callbacks:      # type: ignore[attr-defined]
+        stack.enter_context(_test_lock(alone))
+    try:
         yield
+    finally:
+        # Tests that need the host alone run one after another under one exclusive hold:
+        # released between them, the tests beside would start, and the next would wait for them.
+        if alone and nextitem is not None and _alone_test(nextitem):
+            _HELD.append(stack)
+        else:
+            stack.close()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """xdist's controller, per worker: where the worker writes the ids of tests marked alone."""
+    import tempfile
+    config = node.config
+    if _ALONE_FILE_KEY not in config.stash:
+        fd, path = tempfile.mkstemp(prefix="testbed-pytest-alone-", suffix=".json")
+        os.close(fd)
+        config.stash[_ALONE_FILE_KEY] = path
+        config.add_cleanup(lambda: Path(path).unlink(missing_ok=True))
+    node.workerinput["tb_alone_file"] = config.stash[_ALONE_FILE_KEY]
+
+
+_ALONE_FILE_KEY = pytest.StashKey[str]()
 
 
 def _start_host_guard(config: pytest.Config) -> None:
@@ -475,8 +522,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class TierScheduling(LoadScopeScheduling):
+        alone: frozenset[str] = frozenset()
+
         def _split_scope(self, nodeid: str) -> str:
             tier = _tier_of(config.rootpath / nodeid.split("::", 1)[0])
+            if nodeid in self.alone:
+                return "tb-alone"           # one worker runs them all, one after another
             if tier in _ROOT_TIERS:
                 return nodeid.split("::", 1)[0]
             # xdist_group marks (--dist loadgroup) are still honoured
@@ -484,6 +535,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
         def schedule(self) -> None:
             config.option.loadscopereorder = False
+            path = config.stash.get(_ALONE_FILE_KEY, None)
+            with contextlib.suppress(OSError, ValueError):
+                self.alone = frozenset(json.loads(Path(path).read_text())) if path else frozenset()
             super().schedule()
 
     return TierScheduling(config, log)

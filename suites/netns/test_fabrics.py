@@ -8,7 +8,7 @@ import pytest
 
 from testbed import attachments
 from testbed.measure import testpaths
-from testbed.records import results
+from testbed.measure.session import claim_tag
 from testbed.topology import config
 from testbed.topology.model import Attachment
 
@@ -22,7 +22,7 @@ def test_fabric_lists_what_it_made_and_leaves_nothing(name, tmp_path):
     why = attachments.unavailable(name)
     if why:
         pytest.skip(f"attachment {name} unavailable: {why}")
-    _, tag = results.new_run_id()
+    tag = claim_tag()           # registered: runs beside this test leave its objects alone
     with testpaths.fabric(Attachment(name), tag, config.default(), 1500, tmp_path) as fab:
         made = fab.leftovers()
         assert made and all(n.startswith(f"tb-{tag}-") for n in made), made

@@ -311,9 +311,10 @@ def sample_paths(cell: Cell, paths: Sequence[TestPath], writer: results.RunWrite
         win.close()
         counters_after = [p.counters() for p in paths]
         g_after = {ep.guest.spec.name: cpu.guest_reading(ep.guest.agent) for ep in eps}
-    except (CommandError, GuestError, NetlinkError) as e:
-        # NetlinkError: a device read by netlink was removed from outside meanwhile (the
-        # guard names it in the reason and the segment is rebuilt)
+    except (CommandError, GuestError, NetlinkError, FileNotFoundError) as e:
+        # NetlinkError, FileNotFoundError: a device read by netlink or in /sys/class/net was
+        # removed from outside meanwhile (a guest destroyed takes its tap); the guard names
+        # the cause in the reason and the segment is rebuilt
         return failed(f"measurement could not run: {e}")
     finally:
         win.close()

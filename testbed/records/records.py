@@ -482,8 +482,10 @@ class SampleRecord(Part):
     @property
     def pairs(self) -> tuple[PairResult, ...]:
         """Per-pair results of an N-pair cell (``extra.pairs``); empty when not recorded."""
-        return tuple(PairResult.from_dict(p) for p in self.data.get("pairs") or ()
-                     if isinstance(p, Mapping))
+        got = self.data.get("pairs")
+        if not isinstance(got, (list, tuple)):
+            return ()           # absent, or not a list (a hand-edited or damaged record)
+        return tuple(PairResult.from_dict(p) for p in got if isinstance(p, Mapping))
 
     @property
     def noise(self) -> Mapping[str, Any]:
