@@ -316,17 +316,27 @@ def _netlink(netns: str | None) -> tuple[tuple[Link, ...], tuple[Address, ...], 
     from pyroute2 import IPRoute
     from pyroute2.netlink.exceptions import NetlinkError
 
-    # flags=0: pyroute2 would otherwise create a missing namespace (its default is O_CREAT).
-    with (IPRoute(netns=netns, flags=0) if netns else IPRoute()) as ipr:
-        raw_links = list(ipr.get_links())
-        raw_addrs = list(ipr.get_addr())
-        raw_routes = [r for fam in _FAMILY for r in ipr.get_routes(family=fam)]
-        raw_rules = [r for fam in _FAMILY for r in ipr.get_rules(family=fam)]
-        try:
-            raw_vlans = list(ipr.get_vlans())
-        except NetlinkError as e:     # no bridge support at all
-            log.info("snapshot: no bridge VLAN dump: %s", e)
-            raw_vlans = []
+    def dump() -> tuple[list, list, list, list, list]:
+        with IPRoute() as ipr:
+            raw_links = list(ipr.get_links())
+            raw_addrs = list(ipr.get_addr())
+            raw_routes = [r for fam in _FAMILY for r in ipr.get_routes(family=fam)]
+            raw_rules = [r for fam in _FAMILY for r in ipr.get_rules(family=fam)]
+            try:
+                raw_vlans = list(ipr.get_vlans())
+            except NetlinkError as e:     # no bridge support at all
+                log.info("snapshot: no bridge VLAN dump: %s", e)
+                raw_vlans = []
+        return raw_links, raw_addrs, raw_routes, raw_rules, raw_vlans
+
+    if netns:
+        # The netlink socket is opened by a thread that joined the namespace, not by
+        # pyroute2's netns=, which forks this process to open it: a fork of a process with
+        # other threads (a test worker's, a run's watchers) can hang in a lock one of them held.
+        from testbed.host.executor import in_thread_netns
+        raw_links, raw_addrs, raw_routes, raw_rules, raw_vlans = in_thread_netns(netns, dump)
+    else:
+        raw_links, raw_addrs, raw_routes, raw_rules, raw_vlans = dump()
     names = {m["index"]: m.get_attr("IFLA_IFNAME") for m in raw_links}
 
     def name(index: int | None) -> str | None:
