@@ -35,12 +35,17 @@ noise: {action: keep}
 def _edit_base(run_dir):
     lines = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
     k = collections.Counter()
+    conn1 = sorted(s["metrics"]["transactions_per_s"] for s in lines
+                   if "conn1" in s["cell"]["id"] and not s.get("warmup") and s["status"] == "ok")
     for s in lines:
         cid = s["cell"]["id"]
         if s.get("warmup") or s["status"] != "ok":
             continue
         if "conn1" in cid:
-            s["metrics"]["transactions_per_s"] *= 3
+            # Ten times the measured median, nearly without spread: a drop the gate decides at
+            # its first look however busy the host was while the new run measured.
+            s["metrics"]["transactions_per_s"] = 10 * conn1[len(conn1) // 2] * (1 + 0.01 * k[cid])
+            k[cid] += 1
         elif "conn2" in cid:
             f = (0.5, 1.5)[k[cid] % 2]
             k[cid] += 1
