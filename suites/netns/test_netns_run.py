@@ -62,7 +62,13 @@ def test_netns_run_fills_every_field(tmp_path):
     for s in samples:
         assert s["status"] == "ok", s["reason"]
         m = s["metrics"]
-        assert m["host_cores"] > 0 and m["latency_p99_us"] >= m["latency_p50_us"]
+        assert m["host_cores"] > 0
+        if "latency_p99_us" in m:
+            assert m["latency_p99_us"] >= m["latency_p50_us"]
+        else:
+            # left out, honestly: a p99 needs ten transactions above it (1000 in all), and a
+            # 1 s sample on a host busy with other tests can carry fewer
+            assert m["transactions_per_s"] * m["duration_s"] < 1000, m
         if s["cell"]["profile"] == "tcp_stream":
             assert m["host_gbit_per_core"] > 0 and m["host_gbit_per_ghz"] > 0
             dev = s["extra"]["device_mbps"]
