@@ -30,9 +30,10 @@ def test_ndr_on_a_tbf_limited_veth_is_the_limit_within_the_precision():
     # the bounds bracket the shaper's rate and are no wider than the precision; the queue
     # (10 frames) lets a trial run a little above the rate without loss, hence the 1 %. The
     # bucket and queue hold 14 frames, so a sender descheduled for ~9 ms (two busy cores) and
-    # then catching up loses a few datagrams a little below the rate: seen once at 98.7 % of
-    # it, hence the 3 % below.
-    below = 0.97
+    # then catching up loses a few datagrams a little below the rate: seen at 98.7 % of it
+    # alone, and at 89 % with other tests' runs and the unit tier beside it on two cores,
+    # hence the 10 % below (above the rate stays at 1 %: nothing passes a shaper faster).
+    below = 0.90
     assert ndr["relative_width"] <= 0.05 + 1e-9, ndr
     assert expected * (1 - 0.05) * below <= ndr["lower_mbps"] <= expected * 1.01, (ndr, expected)
     assert ndr["upper_mbps"] >= expected * below, (ndr, expected)
