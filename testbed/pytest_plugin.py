@@ -396,7 +396,7 @@ def _test_lock(alone: bool) -> Iterator[None]:
         os.close(gate)
 
 
-_HELD: list[contextlib.ExitStack] = []     # an exclusive lock kept for the next test (alone too)
+_HELD: list[contextlib.ExitStack] = []     # the exclusive lock kept for the next test (alone too)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -405,10 +405,12 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
         yield
         return
     alone = _alone_test(item)
-    if _HELD and not alone:
-        _HELD.pop().close()
-    stack = _HELD.pop() if _HELD else contextlib.ExitStack()
-    if not stack._exit_callbacks:      # type: ignore[attr-defined]
+    held = _HELD.pop() if _HELD else None
+    if held is not None and not alone:
+        held.close()
+        held = None
+    stack = held or contextlib.ExitStack()
+    if held is None:
         stack.enter_context(_test_lock(alone))
     try:
         yield

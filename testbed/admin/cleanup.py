@@ -108,19 +108,28 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _owners() -> Iterator[tuple[str, int, dict]]:
+    """(tag, pid, owner.json) of every registered state folder whose owner file reads."""
+    state = paths.state_dir()
+    for owner in sorted(state.glob(f"{PREFIX}*/owner.json")) if state.is_dir() else ():
+        try:
+            info = json.loads(owner.read_text())
+            yield owner.parent.name[len(PREFIX):], int(info.get("pid", 0)), info
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue
+
+
 def live_tags(foreign: bool = False) -> set[str]:
     """Tags of runs whose owning process is still alive; ``foreign``: only those another
     process owns (runs and test sessions beside this one)."""
-    tags: set[str] = set()
-    state = paths.state_dir()
-    for owner in state.glob(f"{PREFIX}*/owner.json") if state.is_dir() else ():
-        try:
-            pid = int(json.loads(owner.read_text()).get("pid", 0))
-        except (OSError, ValueError, TypeError, AttributeError):
-            continue
-        if _pid_alive(pid) and not (foreign and pid == os.getpid()):
-            tags.add(owner.parent.name[len(PREFIX):])
-    return tags
+    return {tag for tag, pid, _ in _owners() if _pid_alive(pid) and not (foreign and pid == os.getpid())}
+
+
+def _owned(name: str, live: set[str]) -> bool:
+    """Whether a tb- name belongs to a live tag, or is a capability probe whose process lives
+    (a probe lives for milliseconds: only its process's death makes it a leftover)."""
+    m, p = TAG_RE.match(name), PROBE_RE.match(name)
+    return bool((m and m.group(1) in live) or (p and _pid_alive(int(p.group(1)))))
 
 
 _NAME_RE = re.compile(rf"{PREFIX}[A-Za-z0-9_.-]+")
@@ -136,11 +145,7 @@ def _only_others(line: str, others: set[str]) -> bool:
     names = _NAME_RE.findall(line)
     if not names:
         return bool(others) and bool(_DATAPATH_RE.search(line))
-    for n in names:
-        m, p = TAG_RE.match(n), PROBE_RE.match(n)
-        if not ((m and m.group(1) in others) or (p and _pid_alive(int(p.group(1))))):
-            return False
-    return True
+    return all(_owned(n, others) for n in names)
 
 
 @dataclass(frozen=True)
@@ -174,14 +179,8 @@ def _dead(names: list[str], live: set[str]) -> list[str]:
     for n in names:
         if not n or not n.startswith(PREFIX):
             continue
-        m = TAG_RE.match(n)
-        if m and m.group(1) in live:
-            continue
-        # Another run's probe lives for milliseconds: only its process's death makes it a leftover.
-        p = PROBE_RE.match(n)
-        if p and _pid_alive(int(p.group(1))):
-            continue
-        out.append(n)
+        if not _owned(n, live):
+            out.append(n)
     return sorted(out)
 
 
@@ -222,7 +221,8 @@ def confirmed(first: Leftovers, again) -> Leftovers:
     second = again()
 
     def both(a: list[str], b: list[str]) -> list[str]:
-        return [n for n in a if n in set(b)]
+        still = set(b)
+        return [n for n in a if n in still]
     return Leftovers(domains=both(first.domains, second.domains), links=both(first.links, second.links),
                      netns=both(first.netns, second.netns), state=both(first.state, second.state),
                      partial_snapshots=both(first.partial_snapshots, second.partial_snapshots),
@@ -413,14 +413,7 @@ def _shared_holders() -> str:
     """The runs sharing the host: the owners of live state folders whose process holds the
     lock (their lock holds no line)."""
     pids = _lock_pids(lock_path()) or set()
-    ids = []
-    for owner in sorted(paths.state_dir().glob(f"{PREFIX}*/owner.json")):
-        try:
-            info = json.loads(owner.read_text())
-            if int(info.get("pid", 0)) in pids and info.get("run_id"):
-                ids.append(f"{info['run_id']} pid {info['pid']}")
-        except (OSError, ValueError, TypeError, AttributeError):
-            continue
+    ids = [f"{info['run_id']} pid {pid}" for _, pid, info in _owners() if pid in pids and info.get("run_id")]
     return f"(shared) {', '.join(ids)}" if ids else ""
 
 
@@ -454,8 +447,9 @@ def wait_host_free(timeout: float, poll_s: float = 0.05) -> bool:
     deadline = time.monotonic() + timeout
     while True:
         pids = _lock_pids(lock_path())
-        held = None if pids is None else bool(pids)
-        if held is None:
+        if pids is not None:
+            held = bool(pids)
+        else:
             try:
                 holder = lock_path().read_text().split()
             except OSError:

@@ -274,8 +274,10 @@ class Guard:
                 ok = False
             if not ok:
                 out.append(f"{what} went missing (removed from outside the run)")
-        # A guest destroyed between the two looks took its NIC: the guest is the cause.
-        return (self._lost_guests() or out) if out else out
+        if out:
+            # A guest destroyed between the two looks took its NIC: the guest is the cause.
+            return self._lost_guests() or out
+        return out
 
     @contextlib.contextmanager
     def sample(self, gap_check: bool = True) -> Iterator[SampleWatch]:
