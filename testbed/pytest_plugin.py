@@ -38,6 +38,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="accelerator for booted guests (default: probe, kvm else tcg)")
     g.addoption("--results", dest="tb_results", metavar="DIR", default=None,
                 help="where a session that measures writes its run (default: $TESTBED_RESULTS or ./results)")
+    g.addoption("--tb-store-durations", action="store_true", default=False,
+                help=f"write each root-tier test's time to {DURATIONS_FILE} at the end, for the "
+                     "order in which parallel workers take the root modules (longest first)")
 
 
 _TERM_PID: list[int] = []     # the process the SIGTERM handler was installed in
@@ -69,6 +72,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "attach(mode): test belongs to an attachment mode")
     config.addinivalue_line("markers", "alone: a root-tier test that runs with no other root test "
                                        "beside it (it disturbs the host, or needs it to itself)")
+    # xdist registers it too; here so the mark is known where xdist is not installed
+    config.addinivalue_line("markers", "xdist_group(name): in a root-tier module, the tests of one "
+                                       "group go to one worker, apart from the rest of the module")
 
 
 def _tier_of(path: Path) -> str | None:
@@ -93,19 +99,70 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # Order for parallel workers: first the root tests that need the host alone, together
     # (one worker runs them while the others take the unit tier, which needs no lock), then
     # the longest root work first, so the workers end together: the scenarios, the guest
-    # tier, namespaces, the store. Stable: modules and tests otherwise keep their order.
-    items.sort(key=_run_order)
-    path = getattr(config, "workerinput", {}).get("tb_alone_file")
+    # tier, the store (a minute-long nightly job in two modules), then the namespace tier's
+    # many short modules. Stable: modules and tests otherwise keep their order.
+    costs = _unit_costs(config, items)
+    first: dict[str, int] = {}
+    for n, item in enumerate(items):
+        first.setdefault(_unit_of(item), n)
+    items.sort(key=lambda i: (_run_order(i), -costs.get(_unit_of(i), 0.0), first[_unit_of(i)]))
+    path = getattr(config, "workerinput", {}).get("tb_units_file")
     if path:
         # for the controller's scheduler, which sees test ids only
-        Path(path).write_text(json.dumps([i.nodeid for i in items if _alone_test(i)]))
+        Path(path).write_text(json.dumps({i.nodeid: u for i in items if (u := _work_unit(i))}))
 
 
-_RUN_ORDER = {"unit": 1, "scenarios": 2, "vm": 3, "netns": 4, "store": 5}
+_RUN_ORDER = {"unit": 1, "scenarios": 2, "vm": 3, "store": 4, "netns": 5}
+#: each root-tier test's seconds in a whole parallel session (``--tb-store-durations``). Within a
+#: tier, the work units with the most recorded time go out first, so that what is left for the
+#: end is short and the workers end together (longest processing time first). A test with no
+#: entry counts as 0: a stale file orders worse, never wrongly.
+DURATIONS_FILE = "suites/durations.json"
+#: a worker whose last queued test has more than this to run (recorded) is given the cheapest
+#: unit left to hold meanwhile (TierScheduling._assign_work_unit)
+LONG_LAST_TEST_S = 15.0
+
+
+def _unit_of(item: pytest.Item) -> str:
+    """The parallel work unit a test goes in (the scheduler's _split_scope, from the item)."""
+    if _root_tier(item):
+        return _work_unit(item) or item.nodeid.split("::", 1)[0]
+    return item.nodeid
+
+
+def _recorded_durations(config: pytest.Config) -> dict[str, float]:
+    try:
+        recorded = json.loads((config.rootpath / DURATIONS_FILE).read_text())
+        return {str(k): float(v) for k, v in recorded.items()}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}
+
+
+def _unit_costs(config: pytest.Config, items: list[pytest.Item]) -> dict[str, float]:
+    recorded = _recorded_durations(config)
+    costs: dict[str, float] = {}
+    for item in items:
+        if _root_tier(item):
+            costs[_unit_of(item)] = costs.get(_unit_of(item), 0.0) + recorded.get(item.nodeid, 0.0)
+    return costs
 
 
 def _alone_test(item: pytest.Item) -> bool:
     return item.get_closest_marker("alone") is not None and _root_tier(item)
+
+
+def _work_unit(item: pytest.Item) -> str | None:
+    """The parallel work unit of a root test that is not its module's: "tb-alone" for the tests
+    marked alone (one worker runs them all, one after another), "<module>@<group>" for an
+    ``xdist_group`` in a root module (a long module's independent parts, such as one study
+    scenario and the tests that read its run, go to different workers)."""
+    if _alone_test(item):
+        return "tb-alone"
+    m = item.get_closest_marker("xdist_group")
+    if m is not None and _root_tier(item):
+        group = m.kwargs.get("name", m.args[0] if m.args else "")
+        return f"{item.nodeid.split('::', 1)[0]}@{group}"
+    return None
 
 
 def _run_order(item: pytest.Item) -> int:
@@ -425,18 +482,19 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node) -> None:
-    """xdist's controller, per worker: where the worker writes the ids of tests marked alone."""
+    """xdist's controller, per worker: where the worker writes the work units of root tests
+    that are not their module's (_work_unit)."""
     import tempfile
     config = node.config
-    if _ALONE_FILE_KEY not in config.stash:
-        fd, path = tempfile.mkstemp(prefix="testbed-pytest-alone-", suffix=".json")
+    if _UNITS_FILE_KEY not in config.stash:
+        fd, path = tempfile.mkstemp(prefix="testbed-pytest-units-", suffix=".json")
         os.close(fd)
-        config.stash[_ALONE_FILE_KEY] = path
+        config.stash[_UNITS_FILE_KEY] = path
         config.add_cleanup(lambda: Path(path).unlink(missing_ok=True))
-    node.workerinput["tb_alone_file"] = config.stash[_ALONE_FILE_KEY]
+    node.workerinput["tb_units_file"] = config.stash[_UNITS_FILE_KEY]
 
 
-_ALONE_FILE_KEY = pytest.StashKey[str]()
+_UNITS_FILE_KEY = pytest.StashKey[str]()
 
 
 def _start_host_guard(config: pytest.Config) -> None:
@@ -455,10 +513,35 @@ def _start_host_guard(config: pytest.Config) -> None:
     config.stash[_SNAPSHOT_KEY] = snapshot.take()
 
 
+_DURATIONS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # setup, call and teardown: what the test holds its worker for (the controller sees the
+    # workers' reports here too)
+    _DURATIONS[report.nodeid] = _DURATIONS.get(report.nodeid, 0.0) + report.duration
+
+
+def _store_durations(config: pytest.Config) -> None:
+    """--tb-store-durations: the root-tier tests' times of this session into DURATIONS_FILE,
+    merged over what it holds (a session of a few tests updates only theirs)."""
+    path = config.rootpath / DURATIONS_FILE
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):
+        old = {}
+    new = {k: round(v, 1) for k, v in _DURATIONS.items()
+           if _tier_of(config.rootpath / k.split("::", 1)[0]) in _ROOT_TIERS}
+    merged = {**(old if isinstance(old, dict) else {}), **new}
+    path.write_text(json.dumps(dict(sorted(merged.items())), indent=0) + "\n")
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     import sys
     config = session.config
+    if config.getoption("--tb-store-durations", False) and not _is_worker(config):
+        _store_durations(config)
     # Tags this process claimed for its tests are released first: objects a test leaked
     # under one are then a dead run's, which the check below reports.
     if "testbed.measure.session" in sys.modules:
@@ -515,7 +598,8 @@ def pytest_testnodedown(node, error) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """Each root-tier module in one work unit, so one worker runs it whole, in order (its
-    module fixtures, and the session's guest pair, are that worker's); every other test is a
+    module fixtures, and the session's guest pair, are that worker's), or one unit per
+    ``xdist_group`` in it; the tests marked alone in one more; every other test is a
     unit of its own, handed to whichever worker is free. Units go out in collection order
     (the longest tiers first: pytest_collection_modifyitems), not xdist's by size. Test ids
     stay as they are (xdist's loadgroup would append ``@group`` to each)."""
@@ -524,22 +608,45 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class TierScheduling(LoadScopeScheduling):
-        alone: frozenset[str] = frozenset()
+        units: dict[str, str] = {}
+        costs: dict[str, float] = {}
 
         def _split_scope(self, nodeid: str) -> str:
             tier = _tier_of(config.rootpath / nodeid.split("::", 1)[0])
-            if nodeid in self.alone:
-                return "tb-alone"           # one worker runs them all, one after another
+            if nodeid in self.units:
+                return self.units[nodeid]
             if tier in _ROOT_TIERS:
                 return nodeid.split("::", 1)[0]
             # xdist_group marks (--dist loadgroup) are still honoured
             return nodeid.split("@")[-1] if nodeid.rfind("@") > nodeid.rfind("]") else nodeid
 
+        def _assign_work_unit(self, node) -> None:
+            # A worker cannot start its last queued test before it knows the next one, so a
+            # unit of one long test (a scenario) takes another unit along from its start. That
+            # one waits behind it while other workers may run dry: when what the worker still
+            # has to run is long by the recorded times, it gets the cheapest unit left rather
+            # than the next long one, which the next worker to come free takes.
+            left = [n for unit in self.assigned_work.get(node, {}).values() for n, done in unit.items() if not done]
+            if sum(self.costs.get(n, 0.0) for n in left) > LONG_LAST_TEST_S and len(self.workqueue) > 1:
+                cheapest = min(self.workqueue, key=lambda u: sum(self.costs.get(n, 0.0) for n in self.workqueue[u]))
+                self.workqueue.move_to_end(cheapest, last=False)
+            super()._assign_work_unit(node)
+
+        def _reschedule(self, node) -> None:
+            # xdist hands a worker its next unit while 2 of its tests are still to run; a
+            # module of one or two long tests then has the next module promised to its worker
+            # from its start, while other workers may run dry. A worker needs one test beyond
+            # the one it runs, so the next unit is handed over when one is left.
+            if not node.shutting_down and self.workqueue and self._pending_of(self.assigned_work[node]) > 1:
+                return
+            super()._reschedule(node)
+
         def schedule(self) -> None:
             config.option.loadscopereorder = False
-            path = config.stash.get(_ALONE_FILE_KEY, None)
+            path = config.stash.get(_UNITS_FILE_KEY, None)
             with contextlib.suppress(OSError, ValueError):
-                self.alone = frozenset(json.loads(Path(path).read_text())) if path else frozenset()
+                self.units = dict(json.loads(Path(path).read_text())) if path else {}
+            self.costs = _recorded_durations(config)
             super().schedule()
 
     return TierScheduling(config, log)
@@ -563,6 +670,51 @@ def netns_pair() -> Iterator[tuple[str, str, str]]:
         except TestbedError as e:
             pytest.skip(f"cannot create a namespace pair: {e}")
         yield conn.a.netns, conn.b.netns, conn.b.address
+
+
+SSHD_PRIVSEP = Path("/run/sshd")
+
+
+@contextlib.contextmanager
+def sshd_privsep_dir(path: Path = SSHD_PRIVSEP) -> Iterator[Path]:
+    """/run/sshd, the folder sshd refuses to start without ("Missing privilege separation
+    directory"), for a test's own sshd. Made if missing (no systemd here to make it) and
+    removed by the last test that uses it, only if a test made it; a host's own folder
+    stays. Tests on other workers use it at the same time: one removed it under the other's
+    restarting sshd. A shared lock on a users file marks each user, and a mutex makes the
+    "made" and "last one out" decisions one at a time."""
+    import fcntl
+    import hashlib
+    import shutil
+
+    from testbed.host import paths
+    d = paths.state_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    key = hashlib.sha256(str(path).encode()).hexdigest()[:12]
+    made = d / f"pytest-privsep-{key}.made"      # the folder is the tests' to remove
+    mutex = os.open(d / f"pytest-privsep-{key}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    users = os.open(d / f"pytest-privsep-{key}.users", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(mutex, fcntl.LOCK_EX)
+        if not path.is_dir():
+            path.mkdir(mode=0o755)
+            made.touch()
+        fcntl.flock(users, fcntl.LOCK_SH)
+        fcntl.flock(mutex, fcntl.LOCK_UN)
+        yield path
+    finally:
+        fcntl.flock(mutex, fcntl.LOCK_EX)
+        fcntl.flock(users, fcntl.LOCK_UN)
+        try:
+            fcntl.flock(users, fcntl.LOCK_EX | fcntl.LOCK_NB)    # no other user left
+        except BlockingIOError:
+            pass
+        else:
+            if made.exists():
+                shutil.rmtree(path, ignore_errors=True)
+                made.unlink()
+        os.close(users)
+        os.close(mutex)
 
 
 def run_cli(args: list[str], *, env: dict[str, str] | None = None, timeout: float = 900):

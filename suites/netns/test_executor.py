@@ -11,7 +11,6 @@ import shutil
 import time
 
 import pytest
-from pyroute2 import IPRoute
 
 from testbed import errors
 from testbed.errors import CommandError
@@ -64,7 +63,7 @@ def test_a_namespace_executor_makes_a_veth_and_sets_its_mtu():
         ops.set_mtu(ns_a, va, 1280)
         ops.on(ns_b).set_up(vb)
         # pyroute2 in the namespace, and `ip -j` run there, agree with what was asked.
-        with IPRoute(netns=a, flags=0) as ipr:
+        with ops.iproute(a) as ipr:
             got = ipr.get_links(ipr.link_lookup(ifname=va)[0])[0]
             assert got.get("IFLA_MTU") == 1280
         assert ip_j(a, va)["mtu"] == 1280

@@ -34,6 +34,7 @@ import pytest
 
 from testbed.host import proc
 from testbed.measure.session import claim_tag, release_tag
+from testbed.pytest_plugin import sshd_privsep_dir
 
 pytestmark = [pytest.mark.netns]
 
@@ -148,9 +149,7 @@ def fleet(tmp_path_factory) -> Iterator[Fleet]:
                 "Subsystem sftp internal-sftp\n")
             t = Target(f"t{i}", ns, addr, d / "home", d / "sshd_config", d / "sshd.log")
             targets.append(t)
-        if not os.path.isdir("/run/sshd"):
-            os.makedirs("/run/sshd", mode=0o755)
-            stack.callback(shutil.rmtree, "/run/sshd", ignore_errors=True)
+        stack.enter_context(sshd_privsep_dir())
         for t in targets:
             stack.callback(t.kill)
             t.start()

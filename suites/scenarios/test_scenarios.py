@@ -78,7 +78,13 @@ def test_unknown_scenario_is_one_line_and_exit_2(tmp_path):
     assert "unknown scenario 'nope'" in p.stderr and len(p.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("name", [s.name for s in SCENARIOS])
+# One work unit per scenario under pytest-xdist: its run and the tests that read it go to one
+# worker (a scenario runs once per worker process: _DONE), the five scenarios to several.
+def _group(name: str):
+    return pytest.mark.xdist_group(name)
+
+
+@pytest.mark.parametrize("name", [pytest.param(s.name, marks=_group(s.name)) for s in SCENARIOS])
 def test_scenario_writes_a_normal_run_and_its_table_in_the_report(name, results_root):
     run_dir, rep, out, html = scenario(name, results_root)
     run = json.loads((run_dir / "run.json").read_text())
@@ -100,6 +106,7 @@ def test_scenario_writes_a_normal_run_and_its_table_in_the_report(name, results_
     assert any(f["verdict"] != study.Verdict.NOT_MEASURABLE for f in rep["findings"])
 
 
+@_group("ovs-chain")
 def test_ovs_chain_has_patch_and_veth_tables(results_root):
     _, rep, _, _ = scenario("ovs-chain", results_root)
     titles = [t["title"] for t in rep["tables"]]
@@ -109,6 +116,7 @@ def test_ovs_chain_has_patch_and_veth_tables(results_root):
         assert all(g != "-" and float(g) > 0 for g in gbit), t
 
 
+@_group("netns-connect")
 def test_netns_connect_offloads_off_well_below_on_for_veth(results_root):
     run_dir, rep, _, _ = scenario("netns-connect", results_root)
     cells = json.loads((run_dir / "run.json").read_text())["cells"]
@@ -124,6 +132,7 @@ def test_netns_connect_offloads_off_well_below_on_for_veth(results_root):
     assert veth["verdict"] == study.Verdict.HELD
 
 
+@_group("bridge-vs-ovs")
 def test_bridge_vs_ovs_reports_loss_per_interval(results_root):
     run_dir, rep, _, html = scenario("bridge-vs-ovs", results_root)
     per = next(t for t in rep["tables"] if t["title"].startswith("Loss per one-second interval"))
@@ -137,6 +146,7 @@ def test_bridge_vs_ovs_reports_loss_per_interval(results_root):
     assert "Loss per one-second interval" in html
 
 
+@_group("macvtap-vs-ovs")
 def test_macvtap_vs_ovs_measures_both_columns_across_hosts(results_root):
     """E's two-host rows: macvtap across the (emulated) hosts and OVS+VXLAN, both measured,
     and the CPU finding decided from them rather than left unmeasurable."""

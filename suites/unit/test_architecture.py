@@ -180,3 +180,36 @@ def test_the_branch_finder_finds_branches(tmp_path, monkeypatch):
     (pkg / "m.py").write_text('def f(a):\n    return 1 if a == "ovs" else a.startswith("macvtap-")\n')
     monkeypatch.setattr(sys.modules[__name__], "PKG", pkg)
     assert len(_branches_on({"ovs", "macvtap"}, ())) == 2
+
+
+_PYROUTE2_SOCKETS = {"IPRoute", "NDB", "IPSet", "IW", "IPBatch", "NetNS", "AsyncIPRoute"}
+
+
+def _forking_netlink(roots: list[Path]) -> list[str]:
+    """Calls that open a pyroute2 socket in a namespace through pyroute2 itself (``netns=``,
+    or its NetNS class): pyroute2 forks a copy of the calling process for them, and a fork of
+    a process with other threads (a pytest-xdist worker's I/O thread, a run's watchers) hung
+    forever in a lock one of them held. ops.iproute opens it from a thread in the namespace."""
+    found = []
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, ast.Call):
+                    continue
+                f = node.func
+                name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+                if name in _PYROUTE2_SOCKETS and (name == "NetNS" or any(k.arg == "netns" for k in node.keywords)):
+                    found.append(f"{path}:{node.lineno}")
+    return found
+
+
+def test_no_pyroute2_socket_is_opened_by_a_fork():
+    roots = [PKG, PKG.parent / "suites", PKG.parent / "examples"]
+    found = _forking_netlink([r for r in roots if r.is_dir()])
+    assert found == [], "pyroute2 netns= forks this process (use ops.iproute): " + "; ".join(found)
+
+
+def test_the_fork_finder_finds_a_forking_socket(tmp_path):
+    (tmp_path / "m.py").write_text("from pyroute2 import IPRoute, NetNS\n"
+                                   "a = IPRoute(netns='x', flags=0)\nb = NetNS('y')\nc = IPRoute()\n")
+    assert [s.rsplit(":", 1)[1] for s in _forking_netlink([tmp_path])] == ["2", "3"]

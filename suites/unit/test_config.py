@@ -62,6 +62,9 @@ BAD = {
     "wrong_type": ("guests: {name: g1}\nmatrix: {profiles: [{name: a}]}\n", "guests", "expected a list"),
     "unknown_attachment": ("guests: [{name: g1}, {name: g2}]\nmatrix: {attachments: [sriov], profiles: [{name: a}]}\n",
                            "matrix.attachments[0]", "unknown value 'sriov'"),
+    "huge_integer_for_a_number": ("guests: [{name: g1}, {name: g2}]\nmatrix: {profiles: [{name: a}], "
+                                  "repetitions: {rsd_target: 1" + "0" * 400 + "}}\n",
+                                  "matrix.repetitions.rsd_target", "out of range"),
     "zero_connections": ("guests: [{name: g1}, {name: g2}]\nmatrix: {connections: [0], profiles: [{name: a}]}\n",
                          "matrix.connections[0]", "out of range"),
     "negative_connections": ("guests: [{name: g1}, {name: g2}]\nmatrix: {connections: [-4], profiles: [{name: a}]}\n",

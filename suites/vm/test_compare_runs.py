@@ -14,7 +14,7 @@ from testbed.topology.config import default
 from testbed.topology.model import Attachment, Backend, Cell, Pattern, Profile, Repetitions
 
 CELL = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1,
-            Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=4))
+            Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=3))
 REPS = Repetitions(warmup=0, min_samples=5, max_samples=5, rsd_target=0)   # compare needs 5 a side
 
 

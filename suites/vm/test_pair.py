@@ -12,7 +12,8 @@ from testbed.measure import cpu, testpaths
 from testbed.measure import sampling as measure
 from testbed.topology.model import Backend, Cell, Pattern, Profile, Repetitions
 
-PROFILES = [Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=5),
+# 3 s streams, as in the mode tests: long enough for the wire cross-check's tolerance
+PROFILES = [Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=3),
             Profile("tcp_rr", pattern=Pattern.RR, message_size=1, response_size=1, duration_s=5)]
 from testbed import attachments
 
@@ -58,7 +59,14 @@ def test_cell_measures(guest_pair, writer, cell):
         assert c.verdict == "ok" and c.extra["device"] == path.server.tap, c
         assert abs(c.ratio - c.expected_ratio) <= 0.03 * c.expected_ratio, c
     else:
-        assert s.metrics["latency_p99_us"] >= s.metrics["latency_p50_us"] > 0
+        m = s.metrics
+        assert m["latency_p50_us"] > 0
+        if "latency_p99_us" in m:
+            assert m["latency_p99_us"] >= m["latency_p50_us"]
+        else:
+            # left out, honestly: a p99 needs ten transactions above it (1000 in all), which a
+            # TCG guest's RR sample on a host busy with other tests may not reach
+            assert m["transactions_per_s"] * cell.profile.duration_s < 1000, m
     # Guest CPU was measured in both guests over the window; the client did work.
     assert s.cpu.guest["g1"]["busy"] > 0
     for g in ("g1", "g2"):

@@ -31,7 +31,7 @@ from testbed.guests import images
 from testbed.host import proc, remote
 from testbed.host.executor import Executor
 from testbed.host.net import links, ops
-from testbed.pytest_plugin import run_cli
+from testbed.pytest_plugin import run_cli, sshd_privsep_dir
 from testbed.records import results
 from testbed.topology import config
 from testbed.topology.model import HostSpec
@@ -69,8 +69,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def loopback(tmp_path_factory) -> Iterator[Loopback]:
     """An sshd on 127.0.0.1 only, with its own host key, authorized key and config; stopped
-    on exit. /run/sshd (sshd's privilege-separation folder) is made only if missing, and
-    removed again then."""
+    on exit, with sshd's privilege-separation folder (sshd_privsep_dir)."""
     if os.geteuid() != 0:
         pytest.skip("needs root")
     if not os.access(SSHD, os.X_OK):
@@ -91,12 +90,8 @@ def loopback(tmp_path_factory) -> Iterator[Loopback]:
         f"AuthorizedKeysFile {d / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
         "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
         "Subsystem sftp internal-sftp\n")
-    made_privsep = not os.path.isdir("/run/sshd")
-    if made_privsep:
-        os.makedirs("/run/sshd", mode=0o755)
     with contextlib.ExitStack() as stack:
-        if made_privsep:
-            stack.callback(shutil.rmtree, "/run/sshd", ignore_errors=True)
+        stack.enter_context(sshd_privsep_dir())
         stack.enter_context(cleanup.owned_state(tag, run_id))
         sshd = subprocess.Popen([SSHD, "-D", "-e", "-f", str(d / "sshd_config")],
                                 stdout=subprocess.DEVNULL, stderr=open(d / "sshd.log", "w"))

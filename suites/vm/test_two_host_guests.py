@@ -43,7 +43,7 @@ matrix:
   attachments: [bridge-vxlan, ovs-vxlan]
   profiles: [{name: tcp_stream}]
 """
-PROFILES = [Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=5),
+PROFILES = [Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=3),
             Profile("tcp_rr", pattern=Pattern.RR, message_size=1, response_size=1, duration_s=5)]
 MODES = [pytest.param(a, marks=pytest.mark.attach(a.value), id=a.value)
          for a in (Attachment("bridge-vxlan"), Attachment("ovs-vxlan"))]

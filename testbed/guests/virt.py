@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 BOOT_FINISHED = "/var/lib/cloud/instance/boot-finished"
 #: seconds between two readiness checks of a booting guest (agent calls, see Guest.wait_ready)
 READY_POLL_S = 0.05
+#: how often a guest that is not ready yet has its console read for a kernel panic
+PANIC_LOOK_S = 2.0
 
 
 
@@ -173,6 +175,9 @@ class Guest:
     #: a cold guest saved into the cache: its console as it was before the save (the
     #: restored QEMU starts the log afresh); the boot breakdown reads it (testbed.guests.bootprofile)
     boot_console: str | None = None
+    #: the console log's size when this boot began: QEMU appends, and a guest booted again
+    #: after a loss has its earlier life (a panic, say) above this offset
+    console_from: int = 0
 
     def record(self) -> dict:
         """What the run record says about this guest's boot."""
@@ -189,6 +194,19 @@ class Guest:
         except CommandError:
             return ""
 
+    def _panicked(self) -> bool:
+        """Whether this boot's console shows a kernel panic (a local guest's; a remote one's
+        console costs an ssh call and is left to the deadline)."""
+        if self.shell is not None and self.shell.remote:
+            return False
+        try:
+            with open(self.console_log, "rb") as f:
+                # a log started afresh (shorter than the offset) is all this boot's
+                f.seek(self.console_from if os.fstat(f.fileno()).st_size >= self.console_from else 0)
+                return b"Kernel panic" in f.read()
+        except OSError:
+            return False
+
     def wait_ready(self, timeout: float) -> float:
         """Wait for the agent, then for cloud-init's final stage (a restored guest: its clock
         set and fresh entropy given). Returns seconds since start. A cold guest that is to be
@@ -198,12 +216,21 @@ class Guest:
         steps = ((("guest agent", self._agent_up), ("clock, entropy and a command", self._refresh))
                  if self.boot == "restored" else
                  (("guest agent", self._agent_up), ("cloud-init final", self._cloud_init_done)))
+        console_due = 0.0
         for what, check in steps:
             while not check():
                 if not self.dom.isActive():
                     raise ReadinessError(f"guest {self.name} stopped while waiting for {what}",
                                          time.monotonic() - self.boot_started,
                                          self.console_tail())
+                if time.monotonic() >= console_due:
+                    # A panicked guest's domain keeps running, hung: without this look the
+                    # wait would go on to its deadline (minutes) for a guest that is gone.
+                    # Every few seconds, not every poll: a remote console is read over ssh.
+                    console_due = time.monotonic() + PANIC_LOOK_S
+                    if self._panicked():
+                        raise ReadinessError(f"guest {self.name} (kernel panic while waiting for {what})",
+                                             time.monotonic() - self.boot_started, self.console_tail())
                 if time.monotonic() > deadline:
                     raise ReadinessError(f"guest {self.name} (waiting for {what})", timeout,
                                          self.console_tail())
@@ -384,6 +411,10 @@ def guest(conn: libvirt.virConnect, spec: GuestSpec, image: images.Image, accel:
     name = f"tb-{run_tag}-{spec.name}"
     state.mkdir(parents=True, exist_ok=True)
     console = state / f"{name}.console.log"
+    try:
+        console_from = console.stat().st_size
+    except OSError:
+        console_from = 0
     key, why = None, None
     if snapshots == "off":
         why = "snapshots off"
@@ -412,7 +443,7 @@ def guest(conn: libvirt.virConnect, spec: GuestSpec, image: images.Image, accel:
     if snap is not None:
         try:
             with _restored(conn, snap, name, run_id, state, console) as g:
-                g.spec, g.shell = spec, shell
+                g.spec, g.shell, g.console_from = spec, shell, console_from
                 yield g
             return
         except _RestoreFailed as e:
@@ -442,7 +473,7 @@ def guest(conn: libvirt.virConnect, spec: GuestSpec, image: images.Image, accel:
         log.info("started guest %s (%s, cold: %s)", name, accel.value, why)
         yield Guest(spec=spec, name=name, dom=dom, agent=Agent(dom, name), console_log=console,
                     boot_started=started, shell=shell, boot="cold", boot_reason=why, run_id=run_id,
-                    snapshot_key=key.digest if key else None,
+                    console_from=console_from, snapshot_key=key.digest if key else None,
                     save_to=(key, conn, disk, local_seed, state, snapshots == "renew") if key else None)
 
 

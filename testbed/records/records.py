@@ -40,9 +40,15 @@ def _mapping(v: Any) -> Mapping[str, Any]:
 
 
 def num(v: Any) -> float | None:
-    """A finite number, or None (booleans, text, NaN and missing values are not figures)."""
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) \
-        and math.isfinite(v) else None
+    """A finite number, or None (booleans, text, NaN, missing values, and integers too large
+    for a float, which JSON allows, are not figures)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
 
 
 # --------------------------------------------------------------------------- the machinery

@@ -136,7 +136,9 @@ class Node:
         v = self.scalar()
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise self.error(f"expected a number, got {show(v)}")
-        if not (math.isfinite(v) and lo <= v <= hi):   # NaN compares false both ways
+        # NaN compares false both ways; an integer too large for a float compares exactly
+        # (math.isfinite on it would raise OverflowError)
+        if not lo <= v <= hi or (isinstance(v, float) and not math.isfinite(v)):
             raise self.error(f"{show(v)} out of range {lo}..{hi}")
         return float(v)
 

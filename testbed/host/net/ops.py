@@ -45,6 +45,22 @@ def check_ours(name: str) -> None:
         raise TestbedError(f"refusing to touch {name!r}: not a {PREFIX} object")
 
 
+def iproute(netns: str | None = None) -> IPRoute:
+    """pyroute2's IPRoute on the root namespace or the named one. In a namespace its socket is
+    opened by a thread that joined it, never by pyroute2's ``netns=``: that forks a copy of
+    this process, and a fork of a process with other threads (a test worker's, a run's
+    watchers) can hang forever in a lock one of them held."""
+    if not netns:
+        return IPRoute()
+    try:
+        fd = in_thread_netns(netns, lambda: socket.socket(
+            socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_ROUTE).detach())
+        return IPRoute(fileno=fd)
+    except OSError as e:
+        raise CommandError(["netlink", "netns", netns], e.errno,
+                           f"cannot open namespace {netns}: {e.strerror}") from None
+
+
 class Netlink:
     """Link operations over pyroute2 in this machine's root namespace or a named one."""
 
@@ -53,17 +69,7 @@ class Netlink:
         self.where = f"namespace {netns}" if netns else "the root namespace"
 
     def _ipr(self) -> IPRoute:
-        if not self.netns:
-            return IPRoute()
-        try:
-            # The socket is opened by a thread inside the namespace, not by pyroute2's
-            # netns= (which forks a copy of this process for it: see in_thread_netns).
-            fd = in_thread_netns(self.netns, lambda: socket.socket(
-                socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_ROUTE).detach())
-            return IPRoute(fileno=fd)
-        except OSError as e:
-            raise CommandError(["netlink", "netns", self.netns], e.errno,
-                               f"cannot open namespace {self.netns}: {e.strerror}") from None
+        return iproute(self.netns)
 
     @staticmethod
     def _idx(ipr: IPRoute, name: str) -> int | None:
