@@ -11,7 +11,6 @@ import csv
 import io
 import re
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -225,7 +224,10 @@ def test_report_shows_plots_in_headless_chromium(tmp_path):
     rec = compare.load(write_run(tmp_path, "r1", failed=1, **TCG))
     page.write_text(report.render(report.build([rec], generated="now")))
     shot = tmp_path / "out.png"
-    profile = tempfile.mkdtemp(prefix="tb-chromium-")
+    # under the test's own tmp_path: a Chromium helper still writing after the browser has
+    # gone recreated a profile folder removed in /tmp, which stayed there
+    profile = tmp_path / "chromium-profile"
+    profile.mkdir()
     try:
         proc.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                   "--no-first-run", "--disable-background-networking",

@@ -13,7 +13,6 @@ import os
 import select
 import shutil
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -178,7 +177,10 @@ def test_plots_render_and_answer_hover_in_headless_chromium_with_no_network(tmp_
     page.write_text(report.render(report.build([rec], generated="now")))
     # its own network namespace when we may make one: no network at all, not just none used
     wrap = ["unshare", "--net"] if os.geteuid() == 0 and shutil.which("unshare") else []
-    profile = tempfile.mkdtemp(prefix="tb-chromium-")
+    # under the test's own tmp_path: a Chromium helper still writing after the browser has
+    # gone recreated a profile folder removed in /tmp, which stayed there
+    profile = tmp_path / "chromium-profile"
+    profile.mkdir()
     cdp = Cdp([*wrap, browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                "--disable-background-networking", "--disable-component-update", "--disable-sync",
                f"--user-data-dir={profile}", "--remote-debugging-pipe", "--window-size=1200,900",

@@ -108,7 +108,8 @@ def _run_decided(args: argparse.Namespace, topo, resume) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from testbed.topology import config
     topo = config.load(args.topology)
-    from testbed.measure import runner     # after the file is read: a bad one is refused at once
+    # imported after the file is read: a bad one is refused at once
+    from testbed.measure import runner
     cells = runner.plan(topo)
     print(f"{args.topology}: ok ({len(topo.guests)} guests, {len(cells)} cells)")
     return 0
