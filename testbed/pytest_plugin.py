@@ -101,11 +101,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # the longest root work first, so the workers end together: the scenarios, the guest
     # tier, the store (a minute-long nightly job in two modules), then the namespace tier's
     # many short modules. Stable: modules and tests otherwise keep their order.
-    costs = _unit_costs(config, items)
+    units = {item.nodeid: _unit_of(item) for item in items}
+    costs = _unit_costs(config, items, units)
     first: dict[str, int] = {}
     for n, item in enumerate(items):
-        first.setdefault(_unit_of(item), n)
-    items.sort(key=lambda i: (_run_order(i), -costs.get(_unit_of(i), 0.0), first[_unit_of(i)]))
+        first.setdefault(units[item.nodeid], n)
+    items.sort(key=lambda i: (_run_order(i), -costs.get(units[i.nodeid], 0.0), first[units[i.nodeid]]))
     path = getattr(config, "workerinput", {}).get("tb_units_file")
     if path:
         # for the controller's scheduler, which sees test ids only
@@ -138,12 +139,14 @@ def _recorded_durations(config: pytest.Config) -> dict[str, float]:
         return {}
 
 
-def _unit_costs(config: pytest.Config, items: list[pytest.Item]) -> dict[str, float]:
+def _unit_costs(config: pytest.Config, items: list[pytest.Item], units: dict[str, str]) -> dict[str, float]:
+    """Recorded seconds per root-tier work unit (``units``: each test's unit, _unit_of)."""
     recorded = _recorded_durations(config)
     costs: dict[str, float] = {}
     for item in items:
         if _root_tier(item):
-            costs[_unit_of(item)] = costs.get(_unit_of(item), 0.0) + recorded.get(item.nodeid, 0.0)
+            unit = units[item.nodeid]
+            costs[unit] = costs.get(unit, 0.0) + recorded.get(item.nodeid, 0.0)
     return costs
 
 

@@ -15,13 +15,17 @@ def _guest(log, console_from=0) -> Guest:
                  boot_started=0.0, console_from=console_from)
 
 
+def _append(log, text: str) -> None:
+    with open(log, "a") as f:
+        f.write(text)
+
+
 def test_a_panic_in_this_boot_is_seen(tmp_path):
     log = tmp_path / "console.log"
     log.write_text(BOOT)
     g = _guest(log)
     assert not g._panicked()
-    with open(log, "a") as f:
-        f.write(PANIC)
+    _append(log, PANIC)
     assert g._panicked()
 
 
@@ -29,11 +33,9 @@ def test_a_panic_before_this_boot_is_not_this_boots(tmp_path):
     log = tmp_path / "console.log"
     log.write_text(BOOT + PANIC)            # the guest's first life ended in a panic
     g = _guest(log, console_from=log.stat().st_size)
-    with open(log, "a") as f:
-        f.write(BOOT)                       # booted again, fine so far
+    _append(log, BOOT)                      # booted again, fine so far
     assert not g._panicked()
-    with open(log, "a") as f:
-        f.write(PANIC)
+    _append(log, PANIC)
     assert g._panicked()
 
 

@@ -194,18 +194,22 @@ class Guest:
         except CommandError:
             return ""
 
+    def console_since(self, offset: int) -> str:
+        """What a local guest's console printed from byte ``offset`` on ("" while there is no
+        log). A log started afresh, shorter than the offset, is read whole."""
+        try:
+            with open(self.console_log, "rb") as f:
+                f.seek(offset if os.fstat(f.fileno()).st_size >= offset else 0)
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
     def _panicked(self) -> bool:
         """Whether this boot's console shows a kernel panic (a local guest's; a remote one's
         console costs an ssh call and is left to the deadline)."""
         if self.shell is not None and self.shell.remote:
             return False
-        try:
-            with open(self.console_log, "rb") as f:
-                # a log started afresh (shorter than the offset) is all this boot's
-                f.seek(self.console_from if os.fstat(f.fileno()).st_size >= self.console_from else 0)
-                return b"Kernel panic" in f.read()
-        except OSError:
-            return False
+        return "Kernel panic" in self.console_since(self.console_from)
 
     def wait_ready(self, timeout: float) -> float:
         """Wait for the agent, then for cloud-init's final stage (a restored guest: its clock

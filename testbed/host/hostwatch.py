@@ -356,12 +356,7 @@ class GuestsLost(TestbedError):
 
 def _console_lines(g, since: int, n: int = 6) -> tuple[str, list[str]]:
     """(everything the console printed since byte ``since``, its last ``n`` non-empty lines)."""
-    try:
-        with open(g.console_log, "rb") as f:
-            f.seek(since)
-            text = f.read().decode(errors="replace")
-    except OSError:
-        return "", []
+    text = g.console_since(since)
     return text, [x.strip() for x in text.splitlines() if x.strip()][-n:]
 
 
