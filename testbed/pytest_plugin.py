@@ -210,9 +210,8 @@ def guest_pair(accelerator) -> Iterator[GuestPair]:
     from testbed.guests import images, virt
     from testbed.records import results
     from testbed.topology.model import GuestSpec
-    run_id, tag = results.new_run_id()
     with contextlib.ExitStack() as stack:
-        state = stack.enter_context(cleanup.owned_state(tag, run_id))
+        run_id, tag, state = stack.enter_context(cleanup.owned_fresh_state(results.new_run_id))
         conn = stack.enter_context(virt.connect("qemu:///system"))
         img = images.ensure()
         gs = [stack.enter_context(virt.guest(conn, GuestSpec(n, "local"), img, accelerator, run_id, tag, state))
@@ -664,10 +663,9 @@ def netns_pair() -> Iterator[tuple[str, str, str]]:
     from testbed.errors import TestbedError
     from testbed.host.net import netns
     from testbed.records import results
-    run_id, tag = results.new_run_id()
     with contextlib.ExitStack() as stack:
         # Registered like a run, so a concurrent `testbed cleanup` leaves it alone.
-        stack.enter_context(cleanup.owned_state(tag, run_id))
+        _, tag, _ = stack.enter_context(cleanup.owned_fresh_state(results.new_run_id))
         try:
             conn = stack.enter_context(netns.veth_pair(tag, subnet="198.18.250.0/30"))
         except TestbedError as e:

@@ -22,18 +22,19 @@ pytestmark = [
 
 
 def test_ndr_on_a_tbf_limited_veth_is_the_limit_within_the_precision():
-    r = bench.ndr(limit_mbit=20, precision=0.05, trial_s=(1, 2), lock=False)
+    r = bench.ndr(limit_mbit=20, precision=0.05, lock=False)
     s = r["search"]
     assert r["stopped"] is None, r["stopped"]
     expected = r["expected_payload_mbps"]
     ndr = s["ndr"]
     # the bounds bracket the shaper's rate and are no wider than the precision; the queue
-    # (10 frames) lets a trial run a little above the rate without loss, hence the 1 %. The
-    # bucket and queue hold 14 frames, so a sender descheduled for ~9 ms (two busy cores) and
-    # then catching up loses a few datagrams a little below the rate: seen at 98.7 % of it
-    # alone, and at 89 % with other tests' runs and the unit tier beside it on two cores,
-    # hence the 10 % below (above the rate stays at 1 %: nothing passes a shaper faster).
+    # (10 frames) lets a 1 s trial run a little above the rate without loss, hence the 1 %.
+    # Below the rate, a sender descheduled for ~10 ms on a busy host and then catching up
+    # loses a few datagrams: the bench's goals (exceed ratio 0.5 over 4 s of trials) let one
+    # such trial at a load pass; two at the same load still lower the NDR, hence 10 % below
+    # (above the rate stays at 1 %: nothing passes a shaper faster).
     below = 0.90
+    assert (r["exceed_ratio"], r["duration_sum_s"]) == (0.5, 4), r
     assert ndr["relative_width"] <= 0.05 + 1e-9, ndr
     assert expected * (1 - 0.05) * below <= ndr["lower_mbps"] <= expected * 1.01, (ndr, expected)
     assert ndr["upper_mbps"] >= expected * below, (ndr, expected)

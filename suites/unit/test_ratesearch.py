@@ -179,6 +179,38 @@ def test_search_brackets_a_simulated_shaper_within_its_precision():
     assert "NDR (loss <= 0)" in ratesearch.summary_line(r)
 
 
+def stalling_shaper(cap_pps: float, band: float = 0.9):
+    """A shaper whose sender is descheduled now and then (a busy host): the first trial at
+    each load from ``band`` x ``cap_pps`` up to the cap loses a few datagrams; above the cap
+    every trial loses."""
+    clean, seen = shaper(cap_pps), set()
+
+    def run(i: int, duration: float, load: float) -> ratesearch.Trial:
+        t = clean(i, duration, load)
+        if band * cap_pps <= load <= cap_pps and load not in seen:
+            seen.add(load)
+            return ratesearch.Trial(i, duration, load, True, duration_s=duration, wall_s=duration * 1.08,
+                                    sent=t.sent, received=t.sent - 6, message_size=1472, wire={"verdict": "ok"})
+        return t
+    return run
+
+
+def test_the_bench_goals_outvote_a_stalled_sender_the_strict_goal_does_not():
+    """The rate benchmark's goals (exceed ratio 0.5 over 4 s of trials) keep a load whose one
+    trial lost a few datagrams to a stalled sender as a lower bound; with an exceed ratio of
+    0 the same trials make it an upper bound, and the NDR falls below the shaper."""
+    from testbed import bench
+    cap = 20e6 / 8 / PER
+    base = dict(min_rate_bps=10**6, max_rate_bps=8 * 10**7, trial_s=(1, 1), precision=0.05)
+    median = RateSearch(**base, exceed_ratio=bench.NDR_EXCEED_RATIO, duration_sum_s=bench.NDR_DURATION_SUM_S)
+    r = ratesearch.search(median, 1472, stalling_shaper(cap))
+    assert r.ok and cap * 0.95 <= r.ndr.lower_pps <= cap * 1.001 < r.ndr.upper_pps, (r.ndr, cap)
+    # the outvoted trials are there, lossy, at loads it kept as lower bounds
+    assert any(t.lost and t.intended_pps <= r.ndr.lower_pps for t in r.trials), r.trials
+    strict = ratesearch.search(RateSearch(**base), 1472, stalling_shaper(cap))
+    assert strict.ok and strict.ndr.lower_pps < cap * 0.9, (strict.ndr, cap)
+
+
 def test_a_failed_trial_stops_the_search_with_its_reason_and_keeps_the_trials():
     spec = RateSearch(min_rate_bps=10**6, max_rate_bps=10**8, trial_s=(1, 2), precision=0.05)
     r = ratesearch.search(spec, 1472, shaper(1000.0, fail_at=2))

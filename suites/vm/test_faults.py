@@ -109,8 +109,7 @@ def test_guest_that_does_not_boot(accelerator, tmp_path):
     says what was awaited and shows the console."""
     img = dataclasses.replace(images.ensure(), cmdline="root=/dev/vdz rootdelay=2 panic=1 console=ttyS0")
     from testbed.admin import cleanup
-    run_id, tag = results.new_run_id()
-    with cleanup.owned_state(tag, run_id) as state, virt.connect("qemu:///system") as conn:
+    with cleanup.owned_fresh_state(results.new_run_id) as (run_id, tag, state), virt.connect("qemu:///system") as conn:
         with virt.guest(conn, GuestSpec("bad", "local"), img, accelerator, run_id, tag, state) as g:
             with pytest.raises(ReadinessError) as ei:
                 g.wait_ready(120)

@@ -74,7 +74,6 @@ def loopback(tmp_path_factory) -> Iterator[Loopback]:
         pytest.skip("needs root")
     if not os.access(SSHD, os.X_OK):
         pytest.skip(f"{SSHD} missing (package openssh-server)")
-    run_id, tag = results.new_run_id()
     d = tmp_path_factory.mktemp("ssh")
     os.chmod(d, 0o700)
     for name in ("hostkey", "client", "otherkey"):
@@ -92,7 +91,7 @@ def loopback(tmp_path_factory) -> Iterator[Loopback]:
         "Subsystem sftp internal-sftp\n")
     with contextlib.ExitStack() as stack:
         stack.enter_context(sshd_privsep_dir())
-        stack.enter_context(cleanup.owned_state(tag, run_id))
+        _, tag, _ = stack.enter_context(cleanup.owned_fresh_state(results.new_run_id))
         sshd = subprocess.Popen([SSHD, "-D", "-e", "-f", str(d / "sshd_config")],
                                 stdout=subprocess.DEVNULL, stderr=open(d / "sshd.log", "w"))
         stack.callback(sshd.wait, 10)

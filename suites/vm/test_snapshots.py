@@ -64,9 +64,8 @@ def test_session_pair_runs_from_its_snapshots(guest_pair):
 def test_restored_pair_measures_like_a_cold_pair(guest_pair, writer):
     gp = guest_pair
     restored = _throughput(gp.client, gp.server, gp.tag, writer)
-    run_id, tag = results.new_run_id()
     with contextlib.ExitStack() as stack:
-        state = stack.enter_context(cleanup.owned_state(tag, run_id))
+        run_id, tag, state = stack.enter_context(cleanup.owned_fresh_state(results.new_run_id))
         conn = stack.enter_context(virt.connect("qemu:///system"))
         cold = [stack.enter_context(virt.guest(conn, GuestSpec(n, "local"), images.ensure(), gp.accelerator,
                                                run_id, tag, state, snapshots="off")) for n in ("g1", "g2")]
@@ -81,8 +80,7 @@ def test_restored_pair_measures_like_a_cold_pair(guest_pair, writer):
 
 def test_changed_memory_boots_cold_and_says_why(guest_pair):
     _snapshot_of(guest_pair, "g1")
-    run_id, tag = results.new_run_id()
-    with cleanup.owned_state(tag, run_id) as state, virt.connect("qemu:///system") as conn:
+    with cleanup.owned_fresh_state(results.new_run_id) as (run_id, tag, state), virt.connect("qemu:///system") as conn:
         with virt.guest(conn, GuestSpec("g1", "local", memory_mib=1536), images.ensure(),
                         guest_pair.accelerator, run_id, tag, state) as g:
             assert g.boot == "cold"
@@ -101,8 +99,7 @@ from testbed.admin import cleanup, capabilities
 from testbed.guests import images, virt
 from testbed.records import results
 from testbed.topology.model import Accelerator, GuestSpec
-run_id, tag = results.new_run_id()
-with cleanup.owned_state(tag, run_id) as state, virt.connect("qemu:///system") as conn:
+with cleanup.owned_fresh_state(results.new_run_id) as (run_id, tag, state), virt.connect("qemu:///system") as conn:
     print(tag, flush=True)
     with virt.guest(conn, GuestSpec("g1", "local"), images.ensure(), Accelerator(sys.argv[1]), run_id, tag, state) as g:
         print(g.boot, flush=True)

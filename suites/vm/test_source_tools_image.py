@@ -54,8 +54,7 @@ def test_preflight_refuses_a_tool_the_image_lacks(tbhello_image):
 
 
 def test_guest_runs_the_source_built_tool(tbhello_image, accelerator):
-    run_id, tag = results.new_run_id()
-    with cleanup.owned_state(tag, run_id) as state, virt.connect("qemu:///system") as conn, \
+    with cleanup.owned_fresh_state(results.new_run_id) as (run_id, tag, state), virt.connect("qemu:///system") as conn, \
             virt.guest(conn, GuestSpec("g1", "local"), tbhello_image, accelerator, run_id, tag, state) as g:
         g.wait_ready(600)
         res = g.agent.run(["/usr/local/bin/tbhello", "-V"], timeout=30)

@@ -19,14 +19,14 @@ import re
 import shutil
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pyroute2 import IPRoute
 
 from testbed import PREFIX
-from testbed.errors import CommandError, LeftoversError
+from testbed.errors import CommandError, LeftoversError, TestbedError
 from testbed.guests import guestcache, images
 from testbed.guests.lazy import libvirt
 from testbed.host import paths, proc
@@ -272,14 +272,50 @@ def register(tag: str, owner: dict) -> Path:
     return d
 
 
-@contextlib.contextmanager
-def owned_state(tag: str, run_id: str) -> Iterator[Path]:
-    """The run's state folder, registered as owned by this process while it lives."""
+#: tags drawn before giving up on a fresh one: there are 65536, so only a state folder that
+#: holds most of them runs out
+TAG_DRAWS = 64
+
+
+def register_fresh(draw: Callable[[], tuple[str, str]], owner: Callable[[str], dict]) -> tuple[str, str, Path]:
+    """(run id, tag, state folder): the first (run id, tag) from ``draw`` whose tag no state
+    folder has yet, registered with ``owner(run id)``. Tags are four hex digits drawn at
+    random, so beside other runs (a shared host, a test suite's workers) or a dead run's
+    folder, a draw is now and then taken: it is drawn again, never refused."""
+    for _ in range(TAG_DRAWS):
+        run_id, tag = draw()
+        try:
+            return run_id, tag, register(tag, owner(run_id))
+        except FileExistsError:
+            continue
+    raise TestbedError(f"no free run tag in {TAG_DRAWS} draws: {paths.state_dir()} holds too many "
+                       f"{PREFIX}<tag> folders (see `testbed cleanup`)")
+
+
+def _run_owner(run_id: str) -> dict:
     # Where the run writes its results, so `testbed cleanup` from another directory can still
     # mark a killed run's record (results go to ./results or --results, not one fixed place).
-    d = register(tag, {"pid": os.getpid(), "run_id": run_id, "results": str(paths.results_dir())})
+    return {"pid": os.getpid(), "run_id": run_id, "results": str(paths.results_dir())}
+
+
+@contextlib.contextmanager
+def owned_state(tag: str, run_id: str) -> Iterator[Path]:
+    """The run's state folder, registered as owned by this process while it lives
+    (FileExistsError when the tag is taken: :func:`owned_fresh_state` draws again)."""
+    d = register(tag, _run_owner(run_id))
     try:
         yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def owned_fresh_state(draw: Callable[[], tuple[str, str]]) -> Iterator[tuple[str, str, Path]]:
+    """(run id, tag, state folder) of a tag drawn until free (:func:`register_fresh`),
+    registered as owned by this process while it lives."""
+    run_id, tag, d = register_fresh(draw, _run_owner)
+    try:
+        yield run_id, tag, d
     finally:
         shutil.rmtree(d, ignore_errors=True)
 

@@ -322,9 +322,19 @@ NDR_LIMIT_MBIT = 20
 #: the shaper's bucket and queue, bytes: a few frames each, so that what the queue absorbs over
 #: a one-second trial (limit x 8 / rate) stays well inside the search's precision
 NDR_BURST, NDR_QUEUE = 4 * 1514, 10 * 1514
+#: MLRsearch's goal exceed ratio and duration sum for the benchmark: a load is a lower bound
+#: when at most half of its trial seconds lost anything, over at least 4 s of trials (RFC
+#: 9971's median goal, as CSIT runs it). On a shared, busy host the sender is now and then
+#: descheduled for more than the 14 frames the shaper holds (~10 ms) and loses a few datagrams
+#: at 99 % of the rate; with an exceed ratio of 0 that one trial made the load the upper bound
+#: (the NDR was found at 76-89 % of the limit in busy test runs). The sum is counted with each
+#: trial's overheads, so a 1 s trial counts ~1.3 s: one lossy trial (< 2 s) does not decide a
+#: load, two do, and two clean ones make a lower bound. Above the limit every trial loses, so
+#: the upper bound stays where the shaper is.
+NDR_EXCEED_RATIO, NDR_DURATION_SUM_S = 0.5, 4
 
 
-def ndr(limit_mbit: int = NDR_LIMIT_MBIT, precision: float = 0.05, trial_s: tuple[int, int] = (1, 2),
+def ndr(limit_mbit: int = NDR_LIMIT_MBIT, precision: float = 0.05, trial_s: tuple[int, int] = (1, 1),
         message_size: int = 1472, lock: bool = True) -> dict:
     """Rate search on a namespace veth pair whose sending end is shaped by a tbf qdisc to a
     known rate: NDR and PDR found against the limit (as payload rates: the shaper counts
@@ -333,7 +343,8 @@ def ndr(limit_mbit: int = NDR_LIMIT_MBIT, precision: float = 0.05, trial_s: tupl
     from testbed.measure import ratesearch, ratesearch_cell
     from testbed.topology.model import Attachment, Backend, Cell, Pattern, Profile, Protocol, RateSearch, Tool
     spec = RateSearch(trial_s=trial_s, precision=precision, min_rate_bps=limit_mbit * 10**6 // 20,
-                      max_rate_bps=limit_mbit * 10**6 * 4, max_search_s=600)
+                      max_rate_bps=limit_mbit * 10**6 * 4, max_search_s=600, exceed_ratio=NDR_EXCEED_RATIO,
+                      duration_sum_s=max(NDR_DURATION_SUM_S, 2 * trial_s[1]))
     profile = Profile("udp_ndr", tool=Tool("iperf3"), protocol=Protocol.UDP, pattern=Pattern.STREAM,
                       message_size=message_size, duration_s=trial_s[1], search=spec)
     cell = Cell(Attachment("netns-veth"), Backend.QEMU, 1500, 1, profile)
@@ -348,6 +359,7 @@ def ndr(limit_mbit: int = NDR_LIMIT_MBIT, precision: float = 0.05, trial_s: tupl
     expected = limit_mbit * message_size / frame          # payload Mbit/s at the shaper's limit
     ndr_lo, pdr_lo = r.ndr.mbps(r.ndr.lower_pps), r.pdr.mbps(r.pdr.lower_pps)
     return {"limit_mbit": limit_mbit, "expected_payload_mbps": round(expected, 4), "precision": precision,
+            "exceed_ratio": spec.exceed_ratio, "duration_sum_s": spec.duration_sum_s,
             "search": r.as_dict(), "stopped": r.stopped, "qdisc_drops": drops,
             "ndr_ratio": round(ndr_lo / expected, 4) if ndr_lo else None,
             "pdr_ratio": round(pdr_lo / expected, 4) if pdr_lo else None,
@@ -373,6 +385,8 @@ def main(what: str, args: argparse.Namespace) -> int:
         s = r["search"]
         print(f"shaper               tbf {r['limit_mbit']} Mbit/s of frames = {r['expected_payload_mbps']:.3f} "
               f"Mbit/s of 1472-byte UDP payload (namespace veth pair, iperf3)")
+        print(f"goals                exceed ratio {r['exceed_ratio']:g}, duration sum {r['duration_sum_s']} s "
+              "(a load is a lower bound when at most that share of its trial seconds missed the goal)")
         for g in ("ndr", "pdr"):
             b = s[g]
             print(f"{g.upper()} (loss <= {b['loss_ratio']:g})  {b['lower_mbps']}..{b['upper_mbps']} Mbit/s  "

@@ -59,13 +59,25 @@ class Session:
 
     def __enter__(self) -> Session:
         with self.stack as stack:
+            # The tag first: it is drawn again while another run's folder has it, and the run
+            # id (which the lock names) ends with it. A folder owned by this live process is
+            # no leftover for the check below, nor for another run's.
+            drawn = iter([(self.run_id, self.tag)])
+            resumed = self.resume is not None
+
+            def draw() -> tuple[str, str]:
+                first = next(drawn, None)
+                if first is not None:
+                    return first
+                run_id, tag = results.new_run_id()
+                return (self.run_id if resumed else run_id), tag    # a resumed run keeps its id
+            self.run_id, self.tag, self.state = stack.enter_context(cleanup.owned_fresh_state(draw))
             if self.lock:
                 stack.enter_context(cleanup.host_lock(self.run_id))
             if self.check_leftovers:
                 # With the lock held, any tb- object of a tag no live process owns is a dead run's.
                 cleanup.refuse_if_leftovers(self.hosts[0].uri)
                 cleanup.refuse_if_leftovers_on([h for h in self.hosts if h.remote])
-            self.state = stack.enter_context(cleanup.owned_state(self.tag, self.run_id))
             self.stack = stack.pop_all()
         return self
 
@@ -116,17 +128,12 @@ def claim_tag() -> str:
     """A fresh run tag registered as owned by this process (tb-<tag>/owner.json, as a
     Session's state folder is), for code that makes tb- objects without a Session. The
     registration lasts until :func:`release_tags` or the process exits."""
-    while True:
-        _, tag = results.new_run_id()
-        try:
-            d = cleanup.register(tag, {"pid": os.getpid(), "claimed": True})
-        except FileExistsError:
-            continue            # another run's tag; draw again
-        with _claim_lock:
-            if not _claimed:
-                atexit.register(release_tags)
-            _claimed[tag] = d
-        return tag
+    _, tag, d = cleanup.register_fresh(results.new_run_id, lambda _: {"pid": os.getpid(), "claimed": True})
+    with _claim_lock:
+        if not _claimed:
+            atexit.register(release_tags)
+        _claimed[tag] = d
+    return tag
 
 
 def release_tags() -> list[str]:

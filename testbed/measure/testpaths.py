@@ -134,10 +134,14 @@ def pair_paths(attachment: Attachment, backend: Backend, tag: str, t: Topology,
             if len(out) < n:
                 if own is None:
                     raise TestbedError(f"{n} pairs asked, {len(out)} endpoints pairs given")
-                new = tag
-                while new in tags:
-                    new = secrets.token_hex(2)
-                stack.enter_context(cleanup.owned_state(new, f"{tag}-pair{len(tags) + 1}"))
+                label = f"{tag}-pair{len(tags) + 1}"
+
+                def draw() -> tuple[str, str]:
+                    new = tag
+                    while new in tags:
+                        new = secrets.token_hex(2)
+                    return label, new
+                _, new, _ = stack.enter_context(cleanup.owned_fresh_state(draw))
                 tags.append(new)
         yield out[:n]
 
