@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from testbed.admin import cleanup
 from testbed import errors
+from testbed.admin import cleanup
 from testbed.measure import session
 
 

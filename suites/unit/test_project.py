@@ -144,6 +144,22 @@ def test_no_module_needs_libvirt_at_import():
     assert p.returncode == 0, p.stdout + p.stderr[-2000:]
 
 
+@pytest.mark.parametrize("argv", [["compare", "tb-no-such-run", "tb-nor-this"],
+                                  ["capacity", "tb-no-such-run", "--profile", "x"],
+                                  ["report", "tb-no-such-run", "-o", "r.html"]])
+def test_a_result_command_refuses_a_missing_run_before_it_imports_scipy(argv, tmp_path):
+    """scipy takes about half a second to import: a result command given a run that is not
+    there says so before any statistics module pulls it in."""
+    code = ("import sys\nfrom testbed.cli import main\n"
+            "try:\n    rc = main(sys.argv[1:])\nexcept SystemExit as e:\n    rc = e.code\n"
+            "print('scipy' if any(m == 'scipy' or m.startswith('scipy.') for m in sys.modules) else 'no scipy')\n"
+            "sys.exit(rc)\n")
+    p = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode != 0 and "tb-no-such-run" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert p.stdout.strip().splitlines()[-1] == "no scipy", p.stdout
+
+
 def test_test_modules_have_unique_names():
     """The suites are folders without __init__.py, so pytest imports test modules by their
     base name: two files of one name in different tiers fail collection of the whole suite."""

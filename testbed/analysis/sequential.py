@@ -47,10 +47,9 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from scipy import stats as sps
-
 from testbed.analysis import compare, stats
 from testbed.analysis.compare import CellResult, CellVerdict, RunComparison
+from testbed.analysis.stats import sps
 from testbed.records.records import RunRecord
 
 SPENDING = ("obrien-fleming", "pocock")

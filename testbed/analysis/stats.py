@@ -14,13 +14,17 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
-from scipy import special as spx
-from scipy import stats as sps
 
+from testbed.lazy import Lazy
 from testbed.topology.model import Repetitions
+
+# scipy is imported at the first test or interval: `testbed compare` and `capacity` refuse a
+# bad argument before that (the import takes ~0.5 s)
+sps: Any = Lazy("scipy.stats")
+spx: Any = Lazy("scipy.special")
 
 T = TypeVar("T")
 

@@ -12,20 +12,7 @@ import importlib
 from types import ModuleType
 from typing import Any
 
-
-class _Lazy:
-    def __init__(self, name: str, on_import=None) -> None:
-        self._name = name
-        self._module: ModuleType | None = None
-        self._on_import = on_import
-
-    def __getattr__(self, attr: str) -> Any:
-        if self._module is None:
-            module = importlib.import_module(self._name)
-            if self._on_import:
-                self._on_import(module)
-            self._module = module
-        return getattr(self._module, attr)
+from testbed.lazy import Lazy
 
 
 def _quiet(module: ModuleType) -> None:
@@ -33,5 +20,5 @@ def _quiet(module: ModuleType) -> None:
     module.registerErrorHandler(lambda _ctx, _err: None, None)
 
 
-libvirt: Any = _Lazy("libvirt", _quiet)
-libvirt_qemu: Any = _Lazy("libvirt_qemu", lambda _m: _quiet(importlib.import_module("libvirt")))
+libvirt: Any = Lazy("libvirt", _quiet)
+libvirt_qemu: Any = Lazy("libvirt_qemu", lambda _m: _quiet(importlib.import_module("libvirt")))
