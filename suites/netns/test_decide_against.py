@@ -17,8 +17,11 @@ import pytest
 
 from testbed.pytest_plugin import run_cli
 
-# alone: the gate's verdict on a few samples needs a quiet host (neighbours' noise makes it undecided)
-pytestmark = [pytest.mark.alone, pytest.mark.netns, pytest.mark.attach("netns")]
+# Not alone: its verdicts hold on a busy host. conn1's BASE is edited to ten times the median
+# with almost no spread, decided at look 1 whatever NEW measures; conn2's is spread +-50 %,
+# which look 1's small share of q (O'Brien-Fleming) cannot decide against any NEW. Measured
+# three times beside a guest tier's streams: the same verdicts each time.
+pytestmark = [pytest.mark.netns, pytest.mark.attach("netns")]
 
 TOPOLOGY = """\
 name: decide
