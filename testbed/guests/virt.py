@@ -230,7 +230,8 @@ class Guest:
                 if time.monotonic() >= console_due:
                     # A panicked guest's domain keeps running, hung: without this look the
                     # wait would go on to its deadline (minutes) for a guest that is gone.
-                    # Every few seconds, not every poll: a remote console is read over ssh.
+                    # Every few seconds, not every poll: each look reads this boot's whole
+                    # console (a remote guest's is not read: see _panicked).
                     console_due = time.monotonic() + PANIC_LOOK_S
                     if self._panicked():
                         raise ReadinessError(f"guest {self.name} (kernel panic while waiting for {what})",
