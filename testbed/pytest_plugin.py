@@ -214,10 +214,9 @@ def guest_pair(accelerator) -> Iterator[GuestPair]:
         run_id, tag, state = stack.enter_context(cleanup.owned_fresh_state(results.new_run_id))
         conn = stack.enter_context(virt.connect("qemu:///system"))
         img = images.ensure()
-        gs = [stack.enter_context(virt.guest(conn, GuestSpec(n, "local"), img, accelerator, run_id, tag, state))
-              for n in ("g1", "g2")]
-        for g in gs:
-            g.wait_ready(600)
+        gs = virt.enter_parallel(stack, [virt.guest(conn, GuestSpec(n, "local"), img, accelerator, run_id, tag, state)
+                                         for n in ("g1", "g2")], 2)
+        virt.map_parallel(lambda g: g.wait_ready(600), gs, 2)
         yield GuestPair(gs[0], gs[1], tag, run_id, accelerator, state)
 
 

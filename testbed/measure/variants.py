@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import os
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TypeVar
@@ -70,20 +71,20 @@ class Pair:
 def boot(stack: contextlib.ExitStack, conn: object, t: Topology, recipe_image: images.Image,
          accel: object, run_id: str, tag: str, state: object,
          count_boot: Callable[[], None]) -> list[Pair]:
-    """One guest pair per variant, each guest named <guest><variant>."""
-    pairs = []
+    """One guest pair per variant, each guest named <guest><variant>; all of them booted or
+    restored in parallel (and destroyed so), up to the host's cores."""
+    cms = []
     for v in t.matrix.variants:
-        booted = []
         for spec in (t.guest(t.client), t.guest(t.server)):
             vspec = dataclasses.replace(spec, name=f"{spec.name}{v.name}")
             img = (images.user_image(v.image) if v.image else
                    images.user_image(spec.image) if spec.image else recipe_image)
-            booted.append(stack.enter_context(virt.guest(
-                conn, vspec, img, accel, run_id, tag, state,  # type: ignore[arg-type]
-                emulator=v.emulator, machine=v.machine)))
-            count_boot()
-        pairs.append(Pair(v, booted[0], booted[1]))
-    return pairs
+            cms.append(virt.guest(conn, vspec, img, accel, run_id, tag, state,  # type: ignore[arg-type]
+                                  emulator=v.emulator, machine=v.machine))
+    booted = virt.enter_parallel(stack, cms, os.cpu_count() or 1)
+    for _ in booted:
+        count_boot()
+    return [Pair(v, booted[2 * i], booted[2 * i + 1]) for i, v in enumerate(t.matrix.variants)]
 
 
 @contextlib.contextmanager
