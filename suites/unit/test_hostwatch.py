@@ -24,6 +24,30 @@ def test_gaps_are_silences_between_traffic_not_at_the_ends():
     assert hostwatch.gaps([(0, 0), (5, 0), (6, 0)]) == []      # never moved: not a gap
 
 
+def test_an_ongoing_silence_after_traffic_is_a_stall_once_long_enough():
+    t = [i * 0.5 for i in range(30)]
+    moving = [i * 10 if i < 6 else 50 for i in range(30)]     # traffic to 2.5 s, then nothing
+    g = hostwatch.ongoing_gap(list(zip(t, moving)), stall_s=10)
+    assert (g.at_s, g.length_s) == (2.5, 12.0)
+    assert hostwatch.ongoing_gap(list(zip(t, moving)), stall_s=13) is None
+    assert hostwatch.ongoing_gap(list(zip(t, [0] * 30)), stall_s=1) is None       # never moved
+    assert hostwatch.ongoing_gap(list(zip(t, range(30))), stall_s=1) is None      # still moving
+
+
+def test_a_silent_wire_stops_the_sample_while_it_runs(monkeypatch):
+    """Counters that move, then stop: the watch's stop is set with the silence in words
+    after the stall time, while the sample is still open (its tools would be killed)."""
+    monkeypatch.setattr(hostwatch, "STALL_STOP_S", 1.0)
+    start = time.monotonic()
+    guard = Guard(read_bytes=lambda: min(int((time.monotonic() - start) * 1000), 300), devices=("tb-x-a",),
+                  interval_s=0.05)
+    with guard.sample() as sw:
+        stopped = sw.stop.wait(5)
+        took = time.monotonic() - start
+    assert stopped and 1.0 < took < 3.5, took
+    assert "had not resumed (no byte on tb-x-a" in sw.stop.why and "a stall" in sw.stop.why
+
+
 def test_changes_name_the_daemon_and_both_pids():
     b = [Seen("ovs-vswitchd", 123, 1.0), Seen("ovsdb-server", 7, 1.0), Seen("libvirtd", 9, 1.0)]
     a = [Seen("ovs-vswitchd", 456, 5.0), Seen("ovsdb-server", 7, 1.0), Seen("libvirtd", None, None)]

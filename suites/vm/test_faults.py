@@ -13,6 +13,7 @@ import pytest
 from testbed.analysis import stats
 from testbed.errors import ReadinessError
 from testbed.guests import images, virt
+from testbed.host import hostwatch
 from testbed.measure import sampling as measure
 from testbed.measure import testpaths
 from testbed.records import results
@@ -54,6 +55,8 @@ WHEN_TEST_RUNS = ("for i in $(seq 300); do [ $(pgrep -c -x netserver) -ge 2 ] &&
 
 def test_client_that_hangs_times_out(guest_pair, writer, monkeypatch):
     monkeypatch.setattr(measure, "SAMPLE_MARGIN_S", 5)
+    # the wire's silence would stop it first otherwise (the next test): the timeout is tested here
+    monkeypatch.setattr(hostwatch, "STALL_STOP_S", 600)
     with bridge_path(guest_pair) as path:
         _in_guest_later(guest_pair.client, WHEN_CLIENT_RUNS + "pkill -STOP -x netperf")
         t0 = time.monotonic()
@@ -63,6 +66,23 @@ def test_client_that_hangs_times_out(guest_pair, writer, monkeypatch):
     assert "client timed out" in s.reason
     assert took < STREAM.duration_s + 5 + 30
     # The stopped client was killed, not left behind in the guest.
+    assert guest_pair.client.agent.run(["/usr/bin/pgrep", "-x", "netperf"], check=False).rc == 1
+
+
+def test_a_silent_wire_stops_a_hung_client_long_before_its_timeout(guest_pair, writer):
+    """The client stops sending a second into the stream (SIGSTOP, as a guest NIC that stops
+    receiving under TCG leaves it): after STALL_STOP_S of silence on the path's devices the
+    sample is stopped and failed, naming the silence, instead of waiting out the tool's
+    timeout (the stream's 6 s and a minute)."""
+    assert measure.SAMPLE_MARGIN_S >= 60
+    with bridge_path(guest_pair) as path:
+        _in_guest_later(guest_pair.client, WHEN_CLIENT_RUNS + "pkill -STOP -x netperf")
+        t0 = time.monotonic()
+        [s] = _measure(path, writer)
+        took = time.monotonic() - t0
+    assert s.status == "failed"
+    assert "stopped early" in s.reason and "had not resumed" in s.reason and "a stall" in s.reason, s.reason
+    assert took < hostwatch.STALL_STOP_S + 30, took
     assert guest_pair.client.agent.run(["/usr/bin/pgrep", "-x", "netperf"], check=False).rc == 1
 
 

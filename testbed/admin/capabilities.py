@@ -208,18 +208,22 @@ def accelerator_probe(kernel: str) -> tuple[ProbeBoot, ProbeBoot]:
 
 
 def choose_accelerator(requested: str, kernel: Path) -> Accelerator:
-    """kvm if a stock kernel really boots under it, else tcg; a requested one that is missing is an error."""
-    kvm, tcg = accelerator_probe(str(kernel))
-    if requested == "kvm" and not kvm.ok:
-        raise CapabilityError(f"accelerator kvm requested but unusable: {kvm.reason}")
-    if requested == "tcg" and not tcg.ok:
-        raise CapabilityError(f"accelerator tcg requested but unusable: {tcg.reason}")
-    if requested == "tcg":
-        return Accelerator.TCG
-    if kvm.ok:
-        return Accelerator.KVM
+    """kvm if a stock kernel really boots under it, else tcg; a requested one that is missing
+    is an error. Only the boots the choice needs are tried: the TCG boot (seconds of CPU) is
+    not made when KVM is asked for or works."""
+    k = Path(kernel)
+    if requested != "tcg":
+        dev_ok, dev_reason = kvm_device()
+        kvm = probe_boot(k, Accelerator.KVM, timeout=30) if dev_ok else ProbeBoot(Accelerator.KVM, False, 0, dev_reason)
+        if kvm.ok:
+            return Accelerator.KVM
+        if requested == "kvm":
+            raise CapabilityError(f"accelerator kvm requested but unusable: {kvm.reason}")
+    tcg = probe_boot(k, Accelerator.TCG)
     if tcg.ok:
         return Accelerator.TCG
+    if requested == "tcg":
+        raise CapabilityError(f"accelerator tcg requested but unusable: {tcg.reason}")
     raise CapabilityError(f"no guest can run here: kvm: {kvm.reason}; tcg: {tcg.reason}")
 
 

@@ -15,7 +15,8 @@ lose the same seconds, so the wire cross-check agrees. The error messages do not
 - the byte counters of the devices under test, read every ``INTERVAL_S`` through the window:
   a stretch of at least ``MIN_GAP_S`` with no byte on them, with traffic before and after it,
   fails the sample with its time and length. It catches a link flap or a stall that no
-  daemon reports.
+  daemon reports. A silence after traffic that lasts ``STALL_STOP_S`` while the tools still
+  run stops them there (the sample has failed whatever comes next).
 
 A daemon or object fault also marks the guard ``fault``: the runner then waits (at most
 ``COMEBACK_S``) for the daemons to come back, and builds the segment again for the next
@@ -46,6 +47,12 @@ MIN_GAP_S = 0.75
 #: the same for guests: a TCG guest on a loaded 2-core host can go a second without running
 #: its vCPU thread, which is the host's noise (the noise guard's business), not a stall
 MIN_GAP_GUEST_S = 2.0
+#: a silence this long on the devices under test, with traffic before it and none since,
+#: while the tools still run, stops the sample there (SampleWatch.stop): such a sample fails
+#: whatever comes next (a gap if traffic resumes, the tool's timeout if not), and a TCG
+#: guest's NIC that stopped receiving otherwise held its tool until the timeout, a minute on
+#: for a 3 s stream. Far above any pause of a stream that works (MIN_GAP_GUEST_S).
+STALL_STOP_S = 10.0
 #: how long the run waits for a daemon that stopped or restarted to answer again
 COMEBACK_S = 60.0
 #: how often a sample's daemons, objects and guests are checked while its tools run: a fault
@@ -151,6 +158,21 @@ def gaps(readings: Sequence[tuple[float, int]], min_gap_s: float = MIN_GAP_S) ->
     return out
 
 
+def ongoing_gap(readings: Sequence[tuple[float, int]], stall_s: float = STALL_STOP_S) -> Gap | None:
+    """Pure: the silence at the end of ``readings`` (no byte since the last reading that
+    counted some), when traffic was seen before it and it has lasted at least ``stall_s``."""
+    if len(readings) < 2:
+        return None
+    last_moving: float | None = None
+    for (_, ba), (tb, bb) in zip(readings, readings[1:]):
+        if bb != ba:
+            last_moving = tb
+    now = readings[-1][0]
+    if last_moving is None or now - last_moving < stall_s:
+        return None
+    return Gap(round(last_moving - readings[0][0], 2), round(now - last_moving, 2))
+
+
 class Sampler:
     """A thread reading cumulative bytes every ``interval`` s until stopped."""
 
@@ -210,6 +232,13 @@ class SampleWatch:
             if why:
                 self.stop.stop("; ".join(why))
                 return
+            stall_s = self.guard.stall_stop_s if self.guard.stall_stop_s is not None else STALL_STOP_S
+            g = ongoing_gap(list(self.sampler.readings), stall_s) if self.sampler else None
+            if g is not None:
+                self.stop.stop(f"wire counters stopped for {g.length_s:.2f} s at {g.at_s:.2f} s into the window "
+                               f"and had not resumed (no byte on {self.guard.device_list()} while the tools "
+                               f"ran: a stall)")
+                return
 
     def finish(self) -> str | None:
         """Stop the counter and check threads and judge the sample (idempotent)."""
@@ -228,7 +257,7 @@ class SampleWatch:
         if self.sampler is not None and not missing:
             for g in gaps(self.sampler.readings, self.guard.min_gap_s):
                 why.append(f"wire counters stopped for {g.length_s:.2f} s at {g.at_s:.2f} s into the window "
-                           f"(no byte on {', '.join(self.guard.devices) or 'the devices under test'} "
+                           f"(no byte on {self.guard.device_list()} "
                            f"between traffic before and after: a link flap or a stall)")
         self.reason = "; ".join([*why, *missing]) or None
         return self.reason
@@ -245,6 +274,8 @@ class Guard:
     devices: tuple[str, ...] = ()
     min_gap_s: float = MIN_GAP_S
     interval_s: float = INTERVAL_S
+    #: None: STALL_STOP_S, read when the sample is checked
+    stall_stop_s: float | None = None
     #: set when a sample saw a daemon change or a missing object: the segment is to be rebuilt
     fault: str | None = None
     #: the daemons as first seen (what they must come back to)
@@ -253,6 +284,9 @@ class Guard:
     guests: tuple[tuple[str, Callable[[], str | None]], ...] = ()
     #: guests found lost by a sample: name -> reason (the runner brings them back)
     lost: dict[str, str] = field(default_factory=dict)
+
+    def device_list(self) -> str:
+        return ", ".join(self.devices) or "the devices under test"
 
     def _lost_guests(self) -> list[str]:
         out = []
