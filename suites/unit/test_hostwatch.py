@@ -38,10 +38,13 @@ def test_a_silent_wire_stops_the_sample_while_it_runs(monkeypatch):
     """Counters that move, then stop: the watch's stop is set with the silence in words
     after the stall time, while the sample is still open (its tools would be killed)."""
     monkeypatch.setattr(hostwatch, "STALL_STOP_S", 1.0)
-    start = time.monotonic()
-    guard = Guard(read_bytes=lambda: min(int((time.monotonic() - start) * 1000), 300), devices=("tb-x-a",),
-                  interval_s=0.05)
+    clock = {"from": time.monotonic()}
+    guard = Guard(read_bytes=lambda: min(int((time.monotonic() - clock["from"]) * 1000), 300),
+                  devices=("tb-x-a",), interval_s=0.05)
     with guard.sample() as sw:
+        # not before the tools are started: bytes before then are no traffic of theirs
+        assert not sw.stop.wait(2.5)
+        sw.tools_from = clock["from"] = start = time.monotonic()    # traffic for 0.3 s, then none
         stopped = sw.stop.wait(5)
         took = time.monotonic() - start
     assert stopped and 1.0 < took < 3.5, took

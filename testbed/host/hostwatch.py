@@ -216,6 +216,9 @@ class SampleWatch:
     #: set (with why) as soon as a check during the window finds a fault: the sample has
     #: failed already, so whoever waits for its tools may stop them
     stop: proc.Stop = field(default_factory=proc.Stop)
+    #: when the tools were started (monotonic): a silence counts as a stall only in the
+    #: readings from then on (a stray frame before a slow start is no traffic of theirs)
+    tools_from: float | None = None
     _over: threading.Event = field(default_factory=threading.Event)
     _checker: threading.Thread | None = None
 
@@ -232,8 +235,10 @@ class SampleWatch:
             if why:
                 self.stop.stop("; ".join(why))
                 return
+            if self.sampler is None or self.tools_from is None:
+                continue
             stall_s = self.guard.stall_stop_s if self.guard.stall_stop_s is not None else STALL_STOP_S
-            g = ongoing_gap(list(self.sampler.readings), stall_s) if self.sampler else None
+            g = ongoing_gap([r for r in list(self.sampler.readings) if r[0] >= self.tools_from], stall_s)
             if g is not None:
                 self.stop.stop(f"wire counters stopped for {g.length_s:.2f} s at {g.at_s:.2f} s into the window "
                                f"and had not resumed (no byte on {self.guard.device_list()} while the tools "

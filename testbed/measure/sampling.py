@@ -264,6 +264,8 @@ def sample_paths(cell: Cell, paths: Sequence[TestPath], writer: results.RunWrite
             host = win.enter_context(guard.sample(
                 gap_check=not (profile.paced or profile.rate_bps or profile.search is not None)))
         t0 = time.monotonic()
+        if guard is not None:
+            host.tools_from = t0
         # Every path's clients at once, each path from its own thread (its own guest agent):
         # spawned path after path, the last would start one agent round trip per path later
         # (about 0.5 s each under TCG), and the pairs would not overlap for the whole test.
