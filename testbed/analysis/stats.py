@@ -9,6 +9,7 @@ or a nightly gate must not be able to mistake "could not be computed" for a meas
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import random
 from collections.abc import Sequence
@@ -73,6 +74,14 @@ def _is_constant(arr: np.ndarray) -> bool:
     return bool(arr.max() == arr.min())
 
 
+@functools.lru_cache(maxsize=256)
+def _t_quantiles(confidence: float, df: int) -> tuple[float, float]:
+    """The two quantiles of Student's t that bound a ``confidence`` interval, as
+    scipy.stats.t.interval takes them: computed once per (confidence, df), not per cell."""
+    lo, hi = sps.t.ppf([(1.0 - confidence) / 2.0, (1.0 + confidence) / 2.0], df)
+    return float(lo), float(hi)
+
+
 def summarize(values: Sequence[float], confidence: float = 0.95) -> Summary:
     """Summarize samples; raises ValueError on an empty or non-finite sequence."""
     if not 0.0 < confidence < 1.0:
@@ -89,8 +98,10 @@ def summarize(values: Sequence[float], confidence: float = 0.95) -> Summary:
             # scipy returns (nan, nan) for scale=0; the interval of a constant is a point.
             ci_low = ci_high = mean
         else:
-            lo, hi = sps.t.interval(confidence, df=n - 1, loc=mean, scale=sps.sem(arr))
-            ci_low, ci_high = float(lo), float(hi)
+            # t.interval(confidence, n - 1, loc=mean, scale=sem), with the quantiles cached
+            q_lo, q_hi = _t_quantiles(confidence, n - 1)
+            sem = stddev / np.sqrt(n)
+            ci_low, ci_high = float(mean + sem * q_lo), float(mean + sem * q_hi)
     return Summary(n=n, mean=mean, median=float(np.median(arr)), stddev=stddev, rsd=rsd,
                    ci_low=ci_low, ci_high=ci_high, min=float(arr.min()),
                    max=float(arr.max()), confidence=confidence)

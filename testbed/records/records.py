@@ -19,6 +19,7 @@ Which metric is primary is decided once, by :meth:`testbed.topology.model.Patter
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import MISSING, dataclass, field, fields, replace
@@ -68,12 +69,16 @@ class Part:
     #: fields not stored in the object's own dict (the run directory, the samples)
     _outside: ClassVar[tuple[str, ...]] = ()
 
+    # Both per class, once: a run's samples are read record by record (thousands for
+    # `testbed compare`), and dataclasses.fields() was most of the time of reading one.
     @classmethod
+    @functools.cache
     def _known(cls) -> tuple[str, ...]:
         return tuple(f.name for f in fields(cls)
                      if f.name not in ("extra", "present") and f.name not in cls._outside)
 
     @classmethod
+    @functools.cache
     def _mappings(cls) -> frozenset[str]:
         return frozenset(f.name for f in fields(cls) if f.default_factory is dict)
 

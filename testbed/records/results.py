@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import json
 import os
 import secrets
@@ -250,6 +251,7 @@ MAX_RUN_JSON = 64 * 2**20
 MAX_SAMPLES_JSONL = 2 * 2**30
 
 
+@functools.cache
 def _json_kinds(annotation: str) -> tuple[type, ...] | None:
     """The JSON types a record field of this annotation may hold (None: anything)."""
     a = annotation.replace(" ", "")
@@ -278,6 +280,11 @@ def _json_kinds(annotation: str) -> tuple[type, ...] | None:
     return tuple(kinds)
 
 
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return {f.name: f.type for f in dataclasses.fields(cls)}
+
+
 def check_shape(cls: type, d: Any, where: str, path: str = "") -> None:
     """Refuse a record whose known fields hold the wrong JSON types (``metrics`` as a list, a
     count as text), naming the field: the typed records would otherwise carry them into the
@@ -285,7 +292,7 @@ def check_shape(cls: type, d: Any, where: str, path: str = "") -> None:
     if not isinstance(d, dict):
         raise safeio.UserFileError(where, f"{path or 'the record'}: expected an object, "
                                           f"found {type(d).__name__}")
-    hints = {f.name: f.type for f in dataclasses.fields(cls)}
+    hints = _hints(cls)
     for name in cls._known():
         key = "extra" if (cls is SampleRecord and name == "data") else name
         if key not in d or d[key] is None:
