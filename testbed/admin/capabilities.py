@@ -198,28 +198,35 @@ class Report:
         return d
 
 
+# Each probe boot is made once per process (a scenario runs the runner several times, a
+# test worker many): what it found does not change while the process lives.
 @functools.cache
-def accelerator_probe(kernel: str) -> tuple[ProbeBoot, ProbeBoot]:
-    k = Path(kernel)
+def kvm_probe(kernel: str) -> ProbeBoot:
     dev_ok, dev_reason = kvm_device()
-    kvm = probe_boot(k, Accelerator.KVM, timeout=30) if dev_ok else ProbeBoot(Accelerator.KVM, False, 0, dev_reason)
-    tcg = probe_boot(k, Accelerator.TCG)
-    return kvm, tcg
+    return probe_boot(Path(kernel), Accelerator.KVM, timeout=30) if dev_ok else \
+        ProbeBoot(Accelerator.KVM, False, 0, dev_reason)
+
+
+@functools.cache
+def tcg_probe(kernel: str) -> ProbeBoot:
+    return probe_boot(Path(kernel), Accelerator.TCG)
+
+
+def accelerator_probe(kernel: str) -> tuple[ProbeBoot, ProbeBoot]:
+    return kvm_probe(kernel), tcg_probe(kernel)
 
 
 def choose_accelerator(requested: str, kernel: Path) -> Accelerator:
     """kvm if a stock kernel really boots under it, else tcg; a requested one that is missing
     is an error. Only the boots the choice needs are tried: the TCG boot (seconds of CPU) is
     not made when KVM is asked for or works."""
-    k = Path(kernel)
     if requested != "tcg":
-        dev_ok, dev_reason = kvm_device()
-        kvm = probe_boot(k, Accelerator.KVM, timeout=30) if dev_ok else ProbeBoot(Accelerator.KVM, False, 0, dev_reason)
+        kvm = kvm_probe(str(kernel))
         if kvm.ok:
             return Accelerator.KVM
         if requested == "kvm":
             raise CapabilityError(f"accelerator kvm requested but unusable: {kvm.reason}")
-    tcg = probe_boot(k, Accelerator.TCG)
+    tcg = tcg_probe(str(kernel))
     if tcg.ok:
         return Accelerator.TCG
     if requested == "tcg":
