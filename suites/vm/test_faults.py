@@ -53,15 +53,21 @@ WHEN_TEST_RUNS = ("for i in $(seq 300); do [ $(pgrep -c -x netserver) -ge 2 ] &&
                   "sleep 1; ")
 
 
+def _sample_with_a_hung_client(gp, writer):
+    """One sample whose netperf client is stopped (SIGSTOP) a second into the stream: the
+    sample, and how long it took."""
+    with bridge_path(gp) as path:
+        _in_guest_later(gp.client, WHEN_CLIENT_RUNS + "pkill -STOP -x netperf")
+        t0 = time.monotonic()
+        [s] = _measure(path, writer)
+        return s, time.monotonic() - t0
+
+
 def test_client_that_hangs_times_out(guest_pair, writer, monkeypatch):
     monkeypatch.setattr(measure, "SAMPLE_MARGIN_S", 5)
     # the wire's silence would stop it first otherwise (the next test): the timeout is tested here
     monkeypatch.setattr(hostwatch, "STALL_STOP_S", 600)
-    with bridge_path(guest_pair) as path:
-        _in_guest_later(guest_pair.client, WHEN_CLIENT_RUNS + "pkill -STOP -x netperf")
-        t0 = time.monotonic()
-        [s] = _measure(path, writer)
-        took = time.monotonic() - t0
+    s, took = _sample_with_a_hung_client(guest_pair, writer)
     assert s.status == "failed"
     assert "client timed out" in s.reason
     assert took < STREAM.duration_s + 5 + 30
@@ -75,11 +81,7 @@ def test_a_silent_wire_stops_a_hung_client_long_before_its_timeout(guest_pair, w
     sample is stopped and failed, naming the silence, instead of waiting out the tool's
     timeout (the stream's 6 s and a minute)."""
     assert measure.SAMPLE_MARGIN_S >= 60
-    with bridge_path(guest_pair) as path:
-        _in_guest_later(guest_pair.client, WHEN_CLIENT_RUNS + "pkill -STOP -x netperf")
-        t0 = time.monotonic()
-        [s] = _measure(path, writer)
-        took = time.monotonic() - t0
+    s, took = _sample_with_a_hung_client(guest_pair, writer)
     assert s.status == "failed"
     assert "stopped early" in s.reason and "had not resumed" in s.reason and "a stall" in s.reason, s.reason
     assert took < hostwatch.STALL_STOP_S + 30, took

@@ -238,7 +238,7 @@ class SampleWatch:
             if self.sampler is None or self.tools_from is None:
                 continue
             stall_s = self.guard.stall_stop_s if self.guard.stall_stop_s is not None else STALL_STOP_S
-            g = ongoing_gap([r for r in list(self.sampler.readings) if r[0] >= self.tools_from], stall_s)
+            g = ongoing_gap([r for r in self.sampler.readings if r[0] >= self.tools_from], stall_s)
             if g is not None:
                 self.stop.stop(f"wire counters stopped for {g.length_s:.2f} s at {g.at_s:.2f} s into the window "
                                f"and had not resumed (no byte on {self.guard.device_list()} while the tools "
