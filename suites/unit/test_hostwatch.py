@@ -32,6 +32,11 @@ def test_an_ongoing_silence_after_traffic_is_a_stall_once_long_enough():
     assert hostwatch.ongoing_gap(list(zip(t, moving)), stall_s=13) is None
     assert hostwatch.ongoing_gap(list(zip(t, [0] * 30)), stall_s=1) is None       # never moved
     assert hostwatch.ongoing_gap(list(zip(t, range(30))), stall_s=1) is None      # still moving
+    # bytes before ``since`` are not traffic: no stall; times stay from the first reading
+    assert hostwatch.ongoing_gap(list(zip(t, moving)), stall_s=1, since=3.0) is None
+    late = moving[:20] + [60, 70] + [70] * 8                                # traffic again at 10-10.5 s
+    g = hostwatch.ongoing_gap(list(zip(t, late)), stall_s=1, since=3.0)
+    assert (g.at_s, g.length_s) == (10.5, 4.0)
 
 
 def test_a_silent_wire_stops_the_sample_while_it_runs(monkeypatch):

@@ -158,14 +158,17 @@ def gaps(readings: Sequence[tuple[float, int]], min_gap_s: float = MIN_GAP_S) ->
     return out
 
 
-def ongoing_gap(readings: Sequence[tuple[float, int]], stall_s: float = STALL_STOP_S) -> Gap | None:
+def ongoing_gap(readings: Sequence[tuple[float, int]], stall_s: float = STALL_STOP_S,
+                since: float | None = None) -> Gap | None:
     """Pure: the silence at the end of ``readings`` (no byte since the last reading that
-    counted some), when traffic was seen before it and it has lasted at least ``stall_s``."""
+    counted some), when traffic was seen before it and it has lasted at least ``stall_s``.
+    ``since``: only bytes counted from then on are traffic. Times are from the first reading,
+    as :func:`gaps` gives them."""
     if len(readings) < 2:
         return None
     last_moving: float | None = None
-    for (_, ba), (tb, bb) in zip(readings, readings[1:]):
-        if bb != ba:
+    for (ta, ba), (tb, bb) in zip(readings, readings[1:]):
+        if bb != ba and (since is None or ta >= since):
             last_moving = tb
     now = readings[-1][0]
     if last_moving is None or now - last_moving < stall_s:
@@ -216,8 +219,8 @@ class SampleWatch:
     #: set (with why) as soon as a check during the window finds a fault: the sample has
     #: failed already, so whoever waits for its tools may stop them
     stop: proc.Stop = field(default_factory=proc.Stop)
-    #: when the tools were started (monotonic): a silence counts as a stall only in the
-    #: readings from then on (a stray frame before a slow start is no traffic of theirs)
+    #: when the tools were started (monotonic): only bytes counted from then on are traffic
+    #: for the stall stop (a stray frame before a slow start is no traffic of theirs)
     tools_from: float | None = None
     _over: threading.Event = field(default_factory=threading.Event)
     _checker: threading.Thread | None = None
@@ -238,7 +241,7 @@ class SampleWatch:
             if self.sampler is None or self.tools_from is None:
                 continue
             stall_s = self.guard.stall_stop_s if self.guard.stall_stop_s is not None else STALL_STOP_S
-            g = ongoing_gap([r for r in self.sampler.readings if r[0] >= self.tools_from], stall_s)
+            g = ongoing_gap(list(self.sampler.readings), stall_s, since=self.tools_from)
             if g is not None:
                 self.stop.stop(f"wire counters stopped for {g.length_s:.2f} s at {g.at_s:.2f} s into the window "
                                f"and had not resumed (no byte on {self.guard.device_list()} while the tools "
