@@ -1,13 +1,57 @@
-"""One exception tree. The CLI maps each class to an exit status and prints one line."""
+"""One exception tree, and the exit statuses it maps to. The CLI maps each class to an exit
+status and prints one line; ``ExitStatus`` is the one list of statuses, from which every
+command's ``--help`` and the documentation's table are generated (testbed.cli.exits)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from enum import IntEnum
+
+
+class ExitStatus(IntEnum):
+    """Every status a `testbed` command exits with. What each means in general is
+    ``meaning``; a command's own words for it are in testbed.cli.exits."""
+
+    OK = 0
+    FAILED = 1
+    BAD_INPUT = 2
+    MISSING_CAPABILITY = 3
+    HOST_UNAVAILABLE = 4
+    UNDECIDED = 5
+    SOME_HOSTS_FAILED = 6
+    NO_HOST_DONE = 7
+    INTERRUPTED = 130
+
+    @property
+    def meaning(self) -> str:
+        return _MEANINGS[self]
+
+
+_MEANINGS = {
+    ExitStatus.OK: "success",
+    ExitStatus.FAILED: "something failed: a sample or a cell, a regression the gate found, or an "
+                       "error that is none of the others (its one line says what was run and "
+                       "what it printed)",
+    ExitStatus.BAD_INPUT: "bad input: one line names the file or argument, the field and the "
+                          "problem; nothing was created or changed",
+    ExitStatus.MISSING_CAPABILITY: "a capability you asked for is missing on this host (e.g. "
+                                   "vhost without /dev/vhost-net); it is never silently replaced",
+    ExitStatus.HOST_UNAVAILABLE: "the host cannot take the run: another run holds it, a dead run "
+                                 "left tb- objects (`testbed cleanup`), it stayed busy, its disk "
+                                 "is full, or a daemon or guests it needs were lost (finished "
+                                 "cells are kept: `--resume`)",
+    ExitStatus.UNDECIDED: "the nightly gate could not decide: nothing regressed, but some cell "
+                          "has too few samples, is inconclusive or has no baseline",
+    ExitStatus.SOME_HOSTS_FAILED: "a fleet run finished on some hosts and failed on others (each "
+                                  "named with its reason)",
+    ExitStatus.NO_HOST_DONE: "a fleet run finished on no host",
+    ExitStatus.INTERRUPTED: "interrupted (Ctrl-C or SIGTERM); everything created was torn down",
+}
 
 
 class TestbedError(Exception):
     """Base of every error the testbed raises on purpose."""
 
-    exit_status = 1
+    exit_status: int = ExitStatus.FAILED
 
 
 def one_line(text: str, limit: int = 300) -> str:
@@ -22,7 +66,7 @@ class ConfigError(TestbedError):
     """Bad user input: names the file and the field, so the user can fix it without a traceback.
     Always one line: every part is passed through one_line."""
 
-    exit_status = 2
+    exit_status = ExitStatus.BAD_INPUT
 
     def __init__(self, file: str, field: str, message: str, line: int | None = None) -> None:
         file, field, message = one_line(file), one_line(field), one_line(message, 600)
@@ -34,7 +78,7 @@ class ConfigError(TestbedError):
 class CapabilityError(TestbedError):
     """A requested capability is missing on this host. Never silently substituted."""
 
-    exit_status = 3
+    exit_status = ExitStatus.MISSING_CAPABILITY
 
 
 class CommandError(TestbedError):
@@ -77,10 +121,10 @@ class GuestError(TestbedError):
 class LeftoversError(TestbedError):
     """A dead run left tb- objects behind; a new run refuses to start on top of them."""
 
-    exit_status = 4
+    exit_status = ExitStatus.HOST_UNAVAILABLE
 
 
 class HostNotQuiet(TestbedError):
     """The host stayed busy with other work past the wait for a quiet start (noise.quiet_start)."""
 
-    exit_status = 4
+    exit_status = ExitStatus.HOST_UNAVAILABLE

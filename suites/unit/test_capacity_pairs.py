@@ -207,8 +207,6 @@ def test_tcg_keeps_its_banner_and_json_has_the_residuals(tmp_path, capsys):
 
 
 def test_the_report_has_one_capacity_plot_per_mode_and_the_table(tmp_path):
-    import base64
-
     from testbed.analysis import report
     rec = compare.load(write(tmp_path, "rep", [
         (att, n, [(2000.0 * n, busy(n, 2.0 * n), None)]) for att in ("bridge", "ovs")
@@ -218,8 +216,10 @@ def test_the_report_has_one_capacity_plot_per_mode_and_the_table(tmp_path):
     titles = [p.title for p in rep.plots if p.title.startswith("Capacity")]
     assert titles == ["Capacity, bridge/qemu (mtu1500-conn1-q1-tcp_stream), run rep",
                       "Capacity, ovs/qemu (mtu1500-conn1-q1-tcp_stream), run rep"]
-    png = next(p for p in rep.plots if p.title.startswith("Capacity")).png_base64
-    assert base64.b64decode(png).startswith(b"\x89PNG")
+    plot = next(p for p in rep.plots if p.title.startswith("Capacity"))
+    # per-pair rate (samples, mean) and host CPU (measured, the fitted model), drawn by Plotly
+    assert plot.panels == (("bridge/qemu: per-pair Gbit/s", 2), ("bridge/qemu: host CPU", 2))
+    assert "Plotly.newPlot" in plot.html
     assert [(c.run_id, c.mode, c.vms, c.limit) for c in rep.capacity] == [
         ("rep", "bridge/qemu", 3, "memory"), ("rep", "ovs/qemu", 3, "memory")]
     html = report.render(rep)

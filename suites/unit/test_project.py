@@ -36,20 +36,6 @@ def public_files():
                 yield f
 
 
-def test_docs_site_builds_strict(tmp_path):
-    """A broken link, a page missing from the nav or a bad anchor fails the build."""
-    if importlib.util.find_spec("mkdocs") is None:
-        pytest.skip("mkdocs is not installed (the `docs` extra)")
-    p = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict",
-                        "-f", str(ROOT / "mkdocs.yml"), "-d", str(tmp_path / "site")],
-                       capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert p.returncode == 0, p.stderr[-3000:]
-    cli_page = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text()
-    # the generated reference lists every subcommand the parser has
-    for name in cli.parser()._subparsers._group_actions[0].choices:          # type: ignore[union-attr]
-        assert f"testbed {name}" in cli_page, name
-
-
 def test_readme_is_a_front_page():
     text = (ROOT / "README.md").read_text()
     assert len(text.encode()) <= 12 * 1024

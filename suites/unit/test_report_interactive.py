@@ -3,17 +3,10 @@ format with a rate search, histograms and paced loads; the page carries plotly.j
 and in headless Chromium with no network at all (its own network namespace) the plots
 render and a real mouse move over a point brings up its hover label.
 
-Chromium is driven over the DevTools protocol on a pipe (--remote-debugging-pipe: JSON
-messages ending in NUL on fds 3 and 4), so no port is opened and no websocket client is
-needed. Skipped when Chromium is not installed (Debian: apt-get install -y chromium)."""
+Chromium is the suite's `chromium` fixture (suites/conftest.py); skipped when Chromium is not
+installed (Debian: apt-get install -y chromium)."""
 from __future__ import annotations
 
-import json
-import os
-import select
-import shutil
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -108,115 +101,29 @@ def test_the_page_carries_plotly_itself(tmp_path):
     assert 'src="http' not in page and "src='http" not in page
 
 
-# -- in a browser ------------------------------------------------------------------------------
+# -- in a browser (the chromium fixture: suites/conftest.py) ----------------------------------
 
-class Cdp:
-    """Chromium's DevTools protocol over --remote-debugging-pipe."""
-
-    def __init__(self, argv: list[str]) -> None:
-        to_child, self._w = os.pipe()
-        self._r, from_child = os.pipe()
-
-        def fds() -> None:
-            os.dup2(to_child, 3)
-            os.dup2(from_child, 4)
-        # 3 and 4 are kept too: the child closes what is not listed after preexec_fn ran
-        self.proc = subprocess.Popen(argv, preexec_fn=fds, pass_fds=(to_child, from_child, 3, 4),
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        os.close(to_child)
-        os.close(from_child)
-        self._buf = b""
-        self._id = 0
-
-    def call(self, method: str, params: dict | None = None, session: str | None = None,
-             timeout: float = 30) -> dict:
-        self._id += 1
-        msg = {"id": self._id, "method": method, "params": params or {}}
-        if session:
-            msg["sessionId"] = session
-        os.write(self._w, json.dumps(msg).encode() + b"\0")
-        deadline = time.monotonic() + timeout
-        while True:
-            while b"\0" in self._buf:
-                raw, self._buf = self._buf.split(b"\0", 1)
-                reply = json.loads(raw)
-                if reply.get("id") == self._id:
-                    if "error" in reply:
-                        raise RuntimeError(f"{method}: {reply['error']}")
-                    return reply["result"]
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self._r], [], [], left)[0]:
-                raise TimeoutError(f"no answer to {method} within {timeout} s")
-            chunk = os.read(self._r, 1 << 16)
-            if not chunk:
-                raise RuntimeError(f"Chromium closed the pipe while waiting for {method}")
-            self._buf += chunk
-
-    def close(self) -> None:
-        os.close(self._w)
-        os.close(self._r)
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-
-
-def _browser() -> str:
-    for name in ("/usr/bin/chromium", "chromium", "chromium-browser"):
-        if found := shutil.which(name):
-            return found
-    pytest.skip("Chromium not installed (Debian: apt-get install -y chromium)")
-
-
-def test_plots_render_and_answer_hover_in_headless_chromium_with_no_network(tmp_path):
-    browser = _browser()
+def test_plots_render_and_answer_hover_in_headless_chromium_with_no_network(tmp_path, chromium):
     rec = compare.load(write(tmp_path))
     page = tmp_path / "report.html"
     page.write_text(report.render(report.build([rec], generated="now")))
-    # its own network namespace when we may make one: no network at all, not just none used
-    wrap = ["unshare", "--net"] if os.geteuid() == 0 and shutil.which("unshare") else []
-    # under the test's own tmp_path: a Chromium helper still writing after the browser has
-    # gone recreated a profile folder removed in /tmp, which stayed there
-    profile = tmp_path / "chromium-profile"
-    profile.mkdir()
-    cdp = Cdp([*wrap, browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-               "--disable-background-networking", "--disable-component-update", "--disable-sync",
-               f"--user-data-dir={profile}", "--remote-debugging-pipe", "--window-size=1200,900",
-               "about:blank"])
-    try:
-        target = cdp.call("Target.createTarget", {"url": page.as_uri()})["targetId"]
-        sess = cdp.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
-
-        def js(expr: str):
-            r = cdp.call("Runtime.evaluate", {"expression": expr, "returnByValue": True, "awaitPromise": True},
-                         session=sess)
-            return r["result"].get("value")
-        deadline = time.monotonic() + 60
-        while js("document.querySelectorAll('.js-plotly-plot .main-svg').length") < 3:
-            assert time.monotonic() < deadline, "the plots did not render within 60 s"
-            time.sleep(0.2)
-        assert js("typeof Plotly") == "object"
-        # every interactive plot drew its traces
-        assert js("Array.from(document.querySelectorAll('.js-plotly-plot')).every("
-                  "g => g.querySelectorAll('.scatterlayer .trace').length > 0)")
-        # a real mouse move over the first trial of the rate-search plot
-        pos = js("""(() => {
-            const gd = document.getElementById('tb-search');
-            gd.scrollIntoView();
-            const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, r = gd.getBoundingClientRect();
-            return [r.left + xa._offset + xa.d2p(gd.data[0].x[0]), r.top + ya._offset + ya.d2p(gd.data[0].y[0])];
-        })()""")
-        cdp.call("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": pos[0] + 1, "y": pos[1] + 1}, session=sess)
-        deadline = time.monotonic() + 10
-        text = ""
-        while not text:
-            text = js("Array.from(document.querySelectorAll('#tb-search .hoverlayer .hovertext'))"
-                      ".map(e => e.textContent).join(' | ')")
-            assert text or time.monotonic() < deadline, "no hover label after moving the mouse over a point"
-            time.sleep(0.2)
-        assert "trial 0 (1.00 s): 40.00 Mbit/s offered, loss 50.000%, wire ok" in text, text
-    finally:
-        cdp.close()
-        shutil.rmtree(profile, ignore_errors=True)
+    tab = chromium.open(page.as_uri())
+    tab.wait("document.querySelectorAll('.js-plotly-plot .main-svg').length >= 3", "the plots rendered")
+    assert tab.js("typeof Plotly") == "object"
+    # every interactive plot drew its traces
+    assert tab.js("Array.from(document.querySelectorAll('.js-plotly-plot')).every("
+                  "g => g.querySelectorAll('.scatterlayer .trace, .barlayer .trace').length > 0)")
+    # a real mouse move over the first trial of the rate-search plot
+    pos = tab.js("""(() => {
+        const gd = document.getElementById('tb-search');
+        gd.scrollIntoView();
+        const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis, r = gd.getBoundingClientRect();
+        return [r.left + xa._offset + xa.d2p(gd.data[0].x[0]), r.top + ya._offset + ya.d2p(gd.data[0].y[0])];
+    })()""")
+    chromium.call("Input.dispatchMouseEvent", {"type": "mouseMoved", "x": pos[0] + 1, "y": pos[1] + 1},
+                  session=tab.session)
+    text = tab.wait("Array.from(document.querySelectorAll('#tb-search .hoverlayer .hovertext'))"
+                    ".map(e => e.textContent).join(' | ')", "a hover label after moving the mouse over a point", 10)
+    assert "trial 0 (1.00 s): 40.00 Mbit/s offered, loss 50.000%, wire ok" in text, text
+    assert not tab.errors, tab.errors
+    assert [u for u in tab.requests if not u.startswith(("file:", "data:", "blob:", "about:"))] == []

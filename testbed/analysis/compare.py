@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.analysis import stats, tailgate
-from testbed.errors import TestbedError
+from testbed.errors import ExitStatus, TestbedError
 from testbed.host import paths
 from testbed.records import results
 from testbed.records.percentiles import METRIC_RE
@@ -57,7 +57,7 @@ class RunNotFound(TestbedError):
 
 
 #: exit status when nothing failed but some cells could not be decided
-UNDECIDED_STATUS = 5
+UNDECIDED_STATUS = ExitStatus.UNDECIDED
 
 
 # --------------------------------------------------------------------------- loading

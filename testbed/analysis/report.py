@@ -1,7 +1,7 @@
 """`testbed report`: one self-contained HTML page (and a CSV of every sample) for some runs.
 
-The page needs no network to open: CSS is inline and plots are PNGs (testbed.analysis.figures)
-inlined as base64. Building the model and rendering HTML are pure; only ``write_*`` touch files.
+The page needs no network to open: CSS is inline and plots are Plotly figures
+(testbed.analysis.figures) with plotly.js inlined once. Building the model and rendering HTML are pure; only ``write_*`` touch files.
 """
 from __future__ import annotations
 
@@ -37,6 +37,9 @@ class CellStats:
     transactional: bool
     n_ok: int
     n_failed: int
+    #: measured again because the host was busy with other work (status noisy): not failures,
+    #: and left out of every statistic
+    n_retried: int
     throughput: stats.Summary | None    # Mbit/s
     tps: stats.Summary | None
     p50: float | None                   # mean over samples, µs
@@ -48,6 +51,9 @@ class CellStats:
     #: the wire cross-check, means over the ok samples: payload / wire bytes, and expected
     wire_ratio: float | None = None
     wire_expected: float | None = None
+    #: ok samples kept although the host was busy (retries ran out, or a shared host):
+    #: counted in the statistics, and marked
+    n_kept_noisy: int = 0
 
     @property
     def gbit_per_host_core(self) -> float | None:
@@ -75,6 +81,16 @@ class RunView:
     environment: tuple[tuple[str, str], ...]
     cells: tuple[CellStats, ...]
     failures: tuple[str, ...]
+    #: samples measured again because the host was busy, each with why
+    retried: tuple[str, ...] = ()
+    #: samples kept although the host was busy, each with why
+    kept_noisy: tuple[str, ...] = ()
+    #: the line `testbed run` ends its progress with (status_line)
+    summary: str = ""
+    #: the noise guard's settings, as the run recorded them
+    noise_guard: str = ""
+    #: what the user should know and do when samples were retried or kept noisy (noise_advice)
+    noise_advice: str | None = None
     #: a scenario run's study.json (testbed.records.study_result): its study-shaped tables
     study: study_result.StudyReport | None = None
 
@@ -103,13 +119,15 @@ def cell_stats(rec: RunRecord) -> tuple[CellStats, ...]:
     for cid, samples in sorted(measured(rec).items()):
         cell = samples[0].cell
         ok = [s for s in samples if s.ok]
+        noisy = [s for s in samples if s.status == "noisy"]
         cores = [s.cpu.cores() for s in ok]
         out.append(CellStats(
             run_id=run_id, cell_id=cid, mode=cell.mode,
             mtu=int(cell.mtu or 0), connections=int(cell.connections or 0),
             profile=str(cell.profile),
             transactional=rec.is_transactional(str(cell.profile)),
-            n_ok=len(ok), n_failed=len(samples) - len(ok),
+            n_ok=len(ok), n_failed=len(samples) - len(ok) - len(noisy), n_retried=len(noisy),
+            n_kept_noisy=sum(1 for s in ok if s.noisy),
             throughput=_summary(ok, "throughput_mbps"), tps=_summary(ok, "transactions_per_s"),
             p50=_metric_mean(ok, "latency_p50_us"), p90=_metric_mean(ok, "latency_p90_us"),
             p99=_metric_mean(ok, "latency_p99_us"),
@@ -135,25 +153,87 @@ def _environment_rows(rec: RunRecord) -> tuple[tuple[str, str], ...]:
             ("guest image", " ".join(str(v) for v in ((image.name, image.kernel, image.digest)
                                                       if image else ()) if v)),
             ("attachments", ", ".join(rec.attachments())),
-            ("samples", f"{counts.samples} ({counts.failed} failed)"),
+            ("samples", sample_counts(rec)),
             ("testbed", " ".join(str(v) for v in (env.testbed, env.testbed_commit) if v))]
     return tuple((k, "-" if v in (None, "") else str(v)) for k, v in rows)
+
+
+def _sample_line(s: SampleRecord, why: str | None) -> str:
+    return f"{s.cell.id} rep {s.rep}{' (warmup)' if s.warmup else ''}: {why or 'failed'}"
+
+
+def sample_counts(rec: RunRecord) -> str:
+    """How many samples a run took and what became of them, in the words stderr and the
+    report both use: "22 samples: 6 ok, 0 failed, 16 retried (host busy)". A retried sample
+    was measured while the host was busy with other work and measured again; it is neither
+    ok nor failed."""
+    n = len(rec.samples)
+    failed = sum(1 for s in rec.samples if s.status == "failed")
+    retried = sum(1 for s in rec.samples if s.status == "noisy")
+    kept = sum(1 for s in rec.samples if s.ok and s.noisy)
+    text = f"{n} sample{'s' if n != 1 else ''}: {n - failed - retried} ok, {failed} failed"
+    if retried:
+        text += f", {retried} retried (host busy)"
+    if kept:
+        text += f", {kept} kept noisy"
+    return text
+
+
+def status_line(rec: RunRecord) -> str:
+    """The line `testbed run` ends its progress with, and the report's summary."""
+    return f"status: {rec.status}, {sample_counts(rec)}"
+
+
+def noise_advice(rec: RunRecord) -> str | None:
+    """What to tell the user when the noise guard retried or kept samples, or None."""
+    retried = sum(1 for s in rec.samples if s.status == "noisy")
+    kept = sum(1 for s in rec.samples if s.ok and s.noisy)
+    if not retried and not kept:
+        return None
+    g = rec.extra.get("noise_guard") or {}
+    bound = g.get("threshold_cores")
+    what = (f"other work on the host used more than {bound:g} cores" if isinstance(bound, (int, float))
+            else "other work on the host used CPU") + " during their window"
+    parts = []
+    if retried:
+        parts.append(f"{retried} sample{'s were' if retried != 1 else ' was'} measured again because {what}; "
+                     "they are not failures and no statistic uses them")
+    if kept:
+        parts.append(f"{kept} sample{'s were' if kept != 1 else ' was'} kept although {what} "
+                     "(retries ran out, or the run shared the host): their figures are in the "
+                     "statistics and marked noisy")
+    return ("; ".join(parts) + ". For figures you can defend, stop what else runs on the host, "
+            "or give the testbed its own cores (topology `placement`), and run again.")
 
 
 def run_view(rec: RunRecord, study: study_result.StudyReport | None = None) -> RunView:
     """A run's view; ``study`` is a scenario run's typed study result (read from the run
     directory's study.json when not given)."""
-    failures = tuple(f"{s.cell.id} rep {s.rep}"
-                     f"{' (warmup)' if s.warmup else ''}: {s.reason or 'failed'}"
-                     for s in rec.samples if not s.ok)
+    def noise(s: SampleRecord) -> str:
+        n = s.noise
+        if s.reason:
+            why = s.reason.removeprefix("noisy: ")
+        elif isinstance(n.get("other_cores"), (int, float)):
+            why = f"{n['other_cores']:.2f} cores used by other work (threshold {n.get('threshold_cores', '?')})"
+        else:
+            why = "noisy"
+        return why + (f", attempt {n['attempt'] + 1}" if isinstance(n.get("attempt"), int) else "")
+    g = rec.extra.get("noise_guard") or {}
+    guard = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in g.items()
+                      if k in ("threshold_cores", "action", "max_retries") and v is not None)
     return RunView(run_id=rec.run_id, dir=str(rec.dir), status=rec.status,
                    tcg=rec.environment.tcg,
-                   environment=_environment_rows(rec), cells=cell_stats(rec), failures=failures,
+                   environment=_environment_rows(rec), cells=cell_stats(rec),
+                   failures=tuple(_sample_line(s, s.reason) for s in rec.samples if s.status == "failed"),
+                   retried=tuple(_sample_line(s, noise(s)) for s in rec.samples if s.status == "noisy"),
+                   kept_noisy=tuple(_sample_line(s, noise(s)) for s in rec.samples if s.ok and s.noisy),
+                   summary=status_line(rec), noise_guard=guard, noise_advice=noise_advice(rec),
                    study=study if study is not None else study_result.load(rec.dir))
 
 
 # --------------------------------------------------------------------------- plots
-# One convention in every plot: colour = the series (mode, MTU or profile), line style = the run.
+# One convention in every plot: colour = the series (mode, MTU or profile), line style = the
+# run; each point's hover gives its mean, its 95 % interval where it has one, and n.
 
 @dataclass(frozen=True)
 class Point:
@@ -162,38 +242,51 @@ class Point:
     x: float
     y: float
     err: tuple[float, float] | None = None      # below, above
+    n: int | None = None                        # samples behind the point
 
 
 def _points(cells: Iterable[CellStats], series: Callable[[CellStats], str],
             x: Callable[[CellStats], float], y: Callable[[CellStats], float | None]) -> list[Point]:
-    return [Point(series(c), c.run_id, x(c), v) for c in cells if (v := y(c)) is not None]
+    return [Point(series(c), c.run_id, x(c), v, n=c.n_ok) for c in cells if (v := y(c)) is not None]
+
+
+def _hover(unit: str, xname: str = "") -> str:
+    return ("%{fullData.name}<br>" + (f"{xname} %{{x}}: " if xname else "")
+            + "%{y:.4g} " + unit + "%{customdata}<extra></extra>")
+
+
+def _extra(p: Point, scale_unit: str = "") -> str:
+    ci = f" (95 % CI {p.y - p.err[0]:.4g} to {p.y + p.err[1]:.4g})" if p.err else ""
+    return ci + (f", n={p.n}" if p.n is not None else "")
+
+
+def _error(pts: Sequence[Point]) -> dict | None:
+    if not any(p.err for p in pts):
+        return None
+    return {"type": "data", "symmetric": False, "array": [(p.err or (0, 0))[1] for p in pts],
+            "arrayminus": [(p.err or (0, 0))[0] for p in pts], "thickness": 1.2, "width": 4}
 
 
 def _line_panel(title: str, points: Sequence[Point], xlabel: str, ylabel: str,
                 runs: Sequence[str]) -> Panel:
     """Lines of y against x, one per (series, run)."""
-    def draw(ax: Any) -> None:
-        groups: dict[tuple[str, str], list[Point]] = defaultdict(list)
-        for p in points:
-            groups[(p.series, p.run_id)].append(p)
-        names = sorted({s for s, _ in groups})
-        labelled: set[str] = set()
-        for (name, run_id), pts in sorted(groups.items()):
-            pts.sort(key=lambda p: p.x)
-            i, r = names.index(name), runs.index(run_id)
-            # The panel's legend names the series (colours); the figure's names the runs
-            # (line styles), so each series is labelled once.
-            kw = dict(color=f"C{i % 10}", linestyle=figures.RUN_STYLES[r % len(figures.RUN_STYLES)],
-                      marker=figures.MARKERS[i % len(figures.MARKERS)],
-                      label="_nolegend_" if name in labelled else figures.label(name))
-            labelled.add(name)
-            xs, ys = [p.x for p in pts], [p.y for p in pts]
-            if any(p.err for p in pts):
-                err = [[(p.err or (0, 0))[k] for p in pts] for k in (0, 1)]
-                ax.errorbar(xs, ys, yerr=err, capsize=3, **kw)
-            else:
-                ax.plot(xs, ys, **kw)
-    return Panel(title, xlabel, ylabel, draw, log_x=xlabel == "connections")
+    import plotly.graph_objects as go
+    groups: dict[tuple[str, str], list[Point]] = defaultdict(list)
+    for p in points:
+        groups[(p.series, p.run_id)].append(p)
+    names = sorted({s for s, _ in groups})
+    traces = []
+    for (name, run_id), pts in sorted(groups.items()):
+        pts.sort(key=lambda p: p.x)
+        i, r = names.index(name), runs.index(run_id)
+        label = name if len(runs) == 1 else f"{name} [{run_id}]"
+        traces.append(go.Scatter(
+            x=[p.x for p in pts], y=[p.y for p in pts], name=label, mode="lines+markers",
+            line={"color": figures.colour(i), "dash": figures.RUN_DASHES[r % len(figures.RUN_DASHES)]},
+            marker={"symbol": figures.MARKERS[i % len(figures.MARKERS)], "size": 7},
+            error_y=_error(pts), customdata=[_extra(p) for p in pts],
+            hovertemplate=_hover(ylabel, xlabel)))
+    return Panel(title, xlabel, ylabel, tuple(traces), log_x=xlabel == "connections")
 
 
 def _varies(cells: Iterable[CellStats], attr: str) -> bool:
@@ -203,29 +296,33 @@ def _varies(cells: Iterable[CellStats], attr: str) -> bool:
 
 def _bar_panel(title: str, bars: Sequence[Point], ylabel: str, runs: Sequence[str]) -> Panel:
     """Bars side by side: one group per series label (mode), one bar per run, with error
-    bars where a point has an interval."""
-    def draw(ax: Any) -> None:
-        labels = sorted({p.series for p in bars})
-        width = 0.8 / max(1, len(runs))
-        for r, run_id in enumerate(runs):
-            pts = {p.series: p for p in bars if p.run_id == run_id}
-            if not pts:
-                continue
-            xs = [labels.index(k) + (r - (len(runs) - 1) / 2) * width for k in pts]
-            ys = [p.y for p in pts.values()]
-            err = None
-            if any(p.err for p in pts.values()):
-                err = [[(p.err or (0, 0))[k] for p in pts.values()] for k in (0, 1)]
-            ax.bar(xs, ys, width=width * 0.95, yerr=err, capsize=3, color=f"C{r % 10}",
-                   label=figures.label(f"run {run_id}") if len(runs) > 1 else None)
-        ax.set_xticks(range(len(labels)), [figures.label(x) for x in labels], rotation=15, fontsize=8)
-    return Panel(title, "mode", ylabel, draw)
+    bars where a point has an interval and n= on each bar."""
+    import plotly.graph_objects as go
+    labels = sorted({p.series for p in bars})
+    traces = []
+    for r, run_id in enumerate(runs):
+        pts = sorted((p for p in bars if p.run_id == run_id), key=lambda p: labels.index(p.series))
+        if not pts:
+            continue
+        traces.append(go.Bar(
+            x=[p.series for p in pts], y=[p.y for p in pts], name=f"run {run_id}",
+            marker={"color": figures.colour(r)}, error_y=_error(pts),
+            text=[f"n={p.n}" if p.n is not None else "" for p in pts], textposition="inside",
+            insidetextanchor="start", customdata=[_extra(p) for p in pts],
+            showlegend=len(runs) > 1, hovertemplate="%{x}: %{y:.4g} " + ylabel + "%{customdata}<extra></extra>"))
+    return Panel(title, "mode", ylabel, tuple(traces), categories=tuple(labels))
 
 
 def _err(t: stats.Summary, scale: float = 1.0) -> tuple[float, float] | None:
     if t.ci_low is None or t.ci_high is None:
         return None
     return (t.mean - t.ci_low) / scale, (t.ci_high - t.mean) / scale
+
+
+#: what every rate plot's caption says about its intervals
+INTERVALS = ("Error bars are the 95 % confidence interval of the mean where a cell has 2 or more "
+             "samples; n= is the number of successful samples behind each figure (a cell with "
+             "n=1 has no interval). Hover over a point for its values.")
 
 
 def bars_plot(cells: Sequence[CellStats], runs: Sequence[str]) -> Plot | None:
@@ -237,16 +334,16 @@ def bars_plot(cells: Sequence[CellStats], runs: Sequence[str]) -> Plot | None:
         rr = these[0].transactional
         label = lambda c: c.mode + (f" mtu{c.mtu}" if _varies(these, "mtu") else "")  # noqa: E731
         if rr:
-            pts = [Point(label(c), c.run_id, 0, c.tps.mean, _err(c.tps)) for c in these if c.tps]
-            cost = [Point(label(c), c.run_id, 0, v) for c in these
+            pts = [Point(label(c), c.run_id, 0, c.tps.mean, _err(c.tps), c.n_ok) for c in these if c.tps]
+            cost = [Point(label(c), c.run_id, 0, v, n=c.n_ok) for c in these
                     if (v := c.host_us_per_tx) is not None]
             panels += [_bar_panel(f"{profile}: transactions/s", pts, "transactions/s", runs),
                        _bar_panel(f"{profile}: host CPU per transaction", cost,
                                   "host CPU µs per transaction", runs)]
         else:
-            pts = [Point(label(c), c.run_id, 0, c.throughput.mean / 1000, _err(c.throughput, 1000))
+            pts = [Point(label(c), c.run_id, 0, c.throughput.mean / 1000, _err(c.throughput, 1000), c.n_ok)
                    for c in these if c.throughput]
-            cost = [Point(label(c), c.run_id, 0, 1 / v) for c in these
+            cost = [Point(label(c), c.run_id, 0, 1 / v, n=c.n_ok) for c in these
                     if (v := c.gbit_per_host_core)]
             panels += [_bar_panel(f"{profile}: throughput", pts, "Gbit/s", runs),
                        _bar_panel(f"{profile}: host CPU per Gbit/s", cost,
@@ -254,9 +351,8 @@ def bars_plot(cells: Sequence[CellStats], runs: Sequence[str]) -> Plot | None:
     if not panels:
         return None
     return figures.figure(panels, "Per mode: rate and CPU per unit of traffic",
-                   "One point per mode, so bars, not lines. Error bars are the 95 % confidence "
-                   "interval where a cell has 2 or more samples. CPU per unit of traffic uses "
-                   "host busy cores (lower is better).", runs)
+                          "One point per mode, so bars, not lines. " + INTERVALS + " CPU per unit "
+                          "of traffic uses host busy cores (lower is better).", runs)
 
 
 def _axis(cells: Sequence[CellStats]) -> str | None:
@@ -276,18 +372,13 @@ def throughput_plot(cells: Sequence[CellStats], runs: Sequence[str]) -> Plot | N
         return None
     panels = []
     for profile in sorted({c.profile for c in stream}):
-        pts = []
-        for c in stream:
-            if c.profile == profile and c.throughput is not None:
-                t = c.throughput
-                err = None if t.ci_low is None or t.ci_high is None else \
-                    ((t.mean - t.ci_low) / 1000, (t.ci_high - t.mean) / 1000)
-                pts.append(Point(_other(axis)(c), c.run_id, getattr(c, axis), t.mean / 1000, err))
+        pts = [Point(_other(axis)(c), c.run_id, getattr(c, axis), c.throughput.mean / 1000,
+                     _err(c.throughput, 1000), c.n_ok)
+               for c in stream if c.profile == profile and c.throughput is not None]
         panels.append(_line_panel(profile, pts, axis if axis == "connections" else "MTU",
                                   "Gbit/s", runs))
     return figures.figure(panels, f"Throughput against {axis if axis == 'connections' else 'MTU'}",
-                   "Mean per cell; error bars are the 95 % confidence interval where a cell has "
-                   "2 or more samples.", runs)
+                          "Mean per cell. " + INTERVALS, runs)
 
 
 def latency_plot(cells: Sequence[CellStats], runs: Sequence[str]) -> Plot | None:
@@ -306,8 +397,8 @@ def latency_plot(cells: Sequence[CellStats], runs: Sequence[str]) -> Plot | None
                                   f"MTU (at {conn} connection{'s' if conn != 1 else ''})",
                                   "latency, µs", runs))
     return figures.figure(panels, "Latency percentiles against MTU",
-                   "Request/response cells; each point is the mean of the samples' percentile, "
-                   "at the fewest connections measured.", runs)
+                          "Request/response cells; each point is the mean of the samples' percentile, "
+                          "at the fewest connections measured; n= samples behind it.", runs)
 
 
 def cpu_plot(cells: Sequence[CellStats], runs: Sequence[str]) -> Plot | None:
@@ -334,9 +425,9 @@ def cpu_plot(cells: Sequence[CellStats], runs: Sequence[str]) -> Plot | None:
                                   "host CPU µs per transaction" if rr else "Gbit/s per host core",
                                   runs))
     return figures.figure(panels, "CPU cost and efficiency per mode",
-                   "Cores = CPU-seconds per second over each sample's window, averaged over the "
-                   "samples. Efficiency uses host busy cores: Gbit/s per core (higher is better), "
-                   "CPU µs per transaction (lower is better).", runs)
+                          "Cores = CPU-seconds per second over each sample's window, averaged over the "
+                          "samples (n= in the hover). Efficiency uses host busy cores: Gbit/s per core "
+                          "(higher is better), CPU µs per transaction (lower is better).", runs)
 
 
 # --------------------------------------------------------------------------- page
@@ -358,6 +449,10 @@ class Report:
     interactive: tuple[Any, ...] = ()
 
     @property
+    def any_noisy(self) -> bool:
+        return any(r.retried or r.kept_noisy for r in self.runs)
+
+    @property
     def any_tcg(self) -> bool:
         return any(r.tcg for r in self.runs)
 
@@ -369,24 +464,26 @@ class Report:
 
 def history_plot(series: Sequence[Any]) -> Plot | None:
     """Each history series against run order, its change points marked and named."""
+    import plotly.graph_objects as go
     if not series:
         return None
     panels = []
     for s in series:
-        def draw(ax: Any, s: Any = s) -> None:
-            xs = list(range(len(s.points)))
-            ax.plot(xs, [p.value for p in s.points], marker="o", color="C0", label=figures.label(s.metric))
-            for c in s.change_points:
-                ax.axvline(c.index - 0.5, color="C3" if c.regression else "C2", linestyle="--",
-                           label=figures.label(f"change {c.delta_pct:+.1f}% at {c.run_id}"))
-            ax.set_xticks(xs, [p.run_id[:15] for p in s.points], rotation=60, fontsize=6)
-        panels.append(Panel(f"{s.cell_id} [{s.hash}] {s.environment}", "run", s.metric, draw))
+        xs = [p.run_id for p in s.points]
+        rules = tuple(figures.Rule("x", c.index - 0.5, f"{c.delta_pct:+.1f}% at {c.run_id}",
+                                   colour="#d62728" if c.regression else "#2ca02c")
+                      for c in s.change_points)
+        panels.append(Panel(f"{s.cell_id} [{s.hash}] {s.environment}", "run", s.metric,
+                            (go.Scatter(x=xs, y=[p.value for p in s.points], mode="lines+markers",
+                                        name=s.metric, line={"color": figures.colour(0)},
+                                        hovertemplate="run %{x}: %{y:.4g}<extra></extra>"),),
+                            rules=rules, categories=tuple(xs)))
     cps = "; ".join(f"{s.cell_id} {s.metric}: {c.delta_pct:+.1f}% at run {c.run_id}"
                     + (" (regression)" if c.regression else "")
                     for s in series for c in s.change_points)
     return figures.figure(panels, "History and change points",
-                   "Mean of each run's ok samples, in run order; dashed lines mark change points "
-                   "(ruptures PELT, beyond the threshold). Change points: " + (cps or "none") + ".")
+                          "Mean of each run's ok samples, in run order; dashed lines mark change points "
+                          "(ruptures PELT, beyond the threshold). Change points: " + (cps or "none") + ".")
 
 
 def build(records: Sequence[RunRecord], *, generated: str, baseline: RunRecord | None = None,
@@ -438,10 +535,9 @@ def render(report: Report) -> str:
     env.filters["num"] = _num
     env.filters["pct"] = lambda v: "-" if v is None else f"{v:+.1f}%"
     js = ""
-    if report.interactive:
-        from testbed.analysis.report_interactive import plotly_js
+    if report.plots or report.interactive:
         # inlined once: the page must open with no network; "</script" cannot occur in it
-        js = plotly_js().replace("</script", "<\\/script")
+        js = figures.plotly_js().replace("</script", "<\\/script")
     return env.get_template("report.html.j2").render(r=report, tcg_banner=TCG_BANNER, plotly_js=js)
 
 

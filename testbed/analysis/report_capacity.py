@@ -11,6 +11,7 @@ from typing import Any
 
 from testbed.analysis import capacity_model as cm
 from testbed.analysis import capacity_plan
+from testbed.analysis import figures
 from testbed.analysis.figures import Panel, figure
 from testbed.records.records import RunRecord
 
@@ -41,31 +42,36 @@ def _mode_plot(run_id: str, mode: str, kind: str, pts: Sequence[cm.PairsPoint],
     per_pair = {n: _mean([p.per_pair for p in mine if p.pairs == n]) for n in ns}
     agg = {n: _mean([p.aggregate for p in mine if p.pairs == n]) for n in ns}
 
-    def rate(ax: Any) -> None:
-        ax.plot([p.pairs for p in mine], [p.per_pair for p in mine], "o", color="C0",
-                alpha=0.5, label="samples")
-        ax.plot(ns, [per_pair[n] for n in ns], "-", color="C0", label="mean")
-        if 1 in per_pair:
-            ax.axhline(per_pair[1] * (1 - cm.KNEE_DEGRADATION), color="C3", linestyle=":",
-                       label="knee threshold (-10 % vs N=1)")
-        sat = [p for p in mine if p.saturated]
-        if sat:
-            ax.plot([p.pairs for p in sat], [p.per_pair for p in sat], "x", color="C3",
-                    markersize=9, label="saturated")
-
-    def cpu(ax: Any) -> None:
-        ax.plot([p.pairs for p in mine], [p.host_cores for p in mine], "o", color="C1",
-                alpha=0.5, label="measured")
-        ax.plot(ns, [model.base_cores + model.idle_cores_per_vm * 2 * n + model.cores_per_unit * agg[n]
-                     + model.contention * agg[n] * (n - 1) for n in ns], "-", color="C2",
-                label=f"fit: {model.idle_cores_per_vm:.3g}/guest + {model.cores_per_unit:.3g}"
-                      f"/{'Gbit/s' if kind == 'stream' else 'tps'}")
-
-    return figure([Panel(f"{mode}: per-pair {unit}", "pairs (N)", f"{unit} per pair", rate),
-                    Panel(f"{mode}: host CPU", "pairs (N)", "host cores busy", cpu)],
-                   f"Capacity, {mode} ({series}), run {run_id}",
-                   "Per-pair rate and host busy cores against the number of guest pairs run at "
-                   "once; the line on the CPU panel is the fitted cost model at each measured N.")
+    import plotly.graph_objects as go
+    c = figures.colour
+    n_at = {n: sum(1 for p in mine if p.pairs == n) for n in ns}
+    rate = [go.Scatter(x=[p.pairs for p in mine], y=[p.per_pair for p in mine], mode="markers",
+                       name="samples", marker={"color": c(0), "opacity": 0.5},
+                       hovertemplate="N=%{x}: %{y:.4g} " + unit + " per pair<extra>sample</extra>"),
+            go.Scatter(x=ns, y=[per_pair[n] for n in ns], mode="lines", name="mean", line={"color": c(0)},
+                       customdata=[n_at[n] for n in ns],
+                       hovertemplate="N=%{x}: mean %{y:.4g} " + unit + " per pair, n=%{customdata}<extra></extra>")]
+    sat = [p for p in mine if p.saturated]
+    if sat:
+        rate.append(go.Scatter(x=[p.pairs for p in sat], y=[p.per_pair for p in sat], mode="markers",
+                               name="saturated", marker={"color": c(3), "symbol": "x", "size": 11},
+                               hovertemplate="N=%{x}: saturated<extra></extra>"))
+    knee = (figures.Rule("y", per_pair[1] * (1 - cm.KNEE_DEGRADATION), "knee threshold (-10 % vs N=1)",
+                         dash="dot"),) if 1 in per_pair else ()
+    fit = [model.base_cores + model.idle_cores_per_vm * 2 * n + model.cores_per_unit * agg[n]
+           + model.contention * agg[n] * (n - 1) for n in ns]
+    cpu = [go.Scatter(x=[p.pairs for p in mine], y=[p.host_cores for p in mine], mode="markers",
+                      name="measured", marker={"color": c(1), "opacity": 0.5},
+                      hovertemplate="N=%{x}: %{y:.3g} host cores<extra>measured</extra>"),
+           go.Scatter(x=ns, y=fit, mode="lines", line={"color": c(2)},
+                      name=f"fit: {model.idle_cores_per_vm:.3g}/guest + {model.cores_per_unit:.3g}"
+                           f"/{'Gbit/s' if kind == 'stream' else 'tps'}",
+                      hovertemplate="N=%{x}: model %{y:.3g} host cores<extra></extra>")]
+    return figure([Panel(f"{mode}: per-pair {unit}", "pairs (N)", f"{unit} per pair", tuple(rate), rules=knee),
+                   Panel(f"{mode}: host CPU", "pairs (N)", "host cores busy", tuple(cpu))],
+                  f"Capacity, {mode} ({series}), run {run_id}",
+                  "Per-pair rate and host busy cores against the number of guest pairs run at "
+                  "once; the line on the CPU panel is the fitted cost model at each measured N.")
 
 
 def plots(records: Sequence[RunRecord]) -> tuple[Any, ...]:

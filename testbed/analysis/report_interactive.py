@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from testbed.analysis.figures import plotly_js  # noqa: F401  (one copy per page, inlined by the template)
 from testbed.records import percentiles
 from testbed.records.records import RunRecord
 
@@ -21,12 +22,6 @@ class Interactive:
     title: str
     caption: str
     html: str            # a <div> and the script that draws into it; plotly.js not included
-
-
-def plotly_js() -> str:
-    """plotly.js itself, to inline once per page."""
-    from plotly.offline import get_plotlyjs
-    return get_plotlyjs()
 
 
 def _div(fig: Any, div_id: str) -> str:

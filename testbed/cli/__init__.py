@@ -1,8 +1,5 @@
 """The `testbed` command: a thin front that maps errors to exit statuses and one-line messages.
-
-Exit statuses: 0 ok; 1 a run completed with failed cells (or another error); 2 bad input;
-3 a requested capability is missing; 4 the host is busy or has leftovers; 130 interrupted.
-`testbed fleet run`: 6 some hosts failed, 7 no host done (testbed.cli.fleet).
+The statuses are testbed.errors.ExitStatus; which command returns which is testbed.cli.exits.
 """
 from __future__ import annotations
 
@@ -18,7 +15,7 @@ from pathlib import Path
 
 from testbed import __version__
 from testbed.cli.argtypes import integer, number
-from testbed.errors import TestbedError, one_line
+from testbed.errors import ExitStatus, TestbedError, one_line
 
 
 class Interrupted(BaseException):
@@ -66,14 +63,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _run_decided(args, topo, resume)
     from testbed.measure import runner
     out = runner.execute(topo, progress=lambda s: print(s, file=sys.stderr, flush=True), resume=resume)
-    print(f"status: {out.status}, {out.samples} samples, {out.failed} failed", file=sys.stderr)
     # Every run is indexed in the results store (SQLite beside the results by default).
     from testbed.records import store
     with store.open(args.db) as st:
         st.index_run(out.run_dir)
     from testbed.analysis import report
     from testbed.records import results
-    html = report.write_run_report(results.read_run(out.run_dir), results.now())
+    rec = results.read_run(out.run_dir)
+    # the same words as the report's summary: retried samples are not failures
+    print(report.status_line(rec), file=sys.stderr)
+    if (advice := report.noise_advice(rec)):
+        print(f"noisy host: {advice}", file=sys.stderr)
+    html = report.write_run_report(rec, results.now())
     if (why := config.not_gateable(topo)):
         print(f"NOT GATEABLE: {why}", file=sys.stderr)
     print(html)
@@ -265,27 +266,42 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return bench.main(args.what, args)
 
 
+DESCRIPTION = """\
+Measure VM-to-VM networking on a KVM host: boot guests, attach their NICs one way after
+another (Linux bridge, Open vSwitch, macvtap, VXLAN across two hosts; vhost-net or userspace
+virtio), drive netperf, uperf or iperf3 between them, and record throughput, transactions/s,
+latency and the CPU each costs, every figure cross-checked.
+
+Start with `testbed run` (the built-in topology), then `testbed report RUN`. For a nightly
+gate: `testbed compare BASE NEW`. For capacity planning: `testbed capacity RUN --profile
+SPEC`. `testbed COMMAND --help` describes each command."""
+
+
 def parser() -> argparse.ArgumentParser:
+    from testbed.cli import conventions as cv
+    from testbed.cli import exits
     from testbed.cli.argtypes import OneLineParser
-    p = OneLineParser(prog="testbed", description=__doc__.splitlines()[0])
-    p.add_argument("--version", action="version", version=f"testbed {__version__}")
-    p.add_argument("-v", "--verbose", action="store_true", help="log what is done, step by step")
-    p.add_argument("--results", dest="results_root", metavar="DIR",
-                   help="where runs are written and looked up (default: ./results, or $TESTBED_RESULTS)")
-    p.add_argument("--shared-host", action="store_true",
-                   help="run beside other shared runs on this host instead of holding it alone "
-                        "(for functional checks on a shared machine: noisy samples are kept, "
-                        "marked, not measured again; also $TESTBED_SHARED_HOST=1)")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="run a topology's matrix (default: the built-in topology)")
-    r.add_argument("topology", nargs="?", help="topology YAML file (default: the built-in topology)")
+    p = OneLineParser(prog="testbed", description=DESCRIPTION, epilog=exits.epilog(""),
+                      formatter_class=cv.Formatter)
+    p.add_argument("--version", action="version", version=f"testbed {__version__}",
+                   help="print the version and exit")
+    cv.add_global_options(p)
+    sub = cv.subcommands(p, "cmd")
+    r = cv.command(sub, "run", "measure a topology's matrix (default: the built-in topology)", """
+        Plans the topology's cells, sets up each attachment mode, measures every cell and
+        writes the run folder (run.json, samples.jsonl, the tools' raw output and
+        report.html). Progress goes to stderr; stdout ends with the report's path and, as
+        the last line, the run folder. A sample measured while the host was busy with
+        other work is measured again ("retried"), never counted as failed.""")
+    r.add_argument("topology", nargs="?", metavar=cv.TOPOLOGY,
+                   help="topology YAML file (default: the built-in topology)")
     r.add_argument("--accelerator", choices=("auto", "kvm", "tcg"),
                    help="override the topology's accelerator (auto: kvm if a stock kernel boots under it)")
-    r.add_argument("--resume", metavar="RUN", help="go on with an interrupted run (a run "
+    r.add_argument("--resume", metavar=cv.RUN, help="go on with an interrupted run (a run "
                    "directory or id) of the same topology: finished cells are kept, the rest measured")
-    r.add_argument("--db", help="results index: SQLite path or postgresql:// URL "
-                               "(default: results/index.sqlite)")
-    g = r.add_argument_group("nightly gate (sequential design; see docs/gate-statistics.md)")
+    r.add_argument("--db", metavar=cv.DB, help="results index the run goes to: SQLite file or "
+                   "postgresql:// URL (default: <results>/index.sqlite)")
+    g = r.add_argument_group("nightly gate (sequential design; see the gate's statistics in the docs)")
     g.add_argument("--decide-against", metavar="BASE", help="compare the run with BASE (a run "
                    "directory or id), measure the cells left undecided again, and exit with the "
                    "gate's status (0 pass, 1 fail, 5 undecided)")
@@ -302,34 +318,49 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--spending", dest="seq_spending", choices=("obrien-fleming", "pocock"),
                    help="alpha-spending function for the two looks (default obrien-fleming)")
     r.set_defaults(func=cmd_run)
-    v = sub.add_parser("validate", help="check a topology file without creating anything")
-    v.add_argument("topology", help="topology YAML file")
+    v = cv.command(sub, "validate", "check a topology file without creating anything", """
+        Reads the file, checks every field and plans its cells; prints the number of guests
+        and cells. Touches nothing on the host.""")
+    v.add_argument("topology", metavar=cv.TOPOLOGY, help="topology YAML file")
     v.set_defaults(func=cmd_validate)
-    d = sub.add_parser("doctor", help="what this host can do, each item found by trying it")
+    d = cv.command(sub, "doctor", "what this host can do, each item found by trying it", """
+        KVM and TCG by booting the guest image's kernel to a trivial init; vhost-net by
+        opening /dev/vhost-net; each attachment mode by its own check; the versions of
+        QEMU, libvirt, OVS and the traffic tools.""")
     d.add_argument("--json", action="store_true", help="machine-readable output")
     d.set_defaults(func=cmd_doctor)
-    c = sub.add_parser("cleanup", help="remove tb- objects left by a dead run, and nothing else")
-    c.add_argument("--uri", default="qemu:///system")
-    c.add_argument("--hosts", metavar="TOPOLOGY", help="also clean the topology's remote (ssh) hosts")
+    c = cv.command(sub, "cleanup", "remove tb- objects left by a dead run, and nothing else", """
+        Removes domains, bridges, taps, namespaces, OVS bridges and state folders named
+        tb-... whose run is no longer alive. Never touches an object without the prefix or
+        one that a live run owns.""")
+    c.add_argument("--uri", default="qemu:///system", metavar="URI",
+                   help="libvirt URI of this host (default: qemu:///system)")
+    c.add_argument("--hosts", metavar=cv.TOPOLOGY, help="also clean the topology's remote (ssh) hosts")
     c.set_defaults(func=cmd_cleanup)
-    i = sub.add_parser("image", help="build (or find cached) a guest image from a recipe")
-    i.add_argument("recipe", nargs="?", help="a recipe name under images/ or a recipe folder "
-                                             "(default: $TESTBED_IMAGE, else debian12)")
+    i = cv.command(sub, "image", "build (or find cached) a guest image from a recipe", """
+        Images are cached under a hash of their recipe: a second call finds the first's.""")
+    i.add_argument("recipe", nargs="?", metavar="RECIPE",
+                   help="a recipe name under images/ or a recipe folder (default: $TESTBED_IMAGE, else debian12)")
     i.set_defaults(func=cmd_image)
-    k = sub.add_parser("cache", help="show or remove cached images and guest snapshots")
+    k = cv.command(sub, "cache", "show or remove cached images and guest snapshots", """
+        `prune` removes snapshots (all, or with --stale those of images no longer current)
+        and partial ones whose writer died; never what a running guest uses.""")
     k.add_argument("action", choices=("list", "prune"), help="list the cache, or remove from it")
     k.add_argument("--stale", action="store_true", help="prune: only snapshots of images no longer current")
     k.add_argument("--images", action="store_true", help="prune: also images other than the current recipe's")
     k.set_defaults(func=cmd_cache)
-    b = sub.add_parser("bench", help="benchmarks that print figures")
+    b = cv.command(sub, "bench", "benchmarks that print figures", """
+        Each benchmark measures in one run, on this host, the figures it compares, and
+        prints them with their ratios. See the benchmarks page of the docs.""")
     b.add_argument("what", choices=("boot", "matrix", "chain", "fidelity", "harness", "placement", "ndr",
                                     "density", "gate", "soak"), help="which benchmark")
-    b.add_argument("--rounds", type=integer(1, 1000), help="boot: rounds (default 1); fidelity: alternations (default 5); "
-                                              "placement: rounds of apart/together/unpinned (default 5); "
-                                              "gate: simulated nights per scenario (default 10)")
+    b.add_argument("--rounds", type=integer(1, 1000), metavar="N",
+                   help="boot: rounds (default 1); fidelity: alternations (default 5); "
+                        "placement: rounds of apart/together/unpinned (default 5); "
+                        "gate: simulated nights per scenario (default 10)")
     b.add_argument("--pairs", default="1,2,4,8", metavar="N,N,...",
                    help="density: pair counts to bring up together (default 1,2,4,8)")
-    b.add_argument("--cells", type=integer(1, 100000), default=300,
+    b.add_argument("--cells", type=integer(1, 100000), default=300, metavar="N",
                    help="soak: namespace cells to measure (default 300)")
     b.set_defaults(func=cmd_bench)
     from testbed.cli import results as cli_results
@@ -378,7 +409,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.exit_status
     except (KeyboardInterrupt, Interrupted):
         print("testbed: interrupted; everything created was torn down", file=sys.stderr)
-        return 130
+        return ExitStatus.INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -1,8 +1,5 @@
 """`testbed fleet run|report`: one topology across an Ansible inventory (testbed.fleet).
-
-Exit statuses of `fleet run`: 0 every host done; 6 some hosts failed (each named with its
-reason on stderr and in fleet.json); 7 no host done; 2 bad input (inventory, topology, limit,
-a host that switches host key checking off), before any host is touched; 3 Ansible missing.
+Exit statuses: testbed.cli.exits ("fleet run", "fleet report").
 """
 from __future__ import annotations
 
@@ -56,28 +53,32 @@ def cmd_fleet_report(args: argparse.Namespace) -> int:
 
 
 def add_command(sub: Any) -> None:
-    p = sub.add_parser("fleet", help="run a topology across an Ansible inventory of hosts; "
-                                     "report the hosts side by side",
-                       description=__doc__.split("\n\n")[0])
-    fs = p.add_subparsers(dest="fleet_cmd", required=True)
-    r = fs.add_parser("run", help="prepare every host, run the topology there, fetch and index "
-                                  "the runs; exit 0 all done, 6 some failed, 7 none",
-                      description=__doc__)
+    from testbed.cli import conventions as cv
+    p = cv.command(sub, "fleet", "run a topology across an Ansible inventory of hypervisors; "
+                                 "report the hosts side by side", """
+        `fleet run` prepares every host of the inventory (packages, the testbed itself),
+        runs the topology on each, fetches the runs and indexes them; `fleet report` puts
+        the hosts side by side and names outliers within a host class.""")
+    fs = cv.subcommands(p, "fleet_cmd")
+    r = cv.command(fs, "run", "prepare every host, run the topology there, fetch and index the runs", """
+        Each failed host is named with its reason on stderr and in the fleet run's
+        fleet.json; `--retry-failed FLEETRUN` runs only those again. The inventory and the
+        topology are checked before any host is touched.""", path="fleet run")
     r.add_argument("inventory", nargs="?", metavar="INVENTORY", help="Ansible inventory (YAML or INI)")
-    r.add_argument("topology", nargs="?", metavar="TOPOLOGY", help="topology YAML file")
+    r.add_argument("topology", nargs="?", metavar=cv.TOPOLOGY, help="topology YAML file")
     r.add_argument("--limit", metavar="PATTERN", help="Ansible host pattern: only these hosts")
     r.add_argument("--forks", type=integer(1, 1000), default=None, metavar="N",
                    help="hosts run at once (default 5)")
-    r.add_argument("--db", metavar="PATH|URL",
-                   help="results index the runs go to: SQLite path or postgresql:// URL "
+    r.add_argument("--db", metavar=cv.DB,
+                   help="results index the runs go to: SQLite file or postgresql:// URL "
                         "(default: <results>/index.sqlite)")
-    r.add_argument("--wheel", metavar="FILE", help="the testbed wheel to deploy (default: built "
-                                                   "from this testbed's source tree)")
+    r.add_argument("--wheel", metavar=cv.FILE, help="the testbed wheel to deploy (default: built "
+                                                    "from this testbed's source tree)")
     r.add_argument("--retry-failed", metavar="FLEETRUN",
                    help="run the failed hosts of this fleet run again (a fleet directory or id)")
     r.set_defaults(func=cmd_fleet_run)
-    k = fs.add_parser("report", help="hosts side by side: environment, each cell's figure, "
-                                     "outliers within a host class")
+    k = cv.command(fs, "report", "hosts side by side: environment, each cell's figure, outliers "
+                                 "within a host class", path="fleet report")
     k.add_argument("fleetrun", metavar="FLEETRUN", help="a fleet run directory or id")
     k.add_argument("--z", type=float, default=3.5, metavar="Z",
                    help="robust z-score (median/MAD within a class) beyond which a host is "

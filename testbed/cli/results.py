@@ -19,14 +19,12 @@ from testbed.records import results
 
 
 def _results_root(args: argparse.Namespace) -> Path:
-    return args.results if args.results is not None else paths.results_dir()
+    # the global --results, given before or after the command (testbed.cli.conventions)
+    given = getattr(args, "results_root", None)
+    return Path(given) if given else paths.results_dir()
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--results", type=Path, default=None, metavar="DIR",
-                   help="where run ids are looked up (default: results/ or $TESTBED_RESULTS)")
-
-
+from testbed.cli import conventions as cv
 from testbed.cli.argtypes import fraction as _fraction
 from testbed.cli.argtypes import integer, number
 
@@ -146,6 +144,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     from testbed.analysis import compare, report, slo
     spec = slo.parse(args.slo) if args.slo else None     # bad text: exit 2 before reading runs
     root = _results_root(args)
+    if args.output is None:
+        # one run: beside its samples, where `testbed run` put it; several: here
+        args.output = str(compare.resolve(args.runs[0], root) / "report.html"
+                          if len(args.runs) == 1 else Path("report.html"))
     out = _outputs((args.output, "--output"), (args.csv, "--csv"))
     records = [compare.load(r, root) for r in args.runs]
     baseline = compare.load(args.baseline, root) if args.baseline else None
@@ -231,31 +233,32 @@ def _capacity_slo(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- wiring
 
+TESTS = ("auto", "welch", "permutation", "bootstrap", "mannwhitney")
+
+
 def add_commands(subparsers: Any) -> None:
-    """Register index, compare, report, capacity and export-csv on `testbed`'s subparsers."""
-    i = subparsers.add_parser("index", help="index run directories into SQLite or PostgreSQL")
-    i.add_argument("runs", nargs="*", metavar="RUN",
+    """Register index, compare, history, report, capacity and export-csv on `testbed`'s subparsers."""
+    i = cv.command(subparsers, "index", "add runs to the results index (SQLite or PostgreSQL)", """
+        Every run is read and checked before the index is opened: a bad run adds nothing.
+        `testbed run` indexes its own run; this is for runs copied from elsewhere.""")
+    i.add_argument("runs", nargs="*", metavar=cv.RUN,
                    help="run directories or ids (default: every run under --results)")
-    i.add_argument("--db", metavar="PATH|URL",
+    i.add_argument("--db", metavar=cv.DB,
                    help="SQLite file or postgresql:// URL (default: <results>/index.sqlite)")
-    _common(i)
     i.set_defaults(func=cmd_index)
 
-    c = subparsers.add_parser(
-        "compare", help="compare NEW against BASE per cell; exit 1 on a regression, 5 if "
-                        "undecided, 2 if refused",
-        description="Exit status: 0 every cell unchanged or improved; 1 a cell regressed, broke "
-                    "(its failure rate rose), was redefined or went missing in NEW; 5 nothing "
-                    "failed but some cell is insufficient (fewer than --min-samples ok samples "
-                    "a side), inconclusive or without baseline; 2 the environments differ or "
-                    "bad input. --force overrides a CPU model or attachment mismatch, never "
-                    "TCG vs KVM.")
+    c = cv.command(subparsers, "compare", "compare NEW against BASE cell by cell: the nightly gate", """
+        Per cell, a statistical test on the samples of both runs and a verdict (unchanged,
+        improved, regressed, broken, insufficient, inconclusive); the false-discovery rate
+        is controlled across all cells. Refused when the environments differ in a way that
+        makes the figures incomparable (TCG against KVM, another CPU model, another host).
+        With --variants A B, the two variants of one run are compared instead.""")
     c.add_argument("base", metavar="BASE", help="baseline run directory or id (with --variants: "
                                                 "the run)")
     c.add_argument("new", metavar="NEW", nargs="?", help="new run directory or id")
     c.add_argument("--variants", nargs=2, metavar=("A", "B"),
                    help="compare variant B against variant A within one run")
-    c.add_argument("--junit", metavar="FILE", help="also write JUnit XML, one testcase per cell")
+    c.add_argument("--junit", metavar=cv.FILE, help="also write JUnit XML, one testcase per cell")
     c.add_argument("--fdr", type=_fraction, default=0.05, metavar="Q",
                    help="Benjamini-Hochberg false-discovery rate across all cells and deciding "
                         "metrics (default 0.05)")
@@ -267,25 +270,18 @@ def add_commands(subparsers: Any) -> None:
     c.add_argument("--across-hosts", action="store_true",
                    help="compare runs measured on different hosts (machine ids); refused "
                         "without it, and said in the output with it")
-    c.add_argument("--threshold", type=_fraction, default=0.05,
+    c.add_argument("--threshold", type=_fraction, default=0.05, metavar="F",
                    help="relative change that counts (default 0.05)")
-    c.add_argument("--alpha", type=_fraction, default=0.05,
+    c.add_argument("--alpha", type=_fraction, default=0.05, metavar="F",
                    help="per-test significance level (default 0.05); the gate decides at --fdr")
-    c.add_argument("--test", choices=("auto", "welch", "permutation", "bootstrap", "mannwhitney"),
-                   default="auto", help="auto: Welch, or the permutation test where normality "
-                                        "is doubtful (default)")
-    _common(c)
+    c.add_argument("--test", choices=TESTS, default="auto",
+                   help="auto: Welch, or the permutation test where normality is doubtful (default)")
     c.set_defaults(func=cmd_compare)
 
-    h = subparsers.add_parser(
-        "history", help="each cell's metric over the indexed runs, with change points; "
-                        "exit 1 on a confirmed regression within the newest 7 runs",
-        description="Reads the results index (testbed index), per cell in run order; runs "
-                    "with incomparable environments start a new series. Change points: "
-                    "ruptures PELT, counted beyond --threshold. Exit status: 1 when a "
-                    "confirmed regression starts within the newest 7 runs of a series and "
-                    "is not acknowledged (--ack), else 0 (a lone worse newest run is "
-                    "printed as suspect); 2 bad input.")
+    h = cv.command(subparsers, "history", "each cell's figure over the indexed runs, with change points", """
+        Reads the results index (`testbed index`), per cell in run order; runs with
+        incomparable environments start a new series. Change points: ruptures PELT,
+        counted beyond --threshold. A lone worse newest run is printed as suspect.""")
     h.add_argument("--ack", metavar="CELL@RUN",
                    help="acknowledge the known change of CELL whose first bad run is RUN "
                         "(stored in <results>/history-acks.jsonl with --who and --why); it "
@@ -295,43 +291,50 @@ def add_commands(subparsers: Any) -> None:
                         "class (the inventory's testbed_host_class, pooling its hosts)")
     h.add_argument("--who", metavar="NAME", help="--ack: who acknowledges")
     h.add_argument("--why", metavar="TEXT", help="--ack: why the change is accepted")
-    h.add_argument("--db", metavar="PATH|URL",
+    h.add_argument("--db", metavar=cv.DB,
                    help="SQLite file or postgresql:// URL (default: <results>/index.sqlite)")
-    h.add_argument("--cell", metavar="ID", help="only this cell id")
-    h.add_argument("--metric", metavar="M",
+    h.add_argument("--cell", metavar="CELL", help="only this cell id")
+    h.add_argument("--metric", metavar="METRIC",
                    help="metric (default: each cell's primary: throughput_mbps or "
                         "transactions_per_s)")
-    h.add_argument("--threshold", type=_fraction, default=0.05,
+    h.add_argument("--threshold", type=_fraction, default=0.05, metavar="F",
                    help="smallest relative step counted as a change (default 0.05)")
-    h.add_argument("-o", "--output", metavar="FILE", help="also write an HTML report with plots")
+    h.add_argument("-o", "--output", metavar=cv.FILE, help="also write an HTML report with plots")
     h.add_argument("--json", action="store_true", help="machine-readable output")
-    _common(h)
     h.set_defaults(func=cmd_history)
 
-    r = subparsers.add_parser("report", help="self-contained HTML report (and CSV) of runs")
-    r.add_argument("runs", nargs="+", metavar="RUN", help="run directories or ids")
-    r.add_argument("-o", "--output", required=True, metavar="FILE", help="HTML file to write")
-    r.add_argument("--baseline", metavar="RUN", help="compare every RUN with this run")
-    r.add_argument("--csv", metavar="FILE", help="also write every sample as CSV")
-    r.add_argument("--threshold", type=_fraction, default=0.05)
-    r.add_argument("--test", choices=("auto", "welch", "permutation", "bootstrap", "mannwhitney"),
-                   default="auto")
+    r = cv.command(subparsers, "report", "a self-contained HTML report (and CSV) of one or more runs", """
+        The page opens with no network: its interactive plots carry their own code. Without
+        -o, one run's report goes to its run folder (RUN/report.html, as `testbed run`
+        writes it), several runs' to ./report.html.""")
+    r.add_argument("runs", nargs="+", metavar=cv.RUN, help="run directories or ids")
+    r.add_argument("-o", "--output", metavar=cv.FILE,
+                   help="HTML file to write (default: RUN/report.html for one run, else ./report.html)")
+    r.add_argument("--baseline", metavar=cv.RUN, help="compare every RUN with this run")
+    r.add_argument("--csv", metavar=cv.FILE, help="also write every sample as CSV")
+    r.add_argument("--threshold", type=_fraction, default=0.05, metavar="F",
+                   help="with --baseline: relative change that counts (default 0.05)")
+    r.add_argument("--test", choices=TESTS, default="auto",
+                   help="with --baseline: the statistical test, as `testbed compare --test` (default auto)")
     r.add_argument("--slo", default=None, metavar="SLO",
                    help='plot a density run\'s figure against N pairs with this service level, '
                         'e.g. "p99.9<500us@5000tps" (see capacity --slo)')
     r.add_argument("--capacity-profile", metavar="SPEC", default=None,
                    help="add the capacity table at this per-VM profile (stream:2gbit, rr:5ktps)")
-    _common(r)
     r.set_defaults(func=cmd_report)
 
-    k = subparsers.add_parser("capacity", help="how many VMs of a traffic profile fit on a host")
-    k.add_argument("run", metavar="RUN", help="a run directory or id (a density run with pairs, or any run)")
+    k = cv.command(subparsers, "capacity", "how many VMs of a traffic profile fit on a host", """
+        From a density run (1, 2, 4... pairs at once), a model of rate and CPU against the
+        number of pairs gives the VMs per host per mode and what runs out first (CPU,
+        memory, vCPUs or the link). From any other run, a one-pair estimate that says so.
+        With --slo, the largest number of pairs at which every pair met a service level.""")
+    k.add_argument("run", metavar=cv.RUN, help="a run directory or id (a density run with pairs, or any run)")
     k.add_argument("--slo", default=None, metavar="SLO",
                    help='a service level per pair, e.g. "p99.9<500us@5000tps" or "loss<0.1%%@2gbit": '
                         "the largest N pairs at which every pair met it, the first N that broke it")
     k.add_argument("--profile", default=None, metavar="SPEC",
                    help="per-VM traffic: stream:2gbit, stream:500mbit, rr:5000tps, rr:5ktps")
-    k.add_argument("--headroom", type=_fraction, default=0.2,
+    k.add_argument("--headroom", type=_fraction, default=0.2, metavar="F",
                    help="fraction of cores and link kept free (default 0.2)")
     k.add_argument("--host-cores", type=number(0, 100_000, low_open=True), default=None, metavar="N",
                    help="cores on the planned host (default: the run's recorded cpus)")
@@ -339,8 +342,10 @@ def add_commands(subparsers: Any) -> None:
                    help="uplink capacity in Gbit/s (default: measured by the run, else 10)")
     k.add_argument("--basis", choices=("host", "qemu"), default="host",
                    help="CPU counted: host busy cores, or QEMU+vhost+ovs-vswitchd (default host)")
-    k.add_argument("--mtu", type=integer(68, 65535), default=None, help="only cells at this MTU")
-    k.add_argument("--connections", type=integer(1, 100_000), default=None, help="only cells with this many")
+    k.add_argument("--mtu", type=integer(68, 65535), default=None, metavar="MTU",
+                   help="only cells at this MTU")
+    k.add_argument("--connections", type=integer(1, 100_000), default=None, metavar="N",
+                   help="only cells with this many connections")
     k.add_argument("--memory-reserve-mib", type=number(0, 2**40), default=2048.0, metavar="MIB",
                    help="host memory kept for the host itself (default 2048)")
     k.add_argument("--host-memory-mib", type=number(0, 2**40, low_open=True), default=None, metavar="MIB",
@@ -352,11 +357,10 @@ def add_commands(subparsers: Any) -> None:
     k.add_argument("--extrapolate", action="store_true",
                    help="allow answers beyond 2x the largest measured number of pairs")
     k.add_argument("--json", action="store_true", help="machine-readable output")
-    _common(k)
     k.set_defaults(func=cmd_capacity)
 
-    e = subparsers.add_parser("export-csv", help="every sample of some runs as CSV")
-    e.add_argument("runs", nargs="+", metavar="RUN", help="run directories or ids")
-    e.add_argument("-o", "--output", default="-", metavar="FILE", help="default: stdout")
-    _common(e)
+    e = cv.command(subparsers, "export-csv", "every sample of some runs as CSV", """
+        One row per sample, failed and retried ones included with their status and reason.""")
+    e.add_argument("runs", nargs="+", metavar=cv.RUN, help="run directories or ids")
+    e.add_argument("-o", "--output", default="-", metavar=cv.FILE, help="CSV file to write (default: stdout)")
     e.set_defaults(func=cmd_export_csv)

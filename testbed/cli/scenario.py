@@ -29,12 +29,18 @@ def cmd_scenario(args: argparse.Namespace) -> int:
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("scenario", help="rerun one of the five public studies and print its table")
+    from testbed.cli import conventions as cv
+    p = cv.command(sub, "scenario", "rerun one of the five public studies and print its table", """
+        Each study (Linux bridge against OVS, chained OVS bridges, OVS performance,
+        connecting namespaces, macvtap against OVS) is rebuilt from the testbed's own
+        parts and prints the study's table with this host's figures beside the published
+        ones. `testbed scenario list` names them.""")
     p.add_argument("action", choices=("list", "run"), help="list the scenarios, or run one")
-    p.add_argument("name", nargs="?", help="scenario name (see `testbed scenario list`)")
-    p.add_argument("--hosts", metavar="FILE", help="topology YAML whose hosts/guests the guest-based "
+    p.add_argument("name", nargs="?", metavar="NAME", help="scenario name (see `testbed scenario list`)")
+    p.add_argument("--hosts", metavar=cv.TOPOLOGY, help="topology YAML whose hosts/guests the guest-based "
                    "parts use (default: this host)")
     p.add_argument("--quick", action="store_true",
                    help="a reduced version that runs on one TCG machine in minutes (CI)")
-    p.add_argument("--db", help="results index (default: results/index.sqlite)")
+    p.add_argument("--db", metavar=cv.DB, help="results index: SQLite file or postgresql:// URL "
+                                               "(default: <results>/index.sqlite)")
     p.set_defaults(func=cmd_scenario)

@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from testbed.errors import ExitStatus
 from testbed.host import safeio
 from testbed.records import results
 
 FORMAT_VERSION = 1
 #: `testbed fleet run` exit statuses: every host done / some failed / none done
-ALL_OK, SOME_FAILED, NONE_OK = 0, 6, 7
+ALL_OK, SOME_FAILED, NONE_OK = ExitStatus.OK, ExitStatus.SOME_HOSTS_FAILED, ExitStatus.NO_HOST_DONE
 DONE, FAILED = "done", "failed"
 
 
