@@ -78,4 +78,5 @@ def command(sub: Any, name: str, summary: str, description: str = "", *,
 
 def subcommands(p: argparse.ArgumentParser, dest: str, title: str = "commands") -> Any:
     return p.add_subparsers(dest=dest, required=True, title=title, metavar="COMMAND",
-                            parser_class=OneLineParser)
+                            parser_class=OneLineParser,
+                            help="one of the commands below, each with its own --help")
