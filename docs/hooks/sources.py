@@ -94,9 +94,10 @@ def rewrite(markdown: str, source: str, page: str, config) -> str:
             to = posixpath.relpath(to.split("#")[0], posixpath.dirname(page) or ".") + (
                 "#" + to.split("#", 1)[1] if "#" in to else "")
         return f"{m.group(1)}{to}{m.group(3)}"
-    # not inside code: fenced blocks and inline code keep their text
-    chunks = re.split(r"(```.*?```|`[^`\n]*`)", markdown, flags=re.S)
-    return "".join(c if i % 2 else LINK.sub(one, c) for i, c in enumerate(chunks))
+    # not inside code: a link that starts in a fenced block or an inline code span keeps its
+    # text (code inside a link's own text is fine)
+    code = [m.span() for m in re.finditer(r"```.*?```|`[^`\n]*`", markdown, flags=re.S)]
+    return LINK.sub(lambda m: m.group(0) if any(a <= m.start() < b for a, b in code) else one(m), markdown)
 
 
 def _fence(text: str) -> str:
