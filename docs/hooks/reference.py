@@ -21,7 +21,7 @@ def _cell(text: str) -> str:
 
 
 def _usage(p: argparse.ArgumentParser) -> str:
-    return " ".join(p.format_usage().removeprefix("usage: ").split())
+    return p.format_usage().removeprefix("usage: ").rstrip()
 
 
 def _help(p: argparse.ArgumentParser, a: argparse.Action) -> str:
