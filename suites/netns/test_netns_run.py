@@ -43,6 +43,11 @@ def test_netns_run_fills_every_field(tmp_path):
                        text=True, timeout=900, env={**os.environ, "TESTBED_RESULTS": str(tmp_path / "res")})
     assert p.returncode == 0, p.stderr[-3000:]
     run_dir = tmp_path / "res" / p.stdout.strip().splitlines()[-1].rsplit("/", 1)[1]
+    # stderr's last status line is the report's summary, word for word (retried samples,
+    # if the host was busy, are counted as such there and here, never as failed)
+    [status] = [line for line in p.stderr.splitlines() if line.startswith("status: ")]
+    assert status.startswith("status: complete, ") and ", 0 failed" in status, status
+    assert status in (run_dir / "report.html").read_text()
     run = json.loads((run_dir / "run.json").read_text())
     assert run["status"] == "complete" and run["counts"]["boots"] == 0
     assert run["environment"]["accelerator"] == "none"

@@ -203,7 +203,7 @@ def noise_advice(rec: RunRecord) -> str | None:
                      "(retries ran out, or the run shared the host): their figures are in the "
                      "statistics and marked noisy")
     return ("; ".join(parts) + ". For figures you can defend, stop what else runs on the host, "
-            "or give the testbed its own cores (topology `placement`), and run again.")
+            "or give the testbed cores of its own (the topology's placement), and run again.")
 
 
 def run_view(rec: RunRecord, study: study_result.StudyReport | None = None) -> RunView:
