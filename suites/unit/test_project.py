@@ -40,8 +40,32 @@ def test_readme_is_a_front_page():
     text = (ROOT / "README.md").read_text()
     assert len(text.encode()) <= 12 * 1024
     for link in re.findall(r"\]\((docs/[^)#]+)", text):
-        if link != "docs/reference/cli.md":                  # generated at build time
-            assert (ROOT / link).is_file(), link
+        assert (ROOT / link).is_file(), link
+
+
+def test_readme_shows_a_run_as_this_version_prints_it():
+    """"What a run prints" is `./tb run`'s own output (scripts/refresh-readme writes it): its
+    lines have the shape this version prints, its status line adds up, and the README says
+    which accelerator made it (TCG figures are functional checks)."""
+    block = text_between((ROOT / "README.md").read_text(), "<!-- run-output:start -->", "<!-- run-output:end -->")
+    out = re.search(r"```text\n(.*?)```", block, re.S).group(1).splitlines()
+    head = next(m for line in out if (m := re.fullmatch(r"run \S+: (\d+) cells, accelerator (\w+).*", line)))
+    cells, accel = int(head.group(1)), head.group(2)
+    assert [int(m.group(1)) for line in out if (m := re.match(r"\[(\d+)/%d\] " % cells, line))] == \
+        list(range(1, cells + 1))
+    status = next(m for line in out if (m := re.fullmatch(
+        r"status: (complete|complete-with-failures), (\d+) samples: (\d+) ok, (\d+) failed"
+        r"(?:, (\d+) retried \(host busy\))?(?:, (\d+) kept noisy)?", line)))
+    n, ok, failed, retried = (int(status.group(i) or 0) for i in (2, 3, 4, 5))
+    assert n == ok + failed + retried and ok + failed >= cells
+    assert out[-1].startswith("results/") and out[-2] == out[-1] + "/report.html"
+    if accel == "tcg":
+        assert "TCG" in block and "functional" in block
+    assert "docs/img/report.png" in block and (ROOT / "docs/img/report.png").is_file()
+
+
+def text_between(text: str, start: str, end: str) -> str:
+    return text[text.index(start) + len(start):text.index(end)]
 
 
 def test_no_internal_issue_numbers():
