@@ -77,7 +77,7 @@ def figure(panels: Sequence[Panel], title: str, caption: str, runs: Sequence[str
     cols = 1 if len(panels) == 1 else 2
     rows = (len(panels) + cols - 1) // cols
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=[p.title for p in panels],
-                        horizontal_spacing=0.12, vertical_spacing=min(0.3, 0.6 / max(1, rows)))
+                        horizontal_spacing=0.12, vertical_spacing=min(0.12, 0.3 / max(1, rows)))
     named: set[str] = set()
     for i, p in enumerate(panels):
         r, c = i // cols + 1, i % cols + 1
@@ -99,7 +99,7 @@ def figure(panels: Sequence[Panel], title: str, caption: str, runs: Sequence[str
     if len(runs) > 1:
         caption += " Line style: " + ", ".join(f"{d} = run {r}" for d, r in zip(
             itertools.cycle(RUN_DASHES), runs)) + "."
-    fig.update_layout(template="plotly_white", hovermode="closest", height=380 * rows + 80,
+    fig.update_layout(template="plotly_white", hovermode="closest", height=360 * rows + 80,
                       margin={"l": 60, "r": 20, "t": 60, "b": 50}, legend={"font": {"size": 10}},
                       barmode="group", font={"size": 11})
     fig.update_annotations(font_size=12)

@@ -243,11 +243,13 @@ class Point:
     y: float
     err: tuple[float, float] | None = None      # below, above
     n: int | None = None                        # samples behind the point
+    noisy: int = 0                              # of those, kept although the host was busy
 
 
 def _points(cells: Iterable[CellStats], series: Callable[[CellStats], str],
             x: Callable[[CellStats], float], y: Callable[[CellStats], float | None]) -> list[Point]:
-    return [Point(series(c), c.run_id, x(c), v, n=c.n_ok) for c in cells if (v := y(c)) is not None]
+    return [Point(series(c), c.run_id, x(c), v, n=c.n_ok, noisy=c.n_kept_noisy) for c in cells
+            if (v := y(c)) is not None]
 
 
 def _hover(unit: str, xname: str = "") -> str:
@@ -255,9 +257,14 @@ def _hover(unit: str, xname: str = "") -> str:
             + "%{y:.4g} " + unit + "%{customdata}<extra></extra>")
 
 
-def _extra(p: Point, scale_unit: str = "") -> str:
+def _extra(p: Point) -> str:
     ci = f" (95 % CI {p.y - p.err[0]:.4g} to {p.y + p.err[1]:.4g})" if p.err else ""
-    return ci + (f", n={p.n}" if p.n is not None else "")
+    return ci + (f", n={p.n}" if p.n is not None else "") + (f", {p.noisy} kept noisy" if p.noisy else "")
+
+
+def _label(p: Point) -> str:
+    """What a bar says on itself: n, and that some of its samples are noisy."""
+    return (f"n={p.n}" if p.n is not None else "") + (" (noisy)" if p.noisy else "")
 
 
 def _error(pts: Sequence[Point]) -> dict | None:
@@ -307,7 +314,7 @@ def _bar_panel(title: str, bars: Sequence[Point], ylabel: str, runs: Sequence[st
         traces.append(go.Bar(
             x=[p.series for p in pts], y=[p.y for p in pts], name=f"run {run_id}",
             marker={"color": figures.colour(r)}, error_y=_error(pts),
-            text=[f"n={p.n}" if p.n is not None else "" for p in pts], textposition="inside",
+            text=[_label(p) for p in pts], textposition="inside",
             insidetextanchor="start", customdata=[_extra(p) for p in pts],
             showlegend=len(runs) > 1, hovertemplate="%{x}: %{y:.4g} " + ylabel + "%{customdata}<extra></extra>"))
     return Panel(title, "mode", ylabel, tuple(traces), categories=tuple(labels))
@@ -322,7 +329,8 @@ def _err(t: stats.Summary, scale: float = 1.0) -> tuple[float, float] | None:
 #: what every rate plot's caption says about its intervals
 INTERVALS = ("Error bars are the 95 % confidence interval of the mean where a cell has 2 or more "
              "samples; n= is the number of successful samples behind each figure (a cell with "
-             "n=1 has no interval). Hover over a point for its values.")
+             "n=1 has no interval), and (noisy) marks one with samples kept although the host was "
+             "busy. Hover over a point for its values.")
 
 
 def bars_plot(cells: Sequence[CellStats], runs: Sequence[str]) -> Plot | None:
@@ -334,16 +342,17 @@ def bars_plot(cells: Sequence[CellStats], runs: Sequence[str]) -> Plot | None:
         rr = these[0].transactional
         label = lambda c: c.mode + (f" mtu{c.mtu}" if _varies(these, "mtu") else "")  # noqa: E731
         if rr:
-            pts = [Point(label(c), c.run_id, 0, c.tps.mean, _err(c.tps), c.n_ok) for c in these if c.tps]
-            cost = [Point(label(c), c.run_id, 0, v, n=c.n_ok) for c in these
+            pts = [Point(label(c), c.run_id, 0, c.tps.mean, _err(c.tps), c.n_ok, c.n_kept_noisy)
+                   for c in these if c.tps]
+            cost = [Point(label(c), c.run_id, 0, v, n=c.n_ok, noisy=c.n_kept_noisy) for c in these
                     if (v := c.host_us_per_tx) is not None]
             panels += [_bar_panel(f"{profile}: transactions/s", pts, "transactions/s", runs),
                        _bar_panel(f"{profile}: host CPU per transaction", cost,
                                   "host CPU µs per transaction", runs)]
         else:
-            pts = [Point(label(c), c.run_id, 0, c.throughput.mean / 1000, _err(c.throughput, 1000), c.n_ok)
-                   for c in these if c.throughput]
-            cost = [Point(label(c), c.run_id, 0, 1 / v, n=c.n_ok) for c in these
+            pts = [Point(label(c), c.run_id, 0, c.throughput.mean / 1000, _err(c.throughput, 1000), c.n_ok,
+                         c.n_kept_noisy) for c in these if c.throughput]
+            cost = [Point(label(c), c.run_id, 0, 1 / v, n=c.n_ok, noisy=c.n_kept_noisy) for c in these
                     if (v := c.gbit_per_host_core)]
             panels += [_bar_panel(f"{profile}: throughput", pts, "Gbit/s", runs),
                        _bar_panel(f"{profile}: host CPU per Gbit/s", cost,
@@ -373,7 +382,7 @@ def throughput_plot(cells: Sequence[CellStats], runs: Sequence[str]) -> Plot | N
     panels = []
     for profile in sorted({c.profile for c in stream}):
         pts = [Point(_other(axis)(c), c.run_id, getattr(c, axis), c.throughput.mean / 1000,
-                     _err(c.throughput, 1000), c.n_ok)
+                     _err(c.throughput, 1000), c.n_ok, c.n_kept_noisy)
                for c in stream if c.profile == profile and c.throughput is not None]
         panels.append(_line_panel(profile, pts, axis if axis == "connections" else "MTU",
                                   "Gbit/s", runs))
