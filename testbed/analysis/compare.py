@@ -31,6 +31,7 @@ redefined or is missing from NEW; 5 no cell failed but some could not be decided
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from testbed.analysis import shift as shift_mod
 from testbed.analysis import stats, tailgate
 from testbed.errors import ExitStatus, TestbedError
 from testbed.host import paths
@@ -218,6 +220,8 @@ class CellVerdict(StrEnum):
     IMPROVED = "improved"
     REGRESSED = "regressed"
     UNCHANGED = "unchanged"
+    #: credibly no worse than the threshold, not shown within it on the better side: passes
+    NOT_WORSE = "not-worse"
     INCONCLUSIVE = "inconclusive"
     BROKEN = "broken"               # BASE had successful samples, NEW has none: fails the gate
     NO_BASELINE = "no-baseline"     # BASE has no successful samples to compare with
@@ -243,7 +247,7 @@ class CellVerdict(StrEnum):
 
 
 _WORST = (stats.Verdict.REGRESSED, stats.Verdict.INCONCLUSIVE, stats.Verdict.INSUFFICIENT,
-          stats.Verdict.IMPROVED, stats.Verdict.UNCHANGED)
+          stats.Verdict.NOT_WORSE, stats.Verdict.IMPROVED, stats.Verdict.UNCHANGED)
 
 
 @dataclass(frozen=True)
@@ -334,7 +338,7 @@ def _cell(run: RunRecord, cid: str, base: list[SampleRecord], new: list[SampleRe
     # percentiles (p50 .. p99.9, as chosen) by a method fit for quantiles: testbed.analysis.tailgate
     results_ += [MetricResult(k, rr, c) for k, c in tailgate.comparisons(
         [s.metrics for s in ok_b], [s.metrics for s in ok_n], threshold=threshold, alpha=alpha,
-        min_samples=min_samples)]
+        min_samples=min_samples, spread_from=spread_from(run))]
     return CellResult(**ident, verdict=CellVerdict.INCONCLUSIVE, metrics=tuple(results_),
                       note="" if any(m.metric == primary for m in results_)
                       else f"{primary} missing from the successful samples")
@@ -371,33 +375,46 @@ def _failure_verdicts(cells: list[CellResult], adjusted: list[float]) -> None:
         cells[i] = dataclasses.replace(c, failure_p_adjusted=pa)
 
 
-def _finish(cells: list[CellResult], q: float,
-            moderated: bool = True) -> tuple[tuple[CellResult, ...], tuple[str, ...]]:
+def _finish(cells: list[CellResult], q: float, moderated: bool = True, *, shifts: bool = True
+            ) -> tuple[tuple[CellResult, ...], tuple[str, ...], tuple[shift_mod.Shift, ...]]:
     """Benjamini-Hochberg across every cell's deciding metrics, then each cell's verdict:
     the worst of its deciding metrics. Informational metrics are adjusted in their own
     family so that they neither dilute nor are diluted by the gate's. Before the adjustment,
     with ``moderated``, each metric's Welch tests within a family become moderated t-tests
-    (:func:`testbed.analysis.stats.moderate`); the second value says, per deciding metric, which test
-    was used and with what prior."""
+    (:func:`testbed.analysis.stats.moderate`); then, with ``shifts``, each deciding metric's
+    shared shift is taken out of its cells and judged as one more member of the family
+    (:mod:`testbed.analysis.shift`). Returns the cells, per deciding metric which test was
+    used and with what prior, and the shifts."""
     priors: list[str] = []
+    found: list[shift_mod.Shift] = []
     for decides in (True, False):
         slots = [(i, j) for i, c in enumerate(cells) for j, m in enumerate(c.metrics)
                  if m.decides is decides]
         comps = [cells[i].metrics[j].comparison for i, j in slots]
-        if moderated:
-            # One prior per metric: throughput and latency noise need not be alike.
-            for metric in sorted({cells[i].metrics[j].metric for i, j in slots}):
-                at = [k for k, (i, j) in enumerate(slots) if cells[i].metrics[j].metric == metric]
+        for metric in sorted({cells[i].metrics[j].metric for i, j in slots}):
+            at = [k for k, (i, j) in enumerate(slots) if cells[i].metrics[j].metric == metric]
+            if moderated:
+                # One prior per metric: throughput and latency noise need not be alike.
                 mod, prior = stats.moderate([comps[k] for k in at])
                 for k, c in zip(at, mod):
                     comps[k] = c
                 if decides and prior.cells:
                     priors.append(f"{metric}: {prior.describe()}")
+            if decides and shifts and at:
+                c0 = comps[at[0]]
+                moved, sh = shift_mod.take_out(metric, [comps[k] for k in at], threshold=c0.threshold,
+                                               alpha=c0.alpha)
+                for k, c in zip(at, moved):
+                    comps[k] = c
+                if sh is not None:
+                    found.append(sh)
         extra = [c.failure_p for c in cells if c.failure_p is not None] if decides else []
-        adjusted, fail_adj = stats.adjust_family(comps, extra, q)
+        n_cells = len(comps)
+        adjusted, fail_adj = stats.adjust_family(comps + ([s.comparison for s in found] if decides else []), extra, q)
         if decides:
             _failure_verdicts(cells, fail_adj)
-        for (i, j), comp in zip(slots, adjusted):
+            found = [dataclasses.replace(s, comparison=c) for s, c in zip(found, adjusted[n_cells:])]
+        for (i, j), comp in zip(slots, adjusted[:n_cells]):
             ms = list(cells[i].metrics)
             ms[j] = dataclasses.replace(ms[j], comparison=comp)
             cells[i] = dataclasses.replace(cells[i], metrics=tuple(ms))
@@ -414,7 +431,7 @@ def _finish(cells: list[CellResult], q: float,
                 f"NEW {c.new_failed}/{c.new_ok + c.new_failed} failed (Fisher p "
                 f"{c.failure_p:.2g}, adjusted {c.failure_p_adjusted:.2g} < q {q})"))
         out.append(c)
-    return tuple(out), tuple(priors)
+    return tuple(out), tuple(priors), tuple(found)
 
 
 # --------------------------------------------------------------------------- runs
@@ -457,6 +474,8 @@ class RunComparison:
     noisy: dict[str, int] = dataclasses.field(default_factory=dict)
     #: --across-hosts compared runs of different hosts (their figures differ by host too)
     across_hosts: bool = False
+    #: the night's shared shift per deciding metric (testbed.analysis.shift), each judged
+    shifts: tuple[shift_mod.Shift, ...] = ()
 
     @property
     def failing(self) -> tuple[CellResult, ...]:
@@ -467,12 +486,21 @@ class RunComparison:
         return tuple(c for c in self.cells if c.verdict.undecided)
 
     @property
+    def failing_shifts(self) -> tuple[shift_mod.Shift, ...]:
+        """Shifts credibly beyond the threshold: every cell moved, a finding that fails."""
+        return tuple(s for s in self.shifts if s.comparison.verdict is stats.Verdict.REGRESSED)
+
+    @property
+    def undecided_shifts(self) -> tuple[shift_mod.Shift, ...]:
+        return tuple(s for s in self.shifts if s.comparison.verdict is stats.Verdict.INCONCLUSIVE)
+
+    @property
     def exit_status(self) -> int:
         if self.refused:
             return 2
-        if self.failing:
+        if self.failing or self.failing_shifts:
             return 1
-        return UNDECIDED_STATUS if self.undecided or not self.cells else 0
+        return UNDECIDED_STATUS if self.undecided or self.undecided_shifts or not self.cells else 0
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -485,7 +513,7 @@ def compare_runs(base: RunRecord, new: RunRecord, *, threshold: float = 0.05,
                  alpha: float = 0.05, test: str = "auto", force: bool = False,
                  q: float = stats.FDR_Q, min_samples: int = stats.MIN_SAMPLES,
                  variants: tuple[str, str] | None = None,
-                 across_hosts: bool = False) -> RunComparison:
+                 across_hosts: bool = False, shifts: bool = True) -> RunComparison:
     """Compare NEW with BASE; with ``variants`` (A, B), ``base`` and ``new`` are one run and
     its variant A samples are BASE, its variant B samples NEW. Runs of different hosts are
     refused unless ``across_hosts``: a difference between hosts is not a build's."""
@@ -510,6 +538,7 @@ def compare_runs(base: RunRecord, new: RunRecord, *, threshold: float = 0.05,
     noisy: dict[str, int] = {}
     cells: tuple[CellResult, ...] = ()
     tests_used: tuple[str, ...] = ()
+    found: tuple[shift_mod.Shift, ...] = ()
     if refused is None:
         if variants is None:
             mb, mn = measured(base), measured(new)
@@ -520,10 +549,10 @@ def compare_runs(base: RunRecord, new: RunRecord, *, threshold: float = 0.05,
         mb, xb, kb = split_noisy(mb)
         mn, xn, kn = split_noisy(mn)
         noisy = {"base_excluded": xb, "new_excluded": xn, "base_kept": kb, "new_kept": kn}
-        cells, tests_used = _finish([_cell(new if cid in mn else base, cid, mb.get(cid, []),
-                               mn.get(cid, []), threshold=threshold, alpha=alpha, test=test,
-                               min_samples=min_samples)
-                         for cid in sorted(set(mb) | set(mn))], q, moderated=test == "auto")
+        cells, tests_used, found = _finish(
+            [_cell(new if cid in mn else base, cid, mb.get(cid, []), mn.get(cid, []), threshold=threshold,
+                   alpha=alpha, test=test, min_samples=min_samples)
+             for cid in sorted(set(mb) | set(mn))], q, moderated=test == "auto", shifts=shifts)
     warnings = tuple(f"{side} run {rec.run_id} ended {rec.status}: "
                      f"cells it did not reach are missing"
                      for side, rec in (("BASE", base), ("NEW", new))
@@ -534,7 +563,7 @@ def compare_runs(base: RunRecord, new: RunRecord, *, threshold: float = 0.05,
                          warnings=warnings, q=q, min_samples=min_samples,
                          tests_used=tests_used,
                          tuning=tuning_differences(base, new) if variants is None else (), noisy=noisy,
-                         across_hosts=bool(hosts and across_hosts and refused is None))
+                         across_hosts=bool(hosts and across_hosts and refused is None), shifts=found)
 
 
 def variants_of(rec: RunRecord) -> tuple[str, ...]:
@@ -598,20 +627,22 @@ def render_text(rc: RunComparison) -> str:
                      "difference below may be the hosts', not the build's")
     if rc.forced:
         lines.append("!! --force: compared despite the mismatches above")
-    header = ("cell", "verdict", "metric", "base", "new", "delta", "interval", "mdc", "test",
-              "p", "p adj", "metric verdict")
+    header = ("cell", "verdict", "metric", "base", "new", "delta", "shift out", "interval", "mdc",
+              "test", "p worse", "p adj", "metric verdict")
     rows: list[tuple[str, ...]] = []
     for c in rc.cells:
         first = (c.cell_id, c.verdict.value.upper())
         if not c.metrics:
-            rows.append((*first, "-", "-", "-", "-", "-", "-", "-", "-", "-", "-"))
+            rows.append((*first, "-", "-", "-", "-", "-", "-", "-", "-", "-", "-", "-"))
         for i, m in enumerate(c.metrics):
             cm = m.comparison
             rows.append((*(first if i == 0 else ("", "")), m.metric,
                          f"{fmt(cm.base.mean)} (n={cm.base.n})", f"{fmt(cm.new.mean)} (n={cm.new.n})",
                          "-" if cm.delta_pct is None else f"{cm.delta_pct:+.1f}%",
+                         "-" if cm.shift is None or cm.evidence is None
+                         else f"{math.expm1(cm.evidence.d) * 100:+.1f}%",
                          change_interval(cm), "-" if cm.mdc is None else f"{cm.mdc:.1%}",
-                         cm.test or "-", fmt(cm.p_value, 2), fmt(cm.p_adjusted, 2),
+                         cm.test or "-", fmt(cm.p_worse, 2), fmt(cm.p_adjusted, 2),
                          cm.verdict.value + ("" if m.decides else " (info)")))
     widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
     for r in (header, *rows):
@@ -639,18 +670,24 @@ def render_text(rc: RunComparison) -> str:
         lines.append(f"failed samples (excluded from statistics): {len(failures)}")
         lines.extend(f"  {f}" for f in failures)
     summary = ", ".join(f"{n} {v}" for v, n in sorted(rc.counts().items()))
-    lines.append("interval: (1 - 2 alpha) interval of the change; unchanged only when it lies "
-                 f"within +-{rc.threshold:.0%} (equivalence); mdc: smallest change the cell could "
-                 "detect at its noise and n (80 % power)")
+    lines.extend(s.describe() for s in rc.shifts)
+    lines.append("interval: (1 - 2 alpha) interval of the change (after the night's shift, when one "
+                 f"was taken out: 'shift out'); unchanged only when it lies within +-{rc.threshold:.0%} "
+                 "(equivalence), not-worse when its worse side does; p worse: one-sided p that the change "
+                 f"is worse than -{rc.threshold:.0%}, regressed when adjusted below q; mdc: smallest change "
+                 "the cell could detect at its noise and n (80 % power)")
     lines.append(f"{len(rc.cells)} cells: {summary or 'none'}; test {rc.test}, threshold "
                  f"{rc.threshold:.0%}, alpha {rc.alpha}, Benjamini-Hochberg q {rc.q}, "
                  f"at least {rc.min_samples} ok samples a side")
     lines.extend(f"p-values of {t}" for t in rc.tests_used)
-    if rc.failing:
-        lines.append("GATE FAILED: " + ", ".join(f"{c.cell_id} {c.verdict.value}" for c in rc.failing))
-    elif rc.undecided or not rc.cells:
+    if rc.failing or rc.failing_shifts:
+        lines.append("GATE FAILED: " + ", ".join(
+            [f"{c.cell_id} {c.verdict.value}" for c in rc.failing]
+            + [f"night shift {s.metric} {s.change:+.1%}" for s in rc.failing_shifts]))
+    elif rc.undecided or rc.undecided_shifts or not rc.cells:
         lines.append(f"GATE UNDECIDED (exit {UNDECIDED_STATUS}): "
-                     + (", ".join(f"{c.cell_id} {c.verdict.value}" for c in rc.undecided)
+                     + (", ".join([f"{c.cell_id} {c.verdict.value}" for c in rc.undecided]
+                                  + [f"night shift {s.metric} {s.change:+.1%}" for s in rc.undecided_shifts])
                         or "no cells"))
     return "\n".join(lines) + "\n"
 
@@ -683,5 +720,16 @@ def render_junit(rc: RunComparison) -> str:
         ET.SubElement(case, "system-out").text = (
             f"verdict {c.verdict.value}; ok samples BASE {c.base_ok}/{c.base_ok + c.base_failed}, "
             f"NEW {c.new_ok}/{c.new_ok + c.new_failed}; hash {c.new_hash or c.base_hash}")
+    for sh in rc.shifts:
+        case = ET.SubElement(suite, "testcase", classname="testbed.analysis.shift",
+                             name=f"night shift {sh.metric}")
+        if sh in rc.failing_shifts:
+            ET.SubElement(case, "failure", message="regressed").text = sh.describe()
+        elif sh in rc.undecided_shifts:
+            ET.SubElement(case, "skipped", message=f"inconclusive: {sh.describe()}")
+        ET.SubElement(case, "system-out").text = sh.describe()
+    suite.set("tests", str(len(rc.cells) + len(rc.shifts)))
+    suite.set("failures", str(len(rc.failing) + len(rc.failing_shifts)))
+    suite.set("skipped", str(len(rc.undecided) + len(rc.undecided_shifts)))
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"

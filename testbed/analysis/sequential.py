@@ -22,13 +22,17 @@ Why the error rates hold (docs/gate-statistics.md has the figures):
   most the sum of the two looks' (V/R <= V1/R1 + V2/R2), so the FDR is at most q too.
   The split ignores the positive correlation of the looks (the exact group-sequential
   boundary would allow a slightly higher q2): conservative, and simple to check.
-- Missed changes. Look 1 calls a cell unchanged only by equivalence within +-threshold.
-  At look 2, where BASE's own five samples bound the precision however many NEW samples
-  are taken, a cell whose (1 - 2 alpha) interval lies within +-``margin`` is unchanged
-  "within the margin": a change of ``margin`` or more is called so with probability at
-  most FINAL_ALPHA, 1 % (the two one-sided tests at that margin, on the 98 % interval).
-  The margin defaults to twice the threshold, the change a nightly gate must find (a
-  10 % drop).
+- Missed changes. Both looks call a cell unchanged only by equivalence within
+  +-threshold at alpha (two one-sided tests, never scaled by the family), and not-worse
+  only by the worse half of it: a change beyond the threshold is passed with probability
+  at most alpha a cell, and one of 8 % (a cell at 3 % noise, 5 + 10 samples) almost never.
+  There is no wider "margin" at the last look: a cell it cannot show within the threshold
+  stays undecided (exit 5), never passes.
+- The night's shift (testbed.analysis.shift) is estimated at each look from every cell of
+  the run, so look 2 compares BASE with the combined NEW over *all* cells at q2 (the cells
+  that stopped bring the same p-values as at look 1; Benjamini-Hochberg at q2 over the
+  whole family rejects with probability at most q2 under the complete null) and takes the
+  verdicts of the cells measured again from it.
 
 The spending function (Lan and DeMets 1983) gives q1 from the information fraction
 t = I1 / I2 of the planned looks; the variance of the relative change with b BASE and n
@@ -55,12 +59,16 @@ from testbed.records.records import RunRecord
 SPENDING = ("obrien-fleming", "pocock")
 #: more NEW samples a cell gets at most in the second stage (tuned on `testbed bench gate`)
 EXTRA = 5
-#: the final look's equivalence margin, as a multiple of the threshold
-MARGIN_FACTOR = 2.0
 #: the design's false-discovery level, both looks together. Under the complete null it
 #: bounds the share of nights with a false regression (see the module's docstring): 0.03,
 #: below the nightly target of one night in 30, by construction rather than by luck
 NIGHTLY_Q = 0.03
+#: the last look's margin, as a multiple of the threshold: a cell measured again that is
+#: still not shown within the threshold passes when it is, at FINAL_ALPHA, no worse than
+#: this (and its estimate within the threshold). 1.5 x 5 % = 7.5 %: a true -8 % passes in at
+#: most 1 % of cells, by construction (the one-sided test at the margin)
+FINAL_MARGIN = 1.5
+FINAL_ALPHA = 0.01
 
 
 def spent(q: float, t: float, kind: str = "obrien-fleming") -> float:
@@ -93,7 +101,6 @@ class Design:
     q: float = NIGHTLY_Q
     threshold: float = 0.05
     alpha: float = 0.05
-    margin: float | None = None       # None: MARGIN_FACTOR x threshold
     extra: int = EXTRA
     budget: int | None = None
     spending: str = "obrien-fleming"
@@ -109,12 +116,8 @@ class Design:
             raise ValueError(f"budget must be >= 0, got {self.budget}")
         if self.spending not in SPENDING:
             raise ValueError(f"unknown spending function {self.spending!r}; expected one of {SPENDING}")
-        if self.margin is not None and self.margin < self.threshold:
-            raise ValueError(f"margin ({self.margin}) must be at least the threshold ({self.threshold})")
-
-    @property
-    def final_margin(self) -> float:
-        return self.margin if self.margin is not None else MARGIN_FACTOR * self.threshold
+        if not 0.0 < self.threshold < 1.0:
+            raise ValueError(f"threshold must be in (0, 1), got {self.threshold}")
 
     def total_budget(self, cells: int) -> int:
         return self.budget if self.budget is not None else self.extra * math.ceil(cells / 2)
@@ -129,7 +132,8 @@ class Design:
         return (f"two-stage group-sequential design, {self.spending} alpha spending at "
                 f"information fraction {t:.2f}: look 1 at Benjamini-Hochberg q1 {q1:.4f}, look 2 at "
                 f"the spent level q2 = q - q1 = {q2:.4f} (q {self.q}); up to {self.extra} more NEW "
-                f"samples a cell; final look unchanged within +-{self.final_margin:.0%}")
+                f"samples a cell; unchanged only within +-{self.threshold:.0%}; at the last look a cell "
+                f"{1 - FINAL_ALPHA:.0%} sure no worse than {-FINAL_MARGIN * self.threshold:+.1%} passes as not-worse")
 
 
 def look1(base: RunRecord, new: RunRecord, design: Design, **kw) -> tuple[RunComparison, float, float, float]:
@@ -214,57 +218,6 @@ def restrict(rec: RunRecord, cell_ids: Sequence[str] | set[str]) -> RunRecord:
     return dataclasses.replace(rec, samples=tuple(s for s in rec.samples if s.cell.id in keep))
 
 
-#: the final look's equivalence test level: a change at the margin is called unchanged
-#: with probability at most this (per cell)
-FINAL_ALPHA = 0.01
-
-
-def widened(m: stats.Comparison, alpha: float = FINAL_ALPHA) -> tuple[float, float] | None:
-    """The comparison's (1 - 2 alpha) interval of the relative change at a smaller
-    ``alpha``: its stored (1 - 2 m.alpha) interval widened about its centre (on the log
-    scale for the moderated t, whose interval is exp(.) - 1) by the ratio of t quantiles
-    at the cell's pooled degrees of freedom (n1 + n2 - 2; the moderated t has more, so
-    the interval errs wide)."""
-    ci = m.change_ci
-    if ci is None:
-        return None
-    df = max(1, m.base.n + m.new.n - 2)
-    k = float(sps.t.ppf(1 - alpha, df) / sps.t.ppf(1 - min(m.alpha, 0.25), df))
-    if m.test == "moderated" and ci[0] > -1.0:
-        lo, hi = math.log1p(ci[0]), math.log1p(ci[1])
-        mid, half = (lo + hi) / 2, (hi - lo) / 2 * k
-        return math.expm1(mid - half), math.expm1(mid + half)
-    mid, half = (ci[0] + ci[1]) / 2, (ci[1] - ci[0]) / 2 * k
-    return mid - half, mid + half
-
-
-def _margin_verdict(m: stats.Comparison, margin: float) -> stats.Comparison:
-    """At the final look, an inconclusive comparison whose (1 - 2 FINAL_ALPHA) interval
-    lies within +-margin is unchanged within the margin (two one-sided tests at the final
-    margin, level FINAL_ALPHA)."""
-    ci = widened(m)
-    if m.verdict is not stats.Verdict.INCONCLUSIVE or ci is None or not (-margin <= ci[0] and ci[1] <= margin):
-        return m
-    return dataclasses.replace(m, verdict=stats.Verdict.UNCHANGED, note="; ".join(filter(None, [
-        m.note, f"final look: {1 - 2 * FINAL_ALPHA:.0%} interval [{ci[0]:+.1%}, {ci[1]:+.1%}] within "
-                f"+-{margin:.0%}: unchanged within the margin"])))
-
-
-_ORDER = (stats.Verdict.REGRESSED, stats.Verdict.INCONCLUSIVE, stats.Verdict.INSUFFICIENT,
-          stats.Verdict.IMPROVED, stats.Verdict.UNCHANGED)
-
-
-def finish_cell(c: CellResult, margin: float) -> CellResult:
-    """A look-2 cell with the final margin applied to its deciding metrics."""
-    if c.verdict is not CellVerdict.INCONCLUSIVE or not c.metrics:
-        return c
-    ms = tuple(dataclasses.replace(m, comparison=_margin_verdict(m.comparison, margin)) if m.decides else m
-               for m in c.metrics)
-    deciding = [m.comparison.verdict for m in ms if m.decides]
-    worst = next(v for v in _ORDER if v in deciding)
-    return dataclasses.replace(c, metrics=ms, verdict=CellVerdict(worst.value))
-
-
 @dataclass(frozen=True)
 class Sequential:
     """Both looks and the final comparison (look 1's cells, those measured again replaced
@@ -279,7 +232,7 @@ class Sequential:
     skipped: tuple[str, ...]
     look2: RunComparison | None
     final: RunComparison
-    q2_effective: float | None = None   # q2 k2 / m: Benjamini-Hochberg over the look-2 p-values
+    q2_effective: float | None = None   # the level look 2 ran at
 
     @property
     def exit_status(self) -> int:
@@ -294,27 +247,56 @@ class Sequential:
                 "final": {"exit_status": self.final.exit_status, "counts": self.final.counts()}}
 
 
+def final_look(m: stats.Comparison, margin: float) -> stats.Comparison:
+    """An inconclusive comparison at the last look: NOT_WORSE when its change is, at level
+    FINAL_ALPHA, no worse than ``margin`` (the one-sided test at the margin) and its
+    estimate not beyond the threshold; else as it was. Never UNCHANGED: that stays the
+    equivalence test's within the threshold."""
+    ev = m.evidence
+    if m.verdict is not stats.Verdict.INCONCLUSIVE or ev is None:
+        return m
+    sign = 1.0 if m.higher_is_better else -1.0
+    worse = stats.limits(m)[0]
+    far = math.log(max(1e-9, 1.0 - margin)) if m.higher_is_better else math.log1p(margin)
+    bound = sign * ev.d - stats.t_ppf(1.0 - FINAL_ALPHA, ev.df) * ev.se
+    if sign * ev.d < sign * worse or bound <= sign * far:
+        return m
+    return dataclasses.replace(m, verdict=stats.Verdict.NOT_WORSE, note="; ".join(filter(None, [
+        m.note, f"last look: {1 - FINAL_ALPHA:.0%} sure no worse than {-margin:+.1%} (bound "
+                f"{math.expm1(sign * bound):+.1%}), estimate within the threshold: not worse"])))
+
+
+def finish_cell(c: CellResult, margin: float) -> CellResult:
+    """A cell measured again, with :func:`final_look` applied to its deciding metrics."""
+    if c.verdict is not CellVerdict.INCONCLUSIVE or not c.metrics:
+        return c
+    ms = tuple(dataclasses.replace(m, comparison=final_look(m.comparison, margin)) if m.decides else m
+               for m in c.metrics)
+    deciding = [m.comparison.verdict for m in ms if m.decides]
+    worst = next(v for v in compare._WORST if v in deciding)
+    return dataclasses.replace(c, metrics=ms, verdict=CellVerdict(worst.value))
+
+
 def look2(base: RunRecord, combined: RunRecord, first: RunComparison, remeasured: Sequence[Remeasure],
           design: Design, q2: float, **kw) -> tuple[RunComparison | None, RunComparison, float | None]:
-    """Look 2 over the cells measured again (``combined`` holds their look-1 and new NEW
-    samples), at the spent level spread over look 1's family; the final comparison."""
+    """Look 2: BASE against the combined NEW (every cell: the night's shift needs them all)
+    at the spent level q2; the final comparison takes the cells measured again from it and
+    keeps look 1's verdicts for the others (and look 1's shifts where look 1 decided them)."""
     if not remeasured:
         return None, first, None
     ids = {r.cell_id for r in remeasured}
-    m = max(family_size(first), 1)
-    rc2 = compare.compare_runs(restrict(base, ids), restrict(combined, ids), threshold=design.threshold,
-                               alpha=design.alpha, test=design.test, q=q2, min_samples=design.min_samples, **kw)
-    k2 = family_size(rc2)
-    q_eff = q2 * min(k2, m) / m if k2 else q2
-    if k2:
-        rc2 = compare.compare_runs(restrict(base, ids), restrict(combined, ids), threshold=design.threshold,
-                                   alpha=design.alpha, test=design.test, q=q_eff,
-                                   min_samples=design.min_samples, **kw)
-    second = {c.cell_id: finish_cell(c, design.final_margin) for c in rc2.cells}
+    rc2 = compare.compare_runs(base, combined, threshold=design.threshold, alpha=design.alpha,
+                               test=design.test, q=q2, min_samples=design.min_samples, **kw)
+    if rc2.refused:
+        return rc2, first, q2
+    second = {c.cell_id: finish_cell(c, FINAL_MARGIN * design.threshold) for c in rc2.cells if c.cell_id in ids}
     cells = tuple(second.get(c.cell_id, c) for c in first.cells)
-    final = dataclasses.replace(first, cells=cells, q=design.q, tests_used=first.tests_used + tuple(
-        f"{t} (look 2)" for t in rc2.tests_used))
-    return rc2, final, q_eff
+    decided = {s.metric: s for s in first.shifts
+               if s.comparison.verdict in (stats.Verdict.REGRESSED, stats.Verdict.IMPROVED)}
+    shifts = tuple(decided.get(s.metric, s) for s in rc2.shifts)
+    final = dataclasses.replace(first, cells=cells, q=design.q, shifts=shifts,
+                                tests_used=first.tests_used + tuple(f"{t} (look 2)" for t in rc2.tests_used))
+    return rc2, final, q2
 
 
 def decide(base: RunRecord, new: RunRecord, combined: RunRecord | None, design: Design,
@@ -336,7 +318,8 @@ def render_text(sq: Sequential) -> str:
     lines = [compare.render_text(sq.final).rstrip("\n")]
     lines.append(sq.design.describe(sq.t, sq.q1, sq.q2)
                  + ("" if sq.q2_effective is None else
-                    f"; look 2 Benjamini-Hochberg over its {len(sq.remeasured)} cells at q2 k2/m = {sq.q2_effective:.4f}"))
+                    f"; look 2 over every cell at q2 {sq.q2_effective:.4f}, verdicts taken for the "
+                    f"{len(sq.remeasured)} measured again"))
     c1 = ", ".join(f"{n} {v}" for v, n in sorted(sq.look1.counts().items()))
     lines.append(f"look 1: {c1}; measured again: {len(sq.remeasured)} cells, "
                  f"{sum(r.extra for r in sq.remeasured)} NEW samples (budget "
@@ -369,3 +352,70 @@ def first_stage(rec: RunRecord, counts: Mapping[str, int]) -> RunRecord:
             keep.append(s)
         seen[s.cell.id] = k + 1
     return dataclasses.replace(rec, samples=tuple(keep))
+
+
+# --------------------------------------------------------------------------- BASE pooled
+
+#: BASE and at most this many nights before it (the chain of passing nights each names in
+#: its decision.json) make the baseline: five samples of one night bound the precision
+#: however many NEW samples are taken (at 3 % noise no cell can be shown within +-5 % often
+#: enough for a hundred-cell night to exit 0); fifteen of three nights do not
+POOL_NIGHTS = 2
+
+
+def _cell_means(rec: RunRecord) -> dict[tuple[str, str], dict[str, float]]:
+    """(cell id, definition hash) -> metric -> mean of the run's ok measured samples."""
+    acc: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for s in rec.samples:
+        if s.warmup or not s.ok:
+            continue
+        d = acc.setdefault((s.cell.id, str(s.cell.hash)), {})
+        for k, v in s.metrics.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+                d.setdefault(k, []).append(float(v))
+    return {key: {k: sum(v) / len(v) for k, v in d.items()} for key, d in acc.items()}
+
+
+def night_factor(base: RunRecord, older: RunRecord) -> dict[str, float]:
+    """Per metric, the factor that puts ``older``'s samples on BASE's level: the exp of the
+    Hodges-Lehmann shift of the cells' log(BASE / older) (the nights' shared drift), for
+    metrics with at least shift.MIN_CELLS cells in both runs; the cells' own differences
+    stay (they are what pooling averages out)."""
+    from testbed.analysis import shift
+    mb, mo = _cell_means(base), _cell_means(older)
+    ratios: dict[str, list[float]] = {}
+    for key in set(mb) & set(mo):
+        for k in set(mb[key]) & set(mo[key]):
+            ratios.setdefault(k, []).append(math.log(mb[key][k] / mo[key][k]))
+    return {k: math.exp(shift.walsh_interval(v, 0.05)[0]) for k, v in ratios.items()
+            if len(v) >= shift.MIN_CELLS}
+
+
+def pooled_base(base: RunRecord, older: Sequence[RunRecord]) -> tuple[RunRecord, tuple[str, ...]]:
+    """BASE with the measured ok samples of ``older`` nights (newest first) added to the
+    cells they share with it (same id and definition hash), each night's samples scaled by
+    :func:`night_factor` onto BASE's level; and one line per night pooled. A BASE cell short
+    of ok samples (one old failure) is filled this way too: the gate never stays undecided
+    for it."""
+    if not older:
+        return base, ()
+    have = {(s.cell.id, str(s.cell.hash)) for s in base.samples if not s.warmup}
+    out = list(base.samples)
+    notes = []
+    for rec in older:
+        f = night_factor(base, rec)
+        added = 0
+        for s in rec.samples:
+            if s.warmup or not s.ok or (s.cell.id, str(s.cell.hash)) not in have:
+                continue
+            metrics = {k: (v * f[k] if k in f and isinstance(v, (int, float)) and not isinstance(v, bool) else v)
+                       for k, v in s.metrics.items()}
+            out.append(dataclasses.replace(s, run_id=base.run_id, rep=10_000 + len(out), metrics=metrics))
+            added += 1
+        if added:
+            drift = ", ".join(f"{k} x{v:.3f}" for k, v in sorted(f.items()) if k in _GATED) or "no shared metric"
+            notes.append(f"baseline pooled with night {rec.run_id}: {added} samples ({drift})")
+    return dataclasses.replace(base, samples=tuple(out)), tuple(notes)
+
+
+_GATED = ("throughput_mbps", "transactions_per_s")

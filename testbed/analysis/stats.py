@@ -193,6 +193,36 @@ class Verdict(StrEnum):
     INCONCLUSIVE = "inconclusive"
     #: too few samples on a side to carry a verdict (fewer than ``min_samples``)
     INSUFFICIENT = "insufficient"
+    #: credibly no worse than the threshold (the one-sided half of the equivalence test),
+    #: but not shown within it on the better side: passes a regression gate
+    NOT_WORSE = "not-worse"
+
+
+def t_ppf(p: float, df: float) -> float:
+    """Student's t quantile: scipy.special's, which is what scipy.stats.t.ppf calls after
+    a millisecond of argument checks per scalar (a nightly of 200 cells asks thousands)."""
+    return float(spx.stdtrit(df, p))
+
+
+def t_cdf(x: float, df: float) -> float:
+    return float(spx.stdtr(df, x))
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """A change on the log scale, what every verdict is decided on: ``d`` = log(NEW / BASE)
+    (the difference of mean logs, or of the logs of the means), its standard error ``se``
+    and degrees of freedom ``df``. Relative noise is alike on this scale for cells of any
+    magnitude, and a change and its inverse are symmetric."""
+
+    d: float
+    se: float
+    df: float
+
+    def interval(self, alpha: float) -> tuple[float, float]:
+        """The (1 - 2 alpha) interval of d (the two one-sided tests' interval)."""
+        half = t_ppf(1.0 - alpha, self.df) * self.se if self.se > 0 else 0.0
+        return self.d - half, self.d + half
 
 
 @dataclass(frozen=True)
@@ -227,6 +257,17 @@ class Comparison:
     #: the smallest relative change this cell could detect at its noise and n (two-sided
     #: alpha, 80 % power); None when the spread is undefined
     mdc: float | None = None
+    #: the change on the log scale as decided: after the night's shared shift when one was
+    #: taken out (testbed.analysis.shift), its uncertainty and the between-run noise added
+    evidence: Evidence | None = None
+    #: the night's shared shift taken out of this comparison (log scale), None when none
+    shift: float | None = None
+    #: one-sided p that the change is worse than the threshold (H0: no worse than it), and
+    #: that it is better than the threshold; REGRESSED / IMPROVED need them below the
+    #: family's Benjamini-Hochberg level (``p_adjusted`` is p_worse's adjusted value)
+    p_worse: float | None = None
+    p_better: float | None = None
+    p_better_adjusted: float | None = None
 
 
 #: power at which :attr:`Comparison.mdc` is stated
@@ -239,8 +280,8 @@ def interval_and_mdc(diff: float, se: float, df: float, alpha: float, *,
     from a difference ``diff`` with standard error ``se`` on ``df`` degrees of freedom: of
     mean logs when ``log`` (the interval is exp(.) - 1), else of means (divided by
     |base_mean|)."""
-    half = float(sps.t.ppf(1.0 - alpha, df)) * se
-    mdc = (float(sps.t.ppf(1.0 - alpha / 2, df)) + float(sps.t.ppf(MDC_POWER, df))) * se
+    half = t_ppf(1.0 - alpha, df) * se
+    mdc = (t_ppf(1.0 - alpha / 2, df) + t_ppf(MDC_POWER, df)) * se
     if log:
         return (math.expm1(diff - half), math.expm1(diff + half)), -math.expm1(-mdc)
     b = abs(base_mean)
@@ -271,7 +312,8 @@ class LogSpread:
     scale: float
 
 
-def log_spread(b: np.ndarray, nw: np.ndarray, spread_from: int | None = None) -> LogSpread | None:
+def log_spread(b: np.ndarray, nw: np.ndarray, spread_from: int | None = None,
+               quantum: float | None = None) -> LogSpread | None:
     """None when a sample is not positive (no log) or the pooled log variance is 0.
 
     ``spread_from``: estimate the variance from each side's first that many samples only.
@@ -279,7 +321,12 @@ def log_spread(b: np.ndarray, nw: np.ndarray, spread_from: int | None = None) ->
     tight, so the variance of all samples is biased low and the test too eager (about 1.3
     times its nominal rate at 3 % noise, min 5, max 10, rsd 3 %); the first ``min_samples``
     are taken whatever the rule says, so their variance is not. The difference of means
-    still uses every sample."""
+    still uses every sample.
+
+    ``quantum``: the samples' resolution (1 us for netperf's integer percentiles). Rounding
+    to it adds quantum^2 / 12 of variance (Sheppard) that five tied samples do not show: the
+    log variance is at least that over the squared level, so a tie is never read as a
+    noiseless measurement."""
     if b.min() <= 0 or nw.min() <= 0:
         return None
     lb, ln = np.log(b), np.log(nw)
@@ -288,10 +335,45 @@ def log_spread(b: np.ndarray, nw: np.ndarray, spread_from: int | None = None) ->
     if df < 1:
         return None
     s2 = float((np.sum((vb - vb.mean()) ** 2) + np.sum((vn - vn.mean()) ** 2)) / df)
+    if quantum:
+        s2 = max(s2, quantum ** 2 / 12.0 / float(np.mean(np.concatenate([b, nw]))) ** 2)
     if not s2 > 0.0:
         return None
     return LogSpread(float(ln.mean() - lb.mean()), s2, int(df),
                      math.sqrt(1.0 / lb.size + 1.0 / ln.size))
+
+
+def log_evidence(b: np.ndarray, nw: np.ndarray, spread_from: int | None = None,
+                 quantum: float | None = None) -> Evidence | None:
+    """The change on the log scale with its own (unmoderated) standard error: Welch's t on
+    log samples (unequal variances, Welch-Satterthwaite degrees of freedom), each side's
+    log variance floored by its resolution (:func:`log_spread`). For samples that are not
+    all positive, the delta method on the means (log(mean NEW / mean BASE)); None when a
+    mean is not positive (no relative change) or a side has one sample."""
+    if b.size < 2 or nw.size < 2:
+        return None
+    if b.min() > 0 and nw.min() > 0:
+        lb, ln = np.log(b), np.log(nw)
+        d = float(ln.mean() - lb.mean())
+        xb, xn = (lb, ln) if spread_from is None else (lb[:spread_from], ln[:spread_from])
+        vb, vn = float(np.var(xb, ddof=1)), float(np.var(xn, ddof=1))
+        if quantum:
+            vb = max(vb, quantum ** 2 / 12.0 / float(np.mean(b)) ** 2)
+            vn = max(vn, quantum ** 2 / 12.0 / float(np.mean(nw)) ** 2)
+        nb_, nn_ = xb.size, xn.size
+    else:
+        mb, mn = float(np.mean(b)), float(np.mean(nw))
+        if mb <= 0 or mn <= 0:
+            return None
+        d = math.log(mn / mb)
+        vb, vn = float(np.var(b, ddof=1)) / mb ** 2, float(np.var(nw, ddof=1)) / mn ** 2
+        nb_, nn_ = b.size, nw.size
+    ub, un = vb / b.size, vn / nw.size
+    se = math.sqrt(ub + un)
+    if se == 0.0:
+        return Evidence(d, 0.0, float(b.size + nw.size - 2))
+    df = (ub + un) ** 2 / ((ub ** 2 / (nb_ - 1) if ub else 0.0) + (un ** 2 / (nn_ - 1) if un else 0.0))
+    return Evidence(d, se, float(df))
 
 
 def quantum_of(arr: np.ndarray) -> float | None:
@@ -390,35 +472,94 @@ def _ratio_ci(b: np.ndarray, nw: np.ndarray) -> tuple[float, float] | None:
     return float(lo), float(hi)
 
 
-def decide(c: Comparison, p: float | None) -> Comparison:
-    """``c`` with its verdict taken again at significance ``p`` (an adjusted p)."""
-    if c.verdict is Verdict.INSUFFICIENT or (c.p_value is None and c.test is not None):
+def limits(c: Comparison) -> tuple[float, float]:
+    """(worse, better): the threshold on the log scale of NEW / BASE, in the metric's
+    direction, widened by one quantum of its resolution (a change within the resolution is
+    none: 1 us on a 20 us p50 is 5 %)."""
+    r = abs(c.quantum / c.base.mean) if c.quantum and c.base.mean else 0.0
+    lo, hi = math.log(max(1e-9, 1.0 - c.threshold - r)), math.log1p(c.threshold + r)
+    return (lo, hi) if c.higher_is_better else (hi, lo)
+
+
+def threshold_ps(c: Comparison, ev: Evidence) -> tuple[float, float]:
+    """One-sided p-values against the threshold: (p_worse, p_better). p_worse tests H0 "the
+    change is no worse than the threshold" (small when the change is credibly beyond it on
+    the worse side); p_better mirrors it. The equivalence test of UNCHANGED is the same two
+    tests against the inner side of the limits; these are their outer halves."""
+    worse, better = limits(c)
+    sign = 1.0 if c.higher_is_better else -1.0
+    g, w, b = sign * ev.d, sign * worse, sign * better      # goodness: positive is better
+    if ev.se <= 0.0:
+        return (0.0 if g < w else 1.0), (0.0 if g > b else 1.0)
+    return t_cdf((g - w) / ev.se, ev.df), t_cdf(-(g - b) / ev.se, ev.df)
+
+
+def with_evidence(c: Comparison, ev: Evidence | None, shift: float | None = None) -> Comparison:
+    """``c`` decided on ``ev`` (after a night's shift ``shift`` when one was taken out): its
+    interval, both threshold p-values and the raw verdict."""
+    if ev is None:
+        return decide(dataclasses.replace(c, evidence=None, shift=shift))
+    lo, hi = ev.interval(c.alpha)
+    pw, pb = threshold_ps(c, ev)
+    return decide(dataclasses.replace(c, evidence=ev, shift=shift, p_worse=pw, p_better=pb,
+                                      change_ci=(math.expm1(lo), math.expm1(hi))))
+
+
+def decide(c: Comparison, p_worse: float | None = None, p_better: float | None = None) -> Comparison:
+    """``c`` with its verdict taken again: REGRESSED when ``p_worse`` (default: the raw
+    one; an adjusted one after Benjamini-Hochberg) is below ``c.alpha``, IMPROVED when
+    ``p_better`` is, else UNCHANGED when the (1 - 2 alpha) interval of the change lies
+    within +-threshold and its estimate too (two one-sided tests, at alpha, never scaled
+    by the family's size: an equivalence claim is no discovery), else NOT_WORSE when the
+    worse half of that test alone holds, else INCONCLUSIVE. A change whose estimate is
+    beyond the threshold is never unchanged, and a point estimate beyond it is never
+    enough to regress: the interval must be beyond it."""
+    if c.verdict is Verdict.INSUFFICIENT:
         return c
     notes = [c.test_note] if c.test_note else []
-    if c.delta == 0.0:
+    pw = c.p_worse if p_worse is None else p_worse
+    pb = c.p_better if p_better is None else p_better
+    ev = c.evidence
+    if ev is None:
+        if c.delta == 0.0 or (c.quantum is not None and abs(c.delta) <= c.quantum):
+            v = Verdict.UNCHANGED
+            if c.delta != 0.0:
+                notes.append(f"change within one quantum ({c.quantum:g})")
+        else:
+            v = Verdict.INCONCLUSIVE
+            notes.append("base mean is 0; relative change undefined" if c.delta_rel is None
+                         else "no relative change to decide on (a mean is not positive)")
+        return dataclasses.replace(c, verdict=v, p_adjusted=pw, p_better_adjusted=pb, note="; ".join(notes))
+    worse, better = limits(c)
+    lo, hi = ev.interval(c.alpha)
+    inner_lo, inner_hi = min(worse, better), max(worse, better)
+    sign = 1.0 if c.higher_is_better else -1.0
+    if pw is not None and pw < c.alpha:
+        v = Verdict.REGRESSED
+    elif pb is not None and pb < c.alpha:
+        v = Verdict.IMPROVED
+    elif inner_lo <= lo and hi <= inner_hi:
         v = Verdict.UNCHANGED
-    elif c.quantum is not None and abs(c.delta) <= c.quantum:
+    elif c.quantum is not None and abs(c.delta) <= c.quantum and c.shift is None:
+        # the means differ by at most the resolution: no change this metric can show
         v = Verdict.UNCHANGED
         notes.append(f"change within one quantum ({c.quantum:g})")
-    elif c.delta_rel is None:
-        v = Verdict.INCONCLUSIVE
-        notes.append("base mean is 0; relative change undefined")
-    elif c.change_ci is not None and -c.threshold <= c.change_ci[0] and c.change_ci[1] <= c.threshold:
-        # equivalence (two one-sided tests): the whole interval lies within +-threshold
-        v = Verdict.UNCHANGED
-    elif abs(c.delta_rel) <= c.threshold:
-        v = Verdict.INCONCLUSIVE
-        notes.append(f"change {c.delta_rel:+.1%} within +-{c.threshold:.0%}, but not shown "
-                     f"unchanged: its interval {_fmt_ci(c.change_ci)} reaches beyond"
-                     + ("" if c.mdc is None else f" (smallest detectable change {c.mdc:.1%})"))
-    elif p is None or p >= c.alpha:
-        v = Verdict.INCONCLUSIVE
-        notes.append("change beyond threshold but not significant"
-                     + ("" if p is None else f" (p={p:.3g} >= {c.alpha})"))
+    elif (sign * (lo if sign > 0 else hi)) > sign * worse:
+        v = Verdict.NOT_WORSE
+        notes.append(f"not worse than {c.threshold:.0%} ({1 - 2 * c.alpha:.0%} interval "
+                     f"{_fmt_ci(c.change_ci)}), not shown within it on the better side")
     else:
-        better = (c.delta > 0) == c.higher_is_better
-        v = Verdict.IMPROVED if better else Verdict.REGRESSED
-    return dataclasses.replace(c, verdict=v, p_adjusted=p, note="; ".join(notes))
+        v = Verdict.INCONCLUSIVE
+        est = math.expm1(ev.d)
+        if (sign * ev.d) < sign * worse:
+            notes.append(f"change {est:+.1%} beyond -{c.threshold:.0%} but not credibly "
+                         f"(interval {_fmt_ci(c.change_ci)}" + ("" if pw is None else f", p {pw:.3g} >= {c.alpha:g}")
+                         + ")")
+        else:
+            notes.append(f"change {est:+.1%}, but not shown unchanged: its interval "
+                         f"{_fmt_ci(c.change_ci)} reaches beyond +-{c.threshold:.0%}"
+                         + ("" if c.mdc is None else f" (smallest detectable change {c.mdc:.1%})"))
+    return dataclasses.replace(c, verdict=v, p_adjusted=pw, p_better_adjusted=pb, note="; ".join(notes))
 
 
 def compare(base: Sequence[float], new: Sequence[float], *, higher_is_better: bool,
@@ -485,9 +626,9 @@ def compare(base: Sequence[float], new: Sequence[float], *, higher_is_better: bo
     cci, mdc = welch_interval(sb, sn, alpha)
     c = dataclasses.replace(c, p_value=p, test=used, ratio_ci=ci, change_ci=cci, mdc=mdc,
                             test_note=f"{used}: {why}" if why else "",
-                            log_spread=(log_spread(b, nw, spread_from)
+                            log_spread=(log_spread(b, nw, spread_from, q)
                                         if used == "welch" else None))
-    return decide(c, p)
+    return with_evidence(c, log_evidence(b, nw, spread_from, q))
 
 
 #: fewer Welch comparisons than this in a family: no variance prior, per-cell Welch
@@ -580,12 +721,12 @@ def moderate(comparisons: Sequence[Comparison],
         s2_post = s0_2 if math.isinf(d0) else (d0 * s0_2 + x.df * x.s2) / (d0 + x.df)
         df = min(d0 + x.df, pooled)
         t = x.diff / (math.sqrt(s2_post) * x.scale)
-        p = float(2.0 * sps.t.sf(abs(t), df))
+        p = 2.0 * t_cdf(-abs(t), df)
         cci, mdc = interval_and_mdc(x.diff, math.sqrt(s2_post) * x.scale, df,
                                     comparisons[i].alpha, log=True)
         c = dataclasses.replace(comparisons[i], p_value=p, test="moderated", change_ci=cci,
                                 mdc=mdc)
-        out[i] = decide(c, p)
+        out[i] = with_evidence(c, Evidence(x.diff, math.sqrt(s2_post) * x.scale, float(df)))
     return out, Prior("moderated", len(idx), d0, s0_2)
 
 
@@ -603,46 +744,17 @@ def adjust_family(comparisons: Sequence[Comparison], extra: Sequence[float],
     returns the comparisons decided again and the extra p-values adjusted."""
     if not 0.0 < q < 1.0:
         raise ValueError(f"q must be in (0, 1), got {q}")
-    idx = [i for i, c in enumerate(comparisons) if c.p_value is not None]
+    idx = [i for i, c in enumerate(comparisons) if c.p_worse is not None]
     out = list(comparisons)
-    ps = [comparisons[i].p_value for i in idx] + [float(p) for p in extra]
+    ps = [comparisons[i].p_worse for i in idx] + [float(p) for p in extra]
     if not ps:
         return out, []
     adj = [float(a) for a in sps.false_discovery_control(ps, method="bh")]
-    for i, pa in zip(idx, adj):
-        out[i] = _unreachable(decide(dataclasses.replace(comparisons[i], alpha=q), pa), len(ps))
+    better = [float(a) for a in sps.false_discovery_control(
+        [comparisons[i].p_better for i in idx], method="bh")] if idx else []
+    for i, pa, pb in zip(idx, adj, better):
+        out[i] = decide(dataclasses.replace(comparisons[i], alpha=q), pa, pb)
     return out, adj[len(idx):]
-
-
-#: tests whose p has a floor set by the sample sizes (exact over the splits of the samples)
-FLOORED = ("permutation", "mannwhitney")
-
-
-def p_floor(n1: int, n2: int) -> float:
-    """The smallest two-sided p of an exact permutation or rank test of n1 + n2 samples."""
-    return min(1.0, 2.0 / math.comb(n1 + n2, n1))
-
-
-def samples_needed(family: int, q: float, n_max: int = 50) -> int | None:
-    """Samples a side at which a floored test's smallest p clears q / family (so one cell
-    alone can reach Benjamini-Hochberg's level), or None beyond ``n_max``."""
-    for n in range(2, n_max + 1):
-        if p_floor(n, n) * family < q:
-            return n
-    return None
-
-
-def _unreachable(c: Comparison, family: int) -> Comparison:
-    """A floored test that came out inconclusive at its smallest possible p cannot say more
-    at this n in this family: INSUFFICIENT, with the samples a side that would do."""
-    if (c.test not in FLOORED or c.verdict is not Verdict.INCONCLUSIVE or c.p_value is None
-            or c.p_value > p_floor(c.base.n, c.new.n) * (1 + 1e-9)):
-        return c
-    need = samples_needed(family, c.alpha)
-    return dataclasses.replace(c, verdict=Verdict.INSUFFICIENT, note="; ".join(filter(None, [
-        c.note, f"insufficient: {c.test} at n={c.base.n}+{c.new.n} cannot go below p "
-                f"{p_floor(c.base.n, c.new.n):.3g}, short of q/{family}; "
-                + (f"{need} samples a side would do" if need else "more than 50 a side needed")])))
 
 
 def failure_rate_p(base_failed: int, base_n: int, new_failed: int, new_n: int) -> float:

@@ -1,20 +1,26 @@
-"""The gate on latency tails: the chosen percentiles (testbed.records.percentiles) compared with a
-method fit for quantiles, for `testbed compare`.
+"""The gate on latency tails: the chosen percentiles (testbed.records.percentiles), for
+`testbed compare`.
 
-A tail percentile is not normally distributed across samples (a p99.9 jumps with one slow
-transaction), so a t-test on it says little. Each sample's percentile is one value, and:
+A sample's percentile is one value per sample, often in whole microseconds (netperf's
+P50/P90/P99 selectors), with ties. It is judged as every other metric is: on the log scale,
+by a t-test (moderated across the cells of the metric), against the threshold. Two things
+make that right for tails:
 
-- p comes from an exact permutation test of the difference of the two sides' mean
-  percentile (at 5 + 5 samples, 252 splits, smallest p 2/252): valid whatever the
-  distribution, where a bootstrap p at five samples a side is too optimistic, and with more
-  power than a difference of medians (whose ties among splits give p >= 12/924 at 6 + 6);
-- the 95 % interval of NEW's over BASE's comes from a bootstrap of the quantile difference
-  across samples (each side resampled with replacement), shown beside it.
+- **the resolution.** A tie of five integer samples is not a noiseless measurement: each
+  side's log variance is at least quantum^2 / 12 over its squared level (rounding's own
+  variance), and a change within one quantum is none (the limits widen by it), so a 20 us
+  p50 that reads 20 or 21 is never "not shown within 5 %" for the 1 us it cannot resolve;
+- **enough p-value.** The exact permutation test of 5 + 5 samples cannot go below
+  2/252 = 0.0079, which no cell of a hundred-cell family brings under Benjamini-Hochberg's
+  level: a +20 % p99 in 10 of 100 cells was never found. The t on the logs can.
 
-The comparisons join the same Benjamini-Hochberg family as the means (compare._finish): a
-rr/crr cell's tails decide its verdict as its mean latency does. Only percentiles present on
-both sides are compared: an insufficient percentile (too few transactions behind it) is
-never in a sample's metrics, so it is never gated.
+The permutation test of the difference of the sides' mean percentile is still computed
+(``permutation_p``) and a bootstrap interval of the ratio shown beside it. Only percentiles
+present on both sides are compared: an insufficient percentile (too few transactions
+behind it) is never in a sample's metrics, so it is never gated. A percentile's noise
+across samples sets how many samples it needs: each verdict prints its smallest detectable
+change, and :func:`samples_for` says how many samples a side would bring it to the
+threshold.
 """
 from __future__ import annotations
 
@@ -81,36 +87,39 @@ def bootstrap_ratio_ci(b: Sequence[float], n: Sequence[float], seed: int = 0) ->
     return float(lo), float(hi)
 
 
+def samples_for(c: stats.Comparison) -> int | None:
+    """Samples a side at which this comparison's smallest detectable change would reach
+    its threshold (the mdc falls as one over the square root of n), None without an mdc."""
+    if c.mdc is None or not c.threshold:
+        return None
+    n = max(c.base.n, c.new.n)
+    return max(n, int(np.ceil(n * (c.mdc / c.threshold) ** 2)))
+
+
 def compare_quantile(base: Sequence[float], new: Sequence[float], *, threshold: float = 0.05,
-                     alpha: float = 0.05, min_samples: int = stats.MIN_SAMPLES) -> stats.Comparison:
-    """One percentile metric, BASE against NEW (lower is better). ``delta`` is the
-    difference of the sides' mean percentile, ``delta_rel`` it over BASE's: what
-    ``threshold`` is held against."""
-    sb, sn = stats.summarize(base), stats.summarize(new)
-    mb, mn = sb.mean, sn.mean
-    delta = mn - mb
-    rel = delta / abs(mb) if mb else None
-    c = stats.Comparison(base=sb, new=sn, delta=delta, delta_rel=rel,
-                         delta_pct=None if rel is None else rel * 100, p_value=None, test=None,
-                         verdict=stats.Verdict.INCONCLUSIVE, higher_is_better=False,
-                         threshold=threshold, alpha=alpha)
-    if sb.n < min_samples or sn.n < min_samples:
-        return dataclasses.replace(c, verdict=stats.Verdict.INSUFFICIENT,
-                                   note=f"insufficient: {sb.n} BASE and {sn.n} NEW samples, "
-                                        f"{min_samples} needed a side")
-    p = permutation_p(base, new)
-    cci, mdc = stats.welch_interval(sb, sn, alpha)
-    c = dataclasses.replace(c, p_value=p, test=TEST, ratio_ci=bootstrap_ratio_ci(base, new),
-                            change_ci=cci, mdc=mdc,
-                            test_note=f"{TEST}: per-sample percentiles, mean "
-                                      f"{mb:.4g} -> {mn:.4g} us")
-    return stats.decide(c, p)
+                     alpha: float = 0.05, min_samples: int = stats.MIN_SAMPLES,
+                     spread_from: int | None = None) -> stats.Comparison:
+    """One percentile metric, BASE against NEW (lower is better), decided as any metric
+    (:func:`testbed.analysis.stats.compare`: the log-scale change against the threshold,
+    with the resolution's variance), the bootstrap interval of the ratio shown."""
+    c = stats.compare(base, new, higher_is_better=False, threshold=threshold, alpha=alpha,
+                      min_samples=min_samples, spread_from=spread_from)
+    if c.verdict is stats.Verdict.INSUFFICIENT:
+        return c
+    note = f"{TEST}: per-sample percentiles, mean {c.base.mean:.4g} -> {c.new.mean:.4g} us"
+    need = samples_for(c)
+    if need is not None and need > max(c.base.n, c.new.n):
+        note += f"; about {need} samples a side would resolve +-{threshold:.0%} at its noise"
+    return stats.decide(dataclasses.replace(c, ratio_ci=bootstrap_ratio_ci(base, new),
+                                            test_note="; ".join(filter(None, [c.test_note, note]))))
 
 
 def comparisons(base: Sequence[Mapping[str, float]], new: Sequence[Mapping[str, float]], *,
                 skip: Sequence[str] = (), threshold: float = 0.05, alpha: float = 0.05,
-                min_samples: int = stats.MIN_SAMPLES) -> list[tuple[str, stats.Comparison]]:
+                min_samples: int = stats.MIN_SAMPLES,
+                spread_from: int | None = None) -> list[tuple[str, stats.Comparison]]:
     """(metric, comparison) for every percentile both sides' ok samples carry, but ``skip``."""
     return [(k, compare_quantile([float(m[k]) for m in base], [float(m[k]) for m in new],
-                                 threshold=threshold, alpha=alpha, min_samples=min_samples))
+                                 threshold=threshold, alpha=alpha, min_samples=min_samples,
+                                 spread_from=spread_from))
             for k in tail_metrics(base, new, skip)]

@@ -309,9 +309,6 @@ def parser() -> argparse.ArgumentParser:
                    help="most extra samples over all cells (default: --extra x half the cells)")
     g.add_argument("--extra", dest="seq_extra", type=integer(1, 1000), metavar="N",
                    help="extra NEW samples per undecided cell (default 5)")
-    g.add_argument("--margin", dest="seq_margin", type=number(0.0, 0.99, low_open=True), metavar="F",
-                   help="final look: unchanged when the change's 98%% interval lies within "
-                        "+-F (default: twice the threshold, 0.10)")
     g.add_argument("--fdr", dest="seq_fdr", type=number(0.0, 0.5, low_open=True), metavar="Q",
                    help="the design's false-discovery level over both looks; it bounds the share "
                         "of unchanged nights with a false regression (default 0.03)")

@@ -87,7 +87,7 @@ def run(t: Topology, base_dir: Path, design: sequential.Design,
 
 def design_from_args(args) -> sequential.Design:
     kw = {}
-    for name in ("budget", "extra", "margin", "threshold", "spending"):
+    for name in ("budget", "extra", "threshold", "spending"):
         v = getattr(args, f"seq_{name}", None)
         if v is not None:
             kw[name] = v

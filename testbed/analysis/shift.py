@@ -1,0 +1,140 @@
+"""The night's shared shift: what every cell of a comparison moved by together.
+
+A hypervisor's nights differ by a percent or two in every cell at once (thermal state,
+firmware, neighbours, the host's clock). Judged cell by cell against BASE, such a shift
+makes a hundred cells look a little worse together, and a gate that counts them fails on
+the host, not the build. So, per deciding metric (the metrics of different units and
+directions drift apart), with at least MIN_CELLS comparable cells:
+
+- the **shift** is the Hodges-Lehmann estimate (the median of the pairwise means) of the
+  cells' log ratios log(NEW / BASE), robust to the few cells that really changed (it
+  ignores up to 29 % of them), with the distribution-free interval of the Wilcoxon
+  signed-rank test over the cells;
+- each cell is judged on its change **after the shift**, its standard error widened by the
+  shift's (the shift is estimated, not known) and by the **between-run noise** the cells
+  show beyond their samples' spread (a random effect tau, found so that the cells'
+  standardised residuals have the robust spread the t distribution gives them: a cell
+  whose level moves from run to run is not a change of the build);
+- the shift itself is judged against the threshold like a cell (a one-sided test against
+  the threshold, in the same Benjamini-Hochberg family): beyond it, credibly, it is a
+  finding of its own, "every cell 6 % slower: the host, or the whole build?", which fails
+  the night; within it, it is printed in one line and taken out.
+
+A uniform real regression of the whole build moves the shift, so it still fails the night;
+what the shift cannot do is tell a slower host from a slower build. A/B variants in one run
+(`--decide-against` with `matrix.variants`) take the host's drift out by design.
+
+Pure: comparisons in, comparisons and a Shift out.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from testbed.analysis import stats
+from testbed.analysis.stats import spx
+
+#: fewer comparable cells than this in a metric: no shift is estimated (with three, one
+#: changed cell would move it)
+MIN_CELLS = 4
+#: fewer cells than this: the between-run noise is not estimated (a robust spread of fewer
+#: points says little)
+MIN_TAU_CELLS = 8
+
+
+@dataclass(frozen=True)
+class Shift:
+    """The shared shift of one deciding metric, judged as a comparison of its own."""
+
+    metric: str
+    cells: int
+    #: the shift as NEW over BASE (a Comparison of one "cell", the night): its evidence is
+    #: the Hodges-Lehmann log shift, its verdict the shift's against the threshold
+    comparison: stats.Comparison
+    #: the between-run noise added to each cell (log scale, a standard deviation)
+    tau: float
+
+    @property
+    def change(self) -> float:
+        return math.expm1(self.comparison.evidence.d) if self.comparison.evidence else 0.0
+
+    def describe(self) -> str:
+        c = self.comparison
+        lo, hi = c.change_ci or (0.0, 0.0)
+        what = {stats.Verdict.REGRESSED: "credibly worse than the threshold: every cell moved; the host, "
+                                         "not the build? (A/B variants in one run take the host out)",
+                stats.Verdict.IMPROVED: "credibly better than the threshold in every cell",
+                stats.Verdict.INCONCLUSIVE: "beyond the threshold, not credibly: measure again"}.get(
+            c.verdict, "within the threshold: taken out of each cell's verdict")
+        tau = f"; between-run noise {self.tau:.1%} a cell added" if self.tau > 0 else ""
+        return (f"night shift {self.metric}: every cell {self.change:+.1%} "
+                f"[{lo:+.1%}, {hi:+.1%}] (Hodges-Lehmann over {self.cells} cells{tau}): {what}")
+
+
+def walsh_interval(x: Sequence[float], alpha: float) -> tuple[float, float, float]:
+    """(estimate, low, high): the Hodges-Lehmann location of ``x`` and its (1 - 2 alpha)
+    interval from the signed-rank statistic's distribution (normal approximation, the
+    outermost pairwise means when there are too few for it)."""
+    a = np.sort(np.asarray(x, dtype=float))
+    n = a.size
+    i, j = np.triu_indices(n)
+    w = np.sort((a[i] + a[j]) / 2.0)
+    m = w.size
+    est = float(np.median(w))
+    sd = math.sqrt(n * (n + 1) * (2 * n + 1) / 24.0)
+    k = int(math.floor(m / 2.0 - float(spx.ndtri(1.0 - alpha)) * sd))
+    k = min(max(k, 0), (m - 1) // 2)
+    return est, float(w[k]), float(w[m - 1 - k])
+
+
+def between_run_tau(resid: np.ndarray, se: np.ndarray, df: float) -> float:
+    """tau >= 0 such that the residuals over sqrt(se^2 + tau^2) have the robust spread
+    (1.4826 MAD) of Student's t at ``df``: 0 when the samples' own spread explains them."""
+    target = stats.t_ppf(0.75, max(df, 1.0)) / 0.6744897501960817
+
+    def spread(tau: float) -> float:
+        z = resid / np.sqrt(se ** 2 + tau ** 2)
+        return 1.4826 * float(np.median(np.abs(z - np.median(z))))
+    if spread(0.0) <= target:
+        return 0.0
+    lo, hi = 0.0, max(1.0, float(np.max(np.abs(resid))) * 4)
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if spread(mid) > target else (lo, mid)
+    return hi
+
+
+def take_out(metric: str, comps: Sequence[stats.Comparison], *, threshold: float,
+             alpha: float) -> tuple[list[stats.Comparison], Shift | None]:
+    """The comparisons of one deciding metric with the night's shift taken out (decided
+    again, raw), and the Shift; unchanged and None with fewer than MIN_CELLS comparable."""
+    idx = [k for k, c in enumerate(comps) if c.evidence is not None and c.verdict is not stats.Verdict.INSUFFICIENT]
+    out = list(comps)
+    if len(idx) < MIN_CELLS:
+        return out, None
+    d = np.array([comps[k].evidence.d for k in idx])
+    se = np.array([comps[k].evidence.se for k in idx])
+    df = float(np.median([comps[k].evidence.df for k in idx]))
+    est, lo, hi = walsh_interval(d, alpha)
+    z = stats.t_ppf(1.0 - alpha, max(len(idx) - 1, 1))
+    se_shift = (hi - lo) / (2.0 * z) if hi > lo else 0.0
+    tau = between_run_tau(d - est, se, df) if len(idx) >= MIN_TAU_CELLS else 0.0
+    for k in idx:
+        c = comps[k]
+        ev = stats.Evidence(c.evidence.d - est, math.sqrt(c.evidence.se ** 2 + se_shift ** 2 + tau ** 2),
+                            c.evidence.df)
+        out[k] = stats.with_evidence(c, ev, shift=est)
+    first = comps[idx[0]]
+    one = stats.Summary(n=len(idx), mean=1.0, median=1.0, stddev=None, rsd=None, ci_low=None,
+                        ci_high=None, min=1.0, max=1.0)
+    night = stats.Comparison(
+        base=one, new=dataclasses.replace(one, mean=math.exp(est), median=math.exp(est)),
+        delta=math.expm1(est), delta_rel=math.expm1(est), delta_pct=math.expm1(est) * 100,
+        p_value=None, test="hodges-lehmann", verdict=stats.Verdict.INCONCLUSIVE,
+        higher_is_better=first.higher_is_better, threshold=threshold, alpha=alpha)
+    night = stats.with_evidence(night, stats.Evidence(est, se_shift, float(max(len(idx) - 1, 1))))
+    return out, Shift(metric, len(idx), night, tau)
