@@ -171,10 +171,14 @@ class Remeasure:
     why: str
 
 
-def _why_more(c: CellResult, min_samples: int) -> str | None:
+def _why_more(c: CellResult, min_samples: int, base_grows: bool = False) -> str | None:
     """Why a look-1 cell needs more samples, or None when it is decided (or more NEW
-    samples cannot decide it: BASE itself has too few)."""
-    if c.verdict is CellVerdict.NO_BASELINE or c.base_ok < min_samples:
+    samples cannot decide it: BASE itself has too few, and only NEW grows). With
+    ``base_grows`` (A/B in one run: both variants are measured again) a BASE short of
+    samples is topped up too."""
+    if c.verdict is CellVerdict.NO_BASELINE and not base_grows:
+        return None
+    if c.base_ok < min_samples and not base_grows:
         return None
     if c.verdict.undecided:
         return c.verdict.value
@@ -192,23 +196,25 @@ def _priority(c: CellResult) -> tuple[int, str]:
             else 3, c.cell_id)
 
 
-def plan_remeasure(rc: RunComparison, design: Design) -> tuple[tuple[Remeasure, ...], tuple[str, ...]]:
-    """The cells to measure again, with their extra NEW samples, within the total budget;
-    and the undecided cells left out (BASE short of samples, or over the budget), with why."""
-    wanted = sorted((c for c in rc.cells if _why_more(c, design.min_samples)), key=_priority)
+def plan_remeasure(rc: RunComparison, design: Design,
+                   base_grows: bool = False) -> tuple[tuple[Remeasure, ...], tuple[str, ...]]:
+    """The cells to measure again, with their extra NEW samples (and, with ``base_grows``,
+    as many of BASE's), within the total budget; and the undecided cells left out (BASE
+    short of samples, or over the budget), with why."""
+    wanted = sorted((c for c in rc.cells if _why_more(c, design.min_samples, base_grows)), key=_priority)
     left = design.total_budget(len(rc.cells))
     out, skipped = [], []
     for c in wanted:
         # A cell short of ok NEW samples gets what it lacks on top of the stage's extra.
-        n = design.extra + max(0, design.min_samples - c.new_ok)
+        n = design.extra + max(0, design.min_samples - min(c.new_ok, c.base_ok if base_grows else c.new_ok))
         if n > left:
             skipped.append(f"{c.cell_id}: over the budget ({left} samples left of "
                            f"{design.total_budget(len(rc.cells))})")
             continue
         left -= n
-        out.append(Remeasure(c.cell_id, n, _why_more(c, design.min_samples) or ""))
+        out.append(Remeasure(c.cell_id, n, _why_more(c, design.min_samples, base_grows) or ""))
     skipped += [f"{c.cell_id}: BASE has {c.base_ok} ok samples; more NEW samples cannot decide it"
-                for c in rc.cells if c.verdict.undecided and _why_more(c, design.min_samples) is None]
+                for c in rc.cells if c.verdict.undecided and _why_more(c, design.min_samples, base_grows) is None]
     return tuple(out), tuple(skipped)
 
 
@@ -311,6 +317,21 @@ def decide(base: RunRecord, new: RunRecord, combined: RunRecord | None, design: 
     if combined is None or not remeasured:
         return Sequential(design, t, q1, q2, rc1, tuple(remeasured), skipped, None, rc1)
     rc2, final, q_eff = look2(base, combined, rc1, remeasured, design, q2, **kw)
+    return Sequential(design, t, q1, q2, rc1, tuple(remeasured), skipped, rc2, final, q_eff)
+
+
+def decide_ab(run: RunRecord, combined: RunRecord | None, design: Design, pair: tuple[str, str],
+              remeasured: Sequence[Remeasure] | None = None) -> Sequential:
+    """Both looks of an A/B run: variant ``pair[1]`` against ``pair[0]`` of ``run`` (as it
+    was at look 1) and of ``combined`` (both variants of the cells measured again grown).
+    BASE grows with NEW here, so a BASE short of samples is topped up, not left undecided."""
+    rc1, t, q1, q2 = look1(run, run, design, variants=pair)
+    plan, skipped = plan_remeasure(rc1, design, base_grows=True)
+    if remeasured is None:
+        remeasured = plan
+    if combined is None or not remeasured:
+        return Sequential(design, t, q1, q2, rc1, tuple(remeasured), skipped, None, rc1)
+    rc2, final, q_eff = look2(combined, combined, rc1, remeasured, design, q2, variants=pair)
     return Sequential(design, t, q1, q2, rc1, tuple(remeasured), skipped, rc2, final, q_eff)
 
 

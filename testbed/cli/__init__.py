@@ -91,9 +91,12 @@ def _run_decided(args: argparse.Namespace, topo, resume) -> int:
     if resume is not None:
         raise decide.NotDecidable("--decide-against: not with --resume (look 1 needs the whole run as it was "
                                   "measured in one go)")
-    base = compare.resolve(args.decide_against)
-    results.read_run(base)                  # a bad BASE is exit 2 before any work
-    decide.check(topo)
+    if topo.matrix.variants:
+        base = args.decide_against          # A/B in one run: the baseline variant's name
+        decide.check(topo, base)
+    else:
+        base = compare.resolve(args.decide_against)
+        results.read_run(base)              # a bad BASE is exit 2 before any work
     try:
         design = decide.design_from_args(args)
     except ValueError as e:
@@ -303,8 +306,10 @@ def parser() -> argparse.ArgumentParser:
                    "postgresql:// URL (default: <results>/index.sqlite)")
     g = r.add_argument_group("nightly gate (sequential design; see the gate's statistics in the docs)")
     g.add_argument("--decide-against", metavar="BASE", help="compare the run with BASE (a run "
-                   "directory or id), measure the cells left undecided again, and exit with the "
-                   "gate's status (0 pass, 1 fail, 5 undecided)")
+                   "directory or id; pooled with the nights before it that the gate accepted), measure "
+                   "the cells left undecided again, and exit with the gate's status (0 pass, 1 fail, 5 "
+                   "undecided); for a topology with two matrix.variants, BASE names the baseline variant "
+                   "(A/B in one run: the night's drift falls on both)")
     g.add_argument("--budget", dest="seq_budget", type=integer(0, 1_000_000), metavar="N",
                    help="most extra samples over all cells (default: --extra x half the cells)")
     g.add_argument("--extra", dest="seq_extra", type=integer(1, 1000), metavar="N",

@@ -10,6 +10,12 @@
    the budget.
 4. Look 2 decides them on the combined samples at the spent level.
 
+BASE is pooled with the nights before it that the gate accepted (each night's decision.json
+names its BASE): five samples of one night bound the precision however many NEW samples
+are taken. With ``matrix.variants`` the run is A/B: ``--decide-against a`` judges variant b
+against variant a measured interleaved in the same run, and the undecided cells are
+measured again on both variants (the drift of the night falls on both alike).
+
 The run records it: run.json's ``second_stage`` (the cells measured again), and beside it
 ``decision.json`` (the design, both looks' counts, every cell measured again with its
 count and why, the final verdicts) and ``decision.txt`` (what was printed). The exit
@@ -37,12 +43,41 @@ class NotDecidable(TestbedError):
     exit_status = 2
 
 
-def check(t: Topology) -> None:
-    """Refused before anything is measured: variants are measured in rounds of all their
-    cells, and a rate search is its own sequence, so neither can add samples to one cell."""
-    if t.matrix.variants:
-        raise NotDecidable(f"{t.source}: matrix.variants: --decide-against measures cells "
-                           f"again one by one; compare variants with `testbed compare RUN --variants A B`")
+def check(t: Topology, against: str | None = None) -> tuple[str, str] | None:
+    """Refused before anything is measured; for a topology with ``matrix.variants``, the
+    variants (BASE, NEW) the gate compares: ``against`` names the baseline variant, the
+    other of exactly two is NEW (A/B in one run: the host's drift falls on both alike)."""
+    if not t.matrix.variants:
+        return None
+    names = [v.name for v in t.matrix.variants]
+    if len(names) != 2 or against not in names:
+        raise NotDecidable(f"{t.source}: matrix.variants: --decide-against names the baseline variant of "
+                           f"exactly two (this topology has {', '.join(names)}; got {against!r})")
+    return against, next(n for n in names if n != against)
+
+
+def baseline_chain(base_dir: Path, nights: int = sequential.POOL_NIGHTS) -> list[results.RunRecord]:
+    """The nights before BASE that the gate accepted, newest first, at most ``nights``: BASE's
+    decision.json names the run it passed against, whose decision.json names the one before,
+    while each passed (exit 0). A BASE without a decision (the first night, or one measured
+    without --decide-against) has none."""
+    out: list[results.RunRecord] = []
+    cur = Path(base_dir)
+    while len(out) < nights:
+        try:
+            d = json.loads((cur / "decision.json").read_text())
+            prev = Path(d["base"])
+            passed = d["final"]["exit_status"] == 0
+        except (OSError, ValueError, KeyError, TypeError):
+            break
+        if not passed or not (prev / "run.json").is_file() or prev.resolve() == cur.resolve():
+            break
+        try:
+            out.append(results.read_run(prev))
+        except TestbedError:
+            break
+        cur = prev
+    return out
 
 
 @dataclass(frozen=True)
@@ -56,28 +91,46 @@ class Decided:
         return self.sequential.exit_status
 
 
-def run(t: Topology, base_dir: Path, design: sequential.Design,
+def run(t: Topology, base_ref: Path | str, design: sequential.Design,
         progress: Callable[[str], None] = lambda s: None) -> Decided:
-    check(t)
-    base = results.read_run(base_dir)
+    """The run, both looks and the record. ``base_ref``: BASE's run directory, or, for a
+    topology with variants, the name of the baseline variant."""
+    pair = check(t, str(base_ref))
+    kw = {} if pair is None else {"variants": pair}
+    pooled: tuple[str, ...] = ()
     out = runner.execute(t, progress=progress)
     new1 = results.read_run(out.run_dir)
-    rc1, _, q1, _ = sequential.look1(base, new1, design)
-    plan, _ = sequential.plan_remeasure(rc1, design) if rc1.refused is None else ((), ())
-    hashes = {c.id: c.hash for c in runner.plan(t)}
+    if pair is None:
+        base, pooled = sequential.pooled_base(results.read_run(Path(base_ref)), baseline_chain(Path(base_ref)))
+    else:
+        base = new1
+    rc1, _, q1, _ = sequential.look1(base, new1, design, **kw)
+    plan, _ = sequential.plan_remeasure(rc1, design, base_grows=pair is not None) if rc1.refused is None else ((), ())
+    planned = runner.plan(t)
+    suffix = {c.hash: (f"-v{dict(c.context)['variant']}" if pair else "") for c in planned}
+    hashes = {c.id.removesuffix(suffix[c.hash]): [] for c in planned}
+    for c in planned:
+        hashes[c.id.removesuffix(suffix[c.hash])].append(c.hash)
     plan = tuple(r for r in plan if r.cell_id in hashes)
     combined = None
     if plan:
         progress(f"look 1 (q1 {q1:.4f}): {len(plan)} undecided cells measured again, "
-                 f"{sum(r.extra for r in plan)} samples: " + ", ".join(f"{r.cell_id} +{r.extra}" for r in plan))
+                 f"{sum(r.extra for r in plan)} samples" + (" a variant" if pair else "") + ": "
+                 + ", ".join(f"{r.cell_id} +{r.extra}" for r in plan))
         runner.execute(t, progress=progress, resume=out.run_dir,
-                       remeasure={hashes[r.cell_id]: r.extra for r in plan})
+                       remeasure={h: r.extra for r in plan for h in hashes[r.cell_id]})
         combined = results.read_run(out.run_dir)
-    sq = sequential.decide(base, new1, combined, design, remeasured=plan)
-    text = sequential.render_text(sq)
-    summary = {**sq.summary(), "base": str(base.dir), "run": str(out.run_dir),
+    if pair is None:
+        sq = sequential.decide(base, new1, combined, design, remeasured=plan)
+    else:
+        # A/B: BASE is the run itself (variant a), at each look as it was then
+        sq = sequential.decide_ab(new1, combined, design, pair, remeasured=plan)
+    text = sequential.render_text(sq) + "".join(f"{line}\n" for line in pooled)
+    summary = {**sq.summary(), "base": str(base_ref) if pair else str(Path(base_ref).resolve()),
+               "variants": list(pair) if pair else None, "pooled": list(pooled), "run": str(out.run_dir),
                "first_stage_samples": dict(sequential.stage_counts(new1)),
-               "cells": [{"id": c.cell_id, "verdict": c.verdict.value} for c in sq.final.cells]}
+               "cells": [{"id": c.cell_id, "verdict": c.verdict.value} for c in sq.final.cells],
+               "shifts": [s.describe() for s in sq.final.shifts]}
     # Written whole or not at all, and a full disk is one line (as every run file).
     diskspace.write_file(out.run_dir / "decision.json", json.dumps(summary, indent=1, default=str) + "\n",
                          out.run_dir)

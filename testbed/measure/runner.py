@@ -229,6 +229,13 @@ def guest_tools_check(cells: list[Cell], guests: dict[str, virt.Guest]) -> None:
                                       f"(image {g.spec.image or 'testbed'})")
 
 
+def remeasure_rules(t: Topology, remeasure: Mapping[str, int] | None) -> dict[str, stats.StoppingRule]:
+    """Per cell hash, the second stage's rule: exactly its count, no stopping rule."""
+    return {h: stats.StoppingRule(dataclasses.replace(t.matrix.repetitions, min_samples=n, max_samples=n,
+                                                      rsd_target=0.0))
+            for h, n in (remeasure or {}).items()}
+
+
 @dataclass(frozen=True)
 class Outcome:
     run_dir: Path
@@ -306,7 +313,8 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None,
             from testbed.measure import variants
             variants.run(t, cells, stack, writer, stack.enter_context(virt.connect(host.uri)),
                          recipe_image, accel, run_id, tag, state,  # type: ignore[arg-type]
-                         env["cpu_mhz"] / 1000 if env.get("cpu_mhz") else None, progress)
+                         env["cpu_mhz"] / 1000 if env.get("cpu_mhz") else None, progress,
+                         rules=remeasure_rules(t, remeasure))
             stack.close()       # tears everything down and finishes run.json
             final = results.read_run(writer.dir)
             return Outcome(writer.dir, final.status, final.counts.samples, final.counts.failed)
@@ -417,9 +425,7 @@ def execute(t: Topology, *, progress: Callable[[str], None] = lambda s: None,
                                  "readings_per_sample": 2,
                                  "fraction_of_one_core_per_10s_window": round(2 * cost / 10, 6)})
         rule = stats.StoppingRule(t.matrix.repetitions)
-        rules = {h: stats.StoppingRule(dataclasses.replace(t.matrix.repetitions, min_samples=n, max_samples=n,
-                                                           rsd_target=0.0))
-                 for h, n in (remeasure or {}).items()}
+        rules = remeasure_rules(t, remeasure)
         done = 0
         started = time.monotonic()
         for (attachment, backend, queues), group in itertools.groupby(cells, key=_nic_group):

@@ -154,8 +154,10 @@ def measure_interleaved(cells: Sequence[Cell], paths: Mapping[str, measure.TestP
 
 def run(t: Topology, cells: Sequence[Cell], stack: contextlib.ExitStack, writer: results.RunWriter,
         conn: object, recipe_image: images.Image, accel: object, run_id: str, tag: str,
-        state: object, clock_ghz: float | None, progress: Callable[[str], None]) -> None:
-    """Boot a pair per variant, then measure every cell's variants interleaved."""
+        state: object, clock_ghz: float | None, progress: Callable[[str], None],
+        rules: Mapping[str, stats.StoppingRule] | None = None) -> None:
+    """Boot a pair per variant, then measure every cell's variants interleaved. ``rules``:
+    per cell hash, a rule in place of the topology's (the gate's second stage: a fixed count)."""
     writer.update(variants=describe(t.matrix.variants))
     pairs = boot(stack, conn, t, recipe_image, accel, run_id, tag, state,
                  lambda: writer.count("boots"))
@@ -187,8 +189,8 @@ def run(t: Topology, cells: Sequence[Cell], stack: contextlib.ExitStack, writer:
                     these = group[k:k + n_variants]
                     progress(f"[{k // n_variants + 1}/{len(group) // n_variants}] "
                              f"{these[0].id} ... interleaved over {n_variants} variants")
-                    measure_interleaved(these, paths, writer, rule, t.matrix.repetitions.warmup,
-                                        pids, placement, clock_ghz)
+                    measure_interleaved(these, paths, writer, (rules or {}).get(these[0].hash, rule),
+                                        t.matrix.repetitions.warmup, pids, placement, clock_ghz)
         except (TestbedError, GuestError) as e:
             recorded = {c["id"] for c in writer.record["cells"]}
             for c in group:
