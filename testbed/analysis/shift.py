@@ -43,7 +43,7 @@ from testbed.analysis.stats import spx
 MIN_CELLS = 4
 #: fewer cells than this: the between-run noise is not estimated (a robust spread of fewer
 #: points says little)
-MIN_TAU_CELLS = 8
+MIN_TAU_CELLS = 12
 
 
 @dataclass(frozen=True)

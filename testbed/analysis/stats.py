@@ -505,7 +505,8 @@ def with_evidence(c: Comparison, ev: Evidence | None, shift: float | None = None
                                       change_ci=(math.expm1(lo), math.expm1(hi))))
 
 
-def decide(c: Comparison, p_worse: float | None = None, p_better: float | None = None) -> Comparison:
+def decide(c: Comparison, p_worse: float | None = None, p_better: float | None = None,
+           level: float | None = None) -> Comparison:
     """``c`` with its verdict taken again: REGRESSED when ``p_worse`` (default: the raw
     one; an adjusted one after Benjamini-Hochberg) is below ``c.alpha``, IMPROVED when
     ``p_better`` is, else UNCHANGED when the (1 - 2 alpha) interval of the change lies
@@ -513,7 +514,9 @@ def decide(c: Comparison, p_worse: float | None = None, p_better: float | None =
     by the family's size: an equivalence claim is no discovery), else NOT_WORSE when the
     worse half of that test alone holds, else INCONCLUSIVE. A change whose estimate is
     beyond the threshold is never unchanged, and a point estimate beyond it is never
-    enough to regress: the interval must be beyond it."""
+    enough to regress: the interval must be beyond it. ``level``: the significance level
+    of the threshold tests (Benjamini-Hochberg's q for adjusted p-values; default alpha);
+    the equivalence test always runs at alpha, never at a level scaled by the family."""
     if c.verdict is Verdict.INSUFFICIENT:
         return c
     notes = [c.test_note] if c.test_note else []
@@ -534,9 +537,10 @@ def decide(c: Comparison, p_worse: float | None = None, p_better: float | None =
     lo, hi = ev.interval(c.alpha)
     inner_lo, inner_hi = min(worse, better), max(worse, better)
     sign = 1.0 if c.higher_is_better else -1.0
-    if pw is not None and pw < c.alpha:
+    sig = c.alpha if level is None else level
+    if pw is not None and pw < sig:
         v = Verdict.REGRESSED
-    elif pb is not None and pb < c.alpha:
+    elif pb is not None and pb < sig:
         v = Verdict.IMPROVED
     elif inner_lo <= lo and hi <= inner_hi:
         v = Verdict.UNCHANGED
@@ -553,7 +557,7 @@ def decide(c: Comparison, p_worse: float | None = None, p_better: float | None =
         est = math.expm1(ev.d)
         if (sign * ev.d) < sign * worse:
             notes.append(f"change {est:+.1%} beyond -{c.threshold:.0%} but not credibly "
-                         f"(interval {_fmt_ci(c.change_ci)}" + ("" if pw is None else f", p {pw:.3g} >= {c.alpha:g}")
+                         f"(interval {_fmt_ci(c.change_ci)}" + ("" if pw is None else f", p {pw:.3g} >= {sig:g}")
                          + ")")
         else:
             notes.append(f"change {est:+.1%}, but not shown unchanged: its interval "
@@ -753,7 +757,7 @@ def adjust_family(comparisons: Sequence[Comparison], extra: Sequence[float],
     better = [float(a) for a in sps.false_discovery_control(
         [comparisons[i].p_better for i in idx], method="bh")] if idx else []
     for i, pa, pb in zip(idx, adj, better):
-        out[i] = decide(dataclasses.replace(comparisons[i], alpha=q), pa, pb)
+        out[i] = decide(comparisons[i], pa, pb, level=q)
     return out, adj[len(idx):]
 
 
