@@ -492,7 +492,9 @@ class RunComparison:
 
     @property
     def undecided_shifts(self) -> tuple[shift_mod.Shift, ...]:
-        return tuple(s for s in self.shifts if s.comparison.verdict is stats.Verdict.INCONCLUSIVE)
+        """Shifts whose estimate is beyond the threshold on the worse side, not credibly: a
+        shift within it that its interval cannot show within is no finding (it is taken out)."""
+        return tuple(s for s in self.shifts if s.undecided)
 
     @property
     def exit_status(self) -> int:

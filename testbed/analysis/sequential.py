@@ -58,7 +58,7 @@ from testbed.records.records import RunRecord
 
 SPENDING = ("obrien-fleming", "pocock")
 #: more NEW samples a cell gets at most in the second stage (tuned on `testbed bench gate`)
-EXTRA = 5
+EXTRA = 10
 #: the design's false-discovery level, both looks together. Under the complete null it
 #: bounds the share of nights with a false regression (see the module's docstring): 0.03,
 #: below the nightly target of one night in 30, by construction rather than by luck

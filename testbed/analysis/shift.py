@@ -59,6 +59,15 @@ class Shift:
     tau: float
 
     @property
+    def undecided(self) -> bool:
+        """Inconclusive with its estimate beyond the threshold on the worse side."""
+        c = self.comparison
+        if c.verdict is not stats.Verdict.INCONCLUSIVE or c.evidence is None:
+            return False
+        sign = 1.0 if c.higher_is_better else -1.0
+        return sign * c.evidence.d < sign * stats.limits(c)[0]
+
+    @property
     def change(self) -> float:
         return math.expm1(self.comparison.evidence.d) if self.comparison.evidence else 0.0
 
@@ -68,8 +77,8 @@ class Shift:
         what = {stats.Verdict.REGRESSED: "credibly worse than the threshold: every cell moved; the host, "
                                          "not the build? (A/B variants in one run take the host out)",
                 stats.Verdict.IMPROVED: "credibly better than the threshold in every cell",
-                stats.Verdict.INCONCLUSIVE: "beyond the threshold, not credibly: measure again"}.get(
-            c.verdict, "within the threshold: taken out of each cell's verdict")
+                }.get(c.verdict, "beyond the threshold, not credibly: measure again" if self.undecided
+                      else "within the threshold: taken out of each cell's verdict")
         tau = f"; between-run noise {self.tau:.1%} a cell added" if self.tau > 0 else ""
         return (f"night shift {self.metric}: every cell {self.change:+.1%} "
                 f"[{lo:+.1%}, {hi:+.1%}] (Hodges-Lehmann over {self.cells} cells{tau}): {what}")

@@ -369,14 +369,11 @@ def ndr(limit_mbit: int = NDR_LIMIT_MBIT, precision: float = 0.05, trial_s: tupl
 
 def main(what: str, args: argparse.Namespace) -> int:
     if what == "gate":
-        from testbed.bench import gate as bench_gate
         from testbed.bench import gate_seq
-        status = bench_gate.main(args.rounds)
-        gate_seq.main(gate_seq.NIGHTS)
-        return status
+        return gate_seq.main(args.rounds or gate_seq.NIGHTS, args.cells or gate_seq.CELLS, args.seed)
     if what == "soak":
         from testbed.bench import soak as bench_soak
-        return bench_soak.main(args.cells)
+        return bench_soak.main(args.cells or 300)
     if what == "placement":
         from testbed.bench import placement as bench_placement
         return bench_placement.main(args.rounds)

@@ -309,7 +309,11 @@ def format_chain(c: ChainOutcome) -> str:
             f"{c.sequences}, absorbed into the baseline in {c.absorbed}/{c.sequences} ({c.seconds:.0f} s)")
 
 
-def main(nights: int = NIGHTS, cells: int = CELLS, seed: int = 0, sequences: int = 4) -> None:
+def main(nights: int = NIGHTS, cells: int = CELLS, seed: int = 0, sequences: int = 4) -> int:
+    if cells < 20:
+        from testbed.host.safeio import UserFileError
+        raise UserFileError("--cells", f"{cells}: the gate bench needs at least 20 cells a night "
+                                       "(a tenth request/response, ten changed in the drop scenarios)")
     design = sequential.Design()
     rows = run(nights, cells, seed, design=design)
     t, q1, q2 = design.levels(5, 5)
@@ -324,3 +328,5 @@ def main(nights: int = NIGHTS, cells: int = CELLS, seed: int = 0, sequences: int
     for line in targets(rows):
         print(line)
     print(format_chain(chain(sequences=sequences, seed=seed, design=design)))
+    print(gate.format_history(gate.history_sim(sequences=50, seed=seed, heavy_sequences=200)))
+    return 0

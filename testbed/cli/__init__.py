@@ -359,11 +359,14 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--rounds", type=integer(1, 1000), metavar="N",
                    help="boot: rounds (default 1); fidelity: alternations (default 5); "
                         "placement: rounds of apart/together/unpinned (default 5); "
-                        "gate: simulated nights per scenario (default 10)")
+                        "gate: simulated nights per scenario (default 6)")
+    b.add_argument("--seed", type=integer(0, 2**31 - 1), default=0, metavar="N",
+                   help="gate: the seed of the simulated nights (default 0)")
     b.add_argument("--pairs", default="1,2,4,8", metavar="N,N,...",
                    help="density: pair counts to bring up together (default 1,2,4,8)")
-    b.add_argument("--cells", type=integer(1, 100000), default=300, metavar="N",
-                   help="soak: namespace cells to measure (default 300)")
+    b.add_argument("--cells", type=integer(1, 100000), default=None, metavar="N",
+                   help="soak: namespace cells to measure (default 300); gate: cells a simulated "
+                        "night (default 100, at least 20)")
     b.set_defaults(func=cmd_bench)
     from testbed.cli import results as cli_results
     cli_results.add_commands(sub)

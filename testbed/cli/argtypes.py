@@ -14,7 +14,8 @@ from testbed.errors import one_line
 def integer(low: int, high: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         t = text.strip()
-        if not t.lstrip("+-").isdigit() or len(t) > 20:
+        # isdigit() and int() take any script's digits ("١٢", "１２"): only ASCII ones here
+        if not t.isascii() or not t.lstrip("+-").isdigit() or len(t) > 20:
             raise argparse.ArgumentTypeError(f"{one_line(text, 40)!r}: expected a whole number "
                                              f"from {low} to {high}")
         v = int(t)
@@ -28,7 +29,7 @@ def integer(low: int, high: int) -> Callable[[str], int]:
 def number(low: float, high: float, *, low_open: bool = False) -> Callable[[str], float]:
     def parse(text: str) -> float:
         try:
-            v = float(text) if len(text) <= 40 else math.nan
+            v = float(text) if len(text) <= 40 and text.isascii() else math.nan
         except ValueError:
             v = math.nan
         above = v > low if low_open else v >= low
