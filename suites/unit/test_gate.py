@@ -66,54 +66,71 @@ def test_hundred_unchanged_cells_with_3pct_noise_give_at_most_one_regression(tmp
     assert rc.exit_status in (0, 1, compare.UNDECIDED_STATUS)
 
 
-def test_five_cells_dropped_by_ten_percent_are_all_flagged(tmp_path):
+def test_five_cells_dropped_by_fifteen_percent_are_all_flagged(tmp_path):
+    # Five cells, all down: the night's shift is every cell's change, so the cells are
+    # flagged on their own change (shifts=False) and, with the shift, the shift fails
     cs = cells(5)
     synthetic(tmp_path, "base", cs, seed=7)
-    synthetic(tmp_path, "new", cs, seed=8, drop={c.id: 0.9 for c in cs})
-    rc = gate(tmp_path)
+    synthetic(tmp_path, "new", cs, seed=8, drop={c.id: 0.85 for c in cs})
+    rc = gate(tmp_path, shifts=False)
     assert [c.verdict for c in rc.cells] == [compare.CellVerdict.REGRESSED] * 5
     assert rc.exit_status == 1
     for c in rc.cells:
         m = c.metrics[0].comparison
-        assert m.p_adjusted is not None and m.p_adjusted >= m.p_value
+        assert m.p_adjusted is not None and m.p_adjusted >= m.p_worse
+    shifted = gate(tmp_path)
+    (sh,) = shifted.shifts
+    assert shifted.failing_shifts == (sh,) and shifted.exit_status == 1
+    assert -0.2 < sh.change < -0.1 and "the host, not the build?" in compare.render_text(shifted)
+    assert not shifted.failing            # the cells moved with the night: no cell of its own
+
+
+def test_a_shared_drift_is_taken_out_and_a_cell_of_its_own_is_still_found(tmp_path):
+    """Every cell 4 % slower (the host), one 15 % slower (the build): the shift is printed in
+    one line and within the threshold, only the one cell regresses."""
+    cs = cells(60)
+    synthetic(tmp_path, "base", cs, seed=21)
+    synthetic(tmp_path, "new", cs, seed=22, drop={c.id: 0.96 * (0.85 if c is cs[3] else 1.0) for c in cs})
+    rc = gate(tmp_path)
+    (sh,) = rc.shifts
+    assert -0.05 < sh.change < -0.03 and not rc.failing_shifts
+    assert regressed(rc) == {cs[3].id} and rc.exit_status == 1
+    text = compare.render_text(rc)
+    assert "night shift throughput_mbps: every cell -" in text and "taken out" in text
+    # without the shift, the same night reads many cells past -5 % at the point estimate
+    flat = gate(tmp_path, shifts=False)
+    assert regressed(flat) >= {cs[3].id}
 
 
 def regressed(rc: compare.RunComparison) -> set[str]:
     return {c.cell_id for c in rc.cells if c.verdict is compare.CellVerdict.REGRESSED}
 
 
-def test_five_of_a_hundred_cells_dropped_by_ten_percent_at_n5_over_many_seeds(tmp_path):
-    # Within a family of 105, Benjamini-Hochberg asks p <~ 0.0024 of each of 5 real drops.
-    # Per-cell Welch at n = 5 (8 degrees of freedom) misses about half of them (see the
-    # docs/gate.md); the moderated t, its variances squeezed towards a prior from all the cells,
-    # has tens of degrees of freedom and must catch all 5, seed after seed, anywhere.
-    # No test can call a drop "beyond the 5 % threshold" when its samples show barely 5 %:
-    # the mean of 5 samples at 3 % noise misses the true -10 % by more than 3 points in
-    # about 1 cell in 100 (2 of these 100, at -5.0 % and -6.0 %). Such a cell may be missed (INCONCLUSIVE, never UNCHANGED unless
-    # its samples show less than the threshold); every other drop must be flagged.
+def test_five_of_a_hundred_cells_dropped_by_fifteen_percent_at_n5_over_many_seeds(tmp_path):
+    # Within a family of 105, Benjamini-Hochberg asks p <~ 0.0024 of each of 5 real drops,
+    # of the one-sided test that the change is beyond -5 %: the moderated t (variances
+    # squeezed towards a prior from all the cells, tens of degrees of freedom) must catch
+    # 15 % drops at n = 5, seed after seed (a 10 % drop is only 5 points beyond the
+    # threshold, about 2.6 standard errors at n = 5: see `testbed bench gate` for its power)
     cs = cells(105)
     missed, false, flagged = [], 0, 0
-    for seed in range(20):
+    for seed in range(10):
         rng = np.random.default_rng(1000 + seed)
-        drop = {c.id: 0.9 for c in rng.choice(cs, 5, replace=False)}
+        drop = {c.id: 0.85 for c in rng.choice(cs, 5, replace=False)}
         synthetic(tmp_path, "base", cs, seed=2 * seed)
         synthetic(tmp_path, "new", cs, seed=2 * seed + 1, drop=drop)
         rc = gate(tmp_path)
         got = regressed(rc)
-        for c in rc.cells:
-            if c.cell_id in set(drop) - got:
-                m = c.metrics[0].comparison
-                missed.append((seed, c.cell_id, m.delta_pct))
-                assert m.delta_pct > -7.0, f"seed {seed}: missed {c.cell_id} at {m.delta_pct}%"
+        missed += [(seed, c) for c in set(drop) - got]
         false += len(got - set(drop))
         flagged += len(got)
-        assert len(got - set(drop)) <= 2, f"seed {seed}: false {sorted(got - set(drop))}"
         assert rc.exit_status == 1
         assert rc.tests_used[0].startswith("throughput_mbps: moderated t")
-    assert len(missed) <= 2, missed     # of 100 drops; per-cell Welch misses about 40
-    # Benjamini-Hochberg bounds the false share of the flagged cells (q = 5 %), not their
-    # count: with 5 real discoveries it may let one or, rarely, two unchanged cells through.
-    assert false <= 0.05 * flagged, (false, flagged)
+        for c in rc.cells:
+            if c.cell_id in drop:
+                assert c.verdict is not compare.CellVerdict.UNCHANGED
+    assert len(missed) <= 2, missed
+    assert false == 0, (false, flagged)
 
 
 def test_hundred_unchanged_cells_over_many_seeds_give_at_most_one_regression(tmp_path):
@@ -164,11 +181,11 @@ def test_an_explicit_welch_is_not_moderated(tmp_path):
                                      if m.decides} == {"welch"}
 
 
-def test_five_of_a_hundred_cells_dropped_by_ten_percent_at_the_gate_preset_max(tmp_path):
-    # At n = 10, where `repetitions: gate` stops when the rsd stays above 3 %, even per-cell
-    # Welch would catch all; the moderated t must not lose them.
+def test_five_of_a_hundred_cells_dropped_by_twelve_percent_at_the_gate_preset_max(tmp_path):
+    # At n = 10, where `repetitions: gate` stops when the rsd stays above 3 %, the moderated
+    # t finds each drop credibly beyond the threshold.
     cs = cells(100)
-    drop = {c.id: 0.9 for c in cs[::20]}
+    drop = {c.id: 0.88 for c in cs[::20]}
     synthetic(tmp_path, "base", cs, seed=3, n=10)
     synthetic(tmp_path, "new", cs, seed=4, n=10, drop=drop)
     rc = gate(tmp_path)

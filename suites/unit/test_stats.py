@@ -287,7 +287,7 @@ def test_benjamini_hochberg_adjusts_a_family():
                       threshold=0.0) for _ in range(40)]
     adjusted = adjust(family, q=0.05)
     for raw, adj in zip(family, adjusted):
-        assert adj.p_adjusted >= raw.p_value
+        assert adj.p_adjusted >= raw.p_worse
     assert sum(a.verdict is Verdict.REGRESSED for a in adjusted) <= sum(
         r.verdict is Verdict.REGRESSED for r in family)
 
@@ -352,7 +352,7 @@ def test_notes_are_not_repeated_when_the_verdict_is_taken_again():
     c = compare([100.0, 60.0, 140.0, 90.0, 110.0], [70.0, 40.0, 100.0, 130.0, 60.0],
                 higher_is_better=True)
     (again,) = adjust([c])
-    assert again.note.count("not significant") == 1
+    assert again.note.count("not credibly") == 1
 
 
 # --------------------------------------------------------------------------- moderated t
@@ -424,3 +424,56 @@ def test_heterogeneous_variances_fall_back_to_welch():
     out, prior = moderate(fam)
     assert prior.method == "welch" and "heterogeneous" in prior.reason
     assert out == fam
+
+
+# --------------------------------------------------------------------------- against the threshold
+
+def test_a_change_past_the_threshold_regresses_only_when_its_interval_is_beyond_it():
+    """-6 % at 3 % noise and 5 + 5 samples: the estimate is past -5 %, the interval is not
+    beyond it: not regressed (before, a significant change with an estimate past the
+    threshold was). -20 %: beyond, regressed."""
+    rng = np.random.default_rng(3)
+    b = 1000 * (1 + 0.02 * rng.standard_normal(8))
+    six = compare(b, 940 * (1 + 0.02 * rng.standard_normal(8)), higher_is_better=True)
+    assert six.delta_rel < -0.05 and six.p_value < 0.05          # significant against 0
+    assert six.p_worse > 0.05 and six.verdict is Verdict.INCONCLUSIVE
+    far = compare(b, 0.8 * 1000 * (1 + 0.03 * rng.standard_normal(5)), higher_is_better=True)
+    assert far.p_worse < 0.01 and far.verdict is Verdict.REGRESSED
+
+
+def test_unchanged_needs_the_interval_within_and_never_an_estimate_beyond():
+    rng = np.random.default_rng(4)
+    b = 1000 * (1 + 0.01 * rng.standard_normal(10))
+    near = compare(b, b * 1.01, higher_is_better=True)
+    assert near.verdict is Verdict.UNCHANGED
+    past = compare(b, b * 0.945, higher_is_better=True)
+    assert past.verdict is not Verdict.UNCHANGED and past.verdict is not Verdict.NOT_WORSE
+
+
+def test_not_worse_when_only_the_better_side_reaches_beyond():
+    rng = np.random.default_rng(5)
+    b = 1000 * (1 + 0.03 * rng.standard_normal(5))
+    c = compare(b, b * 1.04, higher_is_better=True)
+    lo, hi = c.change_ci
+    assert lo > -0.05 and hi > 0.05 and c.verdict is Verdict.NOT_WORSE
+
+
+def test_equivalence_keeps_its_level_after_benjamini_hochberg():
+    """Adjusting a family changes the level of the threshold tests, never the interval the
+    equivalence test reads (before, it was taken at q, a wider interval)."""
+    rng = np.random.default_rng(6)
+    fam = [compare(1000 * (1 + 0.02 * rng.standard_normal(5)), 1000 * (1 + 0.02 * rng.standard_normal(5)),
+                   higher_is_better=True) for _ in range(50)]
+    adj = adjust(fam, q=0.01)
+    assert [a.change_ci for a in adj] == [c.change_ci for c in fam]
+    assert [a.verdict is Verdict.UNCHANGED for a in adj] == [c.verdict is Verdict.UNCHANGED for c in fam]
+
+
+@pytest.mark.parametrize("true", [-0.08])
+def test_a_true_minus_eight_is_almost_never_unchanged(true):
+    """1000 cells at -8 %, 3 % noise, 5 + 5: unchanged in none, not-worse in none."""
+    rng = np.random.default_rng(8)
+    out = [compare(1000 * (1 + 0.03 * rng.standard_normal(5)),
+                   1000 * (1 + true) * (1 + 0.03 * rng.standard_normal(5)), higher_is_better=True)
+           for _ in range(1000)]
+    assert sum(c.verdict in (Verdict.UNCHANGED, Verdict.NOT_WORSE) for c in out) <= 10

@@ -113,8 +113,9 @@ class Series:
 
     def confirmed(self, c: ChangePoint) -> bool:
         """The runs from the change point to the next one bear it out: at least CONFIRM of
-        them, the newest on the new side of the midpoint between the segment means (the
-        step still holds tonight) and at most a third of them on the old side. PELT and the
+        them, the first (the first bad run a bisect starts from) and the newest (the step
+        still holds tonight) on the new side of the midpoint between the segment means, and
+        at most a third of them on the old side. PELT and the
         step's significance test already say the segments differ; this keeps a step that
         one outlying night made, or that tonight no longer shows, from failing the job, and
         lets a real step of the threshold's size through although one night in six of it
@@ -122,7 +123,7 @@ class Series:
         nxt = min((d.index for d in self.change_points if d.index > c.index), default=len(self.points))
         mid = (c.before + c.after) / 2
         side = [(p.value < mid) == (c.after < c.before) for p in self.points[c.index:nxt]]
-        return len(side) >= CONFIRM and side[-1] and 3 * side.count(False) <= len(side)
+        return len(side) >= CONFIRM and side[0] and side[-1] and 3 * side.count(False) <= len(side)
 
     @property
     def newest_regresses(self) -> bool:
