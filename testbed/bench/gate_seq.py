@@ -167,8 +167,8 @@ def simulate(sc: SeqScenario, tpl: RunRecord, design: sequential.Design, seed: i
 
 
 def scenarios(nights: int = NIGHTS, cells: int = CELLS) -> tuple[SeqScenario, ...]:
-    """The scenarios (a tenth of the cells request/response with integer percentiles, but
-    where said), ``nights`` each."""
+    """The scenarios (a tenth of the cells request/response with integer percentiles; all
+    of them in the p99 one, a tenth of those with a p99 20 % higher), ``nights`` each."""
     rr = cells // 10
     n = nights
     return (SeqScenario("unchanged n=5", n, rr=rr),
@@ -186,7 +186,7 @@ def scenarios(nights: int = NIGHTS, cells: int = CELLS) -> tuple[SeqScenario, ..
             SeqScenario("uniform -8% (whole build)", n, uniform=-0.08, rr=rr),
             SeqScenario("-8% in 10 cells", n, drop=0.08, dropped=10, drift=0.02, rr=rr),
             SeqScenario("-10% in 10 cells", n, drop=0.10, dropped=10, drift=0.02, rr=rr),
-            SeqScenario("integer p99 +20% in 10 rr", n, p99_up=0.20, p99_cells=10, rr=max(rr, cells // 2)))
+            SeqScenario("integer p99 +20% in 1/10 rr", n, p99_up=0.20, p99_cells=cells // 10, rr=cells))
 
 
 def run(nights: int = NIGHTS, cells: int = CELLS, seed: int = 0, design: sequential.Design | None = None,
@@ -241,8 +241,8 @@ def targets(rows: list[SeqOutcome]) -> list[str]:
     if (e := by.get("-8% in 10 cells")) is not None and e.changed_total:
         line("-8% called unchanged in at most 1% of cells", e.changed_unchanged, e.changed_total,
              e.changed_unchanged <= 0.01 * e.changed_total)
-    if (p := by.get("integer p99 +20% in 10 rr")) is not None and p.changed_total:
-        line("+20% integer p99 found in at least 80% of cells", p.detected, p.changed_total,
+    if (p := by.get("integer p99 +20% in 1/10 rr")) is not None and p.changed_total:
+        line("+20% integer p99 (a tenth of rr cells) found in at least 80% of them", p.detected, p.changed_total,
              p.detected >= 0.8 * p.changed_total)
     return out
 
