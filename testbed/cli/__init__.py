@@ -59,6 +59,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise config.ConfigError(str(args.topology or "<builtin default>"), "(topology)",
                                      f"differs from the one run {rec.run_id} was planned from "
                                      f"({', '.join(keys)}); --resume measures the same matrix")
+    if args.junit and not args.decide_against:
+        from testbed.host.safeio import UserFileError
+        raise UserFileError("--junit", "needs --decide-against (the gate's verdicts are what it writes)")
     if args.decide_against:
         return _run_decided(args, topo, resume)
     from testbed.measure import runner
@@ -101,9 +104,13 @@ def _run_decided(args: argparse.Namespace, topo, resume) -> int:
         design = decide.design_from_args(args)
     except ValueError as e:
         raise decide.NotDecidable(f"--decide-against: {e}") from None
+    from testbed.host import safeio
+    junit = safeio.check_outputs(((args.junit, "--junit"),))["--junit"] if args.junit else None
     d = decide.run(topo, base, design, progress=lambda s: print(s, file=sys.stderr, flush=True))
     with store.open(args.db) as st:
         st.index_run(d.run_dir)
+    if junit is not None:
+        safeio.write_output(junit, compare.render_junit(d.sequential.final), "--junit")
     print(d.text, end="")
     print(d.run_dir)      # the last line stays the run directory, for scripts
     return d.exit_status
@@ -314,6 +321,8 @@ def parser() -> argparse.ArgumentParser:
                    help="most extra samples over all cells (default: --extra x half the cells)")
     g.add_argument("--extra", dest="seq_extra", type=integer(1, 1000), metavar="N",
                    help="extra NEW samples per undecided cell (default 5)")
+    g.add_argument("--junit", metavar="FILE", help="with --decide-against: write the final verdicts "
+                   "as JUnit XML (one testcase per cell and per night shift)")
     g.add_argument("--fdr", dest="seq_fdr", type=number(0.0, 0.5, low_open=True), metavar="Q",
                    help="the design's false-discovery level over both looks; it bounds the share "
                         "of unchanged nights with a false regression (default 0.03)")
