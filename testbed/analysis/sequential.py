@@ -157,13 +157,6 @@ def typical_n(rec: RunRecord) -> int:
     return vals[len(vals) // 2]
 
 
-def family_size(rc: RunComparison) -> int:
-    """How many p-values the comparison's deciding family held."""
-    return sum(1 for c in rc.cells for m in c.metrics
-               if m.decides and m.comparison.p_value is not None) + \
-        sum(1 for c in rc.cells if c.failure_p is not None)
-
-
 @dataclass(frozen=True)
 class Remeasure:
     cell_id: str
@@ -216,12 +209,6 @@ def plan_remeasure(rc: RunComparison, design: Design,
     skipped += [f"{c.cell_id}: BASE has {c.base_ok} ok samples; more NEW samples cannot decide it"
                 for c in rc.cells if c.verdict.undecided and _why_more(c, design.min_samples, base_grows) is None]
     return tuple(out), tuple(skipped)
-
-
-def restrict(rec: RunRecord, cell_ids: Sequence[str] | set[str]) -> RunRecord:
-    """``rec`` with the samples of ``cell_ids`` only."""
-    keep = set(cell_ids)
-    return dataclasses.replace(rec, samples=tuple(s for s in rec.samples if s.cell.id in keep))
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,7 @@ make that right for tails:
   2/252 = 0.0079, which no cell of a hundred-cell family brings under Benjamini-Hochberg's
   level: a +20 % p99 in 10 of 100 cells was never found. The t on the logs can.
 
-The permutation test of the difference of the sides' mean percentile is still computed
-(``permutation_p``) and a bootstrap interval of the ratio shown beside it. Only percentiles
+A bootstrap interval of the ratio of the sides' mean percentile is shown beside it. Only percentiles
 present on both sides are compared: an insufficient percentile (too few transactions
 behind it) is never in a sample's metrics, so it is never gated. A percentile's noise
 across samples sets how many samples it needs: each verdict prints its smallest detectable
@@ -25,7 +24,6 @@ threshold.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -35,8 +33,6 @@ from testbed.records.percentiles import METRIC_RE, from_metric
 
 TEST = "quantile-permutation"
 BOOTSTRAP_RESAMPLES = 4000
-#: exact permutation up to this many splits, else this many random ones
-PERMUTATIONS = 20000
 
 
 def tail_metrics(base: Iterable[Mapping[str, float]], new: Iterable[Mapping[str, float]],
@@ -47,32 +43,6 @@ def tail_metrics(base: Iterable[Mapping[str, float]], new: Iterable[Mapping[str,
         return []
     common = set.intersection(*(set(m) for side in sides for m in side))
     return sorted((k for k in common if METRIC_RE.fullmatch(k) and k not in skip), key=from_metric)
-
-
-def _diff(b: np.ndarray, n: np.ndarray) -> float:
-    return float(np.mean(n) - np.mean(b))
-
-
-def permutation_p(b: Sequence[float], n: Sequence[float], seed: int = 0) -> float:
-    """Two-sided p of the difference of means under exchangeability: exact over every
-    split when they are at most PERMUTATIONS, else that many random ones (vectorised)."""
-    from math import comb
-    x = np.concatenate([np.asarray(b, float), np.asarray(n, float)])
-    nb, total = len(b), len(x)
-    nn = total - nb
-    whole = x.sum()
-    obs = abs(_diff(x[:nb], x[nb:]))
-    if comb(total, nb) <= PERMUTATIONS:
-        idx = np.fromiter(itertools.chain.from_iterable(itertools.combinations(range(total), nb)),
-                          dtype=np.intp).reshape(-1, nb)
-        sb = x[idx].sum(axis=1)
-        diffs = np.abs((whole - sb) / nn - sb / nb)
-        return float(np.mean(diffs >= obs - 1e-9 * max(1.0, obs)))
-    rng = np.random.default_rng(seed)
-    perm = rng.permuted(np.tile(x, (PERMUTATIONS, 1)), axis=1)
-    sb = perm[:, :nb].sum(axis=1)
-    diffs = np.abs((whole - sb) / nn - sb / nb)
-    return float((np.sum(diffs >= obs - 1e-9 * max(1.0, obs)) + 1) / (PERMUTATIONS + 1))
 
 
 def bootstrap_ratio_ci(b: Sequence[float], n: Sequence[float], seed: int = 0) -> tuple[float, float] | None:
