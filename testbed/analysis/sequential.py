@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from testbed.analysis import compare, stats
@@ -364,11 +364,16 @@ def first_stage(rec: RunRecord, counts: Mapping[str, int]) -> RunRecord:
 
 # --------------------------------------------------------------------------- BASE pooled
 
-#: BASE and at most this many nights before it (the chain of passing nights each names in
-#: its decision.json) make the baseline: five samples of one night bound the precision
-#: however many NEW samples are taken (at 3 % noise no cell can be shown within +-5 % often
-#: enough for a hundred-cell night to exit 0); fifteen of three nights do not
-POOL_NIGHTS = 2
+#: BASE and at most this many other nights the gate decided make the baseline, each night
+#: for the cells it passed: five samples of one night bound the precision however many NEW
+#: samples are taken (at 3 % noise no cell can be shown within +-5 % often enough for a
+#: hundred-cell night to exit 0)
+POOL_NIGHTS = 4
+#: cell verdicts whose samples a night lends the baseline: those it passed, and those it
+#: could not judge for want of BASE samples (a BASE short of samples says nothing against
+#: NEW's; lending them is what heals it). A cell that regressed or stayed inconclusive (a
+#: step the gate could not call yet) lends nothing.
+LENDS = ("unchanged", "not-worse", "improved", "insufficient", "no-baseline")
 
 
 def _cell_means(rec: RunRecord) -> dict[tuple[str, str], dict[str, float]]:
@@ -399,30 +404,37 @@ def night_factor(base: RunRecord, older: RunRecord) -> dict[str, float]:
             if len(v) >= shift.MIN_CELLS}
 
 
-def pooled_base(base: RunRecord, older: Sequence[RunRecord]) -> tuple[RunRecord, tuple[str, ...]]:
+def pooled_base(base: RunRecord, older: Sequence[RunRecord | tuple[RunRecord, Collection[str] | None]]
+                ) -> tuple[RunRecord, tuple[str, ...]]:
     """BASE with the measured ok samples of ``older`` nights (newest first) added to the
     cells they share with it (same id and definition hash), each night's samples scaled by
-    :func:`night_factor` onto BASE's level; and one line per night pooled. A BASE cell short
-    of ok samples (one old failure) is filled this way too: the gate never stays undecided
-    for it."""
+    :func:`night_factor` onto BASE's level; and one line per night pooled. A night given
+    with cell ids lends only those (the cells the gate passed that night: a cell it could
+    not decide, or that regressed, never becomes baseline). A BASE cell short of ok samples
+    (one old failure) is filled this way too: the gate never stays undecided for it."""
     if not older:
         return base, ()
     have = {(s.cell.id, str(s.cell.hash)) for s in base.samples if not s.warmup}
     out = list(base.samples)
     notes = []
-    for rec in older:
+    for item in older:
+        rec, cells = item if isinstance(item, tuple) else (item, None)
+        if rec.run_id == base.run_id:
+            continue
         f = night_factor(base, rec)
-        added = 0
+        added, lent = 0, set()
         for s in rec.samples:
-            if s.warmup or not s.ok or (s.cell.id, str(s.cell.hash)) not in have:
+            if (s.warmup or not s.ok or (s.cell.id, str(s.cell.hash)) not in have
+                    or (cells is not None and s.cell.id not in cells)):
                 continue
             metrics = {k: (v * f[k] if k in f and isinstance(v, (int, float)) and not isinstance(v, bool) else v)
                        for k, v in s.metrics.items()}
             out.append(dataclasses.replace(s, run_id=base.run_id, rep=10_000 + len(out), metrics=metrics))
             added += 1
+            lent.add(s.cell.id)
         if added:
             drift = ", ".join(f"{k} x{v:.3f}" for k, v in sorted(f.items()) if k in _GATED) or "no shared metric"
-            notes.append(f"baseline pooled with night {rec.run_id}: {added} samples ({drift})")
+            notes.append(f"baseline pooled with night {rec.run_id}: {added} samples of {len(lent)} cells ({drift})")
     return dataclasses.replace(base, samples=tuple(out)), tuple(notes)
 
 

@@ -10,9 +10,9 @@
    the budget.
 4. Look 2 decides them on the combined samples at the spent level.
 
-BASE is pooled with the nights before it that the gate accepted (each night's decision.json
-names its BASE): five samples of one night bound the precision however many NEW samples
-are taken. With ``matrix.variants`` the run is A/B: ``--decide-against a`` judges variant b
+BASE is pooled with the last nights beside it that the gate decided (their decision.json),
+each lending the cells it passed: five samples of one night bound the precision however
+many NEW samples are taken. With ``matrix.variants`` the run is A/B: ``--decide-against a`` judges variant b
 against variant a measured interleaved in the same run, and the undecided cells are
 measured again on both variants (the drift of the night falls on both alike).
 
@@ -56,27 +56,31 @@ def check(t: Topology, against: str | None = None) -> tuple[str, str] | None:
     return against, next(n for n in names if n != against)
 
 
-def baseline_chain(base_dir: Path, nights: int = sequential.POOL_NIGHTS) -> list[results.RunRecord]:
-    """The nights before BASE that the gate accepted, newest first, at most ``nights``: BASE's
-    decision.json names the run it passed against, whose decision.json names the one before,
-    while each passed (exit 0). A BASE without a decision (the first night, or one measured
-    without --decide-against) has none."""
-    out: list[results.RunRecord] = []
-    cur = Path(base_dir)
-    while len(out) < nights:
+def baseline_history(base_dir: Path, nights: int = sequential.POOL_NIGHTS
+                     ) -> list[tuple[results.RunRecord, frozenset[str]]]:
+    """The last ``nights`` runs beside BASE (its results directory) that the gate decided
+    (they have a decision.json), newest first, each with the cells it passed: the store's
+    pooled history of the baseline. A night that regressed or stayed undecided still lends
+    the cells it passed; a cell it could not pass lends nothing, so a lasting step that the
+    gate keeps undecided never becomes baseline."""
+    base_dir = Path(base_dir).resolve()
+    out: list[tuple[results.RunRecord, frozenset[str]]] = []
+    try:
+        runs = sorted((d for d in base_dir.parent.iterdir() if d.is_dir()), reverse=True)
+    except OSError:
+        return out
+    for d in runs:
+        if len(out) >= nights:
+            break
+        if d.resolve() == base_dir or not (d / "decision.json").is_file():
+            continue
         try:
-            d = json.loads((cur / "decision.json").read_text())
-            prev = Path(d["base"])
-            passed = d["final"]["exit_status"] == 0
-        except (OSError, ValueError, KeyError, TypeError):
-            break
-        if not passed or not (prev / "run.json").is_file() or prev.resolve() == cur.resolve():
-            break
-        try:
-            out.append(results.read_run(prev))
-        except TestbedError:
-            break
-        cur = prev
+            dec = json.loads((d / "decision.json").read_text())
+            passed = frozenset(c["id"] for c in dec["cells"] if c["verdict"] in sequential.LENDS)
+            if passed and dec.get("variants") is None:
+                out.append((results.read_run(d), passed))
+        except (OSError, ValueError, KeyError, TypeError, TestbedError):
+            continue
     return out
 
 
@@ -101,7 +105,7 @@ def run(t: Topology, base_ref: Path | str, design: sequential.Design,
     out = runner.execute(t, progress=progress)
     new1 = results.read_run(out.run_dir)
     if pair is None:
-        base, pooled = sequential.pooled_base(results.read_run(Path(base_ref)), baseline_chain(Path(base_ref)))
+        base, pooled = sequential.pooled_base(results.read_run(Path(base_ref)), baseline_history(Path(base_ref)))
     else:
         base = new1
     rc1, _, q1, _ = sequential.look1(base, new1, design, **kw)
