@@ -209,3 +209,30 @@ def test_the_stopping_rule_does_not_inflate_the_moderated_false_alarm_rate():
         rates[sf] = hits / total
     assert rates[5] < 0.06 and rates[None] > rates[5]
     assert math.isfinite(rates[None])
+
+
+def test_the_baseline_history_is_the_last_decided_nights_beside_base(tmp_path):
+    """`--decide-against` pools BASE with the last runs beside it that have a decision,
+    newest first, each lending the cells it passed or could not judge; runs without a
+    decision, A/B decisions and BASE itself are not history."""
+    import json
+    import shutil
+
+    from testbed.measure import decide
+    tpl = bench_gate.template(4, tmp_path / "t")
+    ids = [s.cell.id for s in tpl.samples]
+    res = tmp_path / "results"
+    res.mkdir()
+    names = ["20261101T000000Z-0001", "20261102T000000Z-0002", "20261103T000000Z-0003",
+             "20261104T000000Z-0004", "20261105T000000Z-0005"]
+    for n in names:
+        shutil.copytree(tpl.dir, res / n)
+    verdicts = {names[1]: ["unchanged", "regressed", "insufficient", "not-worse"],
+                names[2]: ["inconclusive"] * 4, names[4]: ["unchanged"] * 4}
+    for n, vs in verdicts.items():
+        (res / n / "decision.json").write_text(json.dumps(
+            {"cells": [{"id": i, "verdict": v} for i, v in zip(ids, vs)],
+             "variants": ["a", "b"] if n == names[4] else None}))
+    got = decide.baseline_history(res / names[3])
+    assert [(r.dir.name, sorted(c)) for r, c in got] == [(names[1], sorted([ids[0], ids[2], ids[3]]))]
+    assert decide.baseline_history(res / names[1]) == []
