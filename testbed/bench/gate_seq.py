@@ -329,7 +329,8 @@ def main(nights: int = NIGHTS, cells: int = CELLS, seed: int = 0, sequences: int
     t, q1, q2 = design.levels(5, 5)
     print(f"sequential gate (`testbed run --decide-against BASE`): {cells} cells a night (a tenth "
           f"request/response with integer P50/P90/P99), 3% noise unless named, BASE pooled with "
-          f"{sequential.POOL_NIGHTS} accepted nights before it unless 'alone'; {design.describe(t, q1, q2)}")
+          f"{SeqScenario('x', 1).pool} nights before it (as `--decide-against` pools the last nights decided) "
+          f"unless 'alone'; {design.describe(t, q1, q2)}")
     print(format_outcomes(rows))
     print("false-regr: nights (n) and cells (c) failing that did not change (a failing shift counts when "
           "the build moved less than the threshold); detected: changed cells regressed; called unch: "
