@@ -236,3 +236,16 @@ def test_the_baseline_history_is_the_last_decided_nights_beside_base(tmp_path):
     got = decide.baseline_history(res / names[3])
     assert [(r.dir.name, sorted(c)) for r, c in got] == [(names[1], sorted([ids[0], ids[2], ids[3]]))]
     assert decide.baseline_history(res / names[1]) == []
+
+
+def test_ab_decide_against_names_the_baseline_variant():
+    from pathlib import Path
+
+    from testbed.measure import decide
+    from testbed.topology import config
+    t = config.load(Path(__file__).resolve().parents[2] / "examples" / "nightly" / "gate-ab.yaml")
+    assert decide.check(t, "a") == ("a", "b") and decide.check(t, "b") == ("b", "a")
+    with pytest.raises(decide.NotDecidable, match="baseline variant"):
+        decide.check(t, "results/some-run")
+    plain = dataclasses.replace(t, matrix=dataclasses.replace(t.matrix, variants=()))
+    assert decide.check(plain, "results/some-run") is None
