@@ -48,8 +48,8 @@ WINDOW = 7
 #: runs from the change point on that must confirm it (the change point's run included):
 #: five, so that a run of unlucky nights on a heavy-tailed cell is not a step (`testbed bench
 #: gate`'s history replay: with three, unchanged 30-night series at 10 % lognormal noise
-#: and 2 % drift alarmed in 4-5 of 200; with five, 1 of 200, while a lasting -5 % step at
-#: 2.4 % nightly noise is still found within 7 nights in 46 of 50)
+#: and 2 % drift alarmed in 4-5 of 200; with five and STEP_ALPHA, 2 of 200, while a lasting
+#: -5 % step at 2.4 % nightly noise is still found within 7 nights in 45-47 of 50)
 CONFIRM = 5
 #: what a bisect range names: the environment keys that differ between last good and first bad
 BISECT_KEYS = ("kernel", "host", "machine_id", "versions", "image")
@@ -154,7 +154,7 @@ PENALTY = 3.0
 #: a change point counts only when its step is significant at this level (one-sided t on
 #: the series' between-run noise over the two segments' lengths): PELT places steps, this
 #: says whether one is more than the noise
-STEP_ALPHA = 0.001
+STEP_ALPHA = 0.0005
 #: ... and when the step is at least this share of the threshold: a lasting step of the
 #: threshold's size (-5 %) must be found although its estimate lands below it half the
 #: time, a drift of a fifth of it must not
