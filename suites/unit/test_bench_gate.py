@@ -141,3 +141,14 @@ def test_variants_are_measured_a_b_b_a():
     from testbed.measure import variants
     order = [x for r in range(4) for x in variants.round_order(["A", "B"], r)]
     assert "".join(order) == "ABBAABBA"
+
+
+@pytest.mark.parametrize("argv", [["--rounds", "nan"], ["--rounds", "inf"], ["--rounds", "-3"],
+                                  ["--rounds", "\u0661\u0662"], ["--seed", "\uff11\uff12"], ["--cells", "5"]])
+def test_bench_gate_refuses_bad_numbers_in_one_line(argv):
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-m", "testbed", "bench", "gate", *argv], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 2 and p.stdout == "", (p.stdout, p.stderr)
+    assert len(p.stderr.strip().splitlines()) == 1 and argv[0] in p.stderr and "Traceback" not in p.stderr
