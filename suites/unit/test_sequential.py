@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from testbed.analysis import compare, sequential, stats
+from testbed.analysis import baseline, compare, sequential, stats
 from testbed.bench import gate as bench_gate
 from testbed.bench import gate_seq
 
@@ -111,7 +111,7 @@ def test_a_transient_failure_among_200_unchanged_cells_is_measured_again_not_red
     base = bench_gate.night(tpl, "base", rng, noise=0.03, reps="5")
     new = _with_failure(bench_gate.night(tpl, "new", rng, noise=0.03, reps="5"), 12)
     design = sequential.Design()
-    pooled, notes = sequential.pooled_base(base, older)
+    pooled, notes = baseline.pooled_base(base, older)
     assert len(notes) == 2 and "baseline pooled with night old0" in notes[0]
     rc1, *_ = sequential.look1(pooled, new, design)
     plan, _ = sequential.plan_remeasure(rc1, design)
@@ -137,10 +137,10 @@ def test_a_base_short_of_samples_is_filled_from_the_nights_before_it(tmp_path):
     cid = tpl.samples[0].cell.id
     alone = compare.compare_runs(base, new, min_samples=5)
     assert next(c for c in alone.cells if c.cell_id == cid).verdict is compare.CellVerdict.INSUFFICIENT
-    pooled, _ = sequential.pooled_base(base, [older])
+    pooled, _ = baseline.pooled_base(base, [older])
     healed = compare.compare_runs(pooled, new, min_samples=5)
     assert next(c for c in healed.cells if c.cell_id == cid).base_ok == 9
-    f = sequential.night_factor(base, older)["throughput_mbps"]
+    f = baseline.night_factor(base, older)["throughput_mbps"]
     assert 0.95 < f < 0.99                      # older was 3 % faster: scaled down onto BASE
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from testbed.analysis import compare, sequential
+from testbed.analysis import baseline, compare, sequential
 from testbed.bench import gate
 from testbed.records.records import RunRecord
 
@@ -117,7 +117,7 @@ def decide_night(tpl: RunRecord, base: RunRecord, older: Sequence[RunRecord], rn
     tpl_samples = {s.cell.id: s for s in tpl.samples}
     new = gate.night(tpl, run_id, rng, noise=sc.noise, reps=sc.reps, fail_p=sc.fail_p, declare=sc.declare,
                      kind=sc.kind, levels=levels, p99=p99)
-    pooled, _ = sequential.pooled_base(base, older)
+    pooled, _ = baseline.pooled_base(base, older)
     rc1, *_ = sequential.look1(pooled, new, design)
     plan, _ = sequential.plan_remeasure(rc1, design)
     combined = more(tpl_samples, new, plan, rng, sc, levels, p99) if plan else None
@@ -296,8 +296,8 @@ def chain(sequences: int = 4, nights: int = 10, cells: int = 40, step: float = 0
             within = step_at <= t < step_at + 7
             hit |= within and any(c.cell_id == victim and c.verdict is compare.CellVerdict.REGRESSED
                                   for c in sq.final.cells)
-            passed = frozenset(c.cell_id for c in sq.final.cells if c.verdict.value in sequential.LENDS)
-            older = ([(combined, passed)] + older)[:sequential.POOL_NIGHTS + 1]
+            passed = frozenset(c.cell_id for c in sq.final.cells if c.verdict.value in baseline.LENDS)
+            older = ([(combined, passed)] + older)[:baseline.POOL_NIGHTS + 1]
             if sq.exit_status == 0:
                 took |= within
                 base = combined

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from testbed.analysis import sequential
+from testbed.analysis import baseline, sequential
 from testbed.errors import TestbedError
 from testbed.host import diskspace
 from testbed.measure import runner
@@ -56,7 +56,7 @@ def check(t: Topology, against: str | None = None) -> tuple[str, str] | None:
     return against, next(n for n in names if n != against)
 
 
-def baseline_history(base_dir: Path, nights: int = sequential.POOL_NIGHTS
+def baseline_history(base_dir: Path, nights: int = baseline.POOL_NIGHTS
                      ) -> list[tuple[results.RunRecord, frozenset[str]]]:
     """The last ``nights`` runs beside BASE (its results directory) that the gate decided
     (they have a decision.json), newest first, each with the cells it passed: the store's
@@ -76,7 +76,7 @@ def baseline_history(base_dir: Path, nights: int = sequential.POOL_NIGHTS
             continue
         try:
             dec = json.loads((d / "decision.json").read_text())
-            passed = frozenset(c["id"] for c in dec["cells"] if c["verdict"] in sequential.LENDS)
+            passed = frozenset(c["id"] for c in dec["cells"] if c["verdict"] in baseline.LENDS)
             if passed and dec.get("variants") is None:
                 out.append((results.read_run(d), passed))
         except (OSError, ValueError, KeyError, TypeError, TestbedError):
@@ -105,7 +105,7 @@ def run(t: Topology, base_ref: Path | str, design: sequential.Design,
     out = runner.execute(t, progress=progress)
     new1 = results.read_run(out.run_dir)
     if pair is None:
-        base, pooled = sequential.pooled_base(results.read_run(Path(base_ref)), baseline_history(Path(base_ref)))
+        base, pooled = baseline.pooled_base(results.read_run(Path(base_ref)), baseline_history(Path(base_ref)))
     else:
         base = new1
     rc1, _, q1, _ = sequential.look1(base, new1, design, **kw)
