@@ -77,8 +77,9 @@ class Shift:
         what = {stats.Verdict.REGRESSED: "credibly worse than the threshold: every cell moved; the host, "
                                          "not the build? (A/B variants in one run take the host out)",
                 stats.Verdict.IMPROVED: "credibly better than the threshold in every cell",
+                stats.Verdict.UNCHANGED: "within the threshold: taken out of each cell's verdict",
                 }.get(c.verdict, "beyond the threshold, not credibly: measure again" if self.undecided
-                      else "within the threshold: taken out of each cell's verdict")
+                      else "not credibly beyond the threshold: taken out of each cell's verdict")
         tau = f"; between-run noise {self.tau:.1%} a cell added" if self.tau > 0 else ""
         return (f"night shift {self.metric}: every cell {self.change:+.1%} "
                 f"[{lo:+.1%}, {hi:+.1%}] (Hodges-Lehmann over {self.cells} cells{tau}): {what}")
