@@ -27,3 +27,14 @@ class Lazy:
                 self._on_import(module)
             self._module = module
         return getattr(self._module, attr)
+
+
+def _quiet(module: ModuleType) -> None:
+    # libvirt prints every error to stderr by default; the testbed raises them as exceptions.
+    module.registerErrorHandler(lambda _ctx, _err: None, None)
+
+
+#: libvirt-python, imported on first use (so a unit test, `testbed validate` and the result
+#: commands run where it is not installed); testbed.guests.lazy re-exports it
+libvirt: Any = Lazy("libvirt", _quiet)
+libvirt_qemu: Any = Lazy("libvirt_qemu", lambda _m: _quiet(importlib.import_module("libvirt")))

@@ -1,6 +1,6 @@
 """Shared by the modes that join guests on two hosts (bridge-vxlan, ovs-vxlan, macvtap
 placed apart): which hosts, whether this topology can reach them, and the fabric over two
-real hosts (host/net/realhost.py). Not a mode itself.
+real hosts (attachments/_realhost.py). Not a mode itself.
 
 Real hosts (this machine plus one reached over ssh, ``transport: ssh``) are joined through
 their own underlay interfaces; each guest runs in its host's libvirt. Hosts emulated on
@@ -45,7 +45,7 @@ def emulated(t: Topology) -> bool:
 
 
 class RealHostsFabric(Fabric):
-    """Two real hosts joined through their underlays (host/net/realhost.RealFabric)."""
+    """Two real hosts joined through their underlays (attachments/_realhost.RealFabric)."""
 
     def __init__(self, fab, guest_sends_as_rx: bool) -> None:
         self.fab = fab
@@ -73,9 +73,9 @@ class RealHostsFabric(Fabric):
 
 @contextlib.contextmanager
 def real_fabric(req: Request, segment, guest_sends_as_rx: bool = True) -> Iterator[Fabric]:
-    """Two real hosts, each with the mode's ``segment`` (host/net/realhost.Segment)."""
+    """Two real hosts, each with the mode's ``segment`` (attachments/_realhost.Segment)."""
     from testbed.host import remote
-    from testbed.host.net import realhost
+    from testbed.attachments import _realhost as realhost
     t = req.topology
     specs = (t.host_of(t.client), t.host_of(t.server))
     shells = (remote.shell(specs[0]), remote.shell(specs[1]))

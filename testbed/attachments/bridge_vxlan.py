@@ -55,7 +55,8 @@ class EmulatedVxlanFabric(Fabric):
 def real_segment():
     """On each real host: a Linux bridge with a kernel vxlan device on the underlay."""
     from testbed.guests import render
-    from testbed.host.net import realhost, vxlan
+    from testbed.attachments import _realhost as realhost
+    from testbed.host.net import vxlan
     from testbed.topology.model import object_name
 
     def build(stack, side):
@@ -92,7 +93,7 @@ def vxlan_fabric(real_segment, private_switch: bool):
 
 
 def _vxlan_probe() -> tuple[bool, str]:
-    from testbed.admin import capabilities
+    from testbed.host import probes as capabilities
     return capabilities.vxlan()
 
 

@@ -1,6 +1,6 @@
 """`ovs-vxlan`: guests on two hosts, each host an OVS bridge with a vxlan port. Emulated
 hosts each run a private switch with userspace tunnelling (host/net/vxlan.py); real hosts
-need the kernel datapath (host/net/realhost.py). The fabric's shape is bridge-vxlan's; what each host gets is this module's."""
+need the kernel datapath (attachments/_realhost.py). The fabric's shape is bridge-vxlan's; what each host gets is this module's."""
 from __future__ import annotations
 
 from testbed.attachments import _across
@@ -26,7 +26,8 @@ def real_segment():
     address moved onto an OVS bridge ("userspace tunneling"), which the testbed does not do
     to an operator's NIC."""
     from testbed.guests import render
-    from testbed.host.net import ops, realhost, vxlan
+    from testbed.attachments import _realhost as realhost
+    from testbed.host.net import ops, vxlan
     from testbed.topology.model import object_name
 
     def vsctl(shell, *args, check=True):

@@ -8,17 +8,6 @@ fails with the ImportError that names it.
 """
 from __future__ import annotations
 
-import importlib
-from types import ModuleType
-from typing import Any
+from testbed.lazy import libvirt, libvirt_qemu
 
-from testbed.lazy import Lazy
-
-
-def _quiet(module: ModuleType) -> None:
-    # libvirt prints every error to stderr by default; the testbed raises them as exceptions.
-    module.registerErrorHandler(lambda _ctx, _err: None, None)
-
-
-libvirt: Any = Lazy("libvirt", _quiet)
-libvirt_qemu: Any = Lazy("libvirt_qemu", lambda _m: _quiet(importlib.import_module("libvirt")))
+__all__ = ["libvirt", "libvirt_qemu"]

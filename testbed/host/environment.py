@@ -4,15 +4,15 @@ from __future__ import annotations
 import os
 import platform
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from testbed import __version__
-from testbed.admin import capabilities
 from testbed.errors import CommandError
-from testbed.host import hostid, paths, proc
+from testbed.host import hostid, paths, probes, proc
 from testbed.topology.model import Accelerator
 
 
@@ -42,9 +42,11 @@ def git_commit() -> str | None:
 
 
 def fingerprint(accel: Accelerator | None, *, image: Any = None, extra: dict | None = None,
-                nics: tuple[str, ...] | list[str] = ()) -> dict:
+                nics: tuple[str, ...] | list[str] = (), versions: Mapping[str, str | None] | None = None) -> dict:
     """None for accel: a run of namespace endpoints only, where no guest runs. ``nics``: the
-    real NICs under test, whose IRQ affinity the tuning record gives."""
+    real NICs under test, whose IRQ affinity the tuning record gives. ``versions``: the
+    programs' versions to record (a run's session passes the traffic tools' too:
+    testbed.admin.capabilities.tool_versions); by default this host's QEMU, libvirt, OVS."""
     from testbed.host import tuning
     model, mhz = cpu_model()
     return {
@@ -58,8 +60,8 @@ def fingerprint(accel: Accelerator | None, *, image: Any = None, extra: dict | N
         "cpu_mhz": mhz,
         "cpus": os.cpu_count(),
         "memory_bytes": psutil.virtual_memory().total,
-        "versions": capabilities.tool_versions(),
-        "vhost_net": capabilities.vhost_net()[0],
+        "versions": dict(versions) if versions is not None else probes.host_versions(),
+        "vhost_net": probes.vhost_net()[0],
         "image": None if image is None else {"name": image.name, "digest": image.digest,
                                              "kernel": image.kernel_version,
                                              # versions as the guest's own binaries report them

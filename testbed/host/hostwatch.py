@@ -433,39 +433,5 @@ def guest_check(g) -> Callable[[], str | None]:
     return check
 
 
-def for_path(fabric, endpoints: Sequence[tuple[int, object]], *, guests: bool,
-             ovs_rundir: str | None = None) -> Guard:
-    """The guard of a path plugged into ``fabric`` (attachments.Fabric) between
-    ``endpoints``: (the fabric's endpoint number, measure.Endpoint), client then server.
-    Only objects that exist here now are watched (a fabric across two hosts names some on
-    the other host)."""
-    from testbed import attachments
-    from testbed.host.net import ovs
-    daemons: tuple[Daemon, ...] = ()
-    if ovs.switches(fabric.datapath):
-        daemons += ovs_daemons(ovs_rundir)
-    if guests:
-        daemons += libvirt_daemons()
-    # only those running now: a host without them (another OVS manager) is not judged by them
-    daemons = tuple(d for d in daemons if d.seen().pid)
-    objects: list[tuple[str, Callable[[], bool]]] = []
-    for name in attachments.still_here(tuple(fabric.leftovers())):
-        objects.append((name, lambda n=name: bool(attachments.still_here((n,)))))
-    for i, ep in endpoints:
-        def dev_ok(i=i, ep=ep) -> bool:
-            fabric.counters(i, ep.tap)
-            return True
-        where = getattr(ep.guest, "name", "")
-        objects.append((f"device {ep.tap} of {where}" if where else f"device {ep.tap}", dev_ok))
-    watched = tuple((ep.guest.spec.name, guest_check(ep.guest)) for _, ep in endpoints
-                    if guests and getattr(ep.guest, "shell", None) is None)
-
-    def read_bytes() -> int:
-        return sum(w.rx_bytes + w.tx_bytes
-                   for w in (fabric.counters(i, ep.tap) for i, ep in endpoints))
-    return Guard(daemons, tuple(objects), read_bytes, tuple(ep.tap for _, ep in endpoints),
-                 min_gap_s=MIN_GAP_GUEST_S if guests else MIN_GAP_S, guests=watched)
-
-
-__all__ = ["GuestsLost", "MAX_GUEST_LOSSES", "guest_check", "DaemonLost", "answers", "reconnect", "Daemon", "Gap", "Guard", "Sampler", "Seen", "changes", "for_path", "gaps",
+__all__ = ["GuestsLost", "MAX_GUEST_LOSSES", "guest_check", "DaemonLost", "answers", "reconnect", "Daemon", "Gap", "Guard", "Sampler", "Seen", "changes", "gaps",
            "libvirt_daemons", "ovs_daemons"]

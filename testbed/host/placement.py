@@ -207,7 +207,7 @@ def apply_live(dom, pid: int | None, p: Placement, all_cpus: CpuSet | None = Non
     libvirt's live calls; the vhost worker (or main loop) with sched_setaffinity. A role
     ``p`` leaves unpinned gets every host CPU, so pins a restored guest's saved XML carried
     do not linger. Returns what was applied, per role (for the run record)."""
-    from testbed.guests.lazy import libvirt
+    from testbed.lazy import libvirt
     allc = tuple(all_cpus or host_cpus())
     ncpus = max(allc) + 1
     live = libvirt.VIR_DOMAIN_AFFECT_LIVE

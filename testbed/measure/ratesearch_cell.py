@@ -1,4 +1,4 @@
-"""One ``udp_ndr`` cell on a test path: MLRsearch's trials through measure.measure_once.
+"""One ``udp_ndr`` cell on a test path: MLRsearch's trials through the cell loop (sampling.settled).
 
 Each trial is a sample of the cell (the cell's own id and hash), measured like any other
 (server, client, CPU collectors; the receiving device's byte ratio recorded, the trial's
@@ -14,10 +14,11 @@ import math
 import time
 from collections.abc import Mapping
 
-from testbed.errors import CommandError, GuestError, TestbedError
 from testbed.measure import ratesearch
 from testbed.measure import sampling as measure
+from testbed.measure.context import Arm, Context
 from testbed.measure.crosscheck import Wire
+from testbed.measure.endpoints import TestPath
 from testbed.records import results
 from testbed.records.records import CellRecord, SampleRecord
 from testbed.tools.base import sizes
@@ -54,48 +55,58 @@ def trial_of(s: SampleRecord, index: int, duration_s: float, load_pps: float, *,
                             duration_s=m.get("duration_s"), sent=sent, received=received, wire=wire, **base)
 
 
-def measure_cell(cell: Cell, path: measure.TestPath, writer: results.RunWriter,
-                 qemu_pids: Mapping[str, int], placement: Mapping[str, str],
-                 clock_ghz: float | None = None) -> ratesearch.Result | None:
+def search(ctx: Context, arm: Arm) -> ratesearch.Result | None:
+    """The rate search of ``arm``'s cell on its one path, each trial a sample taken through
+    the cell loop's :func:`sampling.settled` (the run's noise guard, host guard, placement
+    check and hooks; a noisy trial is measured again once the host settled, at the same
+    rate). The cell's entry carries the answer under ``search``."""
+    cell = arm.cell
     spec = cell.profile.search
     if spec is None:
         raise ValueError(f"{cell.id} is not a rate-search cell")
     if cell.pairs > 1:
-        measure.fail_cell(cell, writer, "a rate search measures one pair (pairs 1)", placement)
+        measure.fail(ctx, cell, "a rate search measures one pair (pairs 1)")
         return None
-    try:
-        measure.set_mtu(path, cell.mtu)
-    except (CommandError, GuestError, TestbedError) as e:
-        measure.fail_cell(cell, writer, f"could not set MTU {cell.mtu}: {e}", placement)
+    ready = measure.prepare(ctx, dataclasses.replace(arm, by_pair=False))
+    if not isinstance(ready, Arm):
         return None
-    why = measure.check_mtu(path, cell.mtu)
-    if why:
-        measure.fail_cell(cell, writer, why, placement)
-        return None
+    path = ready.paths[0]
     size = sizes(cell.profile)[0]
+    ctx.watch.begin_cell()
 
     def run_trial(index: int, duration_s: float, load_pps: float) -> ratesearch.Trial:
-        tcell = dataclasses.replace(cell, profile=trial_profile(cell, duration_s, load_pps))
+        tarm = dataclasses.replace(ready, cell=dataclasses.replace(
+            cell, profile=trial_profile(cell, duration_s, load_pps)))
         t0 = time.monotonic()
-        # the trial's wire check is loss_check's, on both devices (measure_once's byte ratio
-        # on the receiver alone is kept in the sample as information)
-        s = measure.measure_once(tcell, path, writer, index, False, qemu_pids, placement, clock_ghz,
-                                 wire_fails=False)
-        wall = time.monotonic() - t0
-        t = dataclasses.replace(trial_of(s, index, duration_s, load_pps, size=size, mtu=cell.mtu,
-                                         sender=path.client.tap, receiver=path.server.tap,
-                                         guest_sends_as_rx=path.guest_sends_as_rx), wall_s=round(wall, 3))
-        # recorded as the search's cell (not the trial's paced one), with the trial's figures
-        data = {**s.data, "trial": t.as_dict()}
-        s = dataclasses.replace(s, cell=CellRecord.from_dict(cell.as_dict()), data=data)
-        if not t.ok:
-            s = dataclasses.replace(s, status="failed", reason=s.reason or t.reason, metrics={})
-        writer.add_sample(s)
-        return t
+        got: list[ratesearch.Trial] = []
+
+        def as_trial(s: SampleRecord) -> SampleRecord:
+            t = dataclasses.replace(trial_of(s, index, duration_s, load_pps, size=size, mtu=cell.mtu,
+                                             sender=path.client.tap, receiver=path.server.tap,
+                                             guest_sends_as_rx=path.guest_sends_as_rx),
+                                    wall_s=round(time.monotonic() - t0, 3))
+            got.append(t)
+            # recorded as the search's cell (not the trial's paced one), with the trial's figures
+            s = dataclasses.replace(s, cell=CellRecord.from_dict(cell.as_dict()), data={**s.data, "trial": t.as_dict()})
+            if not t.ok and s.status != "noisy":
+                s = dataclasses.replace(s, status="failed", reason=s.reason or t.reason, metrics={})
+            return s
+        # the trial's wire check is loss_check's, on both devices (the sample's byte ratio on
+        # the receiver alone is kept in the sample as information)
+        measure.settled(ctx, tarm, index, wire_fails=False, finish=as_trial)
+        return got[-1]
 
     r = ratesearch.search(spec, size, run_trial)
     found = r.ndr.lower_pps is not None and r.pdr.lower_pps is not None
     status = "ok" if r.ok and found else ("partial" if found else "failed")
     reason = None if status == "ok" else (r.stopped or "the minimum rate already lost more than the goal allows")
-    writer.add_cell(cell, status, reason, r.ok, {}, extra={"search": r.as_dict()})
+    ctx.writer.add_cell(cell, status, reason, r.ok, {}, extra={"search": r.as_dict()})
     return r
+
+
+def measure_cell(cell: Cell, path: TestPath, writer: results.RunWriter,
+                 qemu_pids: Mapping[str, int], placement: Mapping[str, str],
+                 clock_ghz: float | None = None) -> ratesearch.Result | None:
+    """Older form of :func:`search`, for callers outside a run (benchmarks, tests)."""
+    return search(Context(writer, qemu_pids=qemu_pids, placement=placement, clock_ghz=clock_ghz),
+                  Arm(cell, (path,), by_pair=False))

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from testbed.admin import cleanup
+from testbed.admin import capabilities, cleanup
 from testbed.host import environment, paths
 from testbed.records import results
 from testbed.topology.model import Accelerator, HostSpec, Topology
@@ -91,7 +91,8 @@ class Session:
         host: the accelerator guests run under (None: namespaces only), the guest image."""
         from testbed.host import tuning
         self.env = environment.fingerprint(accelerator, image=image, extra=extra,  # type: ignore[arg-type]
-                                           nics=tuning.nics_under_test(self.topology))
+                                           nics=tuning.nics_under_test(self.topology),
+                                           versions=capabilities.tool_versions())
         root = self.results_root if self.results_root is not None else paths.results_dir()
         if self.resume is not None:
             self.writer = self.stack.enter_context(

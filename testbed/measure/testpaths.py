@@ -13,7 +13,7 @@ import dataclasses
 import ipaddress
 import logging
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from testbed import attachments
@@ -104,20 +104,55 @@ def plug(fab: attachments.Fabric, pairs: Sequence[tuple[object, object]], *, tag
                 read_counters=lambda ep: fab.counters(index[ep.tap], ep.tap), servers=servers,
                 datapath=fab.datapath,
                 offloads={ep.guest.spec.name: applied[ep.guest.spec.name] for ep in (c, s)},
-                guard=hostwatch.for_path(fab, [(2 * k, c), (2 * k + 1, s)],
+                guard=guard_for(fab, [(2 * k, c), (2 * k + 1, s)],
                                          guests=isinstance(c.guest, virt.Guest))))
         yield paths
+
+
+def guard_for(fabric, endpoints: Sequence[tuple[int, object]], *, guests: bool,
+             ovs_rundir: str | None = None) -> hostwatch.Guard:
+    """The guard of a path plugged into ``fabric`` (attachments.Fabric) between
+    ``endpoints``: (the fabric's endpoint number, measure.Endpoint), client then server.
+    Only objects that exist here now are watched (a fabric across two hosts names some on
+    the other host)."""
+    from testbed.host.net import ovs
+    daemons: tuple[hostwatch.Daemon, ...] = ()
+    if ovs.switches(fabric.datapath):
+        daemons += hostwatch.ovs_daemons(ovs_rundir)
+    if guests:
+        daemons += hostwatch.libvirt_daemons()
+    # only those running now: a host without them (another OVS manager) is not judged by them
+    daemons = tuple(d for d in daemons if d.seen().pid)
+    objects: list[tuple[str, Callable[[], bool]]] = []
+    for name in attachments.still_here(tuple(fabric.leftovers())):
+        objects.append((name, lambda n=name: bool(attachments.still_here((n,)))))
+    for i, ep in endpoints:
+        def dev_ok(i=i, ep=ep) -> bool:
+            fabric.counters(i, ep.tap)
+            return True
+        where = getattr(ep.guest, "name", "")
+        objects.append((f"device {ep.tap} of {where}" if where else f"device {ep.tap}", dev_ok))
+    watched = tuple((ep.guest.spec.name, hostwatch.guest_check(ep.guest)) for _, ep in endpoints
+                    if guests and getattr(ep.guest, "shell", None) is None)
+
+    def read_bytes() -> int:
+        return sum(w.rx_bytes + w.tx_bytes
+                   for w in (fabric.counters(i, ep.tap) for i, ep in endpoints))
+    return hostwatch.Guard(daemons, tuple(objects), read_bytes, tuple(ep.tap for _, ep in endpoints),
+                 min_gap_s=hostwatch.MIN_GAP_GUEST_S if guests else hostwatch.MIN_GAP_S, guests=watched)
 
 
 @contextlib.contextmanager
 def pair_paths(attachment: Attachment, backend: Backend, tag: str, t: Topology,
                 pairs: Sequence[tuple[object, object]] | None, n: int, max_mtu: int, workdir: Path, *,
-                queues: int = 1, offloads: Offloads | None = None) -> Iterator[list[measure.TestPath]]:
+                queues: int = 1, offloads: Offloads | None = None,
+                nic_options: Sequence[Mapping[str, str]] | None = None) -> Iterator[list[measure.TestPath]]:
     """A mode's fabric with ``n`` pairs plugged in, one TestPath each: ``pairs`` (booted
     guests, all in one fabric: one shared datapath), or for a fabric that makes its own
     endpoints (one pair each: namespaces) ``n`` such fabrics, the extra ones under tags of
     their own registered as this process's (cleanup.owned_state), so that no other run's
-    leftovers check takes their objects for a dead run's."""
+    leftovers check takes their objects for a dead run's. ``nic_options``: one mapping per
+    guest pair (a variant's virtio-net options), as for :func:`plug`."""
     import secrets
     with contextlib.ExitStack() as stack:
         out: list[measure.TestPath] = []
@@ -130,7 +165,8 @@ def pair_paths(attachment: Attachment, backend: Backend, tag: str, t: Topology,
             own = fab.own_pairs(str(wd / "endpoints"))
             eps = stack.enter_context(own) if own is not None else list(pairs or ())[:n]
             out += stack.enter_context(plug(fab, eps, tag=t_k, subnet=t.subnet, backend=backend,
-                                            max_mtu=max_mtu, queues=queues, offloads=offloads))
+                                            max_mtu=max_mtu, queues=queues, offloads=offloads,
+                                            nic_options=nic_options if own is None else None))
             if len(out) < n:
                 if own is None:
                     raise TestbedError(f"{n} pairs asked, {len(out)} endpoints pairs given")

@@ -22,7 +22,7 @@ from typing import Any
 
 from testbed.errors import one_line
 from testbed.host import diskspace, safeio
-from testbed.records import records
+from testbed.records import records, runparts
 from testbed.records.records import FORMAT_VERSION, CellOutcome, Counts, RunRecord, SampleRecord, cell_hash
 from testbed.topology.model import Cell, Topology
 
@@ -175,11 +175,20 @@ class RunWriter:
         self.run = dataclasses.replace(self.run, **changes)
 
     def update(self, **fields: Any) -> None:
-        """Set run-level keys: known ones (``idle``, ``environment``...) are typed, others are
-        kept as they are (``guests``, ``timing``...)."""
+        """Set run-level keys as they are. The run's own facts go through :meth:`put` and
+        :meth:`append` (typed parts, testbed.records.runparts); this stays for keys a
+        caller outside the run adds (a pytest session's ``pytest``)."""
         d = {**self.run.to_dict(), **json.loads(json.dumps(fields, default=str))}
         self.run = RunRecord.from_dict(d, dir=self.dir)
         self._flush()
+
+    def put(self, part: runparts.Part) -> None:
+        """A typed run-level part (testbed.records.runparts) under its key of run.json."""
+        self.update(**{part.key: part.to_json()})
+
+    def append(self, entry: runparts.Entry) -> None:
+        """One entry added to the list kept under its key (a host fault, a guest loss)."""
+        self.update(**{entry.key: [*runparts.entries(self.record, type(entry)), entry.to_json()]})
 
     def note(self, text: str) -> None:
         self._set(notes=(*self.run.notes, text))

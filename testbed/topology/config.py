@@ -41,7 +41,7 @@ from testbed.topology.model import (
     Variant,
     clone_name,
 )
-from testbed.topology.yamlnode import Node, compose, oserror, read_text, show
+from testbed.topology.yamlnode import IFNAME_RE, Node, compose, ifname, oserror, read_text, show
 
 BENCHMARK_NET = ipaddress.ip_network("198.18.0.0/15")
 # Every pattern here is applied with fullmatch: with re.match a '$' also matches before a
@@ -67,7 +67,6 @@ MAX_QUEUES = 256            # virtio-net's limit on queue pairs
 # A Linux interface name, the kernel's dev_valid_name(): 1..15 bytes, not '.' or '..', no
 # '/', ':' or whitespace; held here to a safe ASCII alphabet and no leading '-' (tools such as
 # ethtool would take it as an option). '.' and '..' are refused in _ifname.
-IFNAME_RE = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,14}")
 #: Endpoints the runner places in `subnet`: the client at network+1, the server at network+2
 #: (testpaths.plug, host.net.netns endpoints). With the network and broadcast
 #: addresses that needs 4 addresses: a /30 at most.
@@ -175,13 +174,8 @@ def _ssh_target(n: Node) -> str:
     return v
 
 
-def _ifname(n: Node) -> str:
-    """An interface name the kernel accepts (dev_valid_name) and no tool mistakes for an option."""
-    v = n.str()
-    if v in (".", "..") or not IFNAME_RE.fullmatch(v):
-        raise n.error(f"invalid interface name {show(v)} (1 to 15 of letters, digits, '_', '.', '-'; "
-                      "not '.' or '..', not starting with '-')")
-    return v
+#: kept for callers of the old name (yamlnode.ifname is the one implementation)
+_ifname = ifname
 
 
 def _file_path(n: Node, base: Path) -> Path:

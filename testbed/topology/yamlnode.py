@@ -232,3 +232,14 @@ def read_text(path: str | os.PathLike, limit: int = 0, what: str = "") -> str:
         raise ConfigError(file, "(file)", f"cannot read: {oserror(e) if isinstance(e, OSError) else e}") from None
 
 
+#: an interface name the kernel accepts (dev_valid_name: at most 15 bytes) and no tool takes for an option
+IFNAME_RE = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]{0,14}")
+
+
+def ifname(n: Node) -> str:
+    """An interface name the kernel accepts (dev_valid_name) and no tool mistakes for an option."""
+    v = n.str()
+    if v in (".", "..") or not IFNAME_RE.fullmatch(v):
+        raise n.error(f"invalid interface name {show(v)} (1 to 15 of letters, digits, '_', '.', '-'; "
+                      "not '.' or '..', not starting with '-')")
+    return v

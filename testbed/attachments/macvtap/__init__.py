@@ -23,14 +23,14 @@ def parse(n):
     """The ``macvtap:`` block: {mode: bridge|vepa|passthrough, lower: dev | [dev1, dev2]}."""
     import yaml
 
-    from testbed.topology import config
     from testbed.topology.model import MacvtapMode, MacvtapSpec
+    from testbed.topology.yamlnode import ifname
     m = n.mapping({"mode", "lower"})
     mode = m["mode"].enum(MacvtapMode) if "mode" in m else MacvtapMode.BRIDGE
     lower: tuple[str, ...] = ()
     if "lower" in m:
         items = m["lower"].seq(1) if isinstance(m["lower"].node, yaml.SequenceNode) else [m["lower"]]
-        lower = tuple(config._ifname(i) for i in items)
+        lower = tuple(ifname(i) for i in items)
         want = 2 if mode is MacvtapMode.PASSTHROUGH else 1
         if len(lower) != want:
             raise m["lower"].error(f"mode {mode.value} needs {want} lower device(s)"
@@ -57,7 +57,7 @@ def validate(t, node) -> None:
 
 
 def unavailable() -> str | None:
-    from testbed.admin import capabilities
+    from testbed.host import probes as capabilities
     ok, why = capabilities.macvtap()
     return None if ok else why
 
@@ -122,7 +122,8 @@ def real_segment(mode):
     """On each real host: nothing made up front; libvirt makes each guest's macvtap
     (``type='direct'``) on its host's underlay, so guest frames cross the wire as they are."""
     from testbed.guests import render
-    from testbed.host.net import ops, realhost
+    from testbed.attachments import _realhost as realhost
+    from testbed.host.net import ops
 
     def nic(side, target, mac, backend, mtu, queues):
         return render.NicParams(kind="direct", source=side.underlay, target=target, mac=mac,
@@ -152,7 +153,7 @@ def fabric(req: Request) -> Iterator[Fabric]:
 
 
 def doctor() -> dict:
-    from testbed.admin import capabilities
+    from testbed.host import probes as capabilities
     return {"macvtap": capabilities.macvtap()}
 
 

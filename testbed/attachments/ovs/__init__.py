@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 
 def unavailable() -> str | None:
-    from testbed.admin import capabilities
+    from testbed.host import probes as capabilities
     ok, why = capabilities.ovs_running()
     if not ok:
         return why
@@ -45,7 +45,7 @@ def unavailable() -> str | None:
 
 def doctor() -> dict:
     """`testbed doctor`: is a switch running (started if needed), and which datapath it can use."""
-    from testbed.admin import capabilities
+    from testbed.host import probes as capabilities
     ok, why = capabilities.ovs_running()
     kdp, kwhy = capabilities.ovs_kernel_datapath()
     return {"ovs": (ok, why if not ok else ("kernel datapath" if kdp else f"userspace (netdev) datapath only: {kwhy}")),

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pyroute2 import IPRoute
 
 from testbed.host.net import ops
-from testbed.measure.crosscheck import Wire
+from testbed.host.net.counters import Wire
 
 
 def _check_ours(name: str) -> None:

@@ -29,7 +29,7 @@ from testbed import PREFIX
 from testbed.errors import CommandError, TestbedError
 from testbed.host import offloads
 from testbed.host.executor import Executor, Local, Netns, in_thread_netns
-from testbed.measure.crosscheck import Wire
+from testbed.host.net.counters import Wire
 
 log = logging.getLogger(__name__)
 

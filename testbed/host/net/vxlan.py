@@ -19,7 +19,7 @@ keeps its file descriptor).
 Each emulated host is reached through its namespace's executor (testbed.host.executor.Netns) and
 its links are made through testbed.host.net.ops (pyroute2). The Linux-bridge datapath
 (``bridge_vxlan``, ``bridge_vxlan_mtu``), the OVS VXLAN port (``ovs_vxlan_port``) and the
-underlay check (``df_ping``) are the same code real hosts use (realhost.py), on their ssh
+underlay check (``df_ping``) are the same code real hosts use (attachments/_realhost.py), on their ssh
 executor.
 
 VXLAN over IPv4 adds 50 bytes (outer Ethernet 14, IPv4 20, UDP 8, VXLAN 8): an inner MTU
@@ -153,7 +153,7 @@ def counters(dev: str, netns: str) -> links.Wire:
     return ops.on(Netns(netns)).wire(dev)
 
 
-# -- the datapath pieces shared by emulated hosts (here) and real ones (realhost.py) --------
+# -- the datapath pieces shared by emulated hosts (here) and real ones (attachments/_realhost.py) --------
 
 def bridge_vxlan(stack: contextlib.ExitStack, ex: Executor, br: str, vx: str, tunnel: TunnelSpec,
                  local_ip: str, peer_ip: str, underlay: str, mtu: int) -> None:
