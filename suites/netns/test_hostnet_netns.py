@@ -15,7 +15,7 @@ import pytest
 
 from testbed import errors
 from testbed.attachments import bridge as bridge_mode
-from testbed.attachments import netns as nsconn
+from testbed import attachments as nsconn
 from testbed.attachments.macvtap import namespaces as mvns
 from testbed.attachments.macvtap import plumbing as macvtap
 from testbed.attachments.ovs import namespaces as ovsns

@@ -1,8 +1,10 @@
-"""The package's shape: imports flow one way (no cycles, module-level or inside functions),
-and the model at the bottom knows no registry."""
+"""The package's shape: imports flow one way (no cycles, module-level or inside functions,
+including the modules a registry loads by name), folders keep their layers, and the model at
+the bottom knows no registry."""
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from pathlib import Path
 
@@ -52,14 +54,64 @@ def _imports(path: Path, name: str, known: set[str]) -> set[str]:
                     out.add(full)
                 elif base in known:
                     out.add(base)
+    out |= _registry_imports(tree, name, known)
     out.discard(name)
     return out
 
 
+def _literal_modules(tree: ast.AST) -> tuple[str, ...] | None:
+    """The ``MODULES = ("a", "b", ...)`` tuple of a registry module, or None."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == "MODULES" for t in targets) and \
+                    isinstance(node.value, (ast.Tuple, ast.List)):
+                return tuple(e.value for e in node.value.elts
+                             if isinstance(e, ast.Constant) and isinstance(e.value, str))
+    return None
+
+
+def _registry_imports(tree: ast.AST, name: str, known: set[str]) -> set[str]:
+    """What a module loads by name (importlib.import_module, __import__): the modules of the
+    ``MODULES`` list it reads (its own, or one it imports from its registry: a bare name is
+    a module of the registry's package), else, for a name built from a constant prefix
+    (``f"testbed.scenarios.{x}"``), every module under that prefix."""
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and (
+        (isinstance(n.func, ast.Attribute) and n.func.attr == "import_module")
+        or (isinstance(n.func, ast.Name) and n.func.id in ("import_module", "__import__")))]
+    if not calls:
+        return set()
+    registry, listed = name, _literal_modules(tree)
+    if listed is None:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and any(a.name == "MODULES" for a in node.names) \
+                    and node.module in known:
+                registry = node.module
+                listed = _literal_modules(ast.parse(_modules()[registry].read_text()))
+    out: set[str] = set()
+    if listed is not None:
+        for m in listed:
+            full = m if "." in m else f"{registry}.{m}"
+            out |= {full} & known
+        return out
+    for c in calls:
+        arg = c.args[0] if c.args else None
+        if isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+            prefix = str(arg.values[0].value)
+            out |= {k for k in known if k.startswith(prefix) and k != name}
+    return out
+
+
 def _graph() -> dict[str, set[str]]:
+    return {k: set(v) for k, v in _graph_of(PKG).items()}
+
+
+@functools.cache
+def _graph_of(pkg: Path) -> dict[str, frozenset[str]]:
+    # read once per package folder: the tests here share it (a test's own PKG gets its own)
     mods = _modules()
     known = set(mods)
-    return {name: _imports(path, name, known) for name, path in mods.items()}
+    return {name: frozenset(_imports(path, name, known)) for name, path in mods.items()}
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -109,6 +161,110 @@ def test_the_reader_sees_the_imports_it_must():
 def test_no_import_cycle_in_the_package():
     cycles = _cycles(_graph())
     assert cycles == [], "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+#: The package's layers, bottom up. A place is a folder of testbed/ or a module named by its
+#: path; it imports only from places of its own layer (without a cycle between them) or
+#: below. The floor: the model every layer passes along and the one reader of a user's YAML.
+#: topology/ above the registries: its reader (config) validates names against them.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("testbed", "errors", "lazy", "topology/model", "topology/yamlnode"),
+    ("host",),
+    ("records",),
+    ("tools",),
+    ("analysis",),
+    ("guests",),
+    ("attachments",),
+    ("admin",),
+    ("topology",),
+    ("measure",),
+    ("fleet", "scenarios", "bench"),
+    ("api",),
+    ("cli", "pytest_plugin", "__main__"),
+)
+
+
+def _place(module: str, places: set[str]) -> str:
+    rel = module.split(".")[1:]
+    if not rel:
+        return "testbed"
+    two = "/".join(rel[:2])
+    return two if two in places else rel[0]
+
+
+def _layer_breaks(graph: dict[str, set[str]], layers=LAYERS) -> list[str]:
+    """Imports that go up a layer, or to a place no layer lists."""
+    level = {p: i for i, layer in enumerate(layers) for p in layer}
+    found = []
+    for a, targets in sorted(graph.items()):
+        pa = _place(a, set(level))
+        for b in sorted(targets):
+            pb = _place(b, set(level))
+            if pa == pb:
+                continue
+            if pa not in level or pb not in level:
+                found.append(f"{a} -> {b}: {pa if pa not in level else pb} is in no layer")
+            elif level[pb] > level[pa]:
+                found.append(f"{a} ({pa}) -> {b} ({pb}): up from layer {level[pa]} to {level[pb]}")
+    return found
+
+
+def _folder_graph(graph: dict[str, set[str]], layers=LAYERS) -> dict[str, set[str]]:
+    places = {p for layer in layers for p in layer}
+    out: dict[str, set[str]] = {}
+    for a, targets in graph.items():
+        for b in targets:
+            pa, pb = _place(a, places), _place(b, places)
+            if pa != pb:
+                out.setdefault(pa, set()).add(pb)
+    return out
+
+
+def test_the_reader_sees_what_the_registries_load():
+    g = _graph()
+    # attachments/__init__ and tools/__init__ load their MODULES by name; scenarios by a prefix
+    assert {"testbed.attachments.bridge", "testbed.attachments.macvtap", "testbed.attachments.netns"} \
+        <= g["testbed.attachments"]
+    assert {"testbed.tools.netperf", "testbed.tools.iperf3"} <= g["testbed.tools"]
+    assert "testbed.scenarios.a_bridge_vs_ovs" in g["testbed.scenarios"]
+
+
+def test_no_import_cycle_between_folders():
+    cycles = _cycles(_folder_graph(_graph()))
+    assert cycles == [], "import cycles between folders: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def test_folders_keep_their_layers():
+    found = _layer_breaks(_graph())
+    assert found == [], "imports up the layers (suites/unit/test_architecture.py LAYERS): " + "; ".join(found)
+
+
+def test_the_host_layer_names_no_mode_tool_or_guest():
+    g = _graph()
+    above = ("testbed.attachments", "testbed.tools", "testbed.guests", "testbed.measure", "testbed.admin")
+    found = sorted(f"{a} -> {b}" for a, bs in g.items() if a.startswith("testbed.host")
+                   for b in bs if b.startswith(above))
+    assert found == [], found
+
+
+def test_the_layer_check_finds_a_registry_that_loads_upwards(tmp_path, monkeypatch):
+    # it must be able to fail: a registry in the floor whose MODULES names a module above it,
+    # loaded by importlib (no import statement), is an import up the layers and a cycle
+    pkg = tmp_path / "testbed"
+    (pkg / "low").mkdir(parents=True)
+    (pkg / "high").mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "low" / "__init__.py").write_text(
+        'import importlib\nMODULES = ("testbed.high.mod",)\n'
+        'def load():\n    return [importlib.import_module(m) for m in MODULES]\n')
+    (pkg / "high" / "__init__.py").write_text("")
+    (pkg / "high" / "mod.py").write_text("from testbed import low\n")
+    monkeypatch.setattr(sys.modules[__name__], "PKG", pkg)
+    g = _graph()
+    assert g["testbed.low"] == {"testbed.high.mod"}
+    layers = (("testbed",), ("low",), ("high",))
+    assert _layer_breaks(g, layers) == ["testbed.low (low) -> testbed.high.mod (high): up from layer 1 to 2"]
+    assert _cycles(_folder_graph(g, layers)) == [["high", "low"]]
 
 
 def test_the_model_imports_nothing_above_it():
@@ -161,8 +317,7 @@ def _branches_on(names: set[str], skip: tuple[str, ...]) -> list[str]:
 
 def test_no_branch_on_a_mode_name_outside_the_modes():
     from testbed import attachments
-    from testbed.attachments import netns
-    names = {*attachments.names(), *netns.connections(), "macvtap", "ovs", "bridge", "vxlan", "macvlan"}
+    names = {*attachments.names(), *attachments.connections(), "macvtap", "ovs", "bridge", "vxlan", "macvlan"}
     found = _branches_on(names, ("attachments/",))
     assert found == [], "branches on a mode name outside attachments/: " + "; ".join(found)
 

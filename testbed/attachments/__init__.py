@@ -6,13 +6,17 @@ and plugging, doctor, cleanup) asks this registry.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import importlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from testbed.attachments.base import Check, Fabric, Mode, Request
+from testbed.errors import TestbedError
 
-__all__ = ["Check", "Fabric", "Mode", "Request", "MODULES", "get", "names", "modes",
-           "unavailable", "still_here", "single_host", "supported_single_host"]
+__all__ = ["Check", "Fabric", "Mode", "Request", "MODULES", "accepts", "connect", "connections", "get", "names",
+           "modes", "unavailable", "still_here", "single_host", "supported_single_host"]
 
 #: The registry: testbed.attachments.<module> for each mode module, in listing order. An
 #: entry with a dot is a full module name: a mode kept outside this package (a site's own,
@@ -30,16 +34,54 @@ MODULES = (
 _modes: dict[str, Mode] = {}
 
 
+_connections: dict[str, Callable[..., contextlib.AbstractContextManager]] = {}
+
+
+def _modules() -> list:
+    return [importlib.import_module(mod if "." in mod else f"{__name__}.{mod}") for mod in MODULES]
+
+
 def _load() -> dict[str, Mode]:
     if not _modes:
+        from testbed.attachments import netns
+        _connections.clear()        # the registry was reset (a test's own MODULES)
         found: dict[str, Mode] = {}
-        for mod in MODULES:
-            for m in importlib.import_module(mod if "." in mod else f"{__name__}.{mod}").MODES:
-                if m.name in found:
-                    raise RuntimeError(f"attachment {m.name} registered twice ({mod})")
-                found[m.name] = m
+        conns = connections()
+        for mod, m in ((mod, m) for mod, module in zip(MODULES, _modules()) for m in module.MODES):
+            if m.name in found:
+                raise RuntimeError(f"attachment {m.name} registered twice ({mod})")
+            if m.netns_kind is not None and m.fabric is netns._unresolved:
+                m = dataclasses.replace(m, fabric=netns.fabric_for(conns[m.netns_kind]))
+            found[m.name] = m
         _modes.update(found)
     return _modes
+
+
+def connections() -> dict[str, Callable[..., contextlib.AbstractContextManager]]:
+    """Every namespace connection by name: what each registered mode module lists in its
+    ``CONNECTIONS`` (the plain veth pair is testbed.attachments.netns's)."""
+    if not _connections:
+        for module in _modules():
+            _connections.update(getattr(module, "CONNECTIONS", {}))
+    return dict(_connections)
+
+
+def accepts(kind: str, option: str) -> bool:
+    """Whether the connection ``kind`` takes ``option`` (``path_offloads`` only where the
+    path has links of its own between the endpoints)."""
+    import inspect
+    return option in inspect.signature(connections()[kind]).parameters
+
+
+@contextlib.contextmanager
+def connect(kind: str, tag: str, **kw) -> Iterator[Any]:
+    """Any namespace connection by name (see connections()); ``kw`` goes to its builder
+    (subnet, mtu, offloads, and what the kind takes: path_offloads, switch, tso, chain, link)."""
+    known = connections()
+    if kind not in known:
+        raise TestbedError(f"unknown namespace connection {kind!r}; one of {', '.join(known)}")
+    with known[kind](tag, **kw) as conn:
+        yield conn
 
 
 def modes() -> Iterator[Mode]:

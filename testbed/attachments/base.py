@@ -142,7 +142,7 @@ class Mode:
     validate: Callable[[Topology, Callable[[str], Any]], None] = lambda t, node: None
     #: one of the classic single-host modes measured by default (config.default, doctor)
     classic: bool = False
-    #: the namespace connection kind (host.net.netns.connect) of a netns mode
+    #: the namespace connection kind (attachments.connect) of a netns mode
     netns_kind: str | None = None
     #: the host facts this mode depends on, for `testbed doctor` (found by trying): name ->
     #: an (ok, detail) pair, or a plain word (a datapath); modes sharing a fact give the same key

@@ -87,7 +87,7 @@ def linux_bridge(tag: str, *, subnet: str = DEFAULT_SUBNET, mtu: int = 1500,
                          f"mtu {mtu}, {desc_offloads(offloads)}", "linux-bridge", (br,))
 
 
-#: the namespace connections this mode builds (attachments.netns.connect finds them by name)
+#: the namespace connections this mode builds (attachments.connect finds them by name)
 CONNECTIONS = {"bridge": linux_bridge}
 
 MODES = (Mode("bridge", fabric, across_instead="bridge-vxlan", variants=True, classic=True),

@@ -64,52 +64,29 @@ class ConnectionFabric(Fabric):
                 *(h.ifname for h in self.conn.hops if h.netns is None))
 
 
-def _fabric(kind: str):
+def fabric_for(build: Callable[..., contextlib.AbstractContextManager]):
+    """A namespace mode's fabric: the connection ``build`` (a mode module's CONNECTIONS entry)
+    between two namespaces on the topology's subnet."""
     @contextlib.contextmanager
     def fabric(req: Request) -> Iterator[Fabric]:
         import ipaddress
         net = ipaddress.ip_network(req.topology.subnet)
-        with connect(kind, req.tag, subnet=str(net), mtu=req.max_mtu, offloads=req.offloads) as conn:
+        with build(req.tag, subnet=str(net), mtu=req.max_mtu, offloads=req.offloads) as conn:
             yield ConnectionFabric(conn)
     return fabric
 
 
+def _unresolved(req: Request):
+    raise RuntimeError("a namespace mode's fabric is set by the registry (testbed.attachments)")
+
+
 def netns_mode(name: str, kind: str, unavailable: Callable[[], str | None] = lambda: None) -> Mode:
     """A mode whose two ends are namespaces joined by the namespace connection ``kind``
-    (a mode module lists it beside its guest mode, with that mode's own probe)."""
-    return Mode(name, _fabric(kind), endpoints="netns", placement="none", unavailable=unavailable,
+    (a mode module lists it beside its guest mode, with that mode's own probe). The
+    registry gives it its fabric once it knows every module's connections (so this module
+    needs no registry: it is one of the modules the registry loads)."""
+    return Mode(name, _unresolved, endpoints="netns", placement="none", unavailable=unavailable,
                 netns_kind=kind)
-
-
-def connections() -> dict[str, Callable[..., contextlib.AbstractContextManager]]:
-    """Every namespace connection by name: what each registered mode module lists in its
-    ``CONNECTIONS`` (the plain veth pair is this module's)."""
-    import importlib
-
-    from testbed.attachments import MODULES
-    found: dict[str, Callable[..., contextlib.AbstractContextManager]] = {}
-    for mod in MODULES:
-        m = importlib.import_module(mod if "." in mod else f"testbed.attachments.{mod}")
-        found.update(getattr(m, "CONNECTIONS", {}))
-    return found
-
-
-def accepts(kind: str, option: str) -> bool:
-    """Whether the connection ``kind`` takes ``option`` (``path_offloads`` only where the
-    path has links of its own between the endpoints)."""
-    import inspect
-    return option in inspect.signature(connections()[kind]).parameters
-
-
-@contextlib.contextmanager
-def connect(kind: str, tag: str, **kw) -> Iterator[Connection]:
-    """Any namespace connection by name (see connections()); ``kw`` goes to its builder
-    (subnet, mtu, offloads, and what the kind takes: path_offloads, switch, tso, chain, link)."""
-    known = connections()
-    if kind not in known:
-        raise TestbedError(f"unknown namespace connection {kind!r}; one of {', '.join(known)}")
-    with known[kind](tag, **kw) as conn:
-        yield conn
 
 
 CONNECTIONS = {"veth": veth_pair}

@@ -14,7 +14,7 @@ import sys
 import time
 
 from testbed import attachments
-from testbed.attachments import netns as nsconn
+from testbed import attachments as nsconn
 from testbed.attachments.ovs import namespaces as ovsns
 from testbed.errors import TestbedError
 from testbed.host import proc

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from testbed.attachments import netns as nsconn
+from testbed import attachments as nsconn
 from testbed.errors import TestbedError
 from testbed.host.net import netns
 from testbed.records.records import Environment, as_environment

@@ -174,5 +174,5 @@ def _chain(tag: str, *, chain: int = 1, link: ChainLink | str = ChainLink.PATCH,
         yield conn
 
 
-#: the namespace connections this mode builds (attachments.netns.connect finds them by name)
+#: the namespace connections this mode builds (attachments.connect finds them by name)
 CONNECTIONS = {"ovs-veth": ovs_veth, "ovs-internal": ovs_internal, "ovs-chain": _chain}

@@ -5,7 +5,7 @@ A connection makes namespaces ``tb-<tag>-a`` and ``tb-<tag>-b``, one test addres
 198.18.0.0/15 subnet, and the path between them. The paths through a mode's own switch live
 with that mode (attachments/bridge.py, attachments/ovs/namespaces.py,
 attachments/macvtap/namespaces.py) and are found by name through the attachment registry
-(attachments.netns.connect); this module names no mode.
+(attachments.connect); this module names no mode.
 
 A connection is a frozen ``Connection``: the two endpoints (namespace, interface, address, the
 offloads ethtool reports after the requested ones were applied), the interfaces on the path
