@@ -64,12 +64,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UserFileError("--junit", "needs --decide-against (the gate's verdicts are what it writes)")
     if args.decide_against:
         return _run_decided(args, topo, resume)
-    from testbed.measure import runner
-    out = runner.execute(topo, progress=lambda s: print(s, file=sys.stderr, flush=True), resume=resume)
+    from testbed import api
+    out = api.run(topo, progress=lambda s: print(s, file=sys.stderr, flush=True), resume=resume, index=False)
     # Every run is indexed in the results store (SQLite beside the results by default).
-    from testbed.records import store
-    with store.open(args.db) as st:
-        st.index_run(out.run_dir)
+    api.index_run(out.run_dir, args.db)
     from testbed.analysis import report
     from testbed.records import results
     rec = results.read_run(out.run_dir)
@@ -120,8 +118,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from testbed.topology import config
     topo = config.load(args.topology)
     # imported after the file is read: a bad one is refused at once
-    from testbed.measure import runner
-    cells = runner.plan(topo)
+    from testbed import api
+    cells = api.plan(topo)
     print(f"{args.topology}: ok ({len(topo.guests)} guests, {len(cells)} cells)")
     return 0
 

@@ -64,30 +64,27 @@ def cmd_index(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- compare
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    from testbed import api
     from testbed.analysis import compare
     root = _results_root(args)
     out = _outputs((args.junit, "--junit"))
     if args.variants:
         if args.new is not None:
             raise compare.RunNotFound("compare --variants A B takes one RUN, not BASE and NEW")
-        run = compare.load(args.base, root)
-        compare.require_variants(run, args.variants)
-        base = new = run
+        base, new = compare.load(args.base, root), None
     else:
         if args.new is None:
             raise compare.RunNotFound("compare needs BASE and NEW (or RUN --variants A B)")
         base, new = compare.load(args.base, root), compare.load(args.new, root)
-    rc = compare.compare_runs(base, new, threshold=args.threshold, alpha=args.alpha,
-                              test=args.test, force=args.force, q=args.fdr,
-                              min_samples=args.min_samples,
-                              variants=tuple(args.variants) if args.variants else None,
-                              across_hosts=args.across_hosts)
+    rc = api.compare(base, new, threshold=args.threshold, alpha=args.alpha, test=args.test, force=args.force,
+                     q=args.fdr, min_samples=args.min_samples,
+                     variants=tuple(args.variants) if args.variants else None, across_hosts=args.across_hosts)
     if args.junit:
-        _write(out["--junit"], compare.render_junit(rc), "--junit")
+        _write(out["--junit"], api.render_comparison(rc, fmt="junit"), "--junit")
     if args.json:
-        print(json.dumps(compare.to_dict(rc), indent=2, default=str))
+        print(api.render_comparison(rc, fmt="json"))
     else:
-        sys.stdout.write(compare.render_text(rc))
+        sys.stdout.write(api.render_comparison(rc))
     if rc.refused:
         never = any(d.severity is compare.Severity.FORBIDDEN for d in rc.differences)
         ignored = ("; --force IGNORED: TCG and KVM runs (or different run formats) are never "
@@ -106,7 +103,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_history(args: argparse.Namespace) -> int:
     from testbed.analysis import history, report
-    from testbed.records import store
     from testbed.records.store.schema import metric_columns
     root = _results_root(args)
     if args.ack is not None:
@@ -121,10 +117,9 @@ def cmd_history(args: argparse.Namespace) -> int:
         raise UserFileError("--metric", f"{args.metric!r} is not a metric the store keeps; "
                                         f"known: {', '.join(metric_columns())}")
     # A read: the store must exist and be this testbed's; nothing is created or migrated.
-    with store.open(args.db or str(root / "index.sqlite"), readonly=True) as st:
-        found = history.series(st, cell=args.cell, metric=args.metric, threshold=args.threshold,
-                               by=by)
-    found = history.with_acks(found, history.read_acks(root))
+    from testbed import api
+    found = api.history(cell=args.cell, metric=args.metric, threshold=args.threshold, by=by, results_dir=root,
+                        db=args.db)
     if args.json:
         import dataclasses
         print(json.dumps([dataclasses.asdict(s) | {"newest_regresses": s.newest_regresses}

@@ -45,20 +45,11 @@ from testbed.measure import sampling as measure
 from testbed.measure.context import Arm, Context
 from testbed.measure.session import Session
 from testbed.records import results, runparts
+from testbed.records.runparts import Outcome
 from testbed.topology.model import Cell, GuestSpec, Topology
 
 #: segment rebuilds after faults from outside, per NIC group, before its cells are given up
 MAX_REBUILDS = 3
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How a run ended: its directory, status (run.json's), samples and failed samples."""
-
-    run_dir: Path
-    status: str
-    samples: int
-    failed: int
 
 
 @dataclass(frozen=True)

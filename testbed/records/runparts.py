@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 
@@ -135,10 +136,21 @@ class GuestLoss(Entry):
     reason: str
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """How a run ended: its folder, status (run.json's: ``complete``,
+    ``complete-with-failures``, ``failed``, ``interrupted``), samples and failed samples."""
+
+    run_dir: Path
+    status: str
+    samples: int
+    failed: int
+
+
 def entries(record: Mapping[str, Any], kind: type[Entry]) -> Sequence[Any]:
     """The entries of ``kind`` run.json holds so far."""
     return list(record.get(kind.key) or [])
 
 
 __all__ = ["Collector", "Entry", "GuestLoss", "Guests", "HostCpuNotMeasured", "HostFault", "Hosts", "Idle",
-           "NoiseGuard", "Part", "PlacementApplied", "Timing", "Variants", "Whole", "entries"]
+           "NoiseGuard", "Outcome", "Part", "PlacementApplied", "Timing", "Variants", "Whole", "entries"]
