@@ -167,3 +167,8 @@ def chromium(tmp_path):
 def chromium_local(tmp_path):
     """Headless Chromium that reaches 127.0.0.1 and nothing else: for pages served locally."""
     yield from _chromium(tmp_path, own_netns=False)
+
+
+# The suite's own machinery: tiers, parallel scheduling, host checks, shared helpers and the
+# older fixture names (the public plugin, testbed.pytest_plugin, comes from the entry point).
+from testbed._suite_plugin import *  # noqa: E402,F401,F403

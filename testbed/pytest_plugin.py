@@ -1,19 +1,28 @@
-"""pytest plugin: tiers, options, fixtures and capability skips.
+"""The testbed's pytest plugin: a team's per-mode tests in a few lines.
 
-Tiers follow the folders: suites/unit (no root, no VMs), suites/netns (root, namespaces,
-no VMs), suites/store (a database server), suites/vm (boots guests), suites/scenarios (each
-study scenario end to end with --quick: namespaces, and guests for macvtap-vs-ovs). A test that cannot
-run here is skipped with a reason naming what is missing, found by trying it.
+Installed with the package (a ``pytest11`` entry point), nothing to import in a
+``conftest.py``. A test names its matrix with a marker, gets one test item per cell, and
+measures through a fixture::
 
-A session that measures is a run: tests pass the session-scoped ``run_writer`` to
-measure.measure_cell, and the session leaves results/<run-id> (or --results DIR) with this
-host's environment, finished and indexed at its end (testbed.measure.session.Session).
+    import pytest
 
-With pytest-xdist (`./tb test` runs ``-n 3``) each root-tier module goes whole to one
-worker, so root tests run beside each other; the host checks act in the controlling session
-(see the host networking section below), and a test marked ``alone`` (it kills daemons, leaves
-a dead run's objects for cleanup to find, or needs the host to itself) runs with no other
-root test beside it. Without xdist, or with ``-n 0``, one process does all of it.
+    @pytest.mark.testbed(attachments=["bridge", "ovs", "macvtap"], mtus=[1500, 9000],
+                         profiles=["tcp_stream", "tcp_rr"], connections=[1, 4])
+    @pytest.mark.testbed_floor(tcp_stream=5000, tcp_rr=10000)     # checked on KVM only
+    def test_mode(testbed_cell):
+        s = testbed_cell.measure()          # a failed sample fails the test with its reason
+        assert s.metrics[testbed_cell.metric] > 0
+
+Options (``pytest --help``, group "testbed"): ``--attach`` chooses the modes, ``--results``
+where the session's run goes, ``--tb-accelerator`` what guests boot with. Fixtures
+(``pytest --fixtures``): ``testbed_cell``, ``testbed_run``, ``testbed_guests``,
+``testbed_accelerator``. Markers (``pytest --markers``): ``testbed``, ``testbed_floor``,
+``attach``. The session's measurements are an ordinary run folder (``results/<run-id>``)
+that `testbed report`, `compare`, `history` and `index` read. docs/tests.md is the guide;
+examples/pytest-per-mode/ the worked example.
+
+The project's own suite adds its tiers, parallel scheduling and host checks on top
+(testbed._suite_plugin, loaded by suites/conftest.py); a team's session has none of them.
 """
 from __future__ import annotations
 
@@ -21,26 +30,43 @@ import contextlib
 import json
 import os
 import signal
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-TIERS = ("unit", "netns", "store", "vm", "scenarios")
+#: named profiles a ``testbed`` marker may give by name (a mapping gives any other, in the
+#: topology file's form); ``duration=`` on the marker sets their length (default 10 s)
+PROFILES: Mapping[str, Mapping[str, Any]] = {
+    "tcp_stream": {"protocol": "tcp", "pattern": "stream", "message_size": 16384},
+    "tcp_maerts": {"protocol": "tcp", "pattern": "maerts", "message_size": 16384},
+    "tcp_rr": {"protocol": "tcp", "pattern": "rr", "message_size": 1, "response_size": 1},
+    "tcp_crr": {"protocol": "tcp", "pattern": "crr", "message_size": 1, "response_size": 1},
+    "udp_stream": {"protocol": "udp", "pattern": "stream", "message_size": 1024},
+    "udp_rr": {"protocol": "udp", "pattern": "rr", "message_size": 1, "response_size": 1},
+}
+#: what the ``testbed`` marker takes besides ``topology``: matrix axes, then profile defaults
+MATRIX_KEYS = ("attachments", "backends", "mtus", "connections", "profiles", "pairs", "queues", "repetitions")
+PROFILE_KEYS = ("duration", "tool")
+#: where a guest cell's NICs and a namespace cell's endpoints are addressed
+SUBNET = "198.18.0.0/24"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    g = parser.getgroup("testbed")
-    g.addoption("--attach", default="all",
-                help="attachment modes to test: bridge, ovs, macvtap, netns, or all (comma list)")
+    g = parser.getgroup("testbed", "testbed (VM-to-VM networking per attachment mode)")
+    g.addoption("--attach", default="all", metavar="MODES",
+                help="attachment modes to test: a comma list of mode names (bridge, ovs, macvtap, "
+                     "netns-veth, ...), netns for every namespace mode, or all (default). Cells of "
+                     "other modes are deselected; tests marked attach(mode) for another mode skip")
     g.addoption("--tb-accelerator", default="auto", choices=("auto", "kvm", "tcg"),
-                help="accelerator for booted guests (default: probe, kvm else tcg)")
+                help="accelerator the session's guests boot with: auto (default) probes KVM with a "
+                     "test boot and falls back to TCG (figures then functional only, floors not "
+                     "checked); kvm refuses to run without it")
     g.addoption("--results", dest="tb_results", metavar="DIR", default=None,
-                help="where a session that measures writes its run (default: $TESTBED_RESULTS or ./results)")
-    g.addoption("--tb-store-durations", action="store_true", default=False,
-                help=f"write each root-tier test's time to {DURATIONS_FILE} at the end, for the "
-                     "order in which parallel workers take the root modules (longest first)")
+                help="folder of the session's run, results/<run-id> (default: $TESTBED_RESULTS or "
+                     "./results)")
 
 
 _TERM_PID: list[int] = []     # the process the SIGTERM handler was installed in
@@ -57,6 +83,21 @@ def _terminate(signum, frame) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+MARKERS = (
+    "testbed(attachments=..., mtus=..., profiles=..., connections=..., backends=..., pairs=..., "
+    "queues=..., repetitions=..., duration=..., tool=..., topology=FILE): the matrix a test using "
+    "the testbed_cell fixture runs over, one test item per cell, with ids naming the cell "
+    "([bridge-qemu-mtu1500-conn1-tcp_stream]). profiles: names (tcp_stream, tcp_maerts, tcp_rr, "
+    "tcp_crr, udp_stream, udp_rr) or mappings as in a topology file; topology: a topology file "
+    "(relative to the test file) whose matrix is used, the other keywords replacing its axes",
+    "testbed_floor(PROFILE=MINIMUM, ..., namespaces=False): the least a profile's primary "
+    "metric (Mbit/s for streams, transactions/s for request/response) must reach; checked by "
+    "testbed_cell.measure() only when the guests run under KVM (TCG figures are functional "
+    "checks), and for namespace cells only with namespaces=True",
+    "attach(mode): the test belongs to an attachment mode; skipped when --attach leaves it out",
+)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     import threading
     # A CI job's timeout, or `kill`, sends SIGTERM: by default it ends the process at once and
@@ -67,121 +108,130 @@ def pytest_configure(config: pytest.Config) -> None:
             signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         _TERM_PID.append(os.getpid())
         signal.signal(signal.SIGTERM, _terminate)
-    for tier in TIERS:
-        config.addinivalue_line("markers", f"{tier}: testbed tier {tier}")
-    config.addinivalue_line("markers", "attach(mode): test belongs to an attachment mode")
-    config.addinivalue_line("markers", "alone: a root-tier test that runs with no other root test "
-                                       "beside it (it disturbs the host, or needs it to itself)")
-    # xdist registers it too; here so the mark is known where xdist is not installed
-    config.addinivalue_line("markers", "xdist_group(name): in a root-tier module, the tests of one "
-                                       "group go to one worker, apart from the rest of the module")
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+    _wanted(config)         # a typo in --attach is a usage error, before anything is collected
 
 
-def _tier_of(path: Path) -> str | None:
-    """The tier of a test file under this project's suites/<tier>/ folders; None for any other
-    file (the plugin is installed for every pytest session, not only this project's)."""
-    parts = path.parts
-    for i, part in enumerate(parts[:-1]):
-        if part == "suites" and parts[i + 1] in TIERS:
-            return parts[i + 1]
-    return None
+def _wanted(config: pytest.Config) -> set[str]:
+    from testbed import attachments
+    raw = config.getoption("--attach", "all") or "all"
+    wanted = {m.strip() for m in raw.split(",") if m.strip()}
+    known = {*attachments.names(), "netns", "all"}
+    if not wanted or wanted - known:
+        raise pytest.UsageError(f"--attach {raw}: expected a comma list of {', '.join(sorted(known))}")
+    return wanted
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    wanted = {m.strip() for m in config.getoption("--attach").split(",")}
-    for item in items:
-        tier = _tier_of(Path(str(item.fspath)))
-        if tier and not item.get_closest_marker(tier):
-            item.add_marker(getattr(pytest.mark, tier))
-        m = item.get_closest_marker("attach")
-        if m and "all" not in wanted and m.args[0] not in wanted:
-            item.add_marker(pytest.mark.skip(reason=f"attachment {m.args[0]} not selected (--attach)"))
-    # Order for parallel workers: first the root tests that need the host alone, together
-    # (one worker runs them while the others take the unit tier, which needs no lock), then
-    # the longest root work first, so the workers end together: the scenarios, the guest
-    # tier, the store (a minute-long nightly job in two modules), then the namespace tier's
-    # many short modules. Stable: modules and tests otherwise keep their order.
-    units = {item.nodeid: _unit_of(item) for item in items}
-    costs = _unit_costs(config, items, units)
-    first: dict[str, int] = {}
-    for n, item in enumerate(items):
-        first.setdefault(units[item.nodeid], n)
-    items.sort(key=lambda i: (_run_order(i), -costs.get(units[i.nodeid], 0.0), first[units[i.nodeid]]))
-    path = getattr(config, "workerinput", {}).get("tb_units_file")
-    if path:
-        # for the controller's scheduler, which sees test ids only
-        Path(path).write_text(json.dumps({i.nodeid: u for i in items if (u := _work_unit(i))}))
-
-
-_RUN_ORDER = {"unit": 1, "scenarios": 2, "vm": 3, "store": 4, "netns": 5}
-#: each root-tier test's seconds in a whole parallel session (``--tb-store-durations``). Within a
-#: tier, the work units with the most recorded time go out first, so that what is left for the
-#: end is short and the workers end together (longest processing time first). A test with no
-#: entry counts as 0: a stale file orders worse, never wrongly.
-DURATIONS_FILE = "suites/durations.json"
-#: a worker whose last queued test has more than this to run (recorded) is given the cheapest
-#: unit left to hold meanwhile (TierScheduling._assign_work_unit)
-LONG_LAST_TEST_S = 15.0
-
-
-def _unit_of(item: pytest.Item) -> str:
-    """The parallel work unit a test goes in (the scheduler's _split_scope, from the item)."""
-    if _root_tier(item):
-        return _work_unit(item) or item.nodeid.split("::", 1)[0]
-    return item.nodeid
-
-
-def _recorded_durations(config: pytest.Config) -> dict[str, float]:
-    try:
-        recorded = json.loads((config.rootpath / DURATIONS_FILE).read_text())
-        return {str(k): float(v) for k, v in recorded.items()}
-    except (OSError, ValueError, TypeError, AttributeError):
-        return {}
-
-
-def _unit_costs(config: pytest.Config, items: list[pytest.Item], units: dict[str, str]) -> dict[str, float]:
-    """Recorded seconds per root-tier work unit (``units``: each test's unit, _unit_of)."""
-    recorded = _recorded_durations(config)
-    costs: dict[str, float] = {}
-    for item in items:
-        if _root_tier(item):
-            unit = units[item.nodeid]
-            costs[unit] = costs.get(unit, 0.0) + recorded.get(item.nodeid, 0.0)
-    return costs
-
-
-def _alone_test(item: pytest.Item) -> bool:
-    return item.get_closest_marker("alone") is not None and _root_tier(item)
-
-
-def _work_unit(item: pytest.Item) -> str | None:
-    """The parallel work unit of a root test that is not its module's: "tb-alone" for the tests
-    marked alone (one worker runs them all, one after another), "<module>@<group>" for an
-    ``xdist_group`` in a root module (a long module's independent parts, such as one study
-    scenario and the tests that read its run, go to different workers)."""
-    if _alone_test(item):
-        return "tb-alone"
-    m = item.get_closest_marker("xdist_group")
-    if m is not None and _root_tier(item):
-        group = m.kwargs.get("name", m.args[0] if m.args else "")
-        return f"{item.nodeid.split('::', 1)[0]}@{group}"
-    return None
-
-
-def _run_order(item: pytest.Item) -> int:
-    if _alone_test(item):
-        return 0
-    return _RUN_ORDER.get(_tier_of(Path(str(item.fspath))) or "", len(_RUN_ORDER) + 1)
+def mode_selected(config: pytest.Config, mode: str) -> bool:
+    """Whether ``--attach`` chooses attachment ``mode`` (``netns`` chooses every namespace mode)."""
+    from testbed import attachments
+    wanted = _wanted(config)
+    netns = mode in attachments.names() and not attachments.get(mode).guests
+    return "all" in wanted or mode in wanted or (netns and "netns" in wanted)
 
 
 def require_root() -> None:
+    """Skip the calling test unless it runs as root (it creates host network objects)."""
     if os.geteuid() != 0:
         pytest.skip("needs root (creates host network objects)")
 
 
+# --------------------------------------------------------------------------- the marker
+
+@dataclass(frozen=True)
+class _Param:
+    """What parametrizes one testbed_cell item: the topology the marker makes, and the cell."""
+
+    topology: Any
+    cell: Any
+
+    def __repr__(self) -> str:
+        return self.cell.id
+
+
+def marker_topology(mark: pytest.Mark, test_file: Path) -> Any:
+    """The topology a ``testbed`` marker names: its ``topology`` file (relative to the
+    test's folder) with the marker's axes replacing the file's, or the marker's axes alone.
+    Validated like any topology file: a bad marker is a collection error naming the field."""
+    import yaml
+
+    from testbed import api
+    kw = dict(mark.kwargs)
+    unknown = sorted(set(kw) - {*MATRIX_KEYS, *PROFILE_KEYS, "topology"})
+    if unknown or mark.args:
+        raise pytest.UsageError(f"{test_file}: @pytest.mark.testbed: unknown "
+                                f"{', '.join(map(repr, unknown or mark.args))}; it takes keywords "
+                                f"{', '.join((*MATRIX_KEYS, *PROFILE_KEYS, 'topology'))}")
+    # the session's two guests (testbed_guests): g1 the client, g2 the server
+    doc: dict[str, Any] = {"name": f"pytest-{test_file.stem}", "guests": [{"name": "g1"}, {"name": "g2"}]}
+    base = test_file.parent
+    if "topology" in kw:
+        path = base / str(kw.pop("topology"))
+        doc = yaml.safe_load(path.read_text()) if path.is_file() else {"__missing__": str(path)}
+        if "__missing__" in doc:
+            raise pytest.UsageError(f"{test_file}: @pytest.mark.testbed: topology {path}: no such file")
+    matrix = dict(doc.get("matrix") or {})
+    for key in MATRIX_KEYS:
+        if key in kw:
+            matrix[key] = list(kw[key]) if isinstance(kw[key], (list, tuple)) else kw[key]
+    extra = {k: kw[k] for k in PROFILE_KEYS if k in kw}
+    matrix["profiles"] = [_profile(p, extra) for p in matrix.get("profiles") or ["tcp_stream"]]
+    matrix.setdefault("attachments", ["bridge"])
+    doc["matrix"] = matrix
+    return api.parse_topology(yaml.safe_dump(doc, sort_keys=False), f"{test_file} (@pytest.mark.testbed)", base)
+
+
+def _profile(p: Any, extra: Mapping[str, Any]) -> Any:
+    if isinstance(p, str) and p in PROFILES:
+        return {"name": p, **PROFILES[p], **extra}
+    if isinstance(p, Mapping):
+        return {**extra, **p}
+    return p            # refused by validation, naming matrix.profiles[i]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "testbed_cell" not in metafunc.fixturenames:
+        return
+    from testbed import api
+    mark = metafunc.definition.get_closest_marker("testbed")
+    where = Path(str(metafunc.definition.fspath))
+    if mark is None:
+        raise pytest.UsageError(f"{where}::{metafunc.definition.name}: testbed_cell needs "
+                                f"@pytest.mark.testbed(...) naming the matrix (pytest --markers)")
+    try:
+        t = marker_topology(mark, where)
+    except api.TestbedError as e:
+        raise pytest.UsageError(str(e)) from None
+    params = [pytest.param(_Param(t, c), id=c.id, marks=pytest.mark.attach(c.attachment.value))
+              for c in api.plan(t)]
+    metafunc.parametrize("testbed_cell", params, indirect=True)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # A cell whose mode --attach did not choose is left out rather than skipped: a skipped
+    # guest cell would still make the session probe the accelerator and the guest image.
+    keep, drop = [], []
+    for item in items:
+        param = getattr(getattr(item, "callspec", None), "params", {}).get("testbed_cell")
+        chosen = param is None or mode_selected(config, param.cell.attachment.value)
+        (keep if chosen else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+    for item in items:
+        m = item.get_closest_marker("attach")
+        if m and m.args and not mode_selected(config, m.args[0]) and "testbed_cell" not in item.fixturenames:
+            item.add_marker(pytest.mark.skip(reason=f"attachment {m.args[0]} not selected (--attach)"))
+
+
+# --------------------------------------------------------------------------- session fixtures
+
 @pytest.fixture(scope="session")
-def accelerator(request: pytest.FixtureRequest):
-    """The accelerator guests boot with, found by a probe boot."""
+def testbed_accelerator(request: pytest.FixtureRequest):
+    """The accelerator the session's guests boot with (``testbed.api.Accelerator``: KVM or
+    TCG), found by a probe boot (``--tb-accelerator``). Skips the test when no guest can
+    boot here, with the reason; needs root."""
     require_root()
     from testbed.admin import capabilities
     from testbed.errors import CapabilityError
@@ -195,6 +245,9 @@ def accelerator(request: pytest.FixtureRequest):
 
 @dataclass
 class GuestPair:
+    """The session's two guests: ``client`` and ``server`` (booted guests), the ``tag`` their
+    host objects are named with (``tb-<tag>-...``), ``accelerator``."""
+
     client: object
     server: object
     tag: str
@@ -204,8 +257,11 @@ class GuestPair:
 
 
 @pytest.fixture(scope="session")
-def guest_pair(accelerator) -> Iterator[GuestPair]:
-    """Two booted guests, once per session; NICs under test are hot-plugged by each test."""
+def testbed_guests(testbed_accelerator) -> Iterator[GuestPair]:
+    """Two guests (g1, the client, and g2) booted once per session from the testbed's
+    image, or restored in seconds from its snapshot cache; destroyed, with everything they
+    used, when the session ends. The NIC under test is hot-plugged per test
+    (testbed_cell does it) and unplugged after."""
     from testbed.admin import cleanup
     from testbed.guests import images, virt
     from testbed.records import results
@@ -214,10 +270,10 @@ def guest_pair(accelerator) -> Iterator[GuestPair]:
         run_id, tag, state = stack.enter_context(cleanup.owned_fresh_state(results.new_run_id))
         conn = stack.enter_context(virt.connect("qemu:///system"))
         img = images.ensure()
-        gs = virt.enter_parallel(stack, [virt.guest(conn, GuestSpec(n, "local"), img, accelerator, run_id, tag, state)
-                                         for n in ("g1", "g2")], 2)
+        gs = virt.enter_parallel(stack, [virt.guest(conn, GuestSpec(n, "local"), img, testbed_accelerator, run_id,
+                                                    tag, state) for n in ("g1", "g2")], 2)
         virt.map_parallel(lambda g: g.wait_ready(600), gs, 2)
-        yield GuestPair(gs[0], gs[1], tag, run_id, accelerator, state)
+        yield GuestPair(gs[0], gs[1], tag, run_id, testbed_accelerator, state)
 
 
 class SessionRunWriter:
@@ -273,33 +329,40 @@ def _measured_topology(name: str, cells: list) -> object:
                     matrix=matrix)
 
 
-_RUN_KEY = pytest.StashKey[Path]()
-_INDEX_KEY = pytest.StashKey[str]()
-_GUEST_FIXTURES = ("guest_pair", "accelerator")
+RUN_KEY = pytest.StashKey[Path]()
+INDEX_KEY = pytest.StashKey[str]()
+#: fixtures that boot guests: a session with a test using one probes the accelerator first
+GUEST_FIXTURES = ("testbed_guests", "testbed_accelerator", "guest_pair", "accelerator")
+
+
+def _uses_guests(item: pytest.Item) -> bool:
+    if any(f in item.fixturenames for f in GUEST_FIXTURES):
+        return True
+    param = getattr(getattr(item, "callspec", None), "params", {}).get("testbed_cell")
+    if param is None:
+        return False
+    from testbed import attachments
+    return attachments.get(param.cell.attachment).guests
 
 
 @pytest.fixture(scope="session")
-def run_writer(request: pytest.FixtureRequest) -> Iterator[object]:
+def testbed_run(request: pytest.FixtureRequest) -> Iterator[object]:
     """The session's run record: results/<run-id> (or --results DIR, or $TESTBED_RESULTS)
     with this host's environment, the accelerator the guests boot with (probed, as for
-    `testbed run`) and the guest image; `testbed report`, `compare` and `history` read it
-    like a run's. Opened by the first test that measures, finished (status, counts) and
-    indexed when the session ends; the session's summary says where it is.
-
-    Held by a testbed.measure.session.Session without the host lock or the leftovers check: tests
-    in this session start `testbed run` processes of their own, and the plugin removes a
-    dead run's leftovers before testing."""
+    `testbed run`) and the guest image. Every sample testbed_cell measures goes here; it is
+    finished (status, counts) and indexed (results/index.sqlite) when the session ends, and
+    the session's summary says where it is. `testbed report`, `compare`, `history` and
+    `index` read it like a `testbed run` folder. Needs root."""
     require_root()
     from testbed.measure.session import Session
     from testbed.records import results, store
     config = request.config
     wanted = config.getoption("--attach")
-    uses_guests = any(f in item.fixturenames for item in request.session.items for f in _GUEST_FIXTURES)
     accel, image = None, None
-    if uses_guests:
+    if any(_uses_guests(item) for item in request.session.items):
         from testbed.guests import images
         try:
-            accel = request.getfixturevalue("accelerator")
+            accel = request.getfixturevalue("testbed_accelerator")
             image = images.ensure()
         except pytest.skip.Exception:
             pass            # no guest can boot: the guest tests skip; the rest still measure
@@ -310,7 +373,7 @@ def run_writer(request: pytest.FixtureRequest) -> Iterator[object]:
         writer_type = type("PytestRunWriter", (SessionRunWriter, results.RunWriter), {})
         writer = ses.open_run(accel, image=image, writer_type=writer_type)
         writer.update(pytest={"args": list(config.invocation_params.args), "attach": wanted})
-        config.stash[_RUN_KEY] = writer.dir
+        config.stash[RUN_KEY] = writer.dir
         yield writer
         cells = getattr(writer, "tb_cells", [])
         if cells:
@@ -320,420 +383,150 @@ def run_writer(request: pytest.FixtureRequest) -> Iterator[object]:
         with store.open(writer.dir.parent / "index.sqlite") as st:
             st.index_run(writer.dir)
     except Exception as e:      # the record stands without its index entry; the summary says so
-        config.stash[_INDEX_KEY] = f"not indexed: {e}"
+        config.stash[INDEX_KEY] = f"not indexed: {e}"
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    run_dir = config.stash.get(_RUN_KEY, None)
+    run_dir = config.stash.get(RUN_KEY, None)
     if run_dir is not None:
         terminalreporter.write_sep("-", "testbed run record")
         terminalreporter.write_line(f"measurements of this session: {run_dir}")
         terminalreporter.write_line(f"  report: testbed report {run_dir} -o report.html")
-        if config.stash.get(_INDEX_KEY, None):
-            terminalreporter.write_line(f"  {config.stash[_INDEX_KEY]}", yellow=True)
+        if config.stash.get(INDEX_KEY, None):
+            terminalreporter.write_line(f"  {config.stash[INDEX_KEY]}", yellow=True)
 
 
-# Host networking before and after the whole suite must be identical: every tier that
-# creates host objects has to have removed them, and touched nothing else.
-#
-# With pytest-xdist (`./tb test` runs three workers) the controller collects and runs nothing,
-# and each root-tier module goes whole to one worker (TierScheduling below), so root tests of
-# different modules run beside each other and beside the unit tier. The host checks (the lock,
-# a dead run's leftovers, the snapshot) are the controlling session's: it takes them when the
-# first worker has collected root tests, before any test is handed out, and compares at its
-# end, after every worker's fixtures are gone; what workers noted comes back through xdist's
-# workeroutput, so the one summary at the end says it. Without xdist the session itself takes
-# them, before its first root test.
-_SNAPSHOT_KEY = pytest.StashKey[object]()
-_ALONE_KEY = pytest.StashKey[bool]()
-_WANTED_KEY = pytest.StashKey[bool]()
-_NOTES_KEY = pytest.StashKey[list]()        # lines for the terminal, from any process
-_CHECKED_KEY = pytest.StashKey[bool]()      # some process compared the host before and after
-_DIFF_KEY = pytest.StashKey[list]()         # what changed on the host, from any process
+# --------------------------------------------------------------------------- the cell fixture
 
-_ROOT_TIERS = ("netns", "store", "vm", "scenarios")
+@dataclass
+class CellUnderTest:
+    """One cell of the test's matrix, ready to measure: what ``testbed_cell`` gives.
 
+    Attributes: ``cell`` (``testbed.api.Cell``: ``attachment``, ``backend``, ``mtu``,
+    ``connections``, ``profile``, ``pairs``, ``id``), ``id``, ``metric`` (its profile's
+    primary metric: ``throughput_mbps`` or ``transactions_per_s``), ``topology`` (what the
+    marker made), ``accelerator`` (``kvm``, ``tcg``, or None for a namespace cell), ``floor``
+    (the ``testbed_floor`` minimum that applies to this cell here, or None), ``samples``
+    (after measure(): the samples the stopping rule counted)."""
 
-def _alone(config: pytest.Config) -> bool:
-    """Whether this is the only test session on the host. Tests make tb- objects without
-    registering a run for each, so another live session's objects look like a dead run's:
-    a session holds a lock for its lifetime, and one that finds the lock taken neither
-    removes leftovers nor judges the host by its tb- objects."""
-    import fcntl
+    topology: Any
+    cell: Any
+    run: Any
+    guests: GuestPair | None
+    floors: Mapping[str, float]
+    floor_namespaces: bool
+    workdir: Path
+    samples: list = field(default_factory=list)
+    _stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    _paths: list | None = None
 
-    from testbed.host import paths
-    d = paths.state_dir()
-    d.mkdir(parents=True, exist_ok=True)
-    fd = os.open(d / "pytest.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return False
-    config.add_cleanup(lambda: os.close(fd))   # closing releases the lock
-    return True
+    @property
+    def id(self) -> str:
+        return self.cell.id
 
+    @property
+    def metric(self) -> str:
+        return self.cell.profile.pattern.primary_metric
 
-def _is_worker(config: pytest.Config) -> bool:
-    return hasattr(config, "workerinput")
+    @property
+    def accelerator(self) -> str | None:
+        return None if self.guests is None else self.guests.accelerator.value  # type: ignore[attr-defined]
 
+    @property
+    def floor(self) -> float | None:
+        minimum = self.floors.get(self.cell.profile.name)
+        if minimum is None:
+            return None
+        checked = self.accelerator == "kvm" or (self.guests is None and self.floor_namespaces)
+        return float(minimum) if checked else None
 
-def _root_tier(item: pytest.Item) -> bool:
-    return any(item.get_closest_marker(t) for t in _ROOT_TIERS)
+    def _plugged(self) -> list:
+        """The cell's mode with its endpoints plugged in (once per test): the session's
+        guests with the NIC under test hot-plugged, or namespaces the mode makes itself."""
+        if self._paths is None:
+            from testbed.measure import testpaths
+            from testbed.measure.session import claim_tag
+            t, c = self.topology, self.cell
+            pairs = [(self.guests.client, self.guests.server)] if self.guests is not None else None
+            tag = self.guests.tag if self.guests is not None else claim_tag()
+            self._paths = self._stack.enter_context(testpaths.pair_paths(
+                c.attachment, c.backend, tag, t, pairs, c.pairs if pairs is None else 1, max(t.matrix.mtus),
+                self.workdir, queues=c.queues, offloads=t.offloads))
+        return self._paths
 
+    def measure(self, *, check: bool = True) -> Any:
+        """Measure the cell into the session's run (testbed_run): its warm-ups, then samples
+        until the marker's ``repetitions`` are met (one sample by default), through the
+        testbed's one cell loop (the noise guard, the host guard, the placement check and
+        the cross-checks of `testbed run`). Returns the last counted sample
+        (``testbed.api.SampleRecord``: ``ok``, ``status``, ``reason``, ``metrics``, ``cpu``).
 
-def _note(config: pytest.Config, line: str) -> None:
-    """A warning line for the terminal: written now by a plain session, printed by the
-    controller at the end for a worker (whose own terminal output nobody sees)."""
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter and not _is_worker(config):
-        reporter.write_line(line, yellow=True)
-    else:
-        config.stash.setdefault(_NOTES_KEY, []).append(line)
+        With ``check`` (the default) a failed sample fails the test with its reason, and so
+        does a primary metric below the ``testbed_floor`` that applies here."""
+        from testbed.analysis import stats
+        from testbed.guests import virt
+        from testbed.measure import hooks, sampling, window
+        from testbed.measure.context import Arm, Context
+        t, c = self.topology, self.cell
+        paths = self._plugged()
+        pids: dict[str, int] = {}
+        placement: dict[str, str] = {}
+        if self.guests is not None:
+            for g in (self.guests.client, self.guests.server):
+                placement[g.spec.name] = "local"  # type: ignore[attr-defined]
+                if (pid := virt.qemu_pid(g)):  # type: ignore[arg-type]
+                    pids[g.spec.name] = pid  # type: ignore[attr-defined]
+        mhz = self.run.run.environment.cpu_mhz
+        ctx = Context(self.run, window.Watch(t.noise), pids, placement, mhz / 1000 if mhz else None,
+                      stats.StoppingRule(t.matrix.repetitions), t.matrix.repetitions.warmup,
+                      hooks=hooks.for_topology(t))
+        self.samples = sampling.measure(ctx, [Arm(c, tuple(paths))])[0]
+        s = self.samples[-1]
+        if check:
+            bad = next((x for x in self.samples if not x.ok), None)
+            if bad is not None:
+                pytest.fail(f"{c.id}: sample failed: {bad.reason}", pytrace=False)
+            value, floor = s.metrics.get(self.metric), self.floor
+            if floor is not None and (value is None or value < floor):
+                pytest.fail(f"{c.id}: {self.metric} {value} is below the floor {floor:g} "
+                            f"(testbed_floor, {self.accelerator or 'namespaces'})", pytrace=False)
+        return s
 
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """The host-wide checks (dead leftovers removed, networking snapshot, tb- objects at the
-    end) belong to sessions that run root tiers as root. A unit-only session, or any other
-    project's session that merely has this plugin installed, touches nothing on the host."""
-    config = session.config
-    config.stash[_WANTED_KEY] = (os.geteuid() == 0 and not config.option.collectonly
-                                 and any(_root_tier(item) for item in session.items))
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    # Before the first root test's fixtures, in a session without workers (the controller
-    # takes them for its workers: pytest_xdist_node_collection_finished).
-    config = item.config
-    if _root_tier(item) and config.stash.get(_WANTED_KEY, False) and _SNAPSHOT_KEY not in config.stash \
-            and not _is_worker(config):
-        _start_host_guard(config)
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_node_collection_finished(node, ids) -> None:
-    """xdist's controller, once a worker has collected and before any test is handed out."""
-    config = node.config
-    if _SNAPSHOT_KEY in config.stash or os.geteuid() != 0 or config.option.collectonly:
-        return
-    if any(_tier_of(config.rootpath / i.split("::", 1)[0]) in _ROOT_TIERS for i in ids):
-        _start_host_guard(config)
-
-
-# Root tests beside each other: each holds a shared lock while it runs (setup, call, teardown:
-# its fixtures are made and removed inside), and one marked ``alone`` holds it exclusively.
-# A gate taken before either gives the exclusive one its turn: once it waits, no new test
-# starts. A session started by a test (pytest inside a test) runs under its parent's lock.
-_LOCK_HELD_VAR = "TESTBED_PYTEST_TEST_LOCK"
-
-
-@contextlib.contextmanager
-def _test_lock(alone: bool) -> Iterator[None]:
-    import fcntl
-
-    from testbed.host import paths
-    holder = os.environ.get(_LOCK_HELD_VAR)
-    if holder and holder != str(os.getpid()):
-        yield
-        return
-    d = paths.state_dir()
-    d.mkdir(parents=True, exist_ok=True)
-    gate = os.open(d / "pytest-gate.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    main = os.open(d / "pytest-tests.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(gate, fcntl.LOCK_EX)
-        try:
-            fcntl.flock(main, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        finally:
-            fcntl.flock(gate, fcntl.LOCK_UN)
-        os.environ[_LOCK_HELD_VAR] = str(os.getpid())
-        yield
-    finally:
-        os.close(main)          # closing releases the lock
-        os.close(gate)
+    def close(self) -> None:
+        self._stack.close()
 
 
-_HELD: list[contextlib.ExitStack] = []     # the exclusive lock kept for the next test (alone too)
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem):
-    if not (_root_tier(item) and os.geteuid() == 0 and item.config.stash.get(_WANTED_KEY, False)):
-        yield
-        return
-    alone = _alone_test(item)
-    held = _HELD.pop() if _HELD else None
-    if held is not None and not alone:
-        held.close()
-        held = None
-    stack = held or contextlib.ExitStack()
-    if held is None:
-        stack.enter_context(_test_lock(alone))
-    try:
-        yield
-    finally:
-        # Tests that need the host alone run one after another under one exclusive hold:
-        # released between them, the tests beside would start, and the next would wait for them.
-        if alone and nextitem is not None and _alone_test(nextitem):
-            _HELD.append(stack)
-        else:
-            stack.close()
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node) -> None:
-    """xdist's controller, per worker: where the worker writes the work units of root tests
-    that are not their module's (_work_unit)."""
-    import tempfile
-    config = node.config
-    if _UNITS_FILE_KEY not in config.stash:
-        fd, path = tempfile.mkstemp(prefix="testbed-pytest-units-", suffix=".json")
-        os.close(fd)
-        config.stash[_UNITS_FILE_KEY] = path
-        config.add_cleanup(lambda: Path(path).unlink(missing_ok=True))
-    node.workerinput["tb_units_file"] = config.stash[_UNITS_FILE_KEY]
-
-
-_UNITS_FILE_KEY = pytest.StashKey[str]()
-
-
-def _start_host_guard(config: pytest.Config) -> None:
-    from testbed.admin import cleanup
-    from testbed.host import snapshot
-    config.stash[_SNAPSHOT_KEY] = None          # once, even if what follows fails
-    alone = config.stash[_ALONE_KEY] = _alone(config)
-    # tb- objects whose owning process is dead (a session or run killed with SIGKILL, a
-    # machine image taken while one ran) would make every run-level test refuse to
-    # start. They are provably the testbed's and provably orphaned, so they go first,
-    # and the session says so; a live run's objects are left alone.
-    found = cleanup.find() if alone else cleanup.Leftovers()
-    if not found.empty():
-        _note(config, f"removing a dead run's leftovers before testing: {found.describe()}")
-        cleanup.remove(found)
-    config.stash[_SNAPSHOT_KEY] = snapshot.take()
-
-
-_DURATIONS: dict[str, float] = {}
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    # setup, call and teardown: what the test holds its worker for (the controller sees the
-    # workers' reports here too)
-    _DURATIONS[report.nodeid] = _DURATIONS.get(report.nodeid, 0.0) + report.duration
-
-
-def _store_durations(config: pytest.Config) -> None:
-    """--tb-store-durations: the root-tier tests' times of this session into DURATIONS_FILE,
-    merged over what it holds (a session of a few tests updates only theirs)."""
-    path = config.rootpath / DURATIONS_FILE
-    try:
-        old = json.loads(path.read_text())
-    except (OSError, ValueError):
-        old = {}
-    new = {k: round(v, 1) for k, v in _DURATIONS.items()
-           if _tier_of(config.rootpath / k.split("::", 1)[0]) in _ROOT_TIERS}
-    merged = {**(old if isinstance(old, dict) else {}), **new}
-    path.write_text(json.dumps(dict(sorted(merged.items())), indent=0) + "\n")
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    import sys
-    config = session.config
-    if config.getoption("--tb-store-durations", False) and not _is_worker(config):
-        _store_durations(config)
-    # Tags this process claimed for its tests are released first: objects a test leaked
-    # under one are then a dead run's, which the check below reports.
-    if "testbed.measure.session" in sys.modules:
-        sys.modules["testbed.measure.session"].release_tags()
-    before = config.stash.get(_SNAPSHOT_KEY, None)
-    if before is not None:
-        from testbed.admin import cleanup
-        from testbed.host import snapshot
-        diff = snapshot.diff(before, snapshot.take())  # type: ignore[arg-type]
-        # Session fixtures are gone by now: any tb- object still here (a domain, a state folder,
-        # which the networking snapshot does not see) was leaked by a test or a run it started.
-        left = cleanup.find() if config.stash.get(_ALONE_KEY, False) else cleanup.Leftovers()
-        if not left.empty():
-            diff = [*diff, f"tb- objects left behind: {left.describe()}"]
-        config.stash[_CHECKED_KEY] = True
-        config.stash[_DIFF_KEY] = [*config.stash.get(_DIFF_KEY, []), *diff]
-    if _is_worker(config):
-        config.workeroutput.update(  # type: ignore[attr-defined]
-            tb_notes=config.stash.get(_NOTES_KEY, []), tb_checked=config.stash.get(_CHECKED_KEY, False),
-            tb_diff=config.stash.get(_DIFF_KEY, []), tb_index=config.stash.get(_INDEX_KEY, None),
-            tb_run=str(config.stash[_RUN_KEY]) if _RUN_KEY in config.stash else None)
-        return
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter:
-        for line in config.stash.get(_NOTES_KEY, []):
-            reporter.write_line(line, yellow=True)
-    diff = config.stash.get(_DIFF_KEY, [])
-    if diff:
-        if reporter:
-            reporter.write_line("host networking changed during the test session:", red=True)
-            for line in diff:
-                reporter.write_line(f"  {line}", red=True)
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
-    elif reporter and config.stash.get(_CHECKED_KEY, False):
-        reporter.write_sep("-", "host networking snapshot: identical before and after the session")
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_testnodedown(node, error) -> None:
-    """xdist's controller: what a worker's host checks and run record said, kept for the
-    controller's own end of session (sessionfinish, terminal summary)."""
-    out = getattr(node, "workeroutput", None) or {}
-    config = node.config
-    config.stash[_NOTES_KEY] = [*config.stash.get(_NOTES_KEY, []), *out.get("tb_notes", [])]
-    config.stash[_DIFF_KEY] = [*config.stash.get(_DIFF_KEY, []), *out.get("tb_diff", [])]
-    if out.get("tb_checked"):
-        config.stash[_CHECKED_KEY] = True
-    if out.get("tb_run"):
-        config.stash[_RUN_KEY] = Path(out["tb_run"])
-    if out.get("tb_index"):
-        config.stash[_INDEX_KEY] = out["tb_index"]
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """Each root-tier module in one work unit, so one worker runs it whole, in order (its
-    module fixtures, and the session's guest pair, are that worker's), or one unit per
-    ``xdist_group`` in it; the tests marked alone in one more; every other test is a
-    unit of its own, handed to whichever worker is free. Units go out in collection order
-    (the longest tiers first: pytest_collection_modifyitems), not xdist's by size. Test ids
-    stay as they are (xdist's loadgroup would append ``@group`` to each)."""
-    if config.getvalue("dist") == "each":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class TierScheduling(LoadScopeScheduling):
-        units: dict[str, str] = {}
-        costs: dict[str, float] = {}
-
-        def _split_scope(self, nodeid: str) -> str:
-            tier = _tier_of(config.rootpath / nodeid.split("::", 1)[0])
-            if nodeid in self.units:
-                return self.units[nodeid]
-            if tier in _ROOT_TIERS:
-                return nodeid.split("::", 1)[0]
-            # xdist_group marks (--dist loadgroup) are still honoured
-            return nodeid.split("@")[-1] if nodeid.rfind("@") > nodeid.rfind("]") else nodeid
-
-        def _assign_work_unit(self, node) -> None:
-            # A worker cannot start its last queued test before it knows the next one, so a
-            # unit of one long test (a scenario) takes another unit along from its start. That
-            # one waits behind it while other workers may run dry: when what the worker still
-            # has to run is long by the recorded times, it gets the cheapest unit left rather
-            # than the next long one, which the next worker to come free takes.
-            left = [n for unit in self.assigned_work.get(node, {}).values() for n, done in unit.items() if not done]
-            if sum(self.costs.get(n, 0.0) for n in left) > LONG_LAST_TEST_S and len(self.workqueue) > 1:
-                cheapest = min(self.workqueue, key=lambda u: sum(self.costs.get(n, 0.0) for n in self.workqueue[u]))
-                self.workqueue.move_to_end(cheapest, last=False)
-            super()._assign_work_unit(node)
-
-        def _reschedule(self, node) -> None:
-            # xdist hands a worker its next unit while 2 of its tests are still to run; a
-            # module of one or two long tests then has the next module promised to its worker
-            # from its start, while other workers may run dry. A worker needs one test beyond
-            # the one it runs, so the next unit is handed over when one is left.
-            if not node.shutting_down and self.workqueue and self._pending_of(self.assigned_work[node]) > 1:
-                return
-            super()._reschedule(node)
-
-        def schedule(self) -> None:
-            config.option.loadscopereorder = False
-            path = config.stash.get(_UNITS_FILE_KEY, None)
-            with contextlib.suppress(OSError, ValueError):
-                self.units = dict(json.loads(Path(path).read_text())) if path else {}
-            self.costs = _recorded_durations(config)
-            super().schedule()
-
-    return TierScheduling(config, log)
-
-
-@pytest.fixture(scope="module")
-def netns_pair() -> Iterator[tuple[str, str, str]]:
-    """(client namespace, server namespace, server address): two tb- namespaces joined by
-    one veth pair, for running real tools without VMs."""
+@pytest.fixture
+def testbed_cell(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CellUnderTest]:
+    """One cell of the matrix the test's ``@pytest.mark.testbed`` names (one test item per
+    cell, ids like ``[bridge-qemu-mtu1500-conn1-tcp_stream]``). ``testbed_cell.measure()``
+    plugs the cell's mode (into the session's two guests, or namespaces for a netns- mode),
+    measures it into the session's run (testbed_run) and returns the sample; a failed sample
+    fails the test with its reason. Skips with the reason when this host cannot run the
+    mode (found by trying) or when no guest can boot. Needs root. See CellUnderTest."""
+    param = getattr(request, "param", None)
+    if not isinstance(param, _Param):
+        raise pytest.UsageError(f"{request.node.nodeid}: testbed_cell needs @pytest.mark.testbed(...)")
     require_root()
-    from testbed.admin import cleanup
-    from testbed.errors import TestbedError
-    from testbed.host.net import netns
-    from testbed.records import results
-    with contextlib.ExitStack() as stack:
-        # Registered like a run, so a concurrent `testbed cleanup` leaves it alone.
-        _, tag, _ = stack.enter_context(cleanup.owned_fresh_state(results.new_run_id))
-        try:
-            conn = stack.enter_context(netns.veth_pair(tag, subnet="198.18.250.0/30"))
-        except TestbedError as e:
-            pytest.skip(f"cannot create a namespace pair: {e}")
-        yield conn.a.netns, conn.b.netns, conn.b.address
-
-
-SSHD_PRIVSEP = Path("/run/sshd")
-
-
-@contextlib.contextmanager
-def sshd_privsep_dir(path: Path = SSHD_PRIVSEP) -> Iterator[Path]:
-    """/run/sshd, the folder sshd refuses to start without ("Missing privilege separation
-    directory"), for a test's own sshd. Made if missing (no systemd here to make it) and
-    removed by the last test that uses it, only if a test made it; a host's own folder
-    stays. Tests on other workers use it at the same time: one removed it under the other's
-    restarting sshd. A shared lock on a users file marks each user, and a mutex makes the
-    "made" and "last one out" decisions one at a time."""
-    import fcntl
-    import hashlib
-    import shutil
-
-    from testbed.host import paths
-    d = paths.state_dir()
-    d.mkdir(parents=True, exist_ok=True)
-    key = hashlib.sha256(str(path).encode()).hexdigest()[:12]
-    made = d / f"pytest-privsep-{key}.made"      # the folder is the tests' to remove
-    mutex = os.open(d / f"pytest-privsep-{key}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    users = os.open(d / f"pytest-privsep-{key}.users", os.O_RDWR | os.O_CREAT, 0o644)
+    from testbed import attachments
+    cell = param.cell
+    why = attachments.unavailable(cell.attachment)
+    if why:
+        pytest.skip(f"attachment {cell.attachment.value} unavailable: {why}")
+    guests = None
+    if attachments.get(cell.attachment).guests:
+        if cell.pairs > 1:
+            pytest.skip(f"{cell.id}: the plugin's session boots one guest pair (pairs {cell.pairs}: use testbed run)")
+        guests = request.getfixturevalue("testbed_guests")
+    run = request.getfixturevalue("testbed_run")
+    fm = request.node.get_closest_marker("testbed_floor")
+    floors = {k: v for k, v in (fm.kwargs if fm else {}).items() if k != "namespaces"}
+    cut = CellUnderTest(param.topology, cell, run, guests, floors, bool(fm and fm.kwargs.get("namespaces")),
+                        tmp_path)
     try:
-        fcntl.flock(mutex, fcntl.LOCK_EX)
-        if not path.is_dir():
-            path.mkdir(mode=0o755)
-            made.touch()
-        fcntl.flock(users, fcntl.LOCK_SH)
-        fcntl.flock(mutex, fcntl.LOCK_UN)
-        yield path
+        yield cut
     finally:
-        fcntl.flock(mutex, fcntl.LOCK_EX)
-        fcntl.flock(users, fcntl.LOCK_UN)
-        try:
-            fcntl.flock(users, fcntl.LOCK_EX | fcntl.LOCK_NB)    # no other user left
-        except BlockingIOError:
-            pass
-        else:
-            if made.exists():
-                shutil.rmtree(path, ignore_errors=True)
-                made.unlink()
-        os.close(users)
-        os.close(mutex)
+        cut.close()
 
 
-def run_cli(args: list[str], *, env: dict[str, str] | None = None, timeout: float = 900):
-    """`testbed ARGS` in a child process. On timeout the child gets SIGTERM, like a user's
-    Ctrl-C, and is given two minutes to tear down before the test fails: a SIGKILL would
-    leave its guests and links behind for the rest of the session."""
-    import signal
-    import subprocess
-    import sys
-    p = subprocess.Popen([sys.executable, "-m", "testbed.cli", *args], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.send_signal(signal.SIGTERM)
-        try:
-            out, err = p.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            out, err = p.communicate()
-        pytest.fail(f"testbed {' '.join(args)} timed out after {timeout:.0f} s; stderr tail:\n{err[-2000:]}")
-    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+__all__ = ["CellUnderTest", "GuestPair", "PROFILES", "mode_selected", "require_root"]

@@ -15,7 +15,7 @@ import shutil
 
 import pytest
 
-from testbed.pytest_plugin import run_cli
+from testbed._suite_plugin import run_cli
 
 # Not alone: its verdicts hold on a busy host. conn1's BASE is edited to ten times the median
 # with almost no spread, decided at look 1 whatever NEW measures; conn2's is spread +-50 %,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from testbed.admin import cleanup
-from testbed.pytest_plugin import run_cli
+from testbed._suite_plugin import run_cli
 from testbed.records import results
 
 pytestmark = [pytest.mark.netns, pytest.mark.attach("netns")]

@@ -34,7 +34,7 @@ import pytest
 
 from testbed.host import proc
 from testbed.measure.session import claim_tag, release_tag
-from testbed.pytest_plugin import sshd_privsep_dir
+from testbed._suite_plugin import sshd_privsep_dir
 
 pytestmark = [pytest.mark.netns]
 

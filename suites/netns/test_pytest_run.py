@@ -1,5 +1,5 @@
 """pytest runs are runs: a pytest session whose tests measure (through the plugin's
-``run_writer``) leaves a run directory with this host's real environment, finished with its
+``testbed_run``) leaves a run directory with this host's real environment, finished with its
 status and counts, that `testbed report` renders like a `testbed run` directory. Proved with
 a child pytest session of one namespace test (no guests), its run written under --results."""
 from __future__ import annotations
@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 import testbed
-from testbed.pytest_plugin import require_root, run_cli
+from testbed._suite_plugin import run_cli
+from testbed.pytest_plugin import require_root
 
 INNER = '''
 from testbed.measure import sampling as measure, testpaths
@@ -22,18 +23,18 @@ from testbed.topology.model import Attachment, Backend, Cell, Pattern, Profile, 
 from testbed.measure.session import claim_tag
 
 
-def test_measures_into_the_session_run(run_writer, tmp_path):
+def test_measures_into_the_session_run(testbed_run, tmp_path):
     cell = Cell(Attachment("netns-veth"), Backend.QEMU, 1500, 1,
                 Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=2))
     with testpaths.own_endpoints_path(Attachment("netns-veth"), claim_tag(), "198.18.251.0/30", 1500, str(tmp_path)) as path:
-        [s] = measure.measure_cell(cell, path, run_writer, stats.StoppingRule(Repetitions()), 0, {}, {})
+        [s] = measure.measure_cell(cell, path, testbed_run, stats.StoppingRule(Repetitions()), 0, {}, {})
     assert s.status == "ok", s.reason
-    assert (run_writer.dir / s.raw[0]).is_file()
+    assert (testbed_run.dir / s.raw[0]).is_file()
 
 
-def test_measures_the_same_cell_again(run_writer, tmp_path):
+def test_measures_the_same_cell_again(testbed_run, tmp_path):
     # another test, same cell id (other conditions in real suites: macvtap modes)
-    test_measures_into_the_session_run(run_writer, tmp_path)
+    test_measures_into_the_session_run(testbed_run, tmp_path)
 '''
 
 

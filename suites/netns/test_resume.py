@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.pytest_plugin import run_cli
+from testbed._suite_plugin import run_cli
 
 # alone: a run killed with SIGKILL leaves its objects until it resumes
 pytestmark = [pytest.mark.alone, pytest.mark.netns, pytest.mark.attach("netns")]

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from testbed.bench import soak as bench_soak
-from testbed.pytest_plugin import run_cli
+from testbed._suite_plugin import run_cli
 
 pytestmark = [pytest.mark.netns, pytest.mark.attach("netns")]
 

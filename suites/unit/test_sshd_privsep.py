@@ -7,7 +7,7 @@ import contextlib
 
 import pytest
 
-from testbed.pytest_plugin import sshd_privsep_dir
+from testbed._suite_plugin import sshd_privsep_dir
 
 
 @pytest.fixture()

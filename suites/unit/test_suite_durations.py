@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from testbed.pytest_plugin import _ROOT_TIERS, DURATIONS_FILE, _tier_of
+from testbed._suite_plugin import _ROOT_TIERS, DURATIONS_FILE, _tier_of
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -31,7 +31,7 @@ from testbed.guests import images
 from testbed.host import proc, remote
 from testbed.host.executor import Executor
 from testbed.host.net import links, ops
-from testbed.pytest_plugin import run_cli, sshd_privsep_dir
+from testbed._suite_plugin import run_cli, sshd_privsep_dir
 from testbed.records import results
 from testbed.topology import config
 from testbed.topology.model import HostSpec

@@ -7,11 +7,9 @@ the boot benchmark compares a full guest against.
 """
 from __future__ import annotations
 
-import errno
 import functools
 import logging
 import os
-import re
 import shutil
 import tempfile
 import time

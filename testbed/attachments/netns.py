@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from testbed.attachments.base import Fabric, Mode, Request
 from testbed.errors import TestbedError
-from testbed.host.net.netns import Connection, veth_pair
+from testbed.host.net.netns import veth_pair
 
 
 class ConnectionFabric(Fabric):

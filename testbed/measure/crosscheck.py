@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
-from testbed.host.net.counters import Wire
+from testbed.host.net.counters import Wire  # noqa: F401 (its home is the host layer; imported from here too)
 from testbed.topology.model import Pattern, Protocol
 
 #: Largest relative gap between the measured payload/wire ratio and the expected one that

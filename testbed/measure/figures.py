@@ -4,6 +4,7 @@ outcome) and the summary of a cell's samples. No I/O here but the kernel's ident
 read once per process."""
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
