@@ -4,6 +4,7 @@ files are well formed. (The examples run for real in the netns, store and vm tie
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -64,22 +65,56 @@ def _ids(p: subprocess.CompletedProcess) -> list[str]:
 
 def test_pytest_example_collects_the_modes_attach_names(tmp_path):
     assert _ids(_collect(tmp_path, "--attach", "bridge")) == [
-        "test_guests[bridge-qemu-mtu1500-conn1-tcp_stream]", "test_guests[bridge-qemu-mtu1500-conn1-tcp_rr]"]
+        "test_mode[bridge-qemu-mtu1500-conn1-tcp_stream]", "test_mode[bridge-qemu-mtu1500-conn1-tcp_rr]"]
     assert _ids(_collect(tmp_path, "--attach", "netns")) == [
-        "test_namespaces[netns-veth-qemu-mtu1500-conn1-tcp_stream]",
-        "test_namespaces[netns-veth-qemu-mtu1500-conn1-tcp_rr]"]
+        "test_mode[netns-veth-qemu-mtu1500-conn1-tcp_stream]",
+        "test_mode[netns-veth-qemu-mtu1500-conn1-tcp_rr]"]
     both = _ids(_collect(tmp_path, "--attach", "ovs,netns"))
     assert [i.split("[")[1].split("-")[0] for i in both] == ["ovs", "ovs", "netns", "netns"], both
     every = _ids(_collect(tmp_path))                     # the plugin's default: all
     assert {i.split("[")[1].split("-qemu")[0] for i in every} == {"bridge", "ovs", "macvtap", "netns-veth"}
     assert len(every) == 8
+    assert _ids(_collect(tmp_path, "-k", "macvtap and tcp_rr")) == ["test_mode[macvtap-qemu-mtu1500-conn1-tcp_rr]"]
 
 
 def test_pytest_example_refuses_an_unknown_mode(tmp_path):
     p = _collect(tmp_path, "--attach", "brigde")
     assert p.returncode == 4            # pytest's usage error: nothing collected, nothing created
-    assert "--attach brigde: expected a comma list of all, bridge, macvtap, netns, ovs" in p.stderr
+    assert "--attach brigde: expected a comma list of all, bridge," in p.stderr
     assert "Traceback" not in p.stdout + p.stderr
+
+
+def test_pytest_example_uses_the_public_surface_only():
+    # a team copies one short file: no conftest, no import of the package's internals
+    files = sorted(p.name for p in (EXAMPLES / "pytest-per-mode").iterdir())
+    assert files == ["README.md", "test_modes.py"], files
+    text = (EXAMPLES / "pytest-per-mode" / "test_modes.py").read_text()
+    assert "import testbed." not in text and "from testbed." not in text
+    assert len(text.splitlines()) <= 30
+
+
+def test_pytest_describes_every_testbed_option_fixture_and_marker(tmp_path):
+    """What a team sees: --help groups the options under the testbed's name, --fixtures and
+    --markers describe each of the plugin's fixtures and markers."""
+    def run(*args: str) -> str:
+        _collect(tmp_path)       # the team folder
+        env = {**os.environ, "PYTHONPATH": str(Path(testbed.__file__).parent.parent)}
+        p = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args, "tests"],
+                           capture_output=True, text=True, timeout=120, cwd=tmp_path / "team", env=env)
+        assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+        return p.stdout
+    helptext = run("--help")
+    group = helptext.split("testbed (VM-to-VM networking per attachment mode):", 1)[1].split("\n\n", 1)[0]
+    for opt in ("--attach=MODES", "--tb-accelerator", "--results=DIR"):
+        assert opt in group, group
+    assert "--tb-store-durations" not in helptext        # the project's own suite only
+    fixtures = run("--fixtures")
+    for name in ("testbed_cell", "testbed_run", "testbed_guests", "testbed_accelerator"):
+        m = re.search(rf"^{name}( \[[a-z ]+\])? -- .*\n    (\S.*)$", fixtures, re.M)
+        assert m and len(m.group(2)) > 30, (name, fixtures[-3000:])
+    markers = run("--markers")
+    for mark in ("@pytest.mark.testbed(", "@pytest.mark.testbed_floor(", "@pytest.mark.attach("):
+        assert mark in markers, mark
 
 
 # --------------------------------------------------------------------------- nightly
