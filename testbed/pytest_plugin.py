@@ -300,14 +300,14 @@ class SessionRunWriter:
             rec = dataclasses.replace(rec, cell=dataclasses.replace(rec.cell, id=new))
         return super().add_sample(rec)  # type: ignore[misc]
 
-    def add_cell(self, cell, status, reason, converged, summary, extra=None):
+    def add_cell(self, cell, status, reason, converged, summary, *, extra=None):
         from testbed.records.records import CellOutcome
         self.tb_cells = [*getattr(self, "tb_cells", []), cell]
         new = self._session_id(cell.id)
         self.tb_measuring.pop(cell.id)
         self.tb_recorded[cell.id] = self.tb_recorded.get(cell.id, 0) + 1
         if new == cell.id:
-            return super().add_cell(cell, status, reason, converged, summary, extra)  # type: ignore[misc]
+            return super().add_cell(cell, status, reason, converged, summary, extra=extra)  # type: ignore[misc]
         return self.add_outcome(CellOutcome.from_dict(json.loads(json.dumps(  # type: ignore[attr-defined]
             {**cell.as_dict(), **(extra or {}), "id": new, "status": status, "reason": reason, "converged": converged,
              "summary": dict(summary)}, default=str))))
@@ -450,8 +450,8 @@ class CellUnderTest:
             pairs = [(self.guests.client, self.guests.server)] if self.guests is not None else None
             tag = self.guests.tag if self.guests is not None else claim_tag()
             self._paths = self._stack.enter_context(testpaths.pair_paths(
-                c.attachment, c.backend, tag, t, pairs, c.pairs if pairs is None else 1, max(t.matrix.mtus),
-                self.workdir, queues=c.queues, offloads=t.offloads))
+                c.attachment, c.backend, tag, t, pairs, n=c.pairs if pairs is None else 1, max_mtu=max(t.matrix.mtus),
+                workdir=self.workdir, queues=c.queues, offloads=t.offloads))
         return self._paths
 
     def measure(self, *, check: bool = True) -> Any:

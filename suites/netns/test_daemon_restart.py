@@ -2,7 +2,8 @@
 service manager would: the tool and the wire counters lose the same seconds, so the figure
 alone looks fine (the cross-check agrees). The sample must fail naming the daemon and both
 pids; once the switch answers again (it rebuilds the bridge and ports from its database)
-the next sample measures normally.
+the next sample measures normally. The same holds for a cell of two pairs measured at once
+through the run's cell loop: the restart fails that cell's sample with the cause.
 
 The switch is a PRIVATE ovsdb-server + ovs-vswitchd in a tb- namespace (ovsd.private): the
 host's own switch is never touched."""
@@ -25,6 +26,7 @@ from testbed.host.hostwatch import Daemon, Guard
 from testbed.host.net import ovsd
 from testbed.measure import sampling as measure
 from testbed.measure import testpaths
+from testbed.measure.context import Arm, Context
 from testbed.measure.session import claim_tag
 from testbed.records import results
 from testbed.topology import config
@@ -97,3 +99,73 @@ def test_ovs_vswitchd_restarted_mid_sample_fails_it_naming_the_daemon(tmp_path):
             sw_cm.__exit__(None, None, None)
     finally:
         proc.run(["ip", "netns", "delete", ns], check=False)
+
+
+@contextlib.contextmanager
+def _private_switch(tmp_path):
+    """A private ovsdb-server + ovs-vswitchd in a tb- namespace, and a pidfile of its switch
+    (it has none of its own) that the guards read: (switch, its namespace, pidfile, work dir)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: namespaces and a private OVS")
+    for tool in ("netperf", "netserver", "ovs-vswitchd", "ovsdb-server"):
+        if not shutil.which(tool):
+            pytest.skip(f"{tool} missing")
+    ns = f"tb-{claim_tag()}-s"
+    work = tmp_path / "ovs"
+    proc.run(["ip", "netns", "add", ns])
+    try:
+        try:
+            sw_cm = ovsd.private(ns, work)
+            sw = sw_cm.__enter__()
+        except (errors.CapabilityError, errors.TestbedError) as e:
+            pytest.skip(f"private ovs-vswitchd not startable: {e}")
+        try:
+            yield sw, ns, tmp_path / "ovs-vswitchd.pid", work
+        finally:
+            sw_cm.__exit__(None, None, None)
+    finally:
+        proc.run(["ip", "netns", "delete", ns], check=False)
+
+
+def test_ovs_vswitchd_restarted_under_a_two_pair_cell_fails_its_sample_with_the_cause(tmp_path):
+    """Two pairs on one private switch, measured at once through the one cell loop (as a
+    run's N-pair cell is): each path has its host guard, and the restart fails the sample."""
+    second: list[int] = []
+    with _private_switch(tmp_path) as (sw, ns, pidfile, work), contextlib.ExitStack() as stack:
+        paths = []
+        for k in range(2):
+            conn = stack.enter_context(ovsns.ovs_veth(claim_tag(), switch=sw))
+            path = stack.enter_context(testpaths.connection_path(conn, str(tmp_path / f"ep{k}")))
+            g = path.guard
+            guard = Guard((Daemon("ovs-vswitchd", (str(pidfile),)),), g.objects, g.read_bytes, g.devices)
+            paths.append(dataclasses.replace(path, guard=guard))
+        (first,) = ovsd.vswitchd_pids(sw.db)
+        pidfile.write_text(f"{first}\n")
+        ctl = work / "ovs-vswitchd-2.ctl"
+
+        def restart() -> None:
+            time.sleep(1.5)
+            os.kill(first, signal.SIGKILL)
+            time.sleep(2.0)
+            proc.run(["ip", "netns", "exec", ns, "ovs-vswitchd", sw.db, f"--unixctl={ctl}",
+                      f"--log-file={work / 'ovs-vswitchd-2.log'}", f"--pidfile={pidfile}",
+                      "--detach", "--no-chdir", "-vconsole:off"],
+                     env={"OVS_RUNDIR": str(work), "OVS_DBDIR": str(work), "OVS_LOGDIR": str(work)}, timeout=30)
+            second.append(int(pidfile.read_text()))
+        try:
+            writer = stack.enter_context(results.RunWriter(tmp_path / "res", "run", config.default(), {}))
+            cell = Cell(Attachment("netns-ovs-veth"), Backend.QEMU, 1500, 1,
+                        Profile("tcp_stream", message_size=16384, duration_s=5), pairs=2)
+            th = threading.Thread(target=restart)
+            th.start()
+            [[s]] = measure.measure(Context(writer), [Arm(cell, tuple(paths))])
+            th.join()
+        finally:
+            for pid in second:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+    assert s.status == "failed", (s.status, s.metrics)
+    assert f"ovs-vswitchd restarted during the sample (pid {first} -> {second[0]})" in s.reason, s.reason
+    assert all(p.guard.fault for p in paths)        # the run rebuilds the segment after this cell
+    [outcome] = results.read_run(tmp_path / "res" / "run").cells
+    assert outcome.status == "failed" and "ovs-vswitchd restarted" in outcome.reason

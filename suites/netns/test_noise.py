@@ -24,6 +24,7 @@ import psutil
 import pytest
 
 from testbed.analysis import compare, stats
+from testbed.measure import sampling
 from testbed.measure import sampling as measure
 from testbed.measure import testpaths, window
 from testbed.measure.session import claim_tag
@@ -161,10 +162,51 @@ def test_pairs_samples_carry_the_noise_figure(tmp_path):
     from testbed.topology import config
     cell = Cell(Attachment("netns-veth"), Backend.QEMU, 1500, 1, CELL.profile, pairs=2)
     with results.RunWriter(tmp_path / "res", "20260101T000000Z-nopa", _topology(), {"accelerator": "none"}) as w, \
-            testpaths.pair_paths(Attachment("netns-veth"), Backend.QEMU, claim_tag(), config.default(), None, 2, 1500,
-                              tmp_path / "ep") as paths:
+            testpaths.pair_paths(Attachment("netns-veth"), Backend.QEMU, claim_tag(), config.default(), None,
+                                 n=2, max_mtu=1500, workdir=tmp_path / "ep") as paths:
         [s] = measure.measure_paths(cell, paths, w, stats.StoppingRule(Repetitions()), 0, {}, {},
                                  watch=window.Watch(NoiseSpec(threshold_cores=1024)))
     assert s.status == "ok", s.reason
     n = s.data["noise"]
     assert n["noisy"] is False and n["action"] is None and n["other_cores"] >= 0 and n["run_queue_mean"] > 0
+
+
+def test_interleaved_variants_retry_a_noisy_sample_as_a_sequential_cell_does(tmp_path):
+    """A variants step (two arms sampled A B B A, as a run measures a cell's variants) goes
+    through the same loop and the run's own Watch: the burned sample of variant A is set
+    aside as noisy and measured again (the same rep, the next attempt) before B's turn."""
+    if os.geteuid() != 0 or not shutil.which("netperf"):
+        pytest.skip("needs root and netperf")
+    from testbed.measure import variants
+    from testbed.measure.context import Arm, Context
+    from testbed.topology import config
+    from testbed.topology.model import Variant
+    windows: list[tuple[str, int, int]] = []
+
+    @contextlib.contextmanager
+    def on_window(cell_id: str, rep: int, attempt: int):
+        windows.append((cell_id, rep, attempt))
+        if len(windows) > 1:
+            yield
+            return
+        with burner():
+            time.sleep(0.3)
+            yield
+
+    spec = NoiseSpec(threshold_cores=0.1, action=NoiseAction.RETRY, max_retries=1,
+                     settle=QuietWait(bound_cores=0.1, for_s=1.0, timeout_s=4.0))
+    a, b = variants.expand([CELL], [Variant("A"), Variant("B")])
+    with results.RunWriter(tmp_path / "res", "20260101T000000Z-nova", _topology(), {"accelerator": "none"}) as w, \
+            testpaths.pair_paths(Attachment("netns-veth"), Backend.QEMU, claim_tag(), config.default(), None,
+                                 n=2, max_mtu=1500, workdir=tmp_path / "ep") as paths:
+        ctx = Context(w, window.Watch(spec, on_window=on_window))
+        kept = sampling.measure(ctx, [Arm(a, (paths[0],), by_pair=False), Arm(b, (paths[1],), by_pair=False)])
+    run = results.read_run(w.dir)
+    first, again, *rest = run.samples
+    assert first.cell.id == a.id and first.status == "noisy" and first.noise["action"] == "retried", first
+    # measured again at once, the same rep, the next attempt; then B's turn
+    assert again.cell.id == a.id and again.rep == 0 and again.noise["attempt"] == 1 and again.status != "noisy"
+    assert [s.cell.id for s in rest] == [b.id] and rest[0].status != "noisy"
+    assert windows[:2] == [(a.id, 0, 0), (a.id, 0, 1)], windows
+    assert [len(k) for k in kept] == [1, 1] and run.counts.noisy == 1
+    assert {c.cell.id for c in run.cells} == {a.id, b.id}

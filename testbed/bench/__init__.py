@@ -275,7 +275,8 @@ def harness(ns: tuple[int, ...] = (1, 2, 4), rounds: int = 3, duration_s: int = 
             ses = stack.enter_context(Session(default(), results_dir=Path(tmp), keep_logs=False))
             writer = ses.open_run(None)
             paths = stack.enter_context(testpaths.pair_paths(Attachment("netns-veth"), Backend.QEMU, ses.tag, default(),
-                                                          None, n, 1500, ses.state / "netns"))
+                                                          None, n=n, max_mtu=1500,
+                                                          workdir=ses.state / "netns"))
             nss = [(p.client.guest.agent.netns, p.server.guest.agent.netns, p.server.address)  # type: ignore[union-attr]
                    for p in paths]
             for i, (cns, sns, addr) in enumerate(nss):

@@ -160,7 +160,7 @@ def wire_record(checks: Sequence[crosscheck.Check]) -> dict:
 
 
 def require_pacing(t: Topology, cells: Sequence[Cell], detector: pacing.Detector, where: str,
-                   run: Callable[[list[str]], tuple[str, str, int]],
+                   run: Callable[[list[str]], tuple[str, str, int]], *,
                    write: Callable[[str, str], None] | None = None) -> None:
     """Exit 3 (CapabilityError naming matrix.profiles[i].rate) when the installed tool cannot
     pace a paced profile of the plan; found by trying the binary where it runs."""

@@ -241,7 +241,7 @@ class Run:
         pairs_mod.require_pacing(
             self.t, guest_cells, pacing.Detector(), f"guest {cg.spec.name}",
             lambda argv: (lambda r: (r.stdout, r.stderr, r.rc))(cg.agent.run(argv, check=False, timeout=30)),
-            cg.agent.write_file)
+            write=cg.agent.write_file)
 
     def _guest_records(self) -> dict[str, dict]:
         return {n: {**g.record(), **({"variant": self.variant_of[n].name} if n in self.variant_of else {})}
@@ -334,9 +334,9 @@ class Run:
         # taken again each time: a guest brought back is a new Guest
         pairs = [(self.guests[c.name], self.guests[s.name]) for c, s in self.guest_pairs[:n]] if on_guests else None
         opts = [dict(v.nic) for v in t.matrix.variants] if t.matrix.variants else None
-        with testpaths.pair_paths(group.attachment, group.backend, self.ses.tag, t, pairs, n,  # type: ignore[arg-type]
-                                  max(t.matrix.mtus), self.ses.state, queues=group.queues,  # type: ignore[arg-type]
-                                  offloads=t.offloads, nic_options=opts) as tpaths:
+        with testpaths.pair_paths(group.attachment, group.backend, self.ses.tag, t, pairs,  # type: ignore[arg-type]
+                                  n=n, max_mtu=max(t.matrix.mtus), workdir=self.ses.state,  # type: ignore[arg-type]
+                                  queues=group.queues, offloads=t.offloads, nic_options=opts) as tpaths:
             for name, g in self.guests.items():
                 # vhost workers start with their NIC: pinned once it is plugged
                 if g.spec.placement.vhost is not None and self.qemu_pids.get(name):

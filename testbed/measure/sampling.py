@@ -166,6 +166,21 @@ def sample(ctx: Context, arm: Arm, rep: int, warmup: bool, *, wire_fails: bool =
     return _Sample(ctx, arm, rep, warmup).take(wire_fails)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Readings:
+    """What one sample's window left for its checks."""
+
+    outs: list[list]
+    ends: list[float]
+    span: float
+    expected_s: float
+    instances: int
+    skew_s: float
+    deltas: list
+    obs: window.Observed
+    wire_fails: bool
+
+
 class _Sample:
     """The state of one sample while it is taken: its readings, its window and who judges it."""
 
@@ -288,9 +303,8 @@ class _Sample:
                   for before, after in zip(counters_before, counters_after)]
         per_path = self._parse(outs, server_out)
         cpu_info, guest_s = cpu_over_window(g_before, g_after, h_before, h_after)
-        return self._judge(per_path, outs, cpu_info, guest_s, deltas, obs, {
-            "span": span, "expected_s": expected_s, "instances": instances, "skew_s": skew_s, "ends": ends,
-            "wire_fails": wire_fails})
+        return self._judge(per_path, cpu_info, guest_s, _Readings(outs, ends, span, expected_s, instances, skew_s,
+                                                                  deltas, obs, wire_fails))
 
     def _run_clients(self, plans: list, limit_s: float, expected_s: float,
                      t0: float) -> tuple[list[list], list[float], float, str | None]:
@@ -358,18 +372,18 @@ class _Sample:
             per_path.append(parsed[0] if len(parsed) == 1 else driver.aggregate(parsed))
         return per_path
 
-    def _judge(self, per_path: list[ToolResult], outs: list[list], cpu_info: dict, guest_s: Mapping,
-               deltas: list, obs: window.Observed, w: dict) -> SampleRecord:
+    def _judge(self, per_path: list[ToolResult], cpu_info: dict, guest_s: Mapping, w: _Readings) -> SampleRecord:
         """The checks in their one order: the tool, the host guard, placement, the CPU
         invariant, the wire cross-check, the hooks, then the noise guard."""
+        outs, deltas, obs = w.outs, w.deltas, w.obs
         ctx, cell, profile, paths = self.ctx, self.cell, self.cell.profile, self.paths
         res = pairs.combine(profile, per_path, self.driver)[0] if self.by_pair else per_path[0]
         cpu_rec = Cpu.from_dict(cpu_info)
-        extra = {"window": window_record(res.metrics.get("duration_s"), w["expected_s"], cpu_info["window_s"],
+        extra = {"window": window_record(res.metrics.get("duration_s"), w.expected_s, cpu_info["window_s"],
                                          guest_s),
-                 "kernel": kernel_once(), "instances": w["instances"], "start_skew_s": round(w["skew_s"], 4),
+                 "kernel": kernel_once(), "instances": w.instances, "start_skew_s": round(w.skew_s, 4),
                  # seen from the host through the agent's polling, so an upper bound
-                 "end_skew_s": round(max(w["ends"]) - min(w["ends"]), 3), "datapath": paths[0].datapath}
+                 "end_skew_s": round(max(w.ends) - min(w.ends), 3), "datapath": paths[0].datapath}
         wextra, pin_bad, noisy = ctx.watch.verdict(obs, cpu_info, self.pids, self.domains)
         extra.update(wextra)
         if not res.ok:
@@ -386,13 +400,13 @@ class _Sample:
                                            [[ep.guest.spec.name for ep in (p.client, p.server)] for p in paths]))
             check = pairs.wire_record(checks)
         else:
-            extra.update(path_extra(paths[0], deltas[0], w["span"]))
+            extra.update(path_extra(paths[0], deltas[0], w.span))
             check = checks[0].as_dict()
         why = invariant_reason(cpu_info)
         if why:
             return self.failed(why, cpu_info, extra, check)
         bad = next(((i, c) for i, c in enumerate(checks) if c.verdict == "fail"), None)
-        if bad is not None and w["wire_fails"]:
+        if bad is not None and w.wire_fails:
             return self.failed(f"{pairs.label(self.by_pair, bad[0])}wire cross-check: {bad[1].reason}",
                                cpu_info, extra, check)
         metrics = {**res.metrics, **derived(dict(res.metrics), cpu_info, ctx.clock_ghz)}

@@ -144,7 +144,7 @@ def guard_for(fabric, endpoints: Sequence[tuple[int, object]], *, guests: bool,
 
 @contextlib.contextmanager
 def pair_paths(attachment: Attachment, backend: Backend, tag: str, t: Topology,
-                pairs: Sequence[tuple[object, object]] | None, n: int, max_mtu: int, workdir: Path, *,
+                pairs: Sequence[tuple[object, object]] | None, *, n: int, max_mtu: int, workdir: Path,
                 queues: int = 1, offloads: Offloads | None = None,
                 nic_options: Sequence[Mapping[str, str]] | None = None) -> Iterator[list[measure.TestPath]]:
     """A mode's fabric with ``n`` pairs plugged in, one TestPath each: ``pairs`` (booted
@@ -188,7 +188,7 @@ def _one_path(attachment: Attachment, backend: Backend, tag: str, t: Topology,
               offloads: Offloads | None = None) -> Iterator[measure.TestPath]:
     """A mode's fabric with one pair plugged in: ``pair`` (guests), or the fabric's own
     endpoints when it makes them (namespaces)."""
-    with pair_paths(attachment, backend, tag, t, [pair] if pair else None, 1, max_mtu, workdir,
+    with pair_paths(attachment, backend, tag, t, [pair] if pair else None, n=1, max_mtu=max_mtu, workdir=workdir,
                      queues=queues, offloads=offloads) as paths:
         yield paths[0]
 

@@ -201,7 +201,7 @@ class RunWriter:
         self._flush()
 
     def add_cell(self, cell: Cell, status: str, reason: str | None, converged: bool | None,
-                 summary: Mapping[str, Any], extra: Mapping[str, Any] | None = None) -> None:
+                 summary: Mapping[str, Any], *, extra: Mapping[str, Any] | None = None) -> None:
         """``extra``: keys a kind of cell adds to its entry (a rate search's ``search``)."""
         out = CellOutcome.from_dict(json.loads(json.dumps(
             {**cell.as_dict(), **(extra or {}), "status": status, "reason": reason, "converged": converged,
