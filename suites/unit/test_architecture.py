@@ -181,6 +181,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("fleet", "scenarios", "bench"),
     ("api",),
     ("cli", "pytest_plugin", "__main__"),
+    ("_suite_plugin",),             # this project's own test machinery, on the public plugin
 )
 
 
@@ -368,3 +369,42 @@ def test_the_fork_finder_finds_a_forking_socket(tmp_path):
     (tmp_path / "m.py").write_text("from pyroute2 import IPRoute, NetNS\n"
                                    "a = IPRoute(netns='x', flags=0)\nb = NetNS('y')\nc = IPRoute()\n")
     assert [s.rsplit(":", 1)[1] for s in _forking_netlink([tmp_path])] == ["2", "3"]
+
+
+# -- the run's spine ----------------------------------------------------------------------
+
+#: the older entry points with positional arguments, kept for callers outside a run
+#: (benchmarks, tests): each builds a Context and calls the one loop
+OLDER_ENTRY_POINTS = {("measure/sampling.py", n) for n in ("measure_once", "sample_paths", "measure_cell",
+                                                           "measure_paths")} | {("measure/ratesearch_cell.py",
+                                                                                "measure_cell")}
+
+
+def _functions(rel: str):
+    tree = ast.parse((PKG / rel).read_text())
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def test_the_run_is_short_and_takes_few_positional_arguments():
+    [execute] = [f for f in _functions("measure/runner.py") if f.name == "execute"]
+    assert execute.end_lineno - execute.lineno + 1 <= 80
+    wide = []
+    for rel in ("measure/run.py", "measure/runner.py", "measure/sampling.py", "measure/context.py",
+                "measure/hooks.py", "measure/ratesearch_cell.py", "measure/variants.py", "measure/plan.py"):
+        for f in _functions(rel):
+            pos = [a.arg for a in f.args.posonlyargs + f.args.args if a.arg not in ("self", "cls")]
+            if len(pos) > 5 and (rel, f.name) not in OLDER_ENTRY_POINTS:
+                wide.append(f"{rel}:{f.name} ({len(pos)})")
+    assert wide == [], wide
+
+
+def test_every_schedule_of_the_run_goes_through_the_one_loop_with_the_runs_context():
+    # the variants once had a loop of their own with a default Watch: their noisy samples
+    # were never retried. Every measuring call of the run passes the run's own context.
+    calls = [n for n in ast.walk(ast.parse((PKG / "measure/run.py").read_text())) if isinstance(n, ast.Call)
+             and ast.unparse(n.func) in ("measure.measure", "measure.fail", "ratesearch_cell.search",
+                                         "measure.sample", "measure.settled")]
+    assert {ast.unparse(c.func) for c in calls} >= {"measure.measure", "ratesearch_cell.search"}
+    assert all(c.args and ast.unparse(c.args[0]) == "self.ctx" for c in calls), [ast.unparse(c) for c in calls]
+    for rel in ("measure/variants.py", "measure/run.py"):
+        assert "Watch()" not in (PKG / rel).read_text(), rel
