@@ -1,4 +1,8 @@
-"""VM-to-VM networking testbed for KVM hypervisors."""
+"""VM-to-VM networking testbed for KVM hypervisors.
+
+Public surface: ``testbed.api`` (the Python API) and the pytest plugin's options, markers
+and fixtures (``testbed.pytest_plugin``, docs/tests.md). Every other module is private: its
+names may change in any release."""
 
 __version__ = "0.2.0"
 
