@@ -110,7 +110,8 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGTERM, _terminate)
     for line in MARKERS:
         config.addinivalue_line("markers", line)
-    _wanted(config)         # a typo in --attach is a usage error, before anything is collected
+    if (config.getoption("--attach", "all") or "all") != "all":
+        _wanted(config)     # a typo in --attach is a usage error, before anything is collected
 
 
 def _wanted(config: pytest.Config) -> set[str]:
