@@ -16,7 +16,7 @@ from testbed.tools.base import ToolDriver, sizes
 from testbed.topology.model import Cell, Profile
 
 if TYPE_CHECKING:
-    from testbed.measure.sampling import TestPath
+    from testbed.measure.endpoints import TestPath
 
 _KERNEL: dict = {}
 
