@@ -14,7 +14,8 @@ a dead run's objects for cleanup to find, or needs the host to itself) runs with
 root test beside it. Without xdist, or with ``-n 0``, one process does all of it.
 
 The suite's tests keep their older fixture names: ``accelerator``, ``guest_pair`` and
-``run_writer`` are the public ``testbed_accelerator``, ``testbed_guests`` and ``testbed_run``.
+``run_writer`` are the public ``testbed_accelerator``, ``testbed_guests`` and ``testbed_run``
+(defined here again, so the suite does not get the public plugin's deprecation warning).
 """
 from __future__ import annotations
 

@@ -530,4 +530,33 @@ def testbed_cell(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cel
         cut.close()
 
 
+# -- older names, deprecated ------------------------------------------------------------------
+
+def _deprecated(old: str, new: str) -> None:
+    import warnings
+    warnings.warn(f"the {old} fixture is deprecated: use {new} (docs/tests.md); it goes in a later release",
+                  DeprecationWarning, stacklevel=3)
+
+
+@pytest.fixture(scope="session")
+def accelerator(testbed_accelerator):
+    """Deprecated: use testbed_accelerator (the same object)."""
+    _deprecated("accelerator", "testbed_accelerator")
+    return testbed_accelerator
+
+
+@pytest.fixture(scope="session")
+def guest_pair(testbed_guests):
+    """Deprecated: use testbed_guests (the same object)."""
+    _deprecated("guest_pair", "testbed_guests")
+    return testbed_guests
+
+
+@pytest.fixture(scope="session")
+def run_writer(testbed_run):
+    """Deprecated: use testbed_run (the same object), or testbed_cell to measure."""
+    _deprecated("run_writer", "testbed_run")
+    return testbed_run
+
+
 __all__ = ["CellUnderTest", "GuestPair", "PROFILES", "mode_selected", "require_root"]
