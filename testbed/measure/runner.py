@@ -21,7 +21,8 @@ from testbed.measure.plan import (
     plan,
     preflight,
 )
-from testbed.measure.run import MAX_REBUILDS, Outcome, Run, apply_placement, harness_cpus, host_fingerprints
+from testbed.measure.provision import apply_placement, harness_cpus, host_fingerprints
+from testbed.measure.run import MAX_REBUILDS, Outcome, Run
 from testbed.measure.session import Session, keep_logs
 from testbed.topology.model import Topology
 
