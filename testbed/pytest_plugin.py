@@ -166,12 +166,16 @@ def marker_topology(mark: pytest.Mark, test_file: Path) -> Any:
                                 f"{', '.join((*MATRIX_KEYS, *PROFILE_KEYS, 'topology'))}")
     # the session's two guests (testbed_guests): g1 the client, g2 the server
     doc: dict[str, Any] = {"name": f"pytest-{test_file.stem}", "guests": [{"name": "g1"}, {"name": "g2"}]}
-    base = test_file.parent
+    base, source = test_file.parent, f"{test_file} (@pytest.mark.testbed)"
     if "topology" in kw:
         path = base / str(kw.pop("topology"))
-        doc = yaml.safe_load(path.read_text()) if path.is_file() else {"__missing__": str(path)}
-        if "__missing__" in doc:
-            raise pytest.UsageError(f"{test_file}: @pytest.mark.testbed: topology {path}: no such file")
+        if not kw:
+            return api.load_topology(path)      # the file as it is: errors name its lines
+        t = api.load_topology(path)             # validated first, then its axes replaced
+        doc = yaml.safe_load(path.read_text())
+        base, source = path.parent, f"{path} (with @pytest.mark.testbed)"
+        if not isinstance(doc, dict) or t is None:
+            raise pytest.UsageError(f"{source}: not a topology mapping")
     matrix = dict(doc.get("matrix") or {})
     for key in MATRIX_KEYS:
         if key in kw:
@@ -180,7 +184,7 @@ def marker_topology(mark: pytest.Mark, test_file: Path) -> Any:
     matrix["profiles"] = [_profile(p, extra) for p in matrix.get("profiles") or ["tcp_stream"]]
     matrix.setdefault("attachments", ["bridge"])
     doc["matrix"] = matrix
-    return api.parse_topology(yaml.safe_dump(doc, sort_keys=False), f"{test_file} (@pytest.mark.testbed)", base)
+    return api.parse_topology(yaml.safe_dump(doc, sort_keys=False), source, base)
 
 
 def _profile(p: Any, extra: Mapping[str, Any]) -> Any:
