@@ -1,7 +1,9 @@
-"""pytest runs are runs: a pytest session whose tests measure (through the plugin's
-``testbed_run``) leaves a run directory with this host's real environment, finished with its
-status and counts, that `testbed report` renders like a `testbed run` directory. Proved with
-a child pytest session of one namespace test (no guests), its run written under --results."""
+"""pytest runs are runs: a pytest session whose tests measure (a team's test through the
+plugin's marker and ``testbed_cell``, or by hand into ``testbed_run``) leaves a run directory
+with this host's real environment, finished with its status and counts, that `testbed
+report` renders like a `testbed run` directory; a floor the sample does not reach fails its
+test with the figure. Proved with a child pytest session of namespace tests (no guests), its
+run written under --results."""
 from __future__ import annotations
 
 import json
@@ -17,24 +19,34 @@ from testbed._suite_plugin import run_cli
 from testbed.pytest_plugin import require_root
 
 INNER = '''
+import pytest
+
 from testbed.measure import sampling as measure, testpaths
 from testbed.analysis import stats
 from testbed.topology.model import Attachment, Backend, Cell, Pattern, Profile, Repetitions
 from testbed.measure.session import claim_tag
 
 
-def test_measures_into_the_session_run(testbed_run, tmp_path):
+@pytest.mark.testbed(attachments=["netns-veth"], profiles=["tcp_stream"], duration=2)
+def test_a_team_test(testbed_cell):
+    s = testbed_cell.measure()
+    assert s.ok and s.metrics[testbed_cell.metric] > 0
+    assert (testbed_cell.run.dir / s.raw[0]).is_file()
+
+
+def test_measures_the_same_cell_again(testbed_run, tmp_path):
+    # another test, same cell id (other conditions in real suites: macvtap modes), by hand
     cell = Cell(Attachment("netns-veth"), Backend.QEMU, 1500, 1,
                 Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=2))
     with testpaths.own_endpoints_path(Attachment("netns-veth"), claim_tag(), "198.18.251.0/30", 1500, str(tmp_path)) as path:
         [s] = measure.measure_cell(cell, path, testbed_run, stats.StoppingRule(Repetitions()), 0, {}, {})
     assert s.status == "ok", s.reason
-    assert (testbed_run.dir / s.raw[0]).is_file()
 
 
-def test_measures_the_same_cell_again(testbed_run, tmp_path):
-    # another test, same cell id (other conditions in real suites: macvtap modes)
-    test_measures_into_the_session_run(testbed_run, tmp_path)
+@pytest.mark.testbed(attachments=["netns-veth"], profiles=["tcp_rr"], duration=2)
+@pytest.mark.testbed_floor(tcp_rr=1e12, namespaces=True)
+def test_a_floor_no_host_reaches(testbed_cell):
+    testbed_cell.measure()          # fails the test: below the floor
 '''
 
 
@@ -47,7 +59,11 @@ def test_a_measuring_pytest_session_writes_a_run_that_report_renders(tmp_path: P
     p = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
                         str(tmp_path / "test_inner.py"), "--results", str(results)],
                        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-2000:]
+    assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-2000:]
+    # the floor's test failed with its reason; the others passed
+    assert "2 passed, 1 failed" in p.stdout, p.stdout[-2000:]
+    assert re.search(r"netns-veth-qemu-mtu1500-conn1-tcp_rr: transactions_per_s \S+ is below the floor 1e\+12 "
+                     r"\(testbed_floor, namespaces\)", p.stdout), p.stdout[-3000:]
     # The session says where its run is, and it is under --results.
     m = re.search(r"measurements of this session: (\S+)", p.stdout)
     assert m, p.stdout[-2000:]
@@ -56,21 +72,22 @@ def test_a_measuring_pytest_session_writes_a_run_that_report_renders(tmp_path: P
     run = json.loads((run_dir / "run.json").read_text())
     # Finished, with its counts, and this host's environment (no stand-in "test" accelerator).
     assert run["status"] == "complete", run.get("error")
-    assert run["counts"]["samples"] == 2 and run["counts"]["failed"] == 0
+    assert run["counts"]["samples"] == 3 and run["counts"]["failed"] == 0
     envr = run["environment"]
     assert envr["accelerator"] == "none" and envr["comparable_class"] == "host-namespaces"
     assert envr["kernel"] == platform.release() and envr["cpus"] == os.cpu_count() and envr["cpu_model"]
     # The recorded matrix is what was measured, so compare and history read it like a run's.
     assert run["topology"]["matrix"]["attachments"] == ["netns-veth"]
-    assert [pr["name"] for pr in run["topology"]["matrix"]["profiles"]] == ["tcp_stream"]
+    assert sorted({pr["name"] for pr in run["topology"]["matrix"]["profiles"]}) == ["tcp_rr", "tcp_stream"]
     # One outcome per cell id: the second measurement of the same cell is <id>-t2, its
     # sample too (the index keys cells by run and id).
-    cell, again = run["cells"]
+    cell, again, rr = run["cells"]
     assert cell["id"] == "netns-veth-qemu-mtu1500-conn1-tcp_stream" and cell["status"] == "ok"
     assert again["id"] == cell["id"] + "-t2" and again["status"] == "ok"
     assert cell["summary"]["throughput_mbps"]["mean"] > 0
     samples = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
-    assert [x["cell"]["id"] for x in samples] == [cell["id"], again["id"]]
+    assert [x["cell"]["id"] for x in samples] == [cell["id"], again["id"], rr["id"]]
+    assert rr["status"] == "ok"        # measured well: the floor is the team's test, not the sample's
     # Indexed beside the results like a `testbed run`, and `testbed report` renders it.
     assert "not indexed" not in p.stdout, p.stdout[-2000:]
     assert (results / "index.sqlite").is_file()
