@@ -61,7 +61,7 @@ def test_a_measuring_pytest_session_writes_a_run_that_report_renders(tmp_path: P
                        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-2000:]
     # the floor's test failed with its reason; the others passed
-    assert "2 passed, 1 failed" in p.stdout, p.stdout[-2000:]
+    assert "1 failed, 2 passed" in p.stdout, p.stdout[-2000:]
     assert re.search(r"netns-veth-qemu-mtu1500-conn1-tcp_rr: transactions_per_s \S+ is below the floor 1e\+12 "
                      r"\(testbed_floor, namespaces\)", p.stdout), p.stdout[-3000:]
     # The session says where its run is, and it is under --results.
