@@ -87,7 +87,8 @@ def test_capacity_script_from_a_density_run_to_the_table_and_plot(tmp_path):
     assert row[1:3] == [str(mode["vms"]), mode["limit"]], table
     html = (out / "capacity.html").read_text()
     assert "Capacity at stream:2gbit per VM" in html
-    assert '<img alt="Capacity, netns-veth/qemu' in html         # the plot of rate and CPU against N
+    # the interactive plot of rate and CPU against N, under its own heading
+    assert '<h2>Capacity, netns-veth/qemu' in html and 'class="plotly-graph-div"' in html
 
     # The same run planned for a bigger host with 8 GiB VMs: memory runs out first.
     again = _script(tmp_path, str(run), CAPACITY_ARGS="--host-cores 64 --memory-mib 8192")
