@@ -8,7 +8,7 @@ holds a copy that drifts from them.
 - links are rewritten for where a page lands: `docs/X.md` in the README becomes `X.md`, a
   link to examples/NAME/FILE goes to that file on the example's page, a link to the site
   (site_url) stays inside the site, and a link to any other file of the repository goes to
-  it on repo_url;
+  it on repo_url (without one, the file is named, not linked);
 - code is highlighted by Pygments at build time (codehilite) with its stylesheet generated
   here: nothing is loaded from the network.
 """
@@ -88,6 +88,11 @@ def rewrite(markdown: str, source: str, page: str, config) -> str:
         if full.startswith("../"):
             return m.group(0)
         to = _target(full, f"#{frag}" if frag else "", config)
+        if to is None and not config.get("repo_url") and (ROOT / full).exists() \
+                and not m.group(1).startswith("!"):
+            # a repository file that is no page, and no published repository to link to:
+            # named, not linked (the built site points at nothing outside itself)
+            return f"{m.group(1)[1:-2]} (`{full}` in the repository)"
         if to is None:
             return m.group(0)
         if not re.match(r"[a-z]+:", to):
