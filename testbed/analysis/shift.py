@@ -18,7 +18,11 @@ directions drift apart), with at least MIN_CELLS comparable cells:
 - the shift itself is judged against the threshold like a cell (a one-sided test against
   the threshold, in the same Benjamini-Hochberg family): beyond it, credibly, it is a
   finding of its own, "every cell 6 % slower: the host, or the whole build?", which fails
-  the night; within it, it is printed in one line and taken out.
+  the night; otherwise it is printed in one line and taken out. A shift whose estimate is
+  near the threshold but not credibly beyond it does not hold the night undecided: its
+  uncertainty is the host's night-to-night drift, which measuring the cells again cannot
+  shrink, so the night passes with the shift on a line of its own ("watch") and `testbed
+  history` judges it over the nights, where a lasting step of the whole build shows.
 
 A uniform real regression of the whole build moves the shift, so it still fails the night;
 what the shift cannot do is tell a slower host from a slower build. A/B variants in one run
@@ -78,7 +82,9 @@ class Shift:
                                          "not the build? (A/B variants in one run take the host out)",
                 stats.Verdict.IMPROVED: "credibly better than the threshold in every cell",
                 stats.Verdict.UNCHANGED: "within the threshold: taken out of each cell's verdict",
-                }.get(c.verdict, "beyond the threshold, not credibly: measure again" if self.undecided
+                }.get(c.verdict, "beyond the threshold, not credibly: one night cannot tell the host's "
+                                 "drift from the build's; taken out of each cell's verdict, and `testbed "
+                                 "history` follows it over the nights" if self.undecided
                       else "not credibly beyond the threshold: taken out of each cell's verdict")
         tau = f"; between-run noise {self.tau:.1%} a cell added" if self.tau > 0 else ""
         return (f"night shift {self.metric}: every cell {self.change:+.1%} "
