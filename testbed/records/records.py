@@ -589,17 +589,17 @@ class RunRecord(Part):
 
     @property
     def _matrix(self) -> Mapping[str, Any]:
-        return self.topology.get("matrix") or {}
+        m = self.topology.get("matrix")
+        return m if isinstance(m, Mapping) else {}
 
     def profile_entry(self, name: str) -> ProfileEntry:
-        for p in self._matrix.get("profiles") or ():
+        for p in recorded_profiles(self.topology):
             if p.get("name") == name:
                 return ProfileEntry.from_dict(p)
         return ProfileEntry(name=name)
 
     def profile_entries(self) -> dict[str, ProfileEntry]:
-        return {str(p.get("name")): ProfileEntry.from_dict(p)
-                for p in self._matrix.get("profiles") or ()}
+        return {str(p.get("name")): ProfileEntry.from_dict(p) for p in recorded_profiles(self.topology)}
 
     def pattern_of(self, profile: str) -> str | None:
         """The profile's pattern as recorded, else guessed from a name ending in _rr/_crr."""
@@ -616,7 +616,9 @@ class RunRecord(Part):
 
     @property
     def guests(self) -> tuple[GuestEntry, ...]:
-        return tuple(GuestEntry.from_dict(g) for g in self.topology.get("guests") or ())
+        # run.json is a user's file: a guests field that is not a list of objects reads as none
+        gs = self.topology.get("guests")
+        return tuple(GuestEntry.from_dict(g) for g in gs if isinstance(g, Mapping)) if isinstance(gs, list) else ()
 
     @property
     def client(self) -> str | None:
@@ -640,8 +642,8 @@ class RunRecord(Part):
         import json
         tb, tn = self.topology, new.topology
         out: list[tuple[str, str, str]] = []
-        pb = {p.get("name"): p for p in (tb.get("matrix") or {}).get("profiles") or ()}
-        pn = {p.get("name"): p for p in (tn.get("matrix") or {}).get("profiles") or ()}
+        pb = {p.get("name"): p for p in recorded_profiles(tb)}
+        pn = {p.get("name"): p for p in recorded_profiles(tn)}
         for name in sorted(set(pb) & set(pn)):
             for k in sorted(set(pb[name]) | set(pn[name])):
                 if pb[name].get(k) != pn[name].get(k):
@@ -706,8 +708,16 @@ def primary_metric(pattern: str | Pattern | None) -> str:
 
 # --------------------------------------------------------------------------- upgrade
 
+def recorded_profiles(topology: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
+    """The profiles a run.json's topology records; run.json is a user's file, so a matrix or
+    a profile list of another shape reads as none rather than ending a reader."""
+    m = topology.get("matrix")
+    ps = m.get("profiles") if isinstance(m, Mapping) else None
+    return tuple(p for p in ps if isinstance(p, Mapping)) if isinstance(ps, list) else ()
+
+
 def cell_hash(cell: Mapping[str, Any], topology: Mapping[str, Any]) -> str:
-    profiles = {p.get("name"): p for p in (topology.get("matrix") or {}).get("profiles") or ()}
+    profiles = {p.get("name"): p for p in recorded_profiles(topology)}
     return definition_hash(definition(cell, profiles.get(cell.get("profile")) or
                                       {"name": cell.get("profile"), "tool": cell.get("tool")},
                                       dict(context_of(topology))))

@@ -330,6 +330,28 @@ def check_shape(cls: type, d: Any, where: str, path: str = "") -> None:
                                                   f"found {type(v).__name__}")
 
 
+#: the recorded topology's fields that readers walk, and the shape each must have
+_TOPOLOGY_LISTS = {"guests": "topology.guests", "hosts": "topology.hosts"}
+
+
+def check_topology(topo: Any, where: str) -> None:
+    """The parts of a recorded topology that readers walk have the shape the writer gives
+    them (an object; lists of objects), else the file is refused: run.json is a user's file."""
+    if topo is None:
+        return
+    if not isinstance(topo, Mapping):
+        raise safeio.UserFileError(where, f"topology: expected an object, found {type(topo).__name__}")
+    lists = [(topo.get(k), name) for k, name in _TOPOLOGY_LISTS.items()]
+    m = topo.get("matrix")
+    if m is not None:
+        if not isinstance(m, Mapping):
+            raise safeio.UserFileError(where, f"topology.matrix: expected an object, found {type(m).__name__}")
+        lists.append((m.get("profiles"), "topology.matrix.profiles"))
+    for v, name in lists:
+        if v is not None and (not isinstance(v, list) or not all(isinstance(x, Mapping) for x in v)):
+            raise safeio.UserFileError(where, f"{name}: expected a list of objects")
+
+
 def read_run(path: Path) -> RunRecord:
     """A run directory as a typed record, upgraded to the current format in memory.
 
@@ -350,6 +372,7 @@ def read_run(path: Path) -> RunRecord:
                                              f"this testbed reads versions 1 to {FORMAT_VERSION}; "
                                              f"a newer testbed wrote it")
     check_shape(RunRecord, run, str(run_file))
+    check_topology(run.get("topology"), str(run_file))
     data = safeio.read_regular(samples_file, MAX_SAMPLES_JSONL)
     samples = []
     for n, s in safeio.json_lines(data, str(samples_file)):
