@@ -162,3 +162,27 @@ def test_report_with_slo_plots_the_figure_against_n(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "testbed", "report", str(run), "-o", str(out), "--slo", "x"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--slo" in bad.stderr and bad.stderr.count("\n") == 1
+
+
+def test_a_failed_sample_at_the_load_breaks_it_and_each_answer_says_its_loop(tmp_path):
+    """A sample that failed (sockperf's sender could not offer the load) cannot be shown to
+    meet the SLO; the answer says how its latency was measured."""
+    matrix = Matrix((Attachment("bridge"),), (Backend.QEMU,), (1500,), (1,), (RR,), pairs=(1, 2))
+    topo = Topology("t", "<test>", (HostSpec("local"),), (GuestSpec("g1", "local"), GuestSpec("g2", "local")),
+                    "g1", "g2", matrix)
+    with RunWriter(tmp_path, "r", topo, {"accelerator": "tcg", "cpus": 2}) as w:
+        one, two = (Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, RR, pairs=n) for n in (1, 2))
+        w.add_sample(SampleRecord.new("r", one.as_dict(), 0, False, "ok", None, {"transactions_per_s": 5000.0},
+                                      {}, now(), now(), extra={"pairs": [rr_pair(200)], "latency_loop": "open-loop"}))
+        w.add_sample(SampleRecord.new("r", two.as_dict(), 0, True, "failed", "warm-up: not counted", {}, {},
+                                      now(), now()))
+        w.add_sample(SampleRecord.new("r", two.as_dict(), 0, False, "failed",
+                                      "pair 2 failed: sockperf offered 3100 requests/s of the 5000 asked", {}, {},
+                                      now(), now(), extra={"latency_loop": "open-loop"}))
+    (a,) = slo.answer(compare.load(w.dir), slo.parse("p99.9<500us@5000tps"))
+    assert a.largest_met == 1 and a.first_broken.pairs == 2
+    (b,) = a.first_broken.breaches          # the warm-up is not counted
+    assert b.pair == 0 and b.value is None and "offered 3100 requests/s of the 5000 asked" in b.why
+    assert a.notes == ("latency measured open-loop",)
+    text = slo.render_text([a])
+    assert "latency measured open-loop" in text and "first N breaking it: 2 (sample 0: sample failed: pair 2" in text
