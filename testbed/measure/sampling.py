@@ -276,6 +276,7 @@ class _Sample:
             t0 = time.monotonic()
             for w in self.watches.values():
                 w.tools_from = t0
+                w.quiet_until = t0 + self.driver.quiet_start_s
             outs, ends, skew_s, error = self._run_clients(plans, limit_s, expected_s, t0)
             if error is not None:
                 return self.failed(error)

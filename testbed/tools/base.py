@@ -163,6 +163,9 @@ class ToolDriver(ABC):
     reusable_server: ClassVar[bool] = False
     #: the port the server listens on unless told otherwise
     default_port: ClassVar[int | None] = None
+    #: seconds from the client's start in which the tool may fall silent by design (sockperf
+    #: sleeps after its warm-up messages): a silence that begins then is not a link flap
+    quiet_start_s: ClassVar[float] = 0.0
 
     def pacing_reason(self, protocol: Protocol, pattern: object, rate: object) -> str | None:
         """Why this tool cannot express a target ``rate`` (tools.pacing.Rate) on ``pattern``
