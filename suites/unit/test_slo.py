@@ -4,6 +4,7 @@ cells of N pairs paced at 5000 tps (or 2 Gbit/s of UDP), each pair with its own 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -186,3 +187,27 @@ def test_a_failed_sample_at_the_load_breaks_it_and_each_answer_says_its_loop(tmp
     assert a.notes == ("latency measured open-loop",)
     text = slo.render_text([a])
     assert "latency measured open-loop" in text and "first N breaking it: 2 (sample 0: sample failed: pair 2" in text
+
+
+RECORDED = Path(__file__).parent / "fixtures" / "recorded" / "sockperf" / "slo-netns-1-2-4"
+
+
+@pytest.mark.parametrize("bound, largest, first", [("50ms", 4, None), ("20ms", 2, 4), ("2ms", None, 1)])
+def test_a_recorded_sockperf_density_run_answers_a_p99_9_slo(tmp_path, bound, largest, first):
+    """A real 1-2-4 pair run (examples/capacity/slo-sockperf-netns.yaml, sockperf under load at
+    1000 tps per pair between namespaces on a busy 2-core host): every pair's p99.9 rests on
+    over 10,000 timed messages, so the SLO is answered at each N, open-loop."""
+    run = tmp_path / RECORDED.name
+    shutil.copytree(RECORDED, run)
+    (a,) = slo.answer(compare.load(run), slo.parse(f"p99.9<{bound}@1000tps"))
+    assert [lv.pairs for lv in a.levels] == [1, 2, 4]
+    assert all(lv.worst is not None and lv.samples == 2 for lv in a.levels)
+    assert a.largest_met == largest
+    assert (a.first_broken.pairs if a.first_broken else None) == first
+    assert a.notes == ("latency measured open-loop",)
+    if bound != "20ms":
+        return          # the command once: what it prints is the answer above
+    p = subprocess.run([sys.executable, "-m", "testbed", "capacity", str(run), "--slo", f"p99.9<{bound}@1000tps"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "latency measured open-loop" in p.stdout and f"largest N meeting it: {largest or 'none'}" in p.stdout
