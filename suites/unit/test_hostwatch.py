@@ -56,6 +56,26 @@ def test_a_silent_wire_stops_the_sample_while_it_runs(monkeypatch):
     assert "had not resumed (no byte on tb-x-a" in sw.stop.why and "a stall" in sw.stop.why
 
 
+def test_a_silence_the_tool_keeps_at_its_start_is_no_gap_but_one_later_is():
+    """sockperf's pause after its warm-up messages (ToolDriver.quiet_start_s): traffic, a
+    silence, traffic again. Beginning before the watch's quiet_until it is the tool's own;
+    the same silence beginning after it fails the sample as a gap."""
+    def run(quiet_s: float) -> str | None:
+        start = time.monotonic()
+
+        def read() -> int:      # bytes for 0.3 s, none for 1.2 s, then bytes again
+            dt = time.monotonic() - start
+            return int(dt * 1000) if dt < 0.3 else 300 if dt < 1.5 else 300 + int((dt - 1.5) * 1000)
+        guard = Guard(read_bytes=read, devices=("tb-x-a",), interval_s=0.05)
+        with guard.sample() as sw:
+            sw.tools_from, sw.quiet_until = start, start + quiet_s
+            time.sleep(2.0)
+        return sw.finish()
+    assert run(1.0) is None
+    why = run(0.1)
+    assert why is not None and "wire counters stopped for" in why and "a link flap or a stall" in why, why
+
+
 def test_changes_name_the_daemon_and_both_pids():
     b = [Seen("ovs-vswitchd", 123, 1.0), Seen("ovsdb-server", 7, 1.0), Seen("libvirtd", 9, 1.0)]
     a = [Seen("ovs-vswitchd", 456, 5.0), Seen("ovsdb-server", 7, 1.0), Seen("libvirtd", None, None)]

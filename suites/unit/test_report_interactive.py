@@ -127,3 +127,26 @@ def test_plots_render_and_answer_hover_in_headless_chromium_with_no_network(tmp_
     assert "trial 0 (1.00 s): 40.00 Mbit/s offered, loss 50.000%, wire ok" in text, text
     assert not tab.errors, tab.errors
     assert [u for u in tab.requests if not u.startswith(("file:", "data:", "blob:", "about:"))] == []
+
+
+def test_open_and_closed_loop_samples_are_never_one_curve(tmp_path):
+    """The same series measured open-loop (sockperf) in one run and closed-loop (uperf) in
+    another: two curves, each labelled, never joined."""
+    recs = []
+    for run_id, tool, loop in (("ro", "sockperf", "open-loop"),
+                               ("rc", "uperf", "closed-loop (coordinated omission: ...)")):
+        profiles = tuple(Profile("rr", tool=Tool(tool), pattern=Pattern.RR, message_size=64, rate_tps=t,
+                                 rate=f"{t}tps") for t in (1000, 4000))
+        topo = Topology("t", "<test>", (HostSpec("local"),), (GuestSpec("g1", "local"), GuestSpec("g2", "local")),
+                        "g1", "g2", Matrix((Attachment("bridge"),), (Backend.QEMU,), (1500,), (1,), profiles))
+        with RunWriter(tmp_path, run_id, topo, {"accelerator": "tcg", "cpus": 2}) as w:
+            for p in profiles:
+                c = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, p)
+                w.add_sample(SampleRecord.new(run_id, c.as_dict(), 0, False, "ok", None,
+                                              {"transactions_per_s": float(p.rate_tps), "latency_p99_us": 300.0},
+                                              {}, now(), now(), extra={"latency_loop": loop}))
+                w.add_cell(c, "ok", None, True, {})
+        recs.append(compare.load(w.dir))
+    html = report_interactive.load_curve_plot(recs).html
+    assert "p99 (open-loop) [ro]" in html and "p99 (closed-loop) [rc]" in html
+    assert html.count('"mode":"lines+markers"') == 2

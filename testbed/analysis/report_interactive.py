@@ -91,9 +91,11 @@ def load_curve_plot(records: Sequence[RunRecord]) -> Interactive | None:
             # the profiles `rates:` made (tcp_rr_1000tps, tcp_rr_4000tps) are one curve
             c = s.cell
             base = str(c.profile).removesuffix("_" + str(c.rate).replace(".", "_"))
+            # open- and closed-loop samples are never one curve: queueing shows in only one
+            loop = str(s.data.get("latency_loop") or "")
             key = (rec.run_id, f"{c.mode} mtu{c.mtu}-conn{c.connections}-q{c.queues or 1}-{base}"
-                               + (f"-p{c.pairs}" if (c.pairs or 1) > 1 else ""))
-            loops[key] = str(s.data.get("latency_loop") or "")
+                               + (f"-p{c.pairs}" if (c.pairs or 1) > 1 else "") + f" {loop.split(' ')[0]}")
+            loops[key] = loop
             for name, v in s.metrics.items():
                 p = percentiles.from_metric(name)
                 if p is not None and v is not None:
@@ -105,16 +107,19 @@ def load_curve_plot(records: Sequence[RunRecord]) -> Interactive | None:
     for key, rows in sorted(series.items()):
         if len(loads[key]) < 2:
             continue
-        loop = " (closed-loop)" if loops[key].startswith("closed") else ""
+        name = key[1].rpartition(" ")[0]
+        loop = f" ({loops[key].split(' ')[0]})" if loops[key] else ""
         for p in sorted({r[0] for r in rows}):
             pts = sorted((x, y, rate) for q, x, y, rate in rows if q == p)
             traces.append(go.Scatter(x=[x for x, _, _ in pts], y=[y for _, y, _ in pts], mode="lines+markers",
-                                     name=f"{key[1]} p{p:g}{loop} [{key[0]}]", customdata=[r for *_, r in pts],
+                                     name=f"{name} p{p:g}{loop} [{key[0]}]", customdata=[r for *_, r in pts],
                                      hovertemplate="target %{customdata}: %{x:.0f} tps per pair, "
                                                    "p" + f"{p:g}" + " %{y:.4g} us<extra></extra>"))
     return Interactive("Latency against load", "Each chosen percentile (enough transactions behind it) "
-                       "against the rate each pair achieved at its paced target. Closed-loop pacing "
-                       "(uperf, netperf) under-reports queueing delay: coordinated omission.",
+                       "against the rate each pair achieved at its paced target, labelled open- or "
+                       "closed-loop and never joined across the two. Open-loop pacing (sockperf "
+                       "under-load) shows queueing delay; closed-loop pacing (uperf, netperf) "
+                       "under-reports it: coordinated omission.",
                        _div(_figure(traces, "transactions/s per pair", "latency (us)"), "tb-load"))
 
 

@@ -16,7 +16,10 @@ transaction rate), ``loss<0.1%@2gbit`` (UDP loss at a bit rate). The answer:
   for that N, said to be extrapolated. Fewer than three measured N give no extrapolation.
 
 A pair whose figure is missing (an insufficient percentile is never recorded) or that fell
-short of its paced load does not meet the SLO: it cannot be shown to.
+short of its paced load, or a sample that failed (a sender that could not offer the load),
+does not meet the SLO: it cannot be shown to. Each answer says how
+its latency was measured (the samples' ``latency_loop``): open-loop (sockperf under-load:
+queueing shows) or closed-loop (uperf, netperf: it is under-reported).
 """
 from __future__ import annotations
 
@@ -98,7 +101,7 @@ def parse(text: str) -> Slo:
 class Breach:
     pairs: int               # N
     sample: int              # rep
-    pair: int                # 1-based pair index
+    pair: int                # 1-based pair index; 0: the whole sample failed
     value: float | None      # None: the figure was not recorded
     why: str
 
@@ -154,6 +157,16 @@ def _same_rate(cell_rate: str | None, want: pacing.Rate) -> bool:
     return (r.bps, r.tps) == (want.bps, want.tps)
 
 
+def loops(rec: RunRecord, slo: Slo) -> dict[str, str]:
+    """Per series at the SLO's load, how its samples' latency was measured (open- or
+    closed-loop, as the samples say); series whose samples say nothing are left out."""
+    out: dict[str, set[str]] = defaultdict(set)
+    for s in rec.samples:
+        if s.measured and _same_rate(s.cell.rate, slo.rate) and s.data.get("latency_loop"):
+            out[f"{s.cell.mode} {s.cell.series()}"].add(str(s.data["latency_loop"]))
+    return {k: " and ".join(sorted(v)) for k, v in out.items()}
+
+
 def levels(rec: RunRecord, slo: Slo, *, mtu: int | None = None,
            connections: int | None = None) -> dict[str, list[Level]]:
     """Per series (the cell without N), one Level per measured N at the SLO's load."""
@@ -161,7 +174,9 @@ def levels(rec: RunRecord, slo: Slo, *, mtu: int | None = None,
     rates: set[str] = set()
     for s in rec.samples:
         c = s.cell
-        if not s.measured:
+        # a failed sample counts against the SLO (a sender that could not offer the load, a
+        # pair that failed): it cannot be shown to meet it; warm-ups and noisy retries do not
+        if s.warmup or not (s.ok or s.status == "failed"):
             continue
         if c.rate:
             rates.add(str(c.rate))
@@ -178,6 +193,9 @@ def levels(rec: RunRecord, slo: Slo, *, mtu: int | None = None,
     for (series, n), samples in sorted(by.items()):
         breaches, worst, busy, cores = [], None, [], []
         for s in samples:
+            if not s.ok:
+                breaches.append(Breach(n, s.rep, 0, None, f"sample failed: {s.reason}"))
+                continue
             prs = s.pairs or ()
             figures = ([p.value(slo.metric) for p in prs] if prs
                        else [s.metric(slo.metric)] * n)
@@ -267,6 +285,7 @@ def answer(rec: RunRecord, slo: Slo, *, host_cores: float | None = None, mtu: in
            connections: int | None = None) -> list[Answer]:
     cores = host_cores if host_cores is not None else rec.environment.cpus
     out = []
+    loop = loops(rec, slo) if slo.metric != "loss_pct" else {}
     for series, lv in levels(rec, slo, mtu=mtu, connections=connections).items():
         largest, first = None, None
         for level in lv:
@@ -278,7 +297,8 @@ def answer(rec: RunRecord, slo: Slo, *, host_cores: float | None = None, mtu: in
         if first is None:
             ex = extrapolate(lv, slo.bound)
         binding = _binding(first, cores) if first else _binding(None, cores)
-        out.append(Answer(slo, series, tuple(lv), largest, first, binding, cores, ex))
+        notes = (f"latency measured {loop[series]}",) if series in loop else ()
+        out.append(Answer(slo, series, tuple(lv), largest, first, binding, cores, ex, notes))
     return out
 
 
@@ -287,6 +307,7 @@ def render_text(answers: list[Answer]) -> str:
     for a in answers:
         lines.append(f"SLO {a.slo.text}: {a.slo.figure} {'<=' if a.slo.inclusive else '<'} "
                      f"{a.slo.bound:g} {a.slo.unit} at {a.slo.rate.text} per pair   [{a.series}]")
+        lines.extend(f"  {n}" for n in a.notes)
         for lv in a.levels:
             w = "-" if lv.worst is None else f"{lv.worst:g} {a.slo.unit}"
             lines.append(f"  N={lv.pairs:<3} worst pair {w:>14}  {'met' if lv.met else 'BROKEN'}"
@@ -294,7 +315,8 @@ def render_text(answers: list[Answer]) -> str:
         lines.append(f"  largest N meeting it: {'none' if a.largest_met is None else a.largest_met}")
         if a.first_broken is not None:
             b = a.first_broken.breaches[0]
-            lines.append(f"  first N breaking it: {a.first_broken.pairs} (pair {b.pair}, sample {b.sample}: {b.why}"
+            who = f"pair {b.pair}, " if b.pair else ""      # 0: the whole sample failed
+            lines.append(f"  first N breaking it: {a.first_broken.pairs} ({who}sample {b.sample}: {b.why}"
                          + (f"; {len(a.first_broken.breaches) - 1} more" if len(a.first_broken.breaches) > 1 else "")
                          + ")")
         else:

@@ -15,7 +15,8 @@ lose the same seconds, so the wire cross-check agrees. The error messages do not
 - the byte counters of the devices under test, read every ``INTERVAL_S`` through the window:
   a stretch of at least ``MIN_GAP_S`` with no byte on them, with traffic before and after it,
   fails the sample with its time and length. It catches a link flap or a stall that no
-  daemon reports. A silence after traffic that lasts ``STALL_STOP_S`` while the tools still
+  daemon reports. A silence that begins within the tool's own pause at its start
+  (``ToolDriver.quiet_start_s``: sockperf sleeps after its warm-up messages) is not one. A silence after traffic that lasts ``STALL_STOP_S`` while the tools still
   run stops them there (the sample has failed whatever comes next).
 
 A daemon or object fault also marks the guard ``fault``: the runner then waits (at most
@@ -222,6 +223,9 @@ class SampleWatch:
     #: when the tools were started (monotonic): only bytes counted from then on are traffic
     #: for the stall stop (a stray frame before a slow start is no traffic of theirs)
     tools_from: float | None = None
+    #: a silence beginning before this (monotonic) is the tool's own pause at its start
+    #: (ToolDriver.quiet_start_s), not a gap
+    quiet_until: float | None = None
     _over: threading.Event = field(default_factory=threading.Event)
     _checker: threading.Thread | None = None
 
@@ -263,7 +267,10 @@ class SampleWatch:
         if why or missing:
             self.guard.fault = "; ".join([*why, *missing])
         if self.sampler is not None and not missing:
+            t0 = self.sampler.readings[0][0] if self.sampler.readings else 0.0
             for g in gaps(self.sampler.readings, self.guard.min_gap_s):
+                if self.quiet_until is not None and t0 + g.at_s < self.quiet_until:
+                    continue
                 why.append(f"wire counters stopped for {g.length_s:.2f} s at {g.at_s:.2f} s into the window "
                            f"(no byte on {self.guard.device_list()} "
                            f"between traffic before and after: a link flap or a stall)")

@@ -10,9 +10,18 @@ Which counter: the receiving endpoint's device in the data's direction. What arr
 what the receiver counted (netperf's REMOTE_BYTES_RECVD, UDP's received datagrams), and
 packets a sender's qdisc dropped never reach it. For request/response both directions of
 the client's device, against the bytes the client sent and received.
+
+Request/response tools that count their messages (sockperf: sent and replied over its whole
+run) are also held to the client device's packet counters, per direction
+(:func:`with_messages`): over UDP one message is one datagram, so every request counted as
+sent left the client's device, and every reply counted arrived through it. What was lost is
+split by where: beyond the client's device (the path, the server) or after it (the client's
+socket, or a reply that came after the client stopped counting).
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
@@ -45,6 +54,8 @@ class Check:
     reason: str | None = None
     #: wire bytes retransmissions (TCP) or datagrams sent but not read (UDP) can explain
     explained_extra_bytes: int = 0
+    #: request/response messages against the packet counters (:func:`with_messages`), if counted
+    messages: Mapping | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -132,3 +143,76 @@ def receiving_end(pattern: Pattern) -> str | None:
     if pattern is Pattern.MAERTS:
         return "client"
     return None
+
+
+#: frames beyond the tool's own a client's device may carry in a sample's window (ARP,
+#: sockperf's warm-up messages, a guest's IPv6 neighbour and router messages), plus a share
+MESSAGE_SLACK = 8
+MESSAGE_SLACK_SHARE = 0.001
+
+
+def frames_per_datagram(payload: int, mtu: int) -> int:
+    """Frames one UDP datagram of ``payload`` bytes takes at ``mtu`` (IP fragments carry a
+    multiple of 8 bytes each)."""
+    per = max(8, (mtu - IPV4) // 8 * 8)
+    return max(1, math.ceil((payload + UDP) / per))
+
+
+@dataclass(frozen=True)
+class Messages:
+    """Request/response messages a tool counted against its client device's packets."""
+
+    sent: int                     # requests the tool counted as sent (its whole run)
+    replied: int                  # replies it counted
+    lost: int                     # sent - replied
+    wire_from_client: int         # frames the device carried from the client
+    wire_to_client: int           # frames it delivered to the client
+    frames_per_message: int
+    #: requests whose reply never reached the client's device (lost on the path or at the
+    #: server), and replies that reached it but not the tool (its socket, or after it stopped)
+    lost_beyond_client: int
+    lost_at_client: int
+    verdict: str                  # ok | fail | unchecked
+    reason: str | None = None
+
+
+def messages(protocol: Protocol, metrics: Mapping[str, float], from_client: int, to_client: int, *,
+             message_size: int, mtu: int, device: str = "") -> Messages | None:
+    """A request/response tool's messages (``msgs_sent``, ``msgs_replied``) against the packets
+    the client's device carried each way over the same window; None when the tool counted none.
+    Over TCP a message is no packet (segments coalesce, ACKs travel alone): unchecked."""
+    if "msgs_sent" not in metrics or "msgs_replied" not in metrics:
+        return None
+    sent, replied = int(metrics["msgs_sent"]), int(metrics["msgs_replied"])
+    f = frames_per_datagram(message_size, mtu) if protocol is Protocol.UDP else 1
+    beyond, at_client = max(0, from_client - to_client), max(0, to_client - replied * f) // f
+    base = dict(sent=sent, replied=replied, lost=sent - replied, wire_from_client=from_client,
+                wire_to_client=to_client, frames_per_message=f, lost_beyond_client=beyond // f,
+                lost_at_client=at_client)
+    if protocol is not Protocol.UDP:
+        return Messages(**base, verdict="unchecked",
+                        reason="over TCP a message is not a packet (segments coalesce, ACKs travel alone)")
+    slack = MESSAGE_SLACK + math.ceil(MESSAGE_SLACK_SHARE * sent * f)
+    where = f" ({device})" if device else ""
+    why = None
+    if from_client < sent * f:
+        why = (f"the tool counted {sent} requests sent ({sent * f} frames), the client's device{where} "
+               f"carried {from_client} from it")
+    elif from_client > sent * f + slack:
+        why = (f"the client's device{where} carried {from_client} frames from it, {from_client - sent * f} "
+               f"more than the {sent} requests the tool counted (slack {slack})")
+    elif replied * f > to_client:
+        why = (f"the tool counted {replied} replies ({replied * f} frames), the client's device{where} "
+               f"delivered {to_client}")
+    return Messages(**base, verdict="fail" if why else "ok", reason=why)
+
+
+def with_messages(c: Check, m: Messages | None) -> Check:
+    """The byte check with the message check added: failed if either failed, both reasons kept."""
+    if m is None:
+        return c
+    rec = asdict(m)
+    if m.verdict != "fail":
+        return dataclasses.replace(c, messages=rec)
+    reason = f"messages: {m.reason}" + (f"; {c.reason}" if c.reason else "")
+    return dataclasses.replace(c, messages=rec, verdict="fail", reason=reason)

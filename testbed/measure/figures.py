@@ -144,9 +144,14 @@ def wire_check(cell: Cell, path: TestPath, metrics: Mapping[str, float],
     ep = path.server if end == "server" else path.client
     d = deltas[ep.tap]
     wire_bytes, packets = d.towards(path.guest_sends_as_rx) if end else d.both()
-    return crosscheck.check(p.protocol, p.pattern, metrics, wire_bytes, packets, mtu=cell.mtu,
-                            message_size=sizes(p)[0], device=ep.tap,
-                            direction="to-endpoint" if end else "both")
+    c = crosscheck.check(p.protocol, p.pattern, metrics, wire_bytes, packets, mtu=cell.mtu,
+                         message_size=sizes(p)[0], device=ep.tap,
+                         direction="to-endpoint" if end else "both")
+    if end is None:     # request/response: the messages the tool counted, each way (sockperf)
+        c = crosscheck.with_messages(c, crosscheck.messages(
+            p.protocol, metrics, d.towards(not path.guest_sends_as_rx)[1], d.towards(path.guest_sends_as_rx)[1],
+            message_size=sizes(p)[0], mtu=cell.mtu, device=ep.tap))
+    return c
 
 
 def _guest_cpu(delta: Mapping[str, Mapping[str, float]]) -> dict:

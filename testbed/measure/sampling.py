@@ -276,6 +276,7 @@ class _Sample:
             t0 = time.monotonic()
             for w in self.watches.values():
                 w.tools_from = t0
+                w.quiet_until = t0 + self.driver.quiet_start_s
             outs, ends, skew_s, error = self._run_clients(plans, limit_s, expected_s, t0)
             if error is not None:
                 return self.failed(error)
@@ -410,8 +411,11 @@ class _Sample:
             return self.failed(f"{pairs.label(self.by_pair, bad[0])}wire cross-check: {bad[1].reason}",
                                cpu_info, extra, check)
         metrics = {**res.metrics, **derived(dict(res.metrics), cpu_info, ctx.clock_ghz)}
-        if profile.pattern.is_transactional and not self.by_pair:
-            metrics = latency_percentiles(profile, self.driver, [o.stdout for o in outs[0]], metrics, extra)
+        if profile.pattern.is_transactional:
+            # all clients of all pairs: their distributions add up to the sample's (each pair
+            # keeps its own percentiles in extra.pairs); insufficient ones leave the metrics
+            metrics = latency_percentiles(profile, self.driver, [o.stdout for out in outs for o in out],
+                                          metrics, extra)
         if self.hooks:
             why = self._hooks(metrics, cpu_rec, extra, check)
             if why:

@@ -2,10 +2,11 @@
 
 The topology chooses the percentiles (``matrix.percentiles``, default p50, p90, p99, p99.9).
 Where a tool gives the whole distribution (netperf's ``-v 2`` histogram in builds with
-``--enable-histogram``; a list of per-transaction times) they are computed from it; else the
-tool's own figures are taken where it prints them (netperf's P50/P90/P99 selectors, from its
-internal histogram), and a percentile no source gives is recorded as unavailable, never
-guessed.
+``--enable-histogram``; sockperf's full log of every message, bucketed by its driver; a list
+of per-transaction times) they are computed from it; else the tool's own figures are taken
+where it prints them (netperf's P50/P90/P99 selectors, from its internal histogram;
+sockperf's p25 to p99.999 over every message it timed), and a percentile no source gives is
+recorded as unavailable, never guessed.
 
 A percentile q rests on the transactions behind it: fewer than ``10 / (1 - q)`` (1,000 for
 p99, 10,000 for p99.9) leave fewer than ten transactions above it, so the figure is mostly
@@ -25,8 +26,6 @@ from dataclasses import asdict, dataclass
 DEFAULT: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
 #: metric names of percentiles: latency_p50_us, latency_p99_9_us, latency_p99_99_us
 METRIC_RE = re.compile(r"latency_p(\d{1,2})(?:_(\d{1,3}))?_us")
-#: netperf's selectors name these three
-TOOL_KEYS = {50.0: "latency_p50_us", 90.0: "latency_p90_us", 99.0: "latency_p99_us"}
 
 
 def metric_name(p: float) -> str:
@@ -171,8 +170,8 @@ def choose(ps: Sequence[float], metrics: Mapping[str, float], *, histogram: Sequ
         n = int(round(metrics["transactions_per_s"] * metrics["duration_s"]))
     out = []
     for p in ps:
-        key = TOOL_KEYS.get(float(p))
-        if key and key in metrics:
+        key = metric_name(float(p))     # netperf's P50/P90/P99 selectors; sockperf's p25 .. p99.999
+        if key in metrics:
             out.append(_mark(p, metrics[key], n, "tool"))
         else:
             out.append(Percentile(p, None, n, False, "unavailable",

@@ -17,6 +17,7 @@ MODULES = (
     "netperf",
     "uperf",
     "iperf3",
+    "sockperf",
 )
 
 # Drivers hold no state, so one instance of each serves every caller.

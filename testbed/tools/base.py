@@ -56,6 +56,13 @@ METRICS: Mapping[str, str] = MappingProxyType({
     "bytes": "payload bytes the tool counted as transferred",
     "operations": "operations the tool counted (uperf flowops)",
     "duration_s": "length of the measured interval, seconds",
+    "offered_per_s": "requests per second the client sent over the measured interval (sockperf); "
+                     "for an open-loop target, the load actually offered (replies are "
+                     "transactions_per_s)",
+    "msgs_sent": "request/response: requests the client sent over its whole run, warm-up "
+                 "included (sockperf); what the wire cross-check counts on the client's device",
+    "msgs_replied": "request/response: replies the client received over its whole run, warm-up "
+                    "included (sockperf)",
 })
 
 #: Keys an interval sample may carry besides the canonical metrics.
@@ -156,6 +163,9 @@ class ToolDriver(ABC):
     reusable_server: ClassVar[bool] = False
     #: the port the server listens on unless told otherwise
     default_port: ClassVar[int | None] = None
+    #: seconds from the client's start in which the tool may fall silent by design (sockperf
+    #: sleeps after its warm-up messages): a silence that begins then is not a link flap
+    quiet_start_s: ClassVar[float] = 0.0
 
     def pacing_reason(self, protocol: Protocol, pattern: object, rate: object) -> str | None:
         """Why this tool cannot express a target ``rate`` (tools.pacing.Rate) on ``pattern``
@@ -295,8 +305,7 @@ def vet(result: ToolResult, profile: Profile) -> ToolResult:
 # -- combining concurrent instances -------------------------------------------------------
 
 _SUMMED = ("throughput_mbps", "transactions_per_s", "udp_sent_msgs", "udp_recv_msgs",
-           "retransmits", "errors", "bytes", "operations")
-_PERCENTILES = ("latency_p50_us", "latency_p90_us", "latency_p99_us")
+           "retransmits", "errors", "bytes", "operations", "offered_per_s", "msgs_sent", "msgs_replied")
 
 
 def aggregate(results: Sequence[ToolResult], *, cpu_scope: str = "system") -> ToolResult:
@@ -343,7 +352,8 @@ def aggregate(results: Sequence[ToolResult], *, cpu_scope: str = "system") -> To
         out["latency_min_us"] = min(col("latency_min_us"))
     if "latency_max_us" in full:
         out["latency_max_us"] = max(col("latency_max_us"))
-    pct = [k for k in _PERCENTILES if k in full]
+    from testbed.records.percentiles import METRIC_RE
+    pct = sorted(k for k in full if METRIC_RE.fullmatch(k))   # p50 .. p99.999, whichever all gave
     for k in pct:
         out[k] = max(col(k))
     if pct:

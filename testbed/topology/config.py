@@ -475,11 +475,16 @@ def _check_tool(n: Node, m: dict[str, Node], p: Profile) -> None:
     reason = get_tool(p.tool).unsupported_reason(p)
     if not reason:
         return
-    # Name the field that makes the difference: the rate if the profile runs without it,
-    # else the pattern, protocol or tool the user wrote.
+    # Name the field that makes the difference: the rate if the profile runs without it, a
+    # size the reason names (sockperf's header and largest message), else the pattern,
+    # protocol or tool the user wrote.
+    named = sorted((reason.find(k), k) for k in ("message_size", "response_size") if k in m and k in reason)
+    sized = m[named[0][1]] if named else None
     if p.rate_bps is not None and not get_tool(p.tool).unsupported_reason(
             dataclasses.replace(p, rate_bps=None, rate_tps=None, rate=None)):
         field = m.get("rate_bps") or m["rate"]
+    elif sized is not None:
+        field = sized
     else:
         field = m.get("pattern") or m.get("protocol") or m.get("tool") or n
     raise field.error(f"{p.tool.value} cannot run {p.protocol.value} {p.pattern.value}"
