@@ -4,7 +4,8 @@ Registered by suites/conftest.py (``pytest_plugins``), so it is the project's ow
 not part of the testbed's public pytest plugin.
 
 **Quick tier** (``./tb test --quick``): the unit tier plus one real namespace run and one
-cell measured between restored guests (QUICK_ROOT_TESTS), a few minutes in all, for a change
+cell measured between restored guests (QUICK_ROOT_TESTS), without the unit tier's longest
+statistical replays (QUICK_LEAVES_OUT, or marked ``slow``), a few minutes in all, for a change
 that does not need the whole suite. The root tests go out first, so the workers take the unit
 tier beside them; everything else is deselected. A listed test that its module no longer
 has is an error, not a quieter tier.
@@ -15,6 +16,7 @@ so one long module decides the session's length); every worker's busy time besid
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -28,6 +30,20 @@ QUICK_ROOT_TESTS = (
     # first time), one cell measured through a Linux bridge with the wire cross-check
     "suites/vm/test_pair.py::test_cell_measures[bridge-qemu-mtu1500-conn1-tcp_stream]",
 )
+#: unit tests the quick tier leaves to the whole suite: long statistical replays (hundreds
+#: of seeds or cells) and repeated pytest start-ups, about a quarter of the unit tier's time
+#: between them. They check designs and plugins, not a parser or a renderer; a test marked
+#: ``slow`` is left out the same way. An entry no test matches any more is simply unused.
+QUICK_LEAVES_OUT = (
+    "suites/unit/test_sequential.py::test_the_design_replayed_meets_its_targets_at_small_size",
+    "suites/unit/test_gate.py::test_hundred_unchanged_cells_over_many_seeds_give_at_most_one_regression",
+    "suites/unit/test_gate.py::test_heterogeneous_noise_stays_controlled",
+    "suites/unit/test_bench_gate.py::test_a_cell_failing_nine_of_ten_samples_is_broken_among_200",
+    "suites/unit/test_bench_gate.py::test_one_transient_failure_among_200_unchanged_cells_does_not_fail_the_gate",
+    "suites/unit/test_examples.py::test_pytest_example_collects_the_modes_attach_names",
+)
+#: the config fuzzer's examples in the quick tier (the whole suite: 300, test_fuzz_config)
+QUICK_FUZZ_EXAMPLES = "60"
 #: how many of the critical worker's tests and modules the summary lists
 TOP = 8
 
@@ -38,16 +54,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="the quick tier: the unit tier, one namespace run and one restored-guest cell")
 
 
-def quick_selection(nodeids: Iterable[str], quick: Iterable[str] = QUICK_ROOT_TESTS) -> tuple[list[str], list[str]]:
+def quick_selection(nodeids: Iterable[str], quick: Iterable[str] = QUICK_ROOT_TESTS,
+                    leave_out: Iterable[str] = QUICK_LEAVES_OUT) -> tuple[list[str], list[str]]:
     """Pure: (kept, missing) for the quick tier over collected ``nodeids``: the unit tier
-    and the ``quick`` tests, those first; ``missing``: quick tests whose module was collected
-    without them (renamed or removed)."""
+    but the tests in ``leave_out`` (a parametrized test's every case), and the ``quick``
+    tests, those first; ``missing``: quick tests whose module was collected without them
+    (renamed or removed)."""
     ids = list(nodeids)
     quick = list(quick)
+    out = tuple(leave_out)
     present = set(ids)
     modules = {i.split("::", 1)[0] for i in ids}
     missing = [q for q in quick if q not in present and q.split("::", 1)[0] in modules]
-    kept = [q for q in quick if q in present] + [i for i in ids if i.startswith("suites/unit/")]
+    kept = [q for q in quick if q in present] + [
+        i for i in ids if i.startswith("suites/unit/") and i not in out and i.split("[", 1)[0] not in out]
     return kept, missing
 
 
@@ -55,7 +75,8 @@ def quick_selection(nodeids: Iterable[str], quick: Iterable[str] = QUICK_ROOT_TE
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not config.getoption("--quick"):
         return
-    kept, missing = quick_selection(i.nodeid for i in items)
+    slow = tuple(i.nodeid for i in items if i.get_closest_marker("slow"))
+    kept, missing = quick_selection([i.nodeid for i in items], leave_out=QUICK_LEAVES_OUT + slow)
     if missing:
         raise pytest.UsageError(f"--quick: {', '.join(missing)} not found (renamed? update "
                                 "QUICK_ROOT_TESTS in suites/suite_time.py)")
@@ -143,6 +164,10 @@ _TIMELINE = Timeline()
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: a long unit test the quick tier (--quick) leaves to the whole suite")
+    if config.getoption("--quick"):
+        # before xdist starts its workers, which inherit the environment
+        os.environ.setdefault("TESTBED_FUZZ_EXAMPLES", QUICK_FUZZ_EXAMPLES)
     _TIMELINE.tests.clear()
 
 

@@ -26,6 +26,20 @@ def test_quick_selection_keeps_the_unit_tier_and_the_listed_root_tests_first():
     assert missing == ["suites/netns/test_n.py::test_renamed"]
 
 
+def test_quick_selection_leaves_the_long_unit_tests_to_the_whole_suite():
+    ids = ["suites/unit/test_a.py::test_x", "suites/unit/test_g.py::test_long[1]", "suites/unit/test_g.py::test_long[2]",
+           "suites/unit/test_g.py::test_longer", "suites/unit/test_g.py::test_marked[a]"]
+    kept, _ = st.quick_selection(ids, [], ["suites/unit/test_g.py::test_long", "suites/unit/test_g.py::test_marked[a]",
+                                           "suites/unit/test_gone.py::test_t"])
+    # every case of a listed test, one case by its own id; a name that only starts alike stays
+    assert kept == ["suites/unit/test_a.py::test_x", "suites/unit/test_g.py::test_longer"]
+    # the listed long tests exist: the list is not quietly stale
+    modules = {t.split("::", 1)[0] for t in st.QUICK_LEAVES_OUT}
+    for t in st.QUICK_LEAVES_OUT:
+        assert f"def {t.split('::', 1)[1]}(" in (ROOT / t.split("::", 1)[0]).read_text(), t
+    assert len(modules) >= 3
+
+
 def test_the_quick_tier_collects_its_listed_tests():
     """The listed tests' modules (and one unit module) collected with --quick: the listed tests
     exist under these ids and come first, then the unit tier; the rest is deselected."""
