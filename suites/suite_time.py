@@ -50,6 +50,8 @@ QUICK_LEAVES_OUT = (
     "suites/unit/test_sequential.py::test_the_stopping_rule_does_not_inflate_the_moderated_false_alarm_rate",
     "suites/unit/test_sequential.py::test_a_transient_failure_among_200_unchanged_cells_is_measured_again_not_red",
     "suites/unit/test_tailgate.py::test_integer_p99_up_twenty_percent_in_ten_of_a_hundred_cells_is_found",
+    # a pytest of its own that collects with --quick: a quick run checks its ids itself
+    "suites/unit/test_suite_time.py::test_the_quick_tier_collects_its_listed_tests",
     # the docs site built and every page opened in a browser: docs, not code
     "suites/unit/test_site.py::test_the_site_builds_and_every_page_renders_in_a_browser",
 )
