@@ -172,3 +172,6 @@ def chromium_local(tmp_path):
 # The suite's own machinery: tiers, parallel scheduling, host checks, shared helpers and the
 # older fixture names (the public plugin, testbed.pytest_plugin, comes from the entry point).
 from testbed._suite_plugin import *  # noqa: E402,F401,F403
+
+# The suite's time beside it: the quick tier (--quick) and the critical path (suites/suite_time.py).
+pytest_plugins = ["suite_time"]

@@ -78,10 +78,16 @@ chroot "$root" systemctl mask cloud-init.service >/dev/null 2>&1 || true
 # its place after multi-user.target and asks that process for the stage (files/cloud-final-go).
 install -d "$root/usr/local/lib/testbed"
 install -m 0755 "$here/files/cloud-init-boot" "$here/files/cloud-final-go" "$root/usr/local/lib/testbed/"
-for u in cloud-init-local cloud-final systemd-remount-fs systemd-udev-trigger; do
+for u in cloud-init-local cloud-final systemd-remount-fs systemd-udev-trigger systemd-journald systemd-udevd; do
   mkdir -p "$root/etc/systemd/system/$u.service.d"
 done
 install -m 0644 "$here/files/cloud-init-local.conf" "$root/etc/systemd/system/cloud-init-local.service.d/10-testbed.conf"
+# The seed disk mounted where NoCloud reads its seed folder (files/var-lib-cloud-seed-nocloud.mount).
+install -m 0644 "$here/files/var-lib-cloud-seed-nocloud.mount" "$root/etc/systemd/system/"
+# journald and udevd without their sandbox (files/sandbox-off.conf).
+for u in systemd-journald systemd-udevd; do
+  install -m 0644 "$here/files/sandbox-off.conf" "$root/etc/systemd/system/$u.service.d/10-testbed.conf"
+done
 install -m 0644 "$here/files/cloud-final.conf" "$root/etc/systemd/system/cloud-final.service.d/10-testbed.conf"
 # No remount of a root the initrd mounted read-write with fstab's options already.
 install -m 0644 "$here/files/remount-fs.conf" "$root/etc/systemd/system/systemd-remount-fs.service.d/10-testbed.conf"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import stat
 import struct
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -56,32 +57,59 @@ def _image(path: Path, xml: str, stream: bytes, data_len: int = 8192) -> None:
                      + data + stream)
 
 
-def test_write_image_rewrites_xml_and_keeps_stream_and_cookie(tmp_path):
+def _read_fifo(path: Path, limit: int | None = None) -> bytes:
+    with open(path, "rb") as f:
+        return f.read() if limit is None else f.read(limit)
+
+
+def test_streamed_image_rewrites_xml_and_keeps_stream_and_cookie(tmp_path):
     src, dst = tmp_path / "a.save", tmp_path / "b.save"
-    stream = os.urandom(300_000)
+    stream = os.urandom(3_000_000)      # more than the FIFO holds: the writer waits for the reader
     _image(src, SAVED, stream, data_len=len(SAVED) + 4096)
     assert guestcache.read_image_xml(src) == SAVED
     new = guestcache.restore_xml(SAVED, name="tb-beef-g1", uuid="u", run_id="r", disk="d", seed="s",
                                  console_log="c")
-    guestcache.write_image(src, dst, new)
-    assert guestcache.read_image_xml(dst) == new
-    b = dst.read_bytes()
+    with guestcache.streamed_image(src, dst, new):
+        assert stat.S_ISFIFO(dst.stat().st_mode)
+        b = _read_fifo(dst)
+    assert not dst.exists()
     magic, version, data_len, running, compressed, cookie_off, *_ = struct.unpack("<16s5I14I", b[:92])
     assert (magic, version, running, compressed) == (b"LibvirtQemudSave", 2, 1, 0)
+    assert b[92:92 + data_len].split(b"\0", 1)[0].decode() == new
     assert b[92 + cookie_off:].startswith(b"<qemuDomainSaveCookie/>\0")
     assert b[92 + data_len:] == stream
     assert len(b) == src.stat().st_size
 
 
-def test_write_image_refuses_what_is_not_a_save_image(tmp_path):
+@pytest.mark.parametrize("read", [None, 0, 100_000])
+def test_a_stream_nobody_reads_to_the_end_is_let_go(tmp_path, read):
+    """A restore that failed before libvirt opened the image (None), or opened it and
+    stopped reading (0, 100 kB): leaving the context ends the writer at once."""
+    import threading
+    import time
+    src, dst = tmp_path / "a.save", tmp_path / "b.save"
+    _image(src, SAVED, os.urandom(5_000_000), data_len=len(SAVED) + 4096)
+    before = threading.active_count()
+    t = time.monotonic()
+    with guestcache.streamed_image(src, dst, SAVED):
+        if read is not None:
+            assert len(_read_fifo(dst, read + 1)) == read + 1
+    assert time.monotonic() - t < 10
+    assert threading.active_count() == before and not dst.exists()
+
+
+def test_streamed_image_refuses_what_is_not_a_save_image(tmp_path):
     bad = tmp_path / "x"
     bad.write_bytes(b"\0" * 200)
     with pytest.raises(errors.TestbedError, match="not an uncompressed libvirt save image"):
-        guestcache.write_image(bad, tmp_path / "y", "<domain/>")
+        with guestcache.streamed_image(bad, tmp_path / "y", "<domain/>"):
+            pass
     small = tmp_path / "s"
     _image(small, "<domain/>", b"x", data_len=64)
     with pytest.raises(errors.TestbedError, match="exceeds"):
-        guestcache.write_image(small, tmp_path / "y", "<domain>" + "x" * 100 + "</domain>")
+        with guestcache.streamed_image(small, tmp_path / "y", "<domain>" + "x" * 100 + "</domain>"):
+            pass
+    assert not (tmp_path / "y").exists()
 
 
 KEY = guestcache.Key(slot="g1", image_digest="d1", memory_mib=1024, vcpus=1, hotplug_slots=4,

@@ -20,7 +20,7 @@ import pytest
 import testbed
 from testbed.admin import cleanup
 from testbed.analysis import stats
-from testbed.guests import guestcache, images, virt
+from testbed.guests import guestcache, images, render, virt
 from testbed.host import paths
 from testbed.measure import sampling as measure
 from testbed.measure import testpaths
@@ -61,17 +61,46 @@ def test_session_pair_runs_from_its_snapshots(guest_pair):
         assert abs(guest_now - time.time()) < 5
 
 
+#: a login user with a key, for a seed that asks cloud-init for one
+USER = render.SeedUser("tbseed", ("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGvAbq3tG2lJ4xQ testbed-seed-check",))
+
+
+def _applied_the_seed(g, run_id: str, users: tuple) -> None:
+    """What the seed asked cloud-init for is there in the guest: its hostname, write_files'
+    file, each login user with its key (locked, no password), and `cloud-init status` done
+    with both of the image's units up (its cloud-init stages run in one process)."""
+    status = g.agent.run(["/usr/bin/cloud-init", "status", "--long"], timeout=120).stdout
+    assert "status: done" in status, status
+    assert g.agent.run(["/bin/hostname"]).stdout.strip() == g.spec.name
+    assert g.agent.read_file("/etc/testbed-run").strip() == run_id
+    units = g.agent.run(["/bin/systemctl", "is-active", "cloud-init-local.service", "cloud-final.service"],
+                        check=False).stdout.split()
+    assert units == ["active", "active"], units
+    for u in users:
+        entry = g.agent.run(["/usr/bin/getent", "passwd", u.name]).stdout
+        assert entry.startswith(f"{u.name}:"), entry
+        home = entry.strip().split(":")[5]
+        keys = g.agent.read_file(f"{home}/.ssh/authorized_keys")
+        assert all(k in keys for k in u.ssh_keys), keys
+        assert g.agent.run(["/usr/bin/passwd", "-S", u.name]).stdout.split()[1] == "L"
+
+
 def test_restored_pair_measures_like_a_cold_pair(guest_pair, writer):
     gp = guest_pair
     restored = _throughput(gp.client, gp.server, gp.tag, writer)
     with contextlib.ExitStack() as stack:
         run_id, tag, state = stack.enter_context(cleanup.owned_fresh_state(results.new_run_id))
         conn = stack.enter_context(virt.connect("qemu:///system"))
+        # The cold client's seed asks for a login user too: the image's trimmed cloud-init
+        # applies all of it.
         cold = [stack.enter_context(virt.guest(conn, GuestSpec(n, "local"), images.ensure(), gp.accelerator,
-                                               run_id, tag, state, snapshots="off")) for n in ("g1", "g2")]
+                                               run_id, tag, state, snapshots="off", users=users))
+                for n, users in (("g1", (USER,)), ("g2", ()))]
         for g in cold:
             g.wait_ready(900)
             assert g.boot == "cold" and g.boot_reason == "snapshots off"
+        for g, users in zip(cold, ((USER,), ())):
+            _applied_the_seed(g, run_id, users)
         cold_mbps = _throughput(cold[0], cold[1], tag, writer)
     # TCG: functional figures; same order of magnitude is the claim, not equality.
     assert restored > 0 and cold_mbps > 0

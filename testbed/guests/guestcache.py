@@ -19,6 +19,8 @@ depends on; any change means no snapshot, a cold boot, and a new snapshot afterw
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -28,6 +30,7 @@ import struct
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -81,12 +84,20 @@ def templates_digest() -> str:
     return h.hexdigest()[:16]
 
 
+#: machine_type per (libvirt URI, domain type, QEMU version): libvirt's domain capabilities
+#: are asked once per process, not once per guest (a density run keys 2N guests at once)
+_MACHINES: dict[tuple[str, str, int], str] = {}
+
+
 def machine_type(conn: libvirt.virConnect, domain_type: str) -> str:
     """What libvirt makes of the template's 'q35' on this host (e.g. pc-q35-7.2)."""
     import re
-    caps = conn.getDomainCapabilities(None, "x86_64", "q35", domain_type, 0)
-    m = re.search(r"<machine>([^<]+)</machine>", caps)
-    return m.group(1) if m else "q35"
+    key = (conn.getURI(), domain_type, conn.getVersion())
+    if key not in _MACHINES:
+        caps = conn.getDomainCapabilities(None, "x86_64", "q35", domain_type, 0)
+        m = re.search(r"<machine>([^<]+)</machine>", caps)
+        _MACHINES[key] = m.group(1) if m else "q35"
+    return _MACHINES[key]
 
 
 def key_for(conn: libvirt.virConnect, slot: str, *, image_digest: str, memory_mib: int, vcpus: int,
@@ -237,8 +248,8 @@ def remove(snap: Snapshot) -> None:
 # it was running, compression, offset of the cookie in the XML area, reserved words), the
 # XML area (domain XML, NUL, cookie XML, NUL, padding), then QEMU's migration stream.
 # libvirt refuses a restore XML with another name or UUID (measured: "Target domain name
-# ... does not match source"), so each restore gets its own copy of the image with the XML
-# area rewritten: new tb- name, UUID and paths; the stream is copied as it is.
+# ... does not match source"), so each restore reads its own image with the XML area
+# rewritten: new tb- name, UUID and paths; QEMU's stream follows as it is (streamed_image).
 _MAGIC = b"LibvirtQemudSave"
 _HEADER = struct.Struct("<16s5I14I")
 
@@ -280,26 +291,91 @@ def read_image_xml(path: Path) -> str:
     return data[:cookie_off or data_len].split(b"\0", 1)[0].decode()
 
 
-def write_image(src: Path, dest: Path, xml: str) -> None:
-    """A copy of save image ``src`` at ``dest`` whose domain XML is ``xml``."""
-    with open(src, "rb") as f, open(dest, "wb") as out:
-        head = f.read(_HEADER.size)
-        magic, version, data_len, running, compressed, cookie_off, *unused = _HEADER.unpack(head)
-        if magic != _MAGIC or version != 2 or compressed != 0:
-            raise TestbedError(f"{src}: not an uncompressed libvirt save image version 2")
-        data = f.read(data_len)
-        cookie = data[cookie_off:].split(b"\0", 1)[0] if cookie_off else b""
-        new = xml.encode() + b"\0"
-        new_cookie_off = len(new) if cookie else 0
-        new += cookie + b"\0" if cookie else b""
-        if len(new) > data_len:
-            raise TestbedError(f"{src}: rewritten XML ({len(new)} bytes) exceeds the image's XML area ({data_len})")
-        out.write(_HEADER.pack(magic, version, data_len, running, compressed, new_cookie_off, *unused))
-        out.write(new.ljust(data_len, b"\0"))
-        out.flush()
-        offset, size = f.tell(), os.fstat(f.fileno()).st_size
-        while offset < size:
-            n = os.copy_file_range(f.fileno(), out.fileno(), size - offset, offset)
-            if n <= 0:
-                raise TestbedError(f"{src}: short copy at {offset}")
-            offset += n
+def _head(f, src: Path, xml: str) -> bytes:
+    """Read a save image's header and XML area from ``f`` (left at the start of QEMU's
+    stream); return them with ``xml`` in place of the domain XML (the cookie kept)."""
+    head = f.read(_HEADER.size)
+    magic, version, data_len, running, compressed, cookie_off, *unused = _HEADER.unpack(head)
+    if magic != _MAGIC or version != 2 or compressed != 0:
+        raise TestbedError(f"{src}: not an uncompressed libvirt save image version 2")
+    data = f.read(data_len)
+    cookie = data[cookie_off:].split(b"\0", 1)[0] if cookie_off else b""
+    new = xml.encode() + b"\0"
+    new_cookie_off = len(new) if cookie else 0
+    new += cookie + b"\0" if cookie else b""
+    if len(new) > data_len:
+        raise TestbedError(f"{src}: rewritten XML ({len(new)} bytes) exceeds the image's XML area ({data_len})")
+    return _HEADER.pack(magic, version, data_len, running, compressed, new_cookie_off, *unused) + \
+        new.ljust(data_len, b"\0")
+
+
+#: the FIFO's buffer while a save image streams through it (Linux's default is 64 KiB)
+STREAM_PIPE_BYTES = 1 << 20
+
+
+@contextlib.contextmanager
+def streamed_image(src: Path, dest: Path, xml: str, timeout: float = 300) -> Iterator[Path]:
+    """Save image ``src`` with ``xml`` as its domain XML, readable once at ``dest``: a FIFO
+    that a thread fills as libvirt reads it (the header and XML, then QEMU's stream straight
+    from ``src``, which stays in the page cache for every restore). A restore reads the image
+    from start to end once, so nothing is copied to disk first (a copy per restore wrote the
+    whole image again, 150 MB here, and libvirt read it back). On exit the FIFO is removed; a writer
+    still waiting for a reader (the restore failed before libvirt opened it) or for one that
+    went away is let go."""
+    import threading
+    with open(src, "rb") as f:           # a bad image is refused before anything is made
+        head = _head(f, src, xml)
+        start = f.tell()
+    os.mkfifo(dest, 0o600)
+    failed: list[BaseException] = []
+
+    def feed() -> None:
+        try:
+            with open(src, "rb") as f, open(dest, "wb", buffering=0) as out:
+                with contextlib.suppress(OSError):
+                    fcntl.fcntl(out.fileno(), fcntl.F_SETPIPE_SZ, STREAM_PIPE_BYTES)
+                view = memoryview(head)
+                while view:
+                    view = view[out.write(view):]
+                offset, size = start, os.fstat(f.fileno()).st_size
+                while offset < size:
+                    n = os.sendfile(out.fileno(), f.fileno(), offset, size - offset)
+                    if n <= 0:
+                        raise TestbedError(f"{src}: stream ended at {offset} of {size} bytes")
+                    offset += n
+        except BrokenPipeError:
+            pass            # the reader went away: the restore says why
+        except BaseException as e:      # noqa: BLE001 - handed to the caller
+            failed.append(e)
+
+    writer = threading.Thread(target=feed, name="tb-restore-stream", daemon=True)
+    writer.start()
+    try:
+        yield dest
+    finally:
+        if writer.is_alive():
+            # Still in open() (no reader came) or in a write nobody reads (the restore
+            # stopped reading): what is left is read here and dropped, so the writer ends.
+            _drain(dest, writer, timeout)
+        writer.join(timeout)
+        with contextlib.suppress(OSError):
+            dest.unlink()
+    if failed:
+        raise TestbedError(f"{src}: streaming the save image failed: {failed[0]}")
+
+
+def _drain(fifo: Path, writer, timeout: float) -> None:
+    try:
+        fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return
+    try:
+        deadline = time.monotonic() + timeout
+        while writer.is_alive() and time.monotonic() < deadline:
+            try:
+                if not os.read(fd, 1 << 20):
+                    writer.join(0.01)       # no writer yet, or it has just closed
+            except BlockingIOError:
+                writer.join(0.01)
+    finally:
+        os.close(fd)

@@ -107,6 +107,14 @@ class BootNic:
 
 
 @dataclass(frozen=True)
+class SeedUser:
+    """A login user the seed asks cloud-init for: no password, its ssh keys authorized."""
+
+    name: str
+    ssh_keys: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class SeedFiles:
     user_data: str
     meta_data: str
@@ -114,9 +122,9 @@ class SeedFiles:
 
 
 def cloud_init(hostname: str, run_id: str, instance_id: str,
-               nics: Sequence[BootNic] = ()) -> SeedFiles:
+               nics: Sequence[BootNic] = (), users: Sequence[SeedUser] = ()) -> SeedFiles:
     return SeedFiles(
-        user_data=render("cloud-init/user-data.j2", hostname=hostname, run_id=run_id),
+        user_data=render("cloud-init/user-data.j2", hostname=hostname, run_id=run_id, users=list(users)),
         meta_data=render("cloud-init/meta-data.j2", hostname=hostname, instance_id=instance_id),
         network_config=render("cloud-init/network-config.j2", nics=list(nics)),
     )

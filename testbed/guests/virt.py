@@ -1,6 +1,7 @@
 """libvirt lifecycle: connect, define, start, hot-plug, destroy, and readiness waits."""
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import logging
@@ -8,8 +9,8 @@ import os
 import shutil
 import time
 import uuid as uuid_mod
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from testbed import PREFIX
@@ -27,6 +28,15 @@ BOOT_FINISHED = "/var/lib/cloud/instance/boot-finished"
 READY_POLL_S = 0.05
 #: how often a guest that is not ready yet has its console read for a kernel panic
 PANIC_LOOK_S = 2.0
+#: MiB of a guest's free memory left alone when the rest is zeroed before a snapshot: room
+#: for the kernel's reserves and the guest's own processes meanwhile
+SHRINK_KEEP_FREE_MIB = 64
+#: what a restore does until the guest is ready, in order (Guest.steps times each): libvirt's
+#: restore call (the save image streamed to it with this guest's XML, QEMU started, memory and
+#: devices loaded), the agent's first answer, host randomness and the boot-finished check
+#: through the agent's file commands, and the clock set by the first command run, which is
+#: started before those and runs beside them (both timed from the same start)
+RESTORE_STEPS = ("restore call", "agent", "entropy and boot check", "clock (first command)")
 
 
 
@@ -201,6 +211,8 @@ class Guest:
     #: the console log's size when this boot began: QEMU appends, and a guest booted again
     #: after a loss has its earlier life (a panic, say) above this offset
     console_from: int = 0
+    #: restored: seconds of each step from the restore call to ready, in order (RESTORE_STEPS)
+    steps: dict[str, float] = field(default_factory=dict)
 
     def record(self) -> dict:
         """What the run record says about this guest's boot."""
@@ -240,10 +252,11 @@ class Guest:
         cached is then saved and brought back from its own snapshot."""
         deadline = self.boot_started + timeout
         waited_from = time.monotonic()
-        steps = ((("guest agent", self._agent_up), ("clock, entropy and a command", self._refresh))
+        steps = ((("guest agent", self._agent_up), ("entropy, boot check and clock", self._refresh))
                  if self.boot == "restored" else
                  (("guest agent", self._agent_up), ("cloud-init final", self._cloud_init_done)))
         console_due = 0.0
+        step_from = waited_from
         for what, check in steps:
             while not check():
                 if not self.dom.isActive():
@@ -266,6 +279,9 @@ class Guest:
                 # once while the agent is not connected), so it is asked often: the wait
                 # ends within this interval of the guest being ready.
                 time.sleep(READY_POLL_S)
+            if what == "guest agent" and self.boot == "restored":
+                self.steps["agent"] = time.monotonic() - step_from
+            step_from = time.monotonic()
         self.ready_s = time.monotonic() - self.boot_started
         if self.restore_s is not None:
             # Restores are made before any is waited for (in parallel up to the host's
@@ -278,22 +294,51 @@ class Guest:
 
     def _refresh(self) -> bool:
         """After a restore the guest's clock stands where it was saved, and its random state
-        is the snapshot's, shared by every restore. A first command mixes fresh host
-        randomness into the guest's pool (the virtio-rng device feeds it too) and confirms
-        the guest runs commands and finished its boot; it also outlasts the few busy seconds
-        a guest has right after a restore under TCG. Then a second sets the clock from the
-        host: its lag is one exec start-up (tests check the skew). The agent's own
-        guest-set-time is not used: it also runs hwclock, measured at 3-9 s here."""
+        is the snapshot's, shared by every restore. One command sets the clock from the host
+        (its lag is one exec start-up; tests check the skew); it is the first command the
+        restored guest runs, which confirms that it runs commands, and it is started first:
+        while the guest starts it, host randomness is written into its /dev/urandom (mixed
+        into its pool; the virtio-rng device feeds it too) and boot-finished is looked for,
+        both through the agent's file commands, which start no process. The agent's own
+        guest-set-time is not used: it also runs hwclock, measured at 3-9 s here. An agent
+        that refuses file commands gets a shell command for those two, as before
+        (RESTORE_STEPS names the steps, Guest.steps times them)."""
         try:
-            res = self.agent.run(["/bin/sh", "-c", f"cat > /dev/urandom && test -e {BOOT_FINISHED}"],
-                                 stdin=os.urandom(512), check=False, timeout=30)
-            if res.rc != 0:
-                raise GuestError(f"guest {self.name}: after restore: rc {res.rc} {res.stderr.strip()[:200]}")
+            t = time.monotonic()
             now = time.time_ns()
-            self.agent.run(["/bin/date", "-u", "-s", f"@{now // 10**9}.{now % 10**9:09d}"], timeout=30)
+            argv = ["/bin/date", "-u", "-s", f"@{now // 10**9}.{now % 10**9:09d}"]
+            pid = self.agent.spawn(argv)
+            if not self._entropy_and_boot_check():
+                res = self.agent.run(["/bin/sh", "-c", f"cat > /dev/urandom && test -e {BOOT_FINISHED}"],
+                                     stdin=os.urandom(512), check=False, timeout=30)
+                if res.rc != 0:
+                    raise GuestError(f"guest {self.name}: after restore: rc {res.rc} {res.stderr.strip()[:200]}")
+            self.steps["entropy and boot check"] = time.monotonic() - t
+            res = self.agent.wait(pid, argv, 30)
+            if res.rc != 0:
+                raise CommandError([f"{self.name}:", *argv], res.rc, res.stderr or res.stdout)
+            self.steps["clock (first command)"] = time.monotonic() - t
         except CommandError as e:
             raise GuestError(f"guest {self.name}: after restore: {e}") from None
         return True
+
+    def _entropy_and_boot_check(self) -> bool:
+        """Host randomness into the guest's /dev/urandom and boot-finished looked for, through
+        the agent's file commands. False: the agent refuses file commands (the caller runs a
+        command instead). A restored guest without boot-finished is a broken snapshot."""
+        try:
+            handle = self.agent.command("guest-file-open", {"path": "/dev/urandom", "mode": "w"})
+        except GuestError:
+            return False
+        try:
+            self.agent.command("guest-file-write", {"handle": handle,
+                                                    "buf-b64": base64.b64encode(os.urandom(512)).decode()})
+        finally:
+            self.agent.command("guest-file-close", {"handle": handle})
+        found = self.agent.exists(BOOT_FINISHED)
+        if found is False:
+            raise GuestError(f"guest {self.name}: after restore: {BOOT_FINISHED} is missing")
+        return found is True
 
     def _save_snapshot(self) -> None:
         """Save this cold-booted, ready guest into the snapshot cache (before any NIC under
@@ -319,6 +364,7 @@ class Guest:
             log.warning("guest %s: snapshot not saved: %s", self.name, short)
             return
         started = time.monotonic()
+        self._shrink_before_save()
         try:
             shutil.copy2(seed, builder.seed)
             uuid = self.dom.UUIDString()
@@ -344,9 +390,9 @@ class Guest:
             xml = guestcache.restore_xml(guestcache.read_image_xml(snap.state), name=self.name, uuid=uuid,
                                          run_id=self.run_id, disk=str(disk), seed=str(snap.seed),
                                          console_log=str(self.console_log))
-            guestcache.write_image(snap.state, image, xml)
             self.dom.undefine()     # the restored domain is transient, like every restored one
-            conn.restoreFlags(str(image), None, libvirt.VIR_DOMAIN_SAVE_RUNNING)
+            with guestcache.streamed_image(snap.state, image, xml):
+                conn.restoreFlags(str(image), None, libvirt.VIR_DOMAIN_SAVE_RUNNING)
             self.dom = self.agent.dom = conn.lookupByName(self.name)
         except (TestbedError, OSError, libvirt.libvirtError) as e:
             msg = e.get_error_message() if isinstance(e, libvirt.libvirtError) else str(e)
@@ -365,7 +411,30 @@ class Guest:
                                      self.console_tail())
             time.sleep(0.1)
         self._refresh()
+        self.steps.clear()          # a restore's steps; this guest booted cold
         log.info("guest %s: snapshot %s saved in %.1f s", self.name, key.digest, self.snapshot_saved_s)
+
+    def _shrink_before_save(self) -> None:
+        """Leave only the memory in use for the save image to hold: the guest's page cache
+        dropped (files are read again, from the host's page cache, when used), then its free
+        memory zeroed by one process that takes nearly all of it (the kernel clears a page
+        as it hands it out) and gives it back; QEMU writes a zero page as a marker only, and
+        a restore leaves it untouched. The image, each restore's read and each restored
+        guest's memory on the host shrink by what boot touched and freed (docs/images.md).
+        Best effort: a guest that refuses is saved as it is."""
+        try:
+            self.agent.run(["/bin/sync"], timeout=60)
+            self.agent.write_file("/proc/sys/vm/drop_caches", "3\n")
+            free_kib = next(int(ln.split()[1]) for ln in self.agent.read_file("/proc/meminfo").splitlines()
+                            if ln.startswith("MemFree:"))
+            fill_mib = free_kib // 1024 - SHRINK_KEEP_FREE_MIB
+            if fill_mib > 0:
+                # dd's one buffer of that size, read from /dev/zero: every page touched once
+                self.agent.run(["/bin/dd", "if=/dev/zero", "of=/dev/null", f"bs={fill_mib}M", "count=1",
+                                "iflag=fullblock", "status=none"], timeout=300)
+            self.agent.write_file("/proc/sys/vm/drop_caches", "3\n")
+        except (CommandError, GuestError, StopIteration, ValueError) as e:
+            log.warning("guest %s: memory not shrunk before its snapshot: %s", self.name, e)
 
     def _agent_up(self) -> bool:
         return self.agent.ping()
@@ -411,9 +480,22 @@ def _remote_files(shell: remote.Shell, image: images.Image, seed: Path, state: P
         shell.run(["rm", "-f", "--", str(paths.QEMU_LOG_DIR / f"{name}.log")], check=False)
 
 
+#: an empty qcow2 overlay's bytes per backing file (its path and mtime): the file names its
+#: backing file and holds nothing else of its own, so every overlay of one snapshot layer is
+#: the same bytes; the first one is made by qemu-img, the next ones are written without
+#: starting a process (a density run restores 2N clones of one snapshot)
+_EMPTY_OVERLAYS: dict[tuple[str, int], bytes] = {}
+
+
 def _overlay_file(backing: Path, path: Path) -> None:
+    key = (str(backing), backing.stat().st_mtime_ns)
+    data = _EMPTY_OVERLAYS.get(key)
+    if data is not None:
+        path.write_bytes(data)
+        return
     proc.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(backing), str(path)],
              timeout=60)
+    _EMPTY_OVERLAYS[key] = path.read_bytes()
 
 
 def snapshot_key(conn: libvirt.virConnect, spec: GuestSpec, image: images.Image,
@@ -429,13 +511,16 @@ def snapshot_key(conn: libvirt.virConnect, spec: GuestSpec, image: images.Image,
 def guest(conn: libvirt.virConnect, spec: GuestSpec, image: images.Image, accel: Accelerator,
           run_id: str, run_tag: str, state: Path, shell: remote.Shell | None = None,
           snapshots: str = "use", emulator: str | None = None,
-          machine: str | None = None, slot: str | None = None) -> Iterator[Guest]:
+          machine: str | None = None, slot: str | None = None,
+          users: Sequence[render.SeedUser] = ()) -> Iterator[Guest]:
     """One guest on the host behind ``conn`` (and ``shell`` for a remote one), on its own
     overlay; destroyed and its files removed on exit. Restored from its cached snapshot
     when one matches (on this machine, the testbed's own image); otherwise booted cold, with
     the reason recorded, and its snapshot saved once it is ready. ``snapshots``: "use", "off"
     (cold, nothing saved), or "renew" (cold, and the snapshot made again). ``emulator`` and
-    ``machine``: a variant's QEMU binary and machine type (matrix.variants)."""
+    ``machine``: a variant's QEMU binary and machine type (matrix.variants). ``users``: login
+    users the seed asks cloud-init for (none by default; such a guest boots cold, the
+    snapshot key does not cover them)."""
     name = f"tb-{run_tag}-{spec.name}"
     state.mkdir(parents=True, exist_ok=True)
     console = state / f"{name}.console.log"
@@ -446,6 +531,8 @@ def guest(conn: libvirt.virConnect, spec: GuestSpec, image: images.Image, accel:
     key, why = None, None
     if snapshots == "off":
         why = "snapshots off"
+    elif users:
+        why = "seed with login users: not snapshotted"
     elif spec.placement.shapes_saved_state:
         # Memory backing, NUMA policy, CPU model and IO thread objects are fixed when QEMU
         # starts, and the snapshot key does not cover them: such a guest boots as asked.
@@ -479,7 +566,8 @@ def guest(conn: libvirt.virConnect, spec: GuestSpec, image: images.Image, accel:
             log.warning("guest %s: %s; booting cold", name, why)
     with contextlib.ExitStack() as stack:
         local_seed = _seed_iso(render.cloud_init(hostname=spec.name, run_id=run_id,
-                                                 instance_id=f"{name}-{run_id}"), state / f"{name}-seed.iso")
+                                                 instance_id=f"{name}-{run_id}", users=users),
+                               state / f"{name}-seed.iso")
         stack.callback(lambda: local_seed.unlink(missing_ok=True))
         seed = local_seed
         if shell is not None and shell.remote:
@@ -524,20 +612,19 @@ def _restored(conn: libvirt.virConnect, snap: guestcache.Snapshot, name: str, ru
                                          uuid=str(uuid_mod.uuid4()), run_id=run_id, disk=str(disk),
                                          seed=str(snap.seed), console_log=str(console))
             (state / f"{name}.xml").write_text(xml)
-            # The per-restore copy of the image (libvirt takes the XML from it) goes as soon
-            # as QEMU has read it; making it counts as restore time.
+            # libvirt takes the XML from the image: this restore's own, streamed to it
+            # through a FIFO with this guest's XML (guestcache.streamed_image).
             started = time.monotonic()
-            guestcache.write_image(snap.state, image, xml)
-            try:
+            with guestcache.streamed_image(snap.state, image, xml):
                 dom = stack.enter_context(restored_domain(conn, image, name))
-            finally:
-                image.unlink(missing_ok=True)
         except (TestbedError, OSError) as e:
             raise _RestoreFailed(str(e)) from None
+        done = time.monotonic()
         log.info("restored guest %s from snapshot %s", name, snap.key.digest)
         yield Guest(spec=None, name=name, dom=dom, agent=Agent(dom, name),  # type: ignore[arg-type]
                     console_log=console, boot_started=started, boot="restored",
-                    snapshot_key=snap.key.digest, run_id=run_id, restore_s=time.monotonic() - started)
+                    snapshot_key=snap.key.digest, run_id=run_id, restore_s=done - started,
+                    steps={"restore call": done - started})
 
 
 def guest_ifname(g: Guest, mac: str) -> str | None:

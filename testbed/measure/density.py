@@ -257,8 +257,13 @@ def run(pair_counts: Sequence[int], window_s: float = 10.0, progress=print) -> d
     base = pairs_mod.guest_pairs(t, 1)[0]
     memory_mib = max(s.memory_mib for s in base)
     rows: list[dict] = []
+    one_steps: list[dict[str, float]] = []
     with Session(t) as ses:
         conn = ses.stack.enter_context(virt.connect("qemu:///system"))
+        # The boot figures' floor in the same run (testbed bench boot): the restores are
+        # also read as a multiple of it.
+        probe = capabilities.probe_boot(img.kernel, accel)
+        floor = probe.seconds if probe.ok else None
 
         def guest(spec, slot):
             return virt.guest(conn, spec, img, accel, ses.run_id, ses.tag, ses.state, slot=slot)
@@ -277,6 +282,7 @@ def run(pair_counts: Sequence[int], window_s: float = 10.0, progress=print) -> d
                 if g.boot != "restored":
                     raise TestbedError(f"density: {g.name} was not restored: {g.boot_reason}")
                 one += g.wait_ready(120)
+                one_steps.append(dict(g.steps))
         progress(f"one pair, one guest after the other: {one:.2f} s")
         snap_disks = sorted({str(s.disk) for s in guestcache.all_snapshots()
                              if s.key.slot in {b.name for b in base} and s.key.image_digest == img.digest})
@@ -291,7 +297,8 @@ def run(pair_counts: Sequence[int], window_s: float = 10.0, progress=print) -> d
                 started = time.monotonic()
                 try:
                     gs = virt.enter_parallel(st, [guest(s, slot) for s, slot in specs], workers(len(specs)))
-                    virt.map_parallel(lambda g: g.wait_ready(t.ready_timeout_s), gs, workers(len(specs)))
+                    # Every guest's wait at once: each is agent calls and its own guest's work.
+                    virt.map_parallel(lambda g: g.wait_ready(t.ready_timeout_s), gs, len(gs))
                 except Exception as e:     # noqa: BLE001 - the row says why (Ctrl-C still stops it)
                     rows.append({"pairs": n, "failed": str(e).splitlines()[0][:300]})
                     progress(f"{n} pairs failed: {e}")
@@ -302,6 +309,7 @@ def run(pair_counts: Sequence[int], window_s: float = 10.0, progress=print) -> d
                 row = {"pairs": n, "guests": len(gs), "ready_s": round(ready, 2),
                        "ratio": round(ready / (n * one), 3) if one else None,
                        "max_guest_ready_s": round(max(g.ready_s for g in gs), 2),
+                       "steps": median_steps([g.steps for g in gs]),
                        "not_restored": cold, "fit": {"available_mib": f.available_mib, "max_pairs": f.max_pairs},
                        "memory": memory_row(pids), "ksm": ksm(),
                        "disk_layer_cached_mib": _sum_or_none([page_cache_mib(p) for p in
@@ -310,7 +318,29 @@ def run(pair_counts: Sequence[int], window_s: float = 10.0, progress=print) -> d
                 rows.append(row)
                 progress(f"{n} pairs: all {len(gs)} ready in {ready:.2f} s")
     return {"accelerator": accel.value, "memory_mib": memory_mib, "one_pair_s": round(one, 2),
+            "floor_s": round(floor, 2) if floor else None, "one_steps": median_steps(one_steps),
             "cores": os.cpu_count(), "rows": rows}
+
+
+def median_steps(steps: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Pure: the median seconds of each restore step (testbed.guests.virt.RESTORE_STEPS) over
+    guests, in the steps' order; steps no guest recorded are left out."""
+    import statistics
+    names = [k for k in dict.fromkeys(k for st in steps for k in st)]
+    return {k: round(statistics.median(st[k] for st in steps if k in st), 3) for k in names}
+
+
+def format_boot_line(r: Mapping) -> str:
+    """Pure: the run's boot figures, before the table: the floor, one guest's restore and
+    its steps (medians of the pair restored one guest after the other)."""
+    floor, one = r.get("floor_s"), r.get("one_pair_s")
+    head = f"floor (kernel->init) {floor:.2f} s" if floor else "floor (kernel->init) - (probe failed)"
+    if one is not None:
+        head += f"; one restore {one / 2:.2f} s" + (f" = {one / 2 / floor:.2f}x the floor" if floor else "")
+    steps = r.get("one_steps") or {}
+    if steps:
+        head += " (" + ", ".join(f"{k} {v:.2f} s" for k, v in steps.items()) + ")"
+    return head
 
 
 def _sum_or_none(vals: Sequence[float | None]) -> float | None:
