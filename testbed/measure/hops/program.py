@@ -1,0 +1,92 @@
+"""The bpftrace program of one tracer, rendered from its plan (templates/tracing/hops.bt.j2).
+
+Pure: the plan, where each device and namespace is in this kernel's terms (ifindex and
+network namespace inode, which the tracer's caller looks up), the test subnet, and the
+probes this kernel offers (a :class:`Flavour`, chosen by trying: testbed.admin.capabilities).
+"""
+from __future__ import annotations
+
+import ipaddress
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+
+import jinja2
+
+from testbed.host import paths
+from testbed.measure.hops.plan import TracerPlan
+
+
+@dataclass(frozen=True)
+class Flavour:
+    """The probes a kernel offers for the socket ends. Tracepoints where the kernel has
+    them (this host's 6.x kernels: tcp_sendmsg_locked, sock_recv_length); kprobes where it
+    has those instead (Debian 12's 6.1 guests); none: the stack hops are not observed."""
+
+    name: str
+    send_probe: str | None
+    recv_probe: str | None
+    recv_sk: str = ""
+    recv_len: str = ""
+    #: the device transmit tracepoint: net_dev_start_xmit fires on every way to a driver
+    #: (a packet socket's qdisc bypass too, which OVS's userspace datapath may use)
+    xmit_event: str = "net_dev_start_xmit"
+
+
+TRACEPOINTS = Flavour("tracepoints", "tracepoint:tcp:tcp_sendmsg_locked", "tracepoint:sock:sock_recv_length",
+                      recv_sk="args->sk", recv_len="(args->family == 2 ? args->ret : 0)")
+KPROBES = Flavour("kprobes", "kprobe:tcp_sendmsg", "kprobe:tcp_cleanup_rbuf", recv_sk="arg0",
+                  recv_len="(int32)arg1")
+DEVICES_ONLY = Flavour("devices-only", None, None)
+FLAVOURS = (TRACEPOINTS, KPROBES, DEVICES_ONLY)
+
+
+@dataclass(frozen=True)
+class Where:
+    """A device or a namespace in one kernel's terms."""
+
+    ifindex: Mapping[tuple[str, str | None], int]      # (device, netns name) -> ifindex
+    netns: Mapping[str | None, int]                      # netns name (None: own) -> inode
+
+
+@cache
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(paths.templates_dir())),
+                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                              trim_blocks=True, lstrip_blocks=True, autoescape=False)
+
+
+def _u32(addr: ipaddress.IPv4Address) -> int:
+    """An address as the program reads it: four network-order bytes loaded as a
+    little-endian integer."""
+    return struct.unpack("<I", addr.packed)[0]
+
+
+def render(tracer: TracerPlan, where: Where, subnet: str, flavour: Flavour) -> str:
+    net = ipaddress.ip_network(subnet, strict=False)
+    sides = tracer.sides if flavour.send_probe else ()
+    devices = [{"ifindex": where.ifindex[(d.device.name, d.device.netns)], "netns": where.netns[d.device.netns],
+                "xmit": d.xmit, "recv": d.recv} for d in tracer.devices]
+    events = {p: "xmit" for d in tracer.devices for p in (d.xmit,)} | {d.recv: "recv" for d in tracer.devices}
+
+    def first_points(rx: bool) -> list[tuple[int, int]]:
+        return [] if rx or not sides else [(p, s) for p, s in tracer.first]
+
+    def last_points(rx: bool) -> list[int]:
+        return [p for p in tracer.last if events[p] == ("recv" if rx else "xmit")]
+
+    def side_of(_: str) -> str:
+        if any(s.netns is None for s in sides):
+            return f"$s = {sides[0].base};"
+        arms = " else ".join(f"if ($ns == {where.netns[s.netns]}) {{ $s = {s.base}; }}" for s in sides)
+        return f"$ns = curtask->nsproxy->net_ns->ns.inum; $s = 0; {arms}"
+
+    return _env().get_template("tracing/hops.bt.j2").render(
+        devices=devices, sides=sides, spans=tracer.spans, mask=_u32(net.netmask),
+        net=_u32(net.network_address), first_points=first_points, last_points=last_points,
+        side_of=side_of, send_probe=flavour.send_probe, recv_probe=flavour.recv_probe,
+        recv_sk=flavour.recv_sk, recv_len=flavour.recv_len, xmit_event=flavour.xmit_event)
+
+
+__all__ = ["DEVICES_ONLY", "FLAVOURS", "Flavour", "KPROBES", "TRACEPOINTS", "Where", "render"]
