@@ -93,6 +93,13 @@ class Fabric(abc.ABC):
         for guests (the runner plugs and addresses their NICs)."""
         return None
 
+    def path_devices(self, client: str, server: str) -> tuple[tuple[str, str | None, str], ...]:
+        """The devices from a client's host-side device to its server's, each as (name,
+        namespace or None, "rx" or "tx": the side client-to-server traffic passes): where
+        per-hop tracing (testbed.measure.hops) looks. By default the two devices alone."""
+        out = "rx" if self.guest_sends_as_rx else "tx"
+        return ((client, None, out), (server, None, "tx" if out == "rx" else "rx"))
+
 
 @dataclass(frozen=True)
 class Check:

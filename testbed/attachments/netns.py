@@ -58,6 +58,9 @@ class ConnectionFabric(Fabric):
         from testbed.host.net import ops
         return ops.on(ops.netns_executor(self._ends[i].netns)).wire(tap)
 
+    def path_devices(self, client: str, server: str) -> tuple[tuple[str, str | None, str], ...]:
+        return tuple((h.ifname, h.netns, h.a_to_b) for h in self.conn.hops)
+
     def leftovers(self) -> tuple[str, ...]:
         # devices inside the namespaces go with them; the ones in the root namespace are listed
         return (self.conn.a.netns, self.conn.b.netns, *self.conn.bridges,

@@ -89,6 +89,9 @@ class TestPath:
     #: what the host does to the path from outside (daemon restarts, objects removed, wire
     #: gaps), judged per sample: testbed.host.hostwatch; None: not watched
     guard: hostwatch.Guard | None = None
+    #: the devices from the client's to the server's, as the fabric lists them
+    #: (attachments.Fabric.path_devices): where per-hop tracing looks (testbed.measure.hops)
+    devices: tuple[tuple[str, str | None, str], ...] = ()
 
     def counters(self) -> dict[str, crosscheck.Wire]:
         if self.read_counters is None:

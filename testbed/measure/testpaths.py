@@ -105,7 +105,8 @@ def plug(fab: attachments.Fabric, pairs: Sequence[tuple[object, object]], *, tag
                 datapath=fab.datapath,
                 offloads={ep.guest.spec.name: applied[ep.guest.spec.name] for ep in (c, s)},
                 guard=guard_for(fab, [(2 * k, c), (2 * k + 1, s)],
-                                         guests=isinstance(c.guest, virt.Guest))))
+                                guests=isinstance(c.guest, virt.Guest)),
+                devices=fab.path_devices(c.tap, s.tap)))
         yield paths
 
 

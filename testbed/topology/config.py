@@ -21,7 +21,14 @@ import yaml
 from testbed import attachments, tools
 from testbed.errors import CapabilityError, CommandError, ConfigError, one_line
 from testbed.tools import pacing
-from testbed.topology.config_placement import check_placements, guest_placement, host_placement, noise
+from testbed.topology.config_placement import (
+    check_placements,
+    guest_placement,
+    hop_profiles,
+    hop_spec,
+    host_placement,
+    noise,
+)
 from testbed.topology.model import (
     NAME_RE,
     Attachment,
@@ -79,6 +86,8 @@ DEFAULT_MAX_HOURS, HARD_MAX_HOURS = 48, 8760
 MATRIX_KEYS = {"attachments", "backends", "queues", "mtus", "connections", "profiles", "repetitions",
                "variants", "pairs", "percentiles",
                "randomize", "seed"}
+PROFILE_KEYS = {"name", "tool", "protocol", "pattern", "message_size", "response_size", "duration",
+                "rate_bps", "rate", "confidence", "iterations", "kind", "search", "rates", "hops"}
 #: outer Ethernet 14 + IPv4 20 + UDP 8 + VXLAN 8 (host/net/vxlan.py)
 VXLAN_OVERHEAD = 50
 
@@ -301,9 +310,7 @@ def _guest(n: Node, hosts: dict[str, HostSpec], base: Path) -> GuestSpec:
 
 
 def _profile(n: Node) -> Profile:
-    m = n.mapping({"name", "tool", "protocol", "pattern", "message_size", "response_size",
-                   "duration", "rate_bps", "rate", "confidence", "iterations", "kind", "search", "rates"},
-                  required=("name",))
+    m = n.mapping(PROFILE_KEYS, required=("name",))
     p = Profile(
         name=m["name"].str(PROFILE_NAME_RE, "profile name (lowercase, digits, '_')"),
         tool=_tool(m["tool"]) if "tool" in m else Profile.tool,
@@ -326,6 +333,11 @@ def _profile(n: Node) -> Profile:
     if p.iterations and p.iterations[0] < p.iterations[1]:
         raise m["iterations"].error(f"max {p.iterations[0]} is below min {p.iterations[1]}")
     _check_tool(n, m, p)
+    if "hops" in m and m["hops"].bool():
+        if not p.pattern.is_transactional or p.search is not None:
+            raise m["hops"].error("per-hop latency is traced for request/response profiles only "
+                                  "(pattern rr or crr)")
+        p = dataclasses.replace(p, hops=True)
     return p
 
 
@@ -402,8 +414,7 @@ def _with_rates(n: Node, p: Profile) -> list[Profile]:
     """``rates: [1000tps, 4000tps, 8000tps]``: the profile at each paced load, named
     ``<name>_<rate>`` (tcp_rr_4000tps), for a latency-against-load curve per cell (the report
     joins them by that name). Without ``rates``: the profile itself."""
-    m = n.mapping({"name", "tool", "protocol", "pattern", "message_size", "response_size", "duration",
-                   "rate_bps", "rate", "confidence", "iterations", "kind", "search", "rates"})
+    m = n.mapping(PROFILE_KEYS)
     if "rates" not in m:
         return [p]
     node = m["rates"]
@@ -791,7 +802,8 @@ def _parse(root: yaml.Node, file: str, base: Path | None) -> Topology:
     # Each mode owns its own top-level fields (macvtap's `macvtap:` block, ...).
     mode_fields = {k: parse for mode in attachments.modes() for k, parse in mode.fields.items()}
     m = doc.mapping({"name", "accelerator", "subnet", "hosts", "guests", "client", "server", "matrix",
-                     "ready_timeout", "offloads", "tunnel", "limits", "placement", "noise", *mode_fields},
+                     "ready_timeout", "offloads", "tunnel", "limits", "placement", "noise", "hops",
+                     *mode_fields},
                     required=("matrix",))
     host_nodes = m["hosts"].seq(1) if "hosts" in m else []
     hosts = tuple(_host(h, base) for h in host_nodes) or (HostSpec(name="local"),)
@@ -859,7 +871,9 @@ def _parse(root: yaml.Node, file: str, base: Path | None) -> Topology:
     t = Topology(name=name, source=file, hosts=hosts, guests=guests, client=client, server=server,
                  matrix=matrix, accelerator=accel, subnet=subnet, ready_timeout_s=ready,
                  offloads=off, tunnel=tunnel, harness_cpus=harness, allow_overlap=overlap,
-                 **({"noise": noise(m["noise"])} if "noise" in m else {}), **own)
+                 **({"noise": noise(m["noise"])} if "noise" in m else {}),
+                 **({"hops": hop_spec(m["hops"], matrix)} if "hops" in m else {}), **own)
+    hop_profiles(mnode, matrix)
     check_placements(t, m.get("placement"), guest_nodes, mnode.get("pairs"))
     if max(matrix.pairs) > 1:
         _check_pairs(mnode["pairs"], matrix, [g for g in guests if g.name in (client, server)],

@@ -29,6 +29,7 @@ import yaml
 from testbed.topology.model import (
     CpuMode,
     CpuSet,
+    HopSpec,
     HostSpec,
     NoiseAction,
     NoiseSpec,
@@ -210,6 +211,32 @@ def noise(n: Node) -> NoiseSpec:
         max_retries=m["max_retries"].int(0, 100, "max_retries") if "max_retries" in m else d.max_retries,
         settle=_quiet(m["settle"], d.settle) if "settle" in m else d.settle,
         quiet_start=_quiet(m["quiet_start"], QuietWait()) if "quiet_start" in m else None)
+
+
+def hop_spec(n: Node, matrix) -> HopSpec:  # noqa: ANN001
+    """``hops: {overhead_bound_pct, closure_tolerance_pct}``: the bounds per-hop tracing is
+    judged by; only with a profile that asks for hops (``hops: true``)."""
+    m = n.mapping({"overhead_bound_pct", "closure_tolerance_pct"})
+    if not any(p.hops for p in matrix.profiles):
+        raise n.error("no profile asks for per-hop latency (give an rr or crr profile hops: true)")
+    d = HopSpec()
+    return HopSpec(
+        overhead_bound=m["overhead_bound_pct"].float(0.1, 100) / 100 if "overhead_bound_pct" in m
+        else d.overhead_bound,
+        closure_tolerance=m["closure_tolerance_pct"].float(0.1, 100) / 100 if "closure_tolerance_pct" in m
+        else d.closure_tolerance)
+
+
+def hop_profiles(matrix_node: dict[str, Node], matrix) -> None:  # noqa: ANN001
+    """Traced cells are measured interleaved with their untraced selves on one path: not
+    beside variants (their own interleaving) nor N pairs at once."""
+    if not any(p.hops for p in matrix.profiles):
+        return
+    where = matrix_node["profiles"]
+    if matrix.variants:
+        raise where.error("hops and variants cannot be combined (each is an interleaving of its own)")
+    if max(matrix.pairs) > 1:
+        raise where.error("hops are traced one pair at a time (matrix.pairs must be 1)")
 
 
 def check_placements(t: Topology, host_node, guest_nodes: list, pairs_node) -> None:  # noqa: ANN001

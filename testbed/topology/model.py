@@ -152,6 +152,10 @@ class Profile:
     #: latency percentiles to record, percent (matrix.percentiles; None: p50, p90, p99, p99.9).
     #: What is computed from a measurement, not what is measured: left out of the hash.
     percentiles: tuple[float, ...] | None = None
+    #: per-hop latency (testbed.measure.hops): each cell of this profile is measured traced
+    #: too, interleaved with its untraced self. Left out of the hash: the untraced cell stays
+    #: the same test; the traced one has a context of its own.
+    hops: bool = False
 
     @property
     def kind(self) -> str:
@@ -193,7 +197,9 @@ class Cell:
         v = dict(self.context).get("variant")
         return (f"{self.attachment.value}-{self.backend.value}{q}-mtu{self.mtu}"
                 f"-conn{self.connections}-{self.profile.name}" + (f"-v{v}" if v else "")
-                + (f"-p{self.pairs}" if self.pairs > 1 else ""))
+                + (f"-p{self.pairs}" if self.pairs > 1 else "")
+                # measured traced (testbed.measure.hops), beside the same cell untraced
+                + ("-hops" if dict(self.context).get("hops") else ""))
 
     def definition(self) -> dict:
         """Everything that changes what this cell measures, as plain JSON values."""
@@ -231,7 +237,7 @@ _AXES = ("attachment", "backend", "queues", "mtu", "connections")
 #: Profile fields added after results were first recorded: left out of the hash while unset
 _NEW_PROFILE_KEYS = ("rate_tps", "rate", "search", "rate_fraction", "rate_of")
 #: Profile fields that choose what is computed from the measurement, never part of the hash
-_ANALYSIS_KEYS = ("percentiles",)
+_ANALYSIS_KEYS = ("percentiles", "hops")
 
 
 def definition(cell: Mapping, profile: Mapping, context: Mapping) -> dict:
@@ -586,6 +592,17 @@ class Offloads:
 
 
 @dataclass(frozen=True)
+class HopSpec:
+    """Per-hop latency tracing (topology ``hops``; a profile asks for it with ``hops: true``):
+    the most tracing may cost in transactions per second before the run says so, and how far
+    the hops' medians may fall from the tool's median round trip before the unexplained
+    part is called beyond tolerance."""
+
+    overhead_bound: float = 0.05
+    closure_tolerance: float = 0.10
+
+
+@dataclass(frozen=True)
 class Topology:
     name: str
     source: str                          # file it came from, or "<builtin>"
@@ -611,6 +628,7 @@ class Topology:
     #: the harness); off: such an overlap is refused
     allow_overlap: bool = False
     noise: NoiseSpec = field(default_factory=NoiseSpec)
+    hops: HopSpec = field(default_factory=HopSpec)
 
     def guest(self, name: str) -> GuestSpec:
         return next(g for g in self.guests if g.name == name)
