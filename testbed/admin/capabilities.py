@@ -99,6 +99,8 @@ def probe_boot(kernel: Path, accel: Accelerator, timeout: float = PROBE_TIMEOUT_
 def tool_versions() -> dict[str, str | None]:
     return {
         **host_versions(),
+        # the per-hop tracer (testbed.measure.hops)
+        "bpftrace": _version(["bpftrace", "--version"], r"v([\d.]+)"),
         # each traffic tool the way its driver asks it
         **{d.name.value: _version([d.name.value, *d.version_args], d.version_re) for d in tools.drivers()},
     }
@@ -175,6 +177,14 @@ def choose_accelerator(requested: str, kernel: Path) -> Accelerator:
     if requested == "tcg":
         raise CapabilityError(f"accelerator tcg requested but unusable: {tcg.reason}")
     raise CapabilityError(f"no guest can run here: kvm: {kvm.reason}; tcg: {tcg.reason}")
+
+
+def hop_tracing() -> tuple[bool, str]:
+    """Per-hop latency tracing (testbed.measure.hops): bpftrace, tracefs and the probes it
+    attaches here, found by attaching them."""
+    from testbed.measure.hops.session import host_flavour
+    flavour, detail = host_flavour()
+    return flavour is not None, detail
 
 
 __all__ = ["choose_accelerator", "probe_boot", "vhost_net", "macvtap", "vxlan",

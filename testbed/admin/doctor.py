@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from testbed import attachments
-from testbed.admin.capabilities import Item, Report, accelerator_probe, tool_versions, vhost_net
+from testbed.admin.capabilities import Item, Report, accelerator_probe, hop_tracing, tool_versions, vhost_net
 from testbed.guests import images
 
 
@@ -43,6 +43,7 @@ def host_facts() -> dict:
     for m in attachments.modes():
         for k, v in m.doctor().items():
             out.setdefault(k, Item(*v) if isinstance(v, tuple) else v)
+    out["hop-trace"] = Item(*hop_tracing())
     return out
 
 

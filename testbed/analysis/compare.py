@@ -39,8 +39,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from testbed.analysis import hopgate, stats, tailgate
 from testbed.analysis import shift as shift_mod
-from testbed.analysis import stats, tailgate
 from testbed.errors import ExitStatus, TestbedError
 from testbed.host import paths
 from testbed.records import results
@@ -339,6 +339,10 @@ def _cell(run: RunRecord, cid: str, base: list[SampleRecord], new: list[SampleRe
     results_ += [MetricResult(k, rr, c) for k, c in tailgate.comparisons(
         [s.metrics for s in ok_b], [s.metrics for s in ok_n], threshold=threshold, alpha=alpha,
         min_samples=min_samples, spread_from=spread_from(run))]
+    # per-hop latencies of a traced cell (informational): a regression names its hop
+    results_ += [MetricResult(k, False, c) for k, c in hopgate.comparisons(
+        [s.metrics for s in ok_b], [s.metrics for s in ok_n], threshold=threshold, alpha=alpha,
+        min_samples=min_samples)]
     return CellResult(**ident, verdict=CellVerdict.INCONCLUSIVE, metrics=tuple(results_),
                       note="" if any(m.metric == primary for m in results_)
                       else f"{primary} missing from the successful samples")
@@ -659,6 +663,7 @@ def render_text(rc: RunComparison) -> str:
               and c.verdict is not CellVerdict.BROKEN]
     notes += [f"  {c.cell_id} {m.metric}: {m.comparison.note}" for c in rc.cells
               for m in c.metrics if m.comparison.note and m.decides]
+    notes += [a for c in rc.cells if (a := hopgate.attribution(c.cell_id, c.metrics))]
     if notes:
         lines.append("notes:")
         lines.extend(notes)

@@ -33,12 +33,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from testbed.analysis import stats
+from testbed.analysis import hopgate, stats
 from testbed.analysis.compare import LATENCY_METRICS
 from testbed.records.records import CellRecord, RunRecord
 from testbed.records.store.schema import MAIN_METRICS
 
 #: metrics where lower is better; every other gated metric is higher-is-better
+#: ``--metric hops``: a series per hop figure of each traced cell (testbed.analysis.hopgate)
+HOPS = "hops"
 LOWER_IS_BETTER = frozenset((*LATENCY_METRICS, "latency_p50_us", "latency_p90_us"))
 MIN_POINTS = 4
 
@@ -291,7 +293,8 @@ def series(store: object, *, cell: str | None = None, metric: str | None = None,
                                          profile=s0.profile, tool=s0.tool,
                                          present=frozenset({"attachment", "backend", "mtu",
                                                             "connections", "profile", "tool"})))
-            for m in ([metric] if metric else [_primary(samples, rec)]):
+            for m in (hopgate.names(s.metric_dict() for s in samples) if metric == HOPS
+                      else [metric] if metric else [_primary(samples, rec)]):
                 if m in MAIN_METRICS:
                     vals = [getattr(s, m) for s in samples if getattr(s, m) is not None]
                 else:
@@ -307,7 +310,7 @@ def series(store: object, *, cell: str | None = None, metric: str | None = None,
 def judge(cell_id: str, h: str, metric: str, env: str, pts: Sequence[Point],
           threshold: float = 0.05) -> Series:
     """A series of points with its change points (each with its bisect range)."""
-    higher = metric not in LOWER_IS_BETTER
+    higher = metric not in LOWER_IS_BETTER and not metric.startswith(hopgate.PREFIXES)
     cps = tuple(
         ChangePoint(i, pts[i].run_id, b, a, (a - b) / abs(b) * 100,
                     regression=(a < b) == higher, last_good=pts[i - 1].run_id,

@@ -180,6 +180,10 @@ def slo_plot(answers: Sequence[Any]) -> Interactive | None:
 
 
 def plots(records: Sequence[RunRecord], slo_answers: Sequence[Any] = ()) -> tuple[Interactive, ...]:
+    from testbed.analysis import hops_report
     return tuple(p for p in (cdf_plot(records), load_curve_plot(records), search_plot(records),
-                             slo_plot(slo_answers)) if p is not None)
+                             slo_plot(slo_answers),
+                             *(Interactive(title, caption, _div(fig, f"tb-hops-{i}"))
+                               for i, (title, caption, fig) in enumerate(hops_report.waterfalls(records))))
+                 if p is not None)
 

@@ -102,7 +102,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- history
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from testbed.analysis import history, report
+    from testbed.analysis import history, hopgate, report
     from testbed.records.store.schema import metric_columns
     root = _results_root(args)
     if args.ack is not None:
@@ -112,10 +112,12 @@ def cmd_history(args: argparse.Namespace) -> int:
         from testbed.host.safeio import UserFileError
         raise UserFileError("--by", f"{by!r}: expected one of {', '.join(history.BY)}")
     out = _outputs((args.output, "--output"))
-    if args.metric is not None and args.metric not in metric_columns():
+    if args.metric is not None and args.metric not in metric_columns() and args.metric != history.HOPS \
+            and not args.metric.startswith(hopgate.PREFIXES):
         from testbed.host.safeio import UserFileError
         raise UserFileError("--metric", f"{args.metric!r} is not a metric the store keeps; "
-                                        f"known: {', '.join(metric_columns())}")
+                                        f"known: {', '.join(metric_columns())}, hops (every hop of a "
+                                        f"traced cell), or one hop's: hop_p50_us.HOP, hop_p99_us.HOP")
     # A read: the store must exist and be this testbed's; nothing is created or migrated.
     from testbed import api
     found = api.history(cell=args.cell, metric=args.metric, threshold=args.threshold, by=by, results_dir=root,
@@ -291,7 +293,7 @@ def add_commands(subparsers: Any) -> None:
     h.add_argument("--cell", metavar="CELL", help="only this cell id")
     h.add_argument("--metric", metavar="METRIC",
                    help="metric (default: each cell's primary: throughput_mbps or "
-                        "transactions_per_s)")
+                        "transactions_per_s); hops: a series per hop of each traced cell")
     h.add_argument("--threshold", type=_fraction, default=0.05, metavar="F",
                    help="smallest relative step counted as a change (default 0.05)")
     h.add_argument("-o", "--output", metavar=cv.FILE, help="also write an HTML report with plots")
