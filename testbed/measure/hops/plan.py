@@ -79,11 +79,20 @@ class TracerPlan:
     devices: tuple[DevicePoints, ...]
     sides: tuple[Side, ...] = ()
     spans: tuple[Span, ...] = ()
-    #: (xmit point, send point of its side): where a send's first packet leaves
-    first: tuple[tuple[int, int], ...] = ()
+    #: (xmit point, send point of its side, request|response): where a send's first packet leaves
+    first: tuple[tuple[int, int, str], ...] = ()
+    #: (receive point, request|response): where a direction enters this kernel from outside
+    entries: tuple[tuple[int, str], ...] = ()
     #: points where a direction ends in this tracer (its entry is dropped there; with sides,
     #: handed to the socket receive)
     last: tuple[int, ...] = ()
+    #: receive points before a switch that may hand on a copy, and the transmit points after
+    #: it: matched by headers there, by buffer address everywhere else
+    copy_in: tuple[int, ...] = ()
+    copy_out: tuple[int, ...] = ()
+    #: the sample is drawn at the client's send (one kernel sees the whole transaction);
+    #: else from the headers at the first device, so every kernel follows the same ones
+    sample_at_send: bool = False
 
     def point_names(self) -> dict[int, str]:
         out = {}
@@ -151,9 +160,21 @@ def _points(devices: Sequence[Device]) -> tuple[DevicePoints, ...]:
     return tuple(DevicePoints(d, 2 * i + 2, 2 * i + 3) for i, d in enumerate(devices))
 
 
-def namespace_plan(devices: Sequence[Device], datapath: str) -> Plan:
+def _copies(chains: Sequence[list[tuple[int, str]]]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The receive points before each switch hop and the transmit points after it."""
+    ins, outs = [], []
+    for chain in chains:
+        for (p, kp), (q, kq) in zip(chain, chain[1:]):
+            if kp == "recv" and kq == "xmit":
+                ins.append(p)
+                outs.append(q)
+    return tuple(ins), tuple(outs)
+
+
+def namespace_plan(devices: Sequence[Device], datapath: str, copies: bool = False) -> Plan:
     """Two namespaces joined by ``devices`` (a to b; the first in the client's namespace,
-    the last in the server's): one tracer, the host, sees every hop."""
+    the last in the server's): one tracer, the host, sees every hop. ``copies``: the
+    switch may hand on a copy of a packet (OVS's userspace datapath)."""
     if len(devices) < 2:
         raise ValueError("a namespace path has at least its two endpoint devices")
     pts = _points(devices)
@@ -175,14 +196,15 @@ def namespace_plan(devices: Sequence[Device], datapath: str) -> Plan:
                 resp[-1][0], client.recv),
             Hop("client_app", "client recv() -> next send() (the tool's own loop)", "client", HOST,
                 client.recv, client.send)]
+    cin, cout = _copies((req, resp)) if copies else ((), ())
     tracer = TracerPlan(HOST, pts, (client, server),
-                        first=((req[0][0], client.send), (resp[0][0], server.send)),
-                        last=(req[-1][0], resp[-1][0]))
+                        first=((req[0][0], client.send, "request"), (resp[0][0], server.send, "response")),
+                        last=(req[-1][0], resp[-1][0]), copy_in=cin, copy_out=cout, sample_at_send=True)
     return Plan(tuple(hops), (tracer,))
 
 
 def guest_plan(host_devices: Sequence[Device], datapath: str, client: str, client_nic: str,
-               server: str, server_nic: str) -> Plan:
+               server: str, server_nic: str, copies: bool = False) -> Plan:
     """Two guests whose NICs' host-side devices are ``host_devices`` (a to b: the client's
     tap first, the server's last): the host sees its datapath, each guest its own stack, and
     the hand-offs between them are derived from spans (see the module's note)."""
@@ -193,15 +215,18 @@ def guest_plan(host_devices: Sequence[Device], datapath: str, client: str, clien
     tap_c, tap_s = pts[0], pts[-1]
     host_spans = (Span(1, req[0][0], resp[-1][0], req[0][1], resp[-1][1]),     # client's tap: in -> out
                   Span(2, req[-1][0], resp[0][0], req[-1][1], resp[0][1]))     # server's tap: out -> in
-    host = TracerPlan(HOST, pts, spans=host_spans, last=(req[-1][0], resp[-1][0]))
+    cin, cout = _copies((req, resp)) if copies else ((), ())
+    host = TracerPlan(HOST, pts, spans=host_spans, entries=((req[0][0], "request"), (resp[0][0], "response")),
+                      last=(req[-1][0], resp[-1][0]), copy_in=cin, copy_out=cout)
 
     def guest(name: str, nic: str, role: str) -> TracerPlan:
         dp = DevicePoints(Device(nic, None, "tx" if role == "client" else "rx"), 2, 3)
         side = Side(role, 100, None)
         out_first = (2, "xmit") if role == "client" else (3, "recv")
         back = (3, "recv") if role == "client" else (2, "xmit")
+        sends, gets = ("request", "response") if role == "client" else ("response", "request")
         return TracerPlan(name, (dp,), (side,), spans=(Span(3, out_first[0], back[0], out_first[1], back[1]),),
-                          first=((2, side.send),), last=(2, 3))
+                          first=((2, side.send, sends),), entries=((3, gets),), last=(2, 3))
     gc, gs = guest(client, client_nic, "client"), guest(server, server_nic, "server")
     host_hops = {leg: _device_hops(leg, HOST, chain, names, datapath)
                  for leg, chain in (("request", req), ("response", resp))}

@@ -29,15 +29,19 @@ class Flavour:
     recv_probe: str | None
     recv_sk: str = ""
     recv_len: str = ""
+    #: where data is queued to a socket, right after the last device's receive on that CPU
+    ready_probe: str = ""
+    ready_sk: str = ""
     #: the device transmit tracepoint: net_dev_start_xmit fires on every way to a driver
     #: (a packet socket's qdisc bypass too, which OVS's userspace datapath may use)
     xmit_event: str = "net_dev_start_xmit"
 
 
 TRACEPOINTS = Flavour("tracepoints", "tracepoint:tcp:tcp_sendmsg_locked", "tracepoint:sock:sock_recv_length",
-                      recv_sk="args->sk", recv_len="(args->family == 2 ? args->ret : 0)")
+                      recv_sk="args->sk", recv_len="(args->family == 2 ? args->ret : 0)",
+                      ready_probe="tracepoint:sock:sk_data_ready", ready_sk="args->skaddr")
 KPROBES = Flavour("kprobes", "kprobe:tcp_sendmsg", "kprobe:tcp_cleanup_rbuf", recv_sk="arg0",
-                  recv_len="(int32)arg1")
+                  recv_len="(int32)arg1", ready_probe="kprobe:sock_def_readable", ready_sk="arg0")
 DEVICES_ONLY = Flavour("devices-only", None, None)
 FLAVOURS = (TRACEPOINTS, KPROBES, DEVICES_ONLY)
 
@@ -63,30 +67,39 @@ def _u32(addr: ipaddress.IPv4Address) -> int:
     return struct.unpack("<I", addr.packed)[0]
 
 
-def render(tracer: TracerPlan, where: Where, subnet: str, flavour: Flavour) -> str:
+#: one transaction in this many is followed (see the template's note)
+SAMPLE = 8
+
+
+def render(tracer: TracerPlan, where: Where, subnet: str, flavour: Flavour, sample: int = SAMPLE) -> str:
     net = ipaddress.ip_network(subnet, strict=False)
     sides = tracer.sides if flavour.send_probe else ()
     devices = [{"ifindex": where.ifindex[(d.device.name, d.device.netns)], "netns": where.netns[d.device.netns],
                 "xmit": d.xmit, "recv": d.recv} for d in tracer.devices]
-    events = {p: "xmit" for d in tracer.devices for p in (d.xmit,)} | {d.recv: "recv" for d in tracer.devices}
+    events = {d.xmit: "xmit" for d in tracer.devices} | {d.recv: "recv" for d in tracer.devices}
 
-    def first_points(rx: bool) -> list[tuple[int, int]]:
-        return [] if rx or not sides else [(p, s) for p, s in tracer.first]
+    def on(ev: str, points) -> list:  # noqa: ANN001
+        return [p for p in points if events[p if isinstance(p, int) else p[0]] == ev]
 
-    def last_points(rx: bool) -> list[int]:
-        return [p for p in tracer.last if events[p] == ("recv" if rx else "xmit")]
-
-    def side_of(_: str) -> str:
+    def side_of() -> str:
         if any(s.netns is None for s in sides):
             return f"$s = {sides[0].base};"
         arms = " else ".join(f"if ($ns == {where.netns[s.netns]}) {{ $s = {s.base}; }}" for s in sides)
         return f"$ns = curtask->nsproxy->net_ns->ns.inum; $s = 0; {arms}"
 
+    # without socket probes a tracer follows the packets that enter it and the sends' ones
+    # are not told apart: every kernel then draws its sample from the headers
+    at_send = tracer.sample_at_send and bool(sides)
     return _env().get_template("tracing/hops.bt.j2").render(
         devices=devices, sides=sides, spans=tracer.spans, mask=_u32(net.netmask),
-        net=_u32(net.network_address), first_points=first_points, last_points=last_points,
-        side_of=side_of, send_probe=flavour.send_probe, recv_probe=flavour.recv_probe,
-        recv_sk=flavour.recv_sk, recv_len=flavour.recv_len, xmit_event=flavour.xmit_event)
+        net=_u32(net.network_address), first=list(tracer.first) if sides else [],
+        entries=lambda ev: on(ev, [*tracer.entries, *(() if sides else ((p, role) for p, _, role in tracer.first))]),
+        last=lambda ev: on(ev, tracer.last), copy_in=lambda ev: on(ev, tracer.copy_in),
+        copy_out=lambda ev: on(ev, tracer.copy_out), sample=sample, sample_at_send=at_send,
+        server_base=max((s.base for s in sides), default=0), side_of=side_of,
+        send_probe=flavour.send_probe, recv_probe=flavour.recv_probe, recv_sk=flavour.recv_sk,
+        recv_len=flavour.recv_len, ready_probe=flavour.ready_probe, ready_sk=flavour.ready_sk,
+        xmit_event=flavour.xmit_event)
 
 
 __all__ = ["DEVICES_ONLY", "FLAVOURS", "Flavour", "KPROBES", "TRACEPOINTS", "Where", "render"]

@@ -39,14 +39,17 @@ class Kernel:
 
 def plan_for(path) -> Plan:  # noqa: ANN001 (a measure.TestPath)
     """The plan of a test path: namespaces (the host sees every hop) or guests."""
+    from testbed.host.net import ovs
     devices = [Device(*d) for d in path.devices]
     if not devices:
         raise ValueError("the path lists no devices (attachments.Fabric.path_devices)")
+    # OVS's userspace datapath hands on a copy of each packet: matched by headers there
+    copies = ovs.switches(path.datapath)
     guest = getattr(path.client.guest, "dom", None) is not None
     if not guest:
-        return namespace_plan(devices, path.datapath or "")
+        return namespace_plan(devices, path.datapath or "", copies)
     return guest_plan(devices, path.datapath or "", path.client.guest.spec.name, path.client.ifname,
-                      path.server.guest.spec.name, path.server.ifname)
+                      path.server.guest.spec.name, path.server.ifname, copies)
 
 
 def _host_ifindex(name: str, netns: str | None) -> int:
@@ -222,12 +225,12 @@ class SampleHops:
             if t is not None:
                 rec["attach_s"] = t.attach_s  # type: ignore[attr-defined]
                 st = t.stats  # type: ignore[attr-defined]
-                if st is not None and st.programs and (st.run_cnt or name != HOST or self.stats_why is None):
+                if name == HOST and self.stats_why:
+                    rec["bpf"] = {"not_measured": self.stats_why}
+                elif st is not None and st.programs:
                     rec["bpf"] = {"programs": st.programs, "run_time_ns": st.run_time_ns, "run_cnt": st.run_cnt,
                                   "ns_per_run": round(st.ns_per_run, 1) if st.ns_per_run else None,
                                   "cores": round(st.run_time_ns / 1e9 / span, 5)}
-                elif name == HOST and self.stats_why:
-                    rec["bpf"] = {"not_measured": self.stats_why}
             if name in self.results and self.results[name].reason:
                 rec["reason"] = self.results[name].reason
             out[name] = rec
