@@ -41,9 +41,12 @@ TRACEPOINTS = Flavour("tracepoints", "tracepoint:tcp:tcp_sendmsg_locked", "trace
                       recv_sk="args->sk", recv_len="(args->family == 2 ? args->ret : 0)",
                       ready_probe="tracepoint:sock:sk_data_ready", ready_sk="args->skaddr")
 KPROBES = Flavour("kprobes", "kprobe:tcp_sendmsg", "kprobe:tcp_cleanup_rbuf", recv_sk="arg0",
-                  recv_len="(int32)arg1", ready_probe="kprobe:sock_def_readable", ready_sk="arg0")
+                  recv_len="(int32)arg1", ready_probe="kprobe:tcp_data_ready", ready_sk="arg0")
+#: kernels whose tcp_data_ready is inlined: the socket's default callback instead
+KPROBES_READABLE = Flavour("kprobes", "kprobe:tcp_sendmsg", "kprobe:tcp_cleanup_rbuf", recv_sk="arg0",
+                           recv_len="(int32)arg1", ready_probe="kprobe:sock_def_readable", ready_sk="arg0")
 DEVICES_ONLY = Flavour("devices-only", None, None)
-FLAVOURS = (TRACEPOINTS, KPROBES, DEVICES_ONLY)
+FLAVOURS = (TRACEPOINTS, KPROBES, KPROBES_READABLE, DEVICES_ONLY)
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,8 @@ _DEVICES = ("tracepoint:net:net_dev_start_xmit { $s = (struct sk_buff *)args->sk
 
 def probe_program(f: Flavour) -> str:
     """A program that attaches to every probe flavour ``f`` uses, then exits."""
-    ends = "" if f.send_probe is None else f"{f.send_probe} {{ @a = count(); }}\n{f.recv_probe} {{ @b = count(); }}\n"
+    ends = "" if f.send_probe is None else (f"{f.send_probe} {{ @a = count(); }}\n{f.recv_probe} {{ @b = count(); }}\n"
+                                            f"{f.ready_probe} {{ @c = count(); }}\n")
     return _DEVICES + ends + "BEGIN { exit(); }\n"
 
 
