@@ -15,7 +15,6 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 
 from testbed.analysis import stats
-from testbed.errors import CommandError, GuestError, TestbedError
 from testbed.measure import sampling as measure
 from testbed.measure import window as window_mod
 from testbed.measure.hops import overhead
@@ -39,23 +38,22 @@ def expand(cells: Sequence[Cell]) -> list[Cell]:
     return out
 
 
-def twin_of(cell: Cell, left: list[Cell]) -> Cell | None:
-    """The traced twin that follows ``cell`` in ``left``, taken out of it; else None."""
-    if left and traced(left[0]) and not traced(cell) and left[0].profile == cell.profile \
-            and dataclasses.replace(left[0], context=cell.context) == cell:
-        return left.pop(0)
+def pair_of(cell: Cell, left: list[Cell]) -> tuple[Cell | None, Cell] | None:
+    """(untraced, traced) when ``cell`` is measured with tracing: with its traced twin
+    (taken out of ``left``, where it follows), or a traced cell alone (its twin was
+    measured before a resume: None); else None."""
+    if traced(cell):
+        return None, cell
+    if left and traced(left[0]) and dataclasses.replace(
+            left[0], context=tuple(kv for kv in left[0].context if kv[0] != "hops")) == cell:
+        return cell, left.pop(0)
     return None
 
 
 def _live(cells: Sequence[Cell], path: measure.TestPath, writer: results.RunWriter,
           placement: Mapping[str, str]) -> bool:
     """The MTU set and checked once for both (they share the path); False: both failed."""
-    c = cells[0]
-    try:
-        measure.set_mtu(path, c.mtu)
-        why = measure.check_mtu(path, c.mtu)
-    except (CommandError, GuestError, TestbedError) as e:
-        why = f"could not set MTU {c.mtu}: {e}"
+    why = measure.mtu_reason(path, cells[0].mtu)
     if why:
         for x in cells:
             measure.fail_cell(x, writer, why, placement)
@@ -63,34 +61,35 @@ def _live(cells: Sequence[Cell], path: measure.TestPath, writer: results.RunWrit
     return True
 
 
-def measure_pair(plain: Cell, twin: Cell, paths: Sequence[measure.TestPath], writer: results.RunWriter,
+def measure_pair(plain: Cell | None, twin: Cell, paths: Sequence[measure.TestPath], writer: results.RunWriter,
                  rule: stats.StoppingRule, warmup: int, qemu_pids: Mapping[str, int],
                  placement: Mapping[str, str], clock_ghz: float | None, watch: window_mod.Watch | None,
                  spec: HopSpec, progress: Callable[[str], None] = lambda s: None) -> dict:
-    """Both cells' samples, interleaved; returns the cost record written to run.json."""
+    """Both cells' samples, interleaved; returns the cost record written to run.json.
+    Without ``plain`` (measured before a resume), the traced cell alone: no cost then."""
     path = paths[0]
     watch = watch or window_mod.Watch()
     watch.begin_cell()
-    if not _live((plain, twin), path, writer, placement):
+    cells = (twin,) if plain is None else (plain, twin)
+    if not _live(cells, path, writer, placement):
         return {}
     with tempfile.TemporaryDirectory(prefix="tb-hops-") as tmp:
         session = HopSession(twin, path, spec, tmp, lambda name, text: writer.write_raw(twin.id, name, text))
         with session.prepared():
             ACTIVE[twin.hash] = session
             try:
-                rec = _rounds(plain, twin, path, writer, rule, warmup, qemu_pids, placement, clock_ghz,
-                              watch, spec)
+                rec = _rounds(cells, path, writer, rule, warmup, qemu_pids, placement, clock_ghz, watch, spec)
             finally:
                 ACTIVE.pop(twin.hash, None)
             rec["tracers"] = session.describe()
     hops = dict(writer.record.get("hops") or {})
-    hops[twin.id] = {"untraced": plain.id, **rec}
+    hops[twin.id] = {"untraced": plain.id if plain else None, **rec}
     writer.update(hops=hops)
     progress(f"{twin.id}: {rec.get('note') or 'tracing cost not measured'}")
     return rec
 
 
-def _rounds(plain: Cell, twin: Cell, path: measure.TestPath, writer: results.RunWriter,
+def _rounds(cells: Sequence[Cell], path: measure.TestPath, writer: results.RunWriter,
             rule: stats.StoppingRule, warmup: int, qemu_pids: Mapping[str, int],
             placement: Mapping[str, str], clock_ghz: float | None, watch: window_mod.Watch,
             spec: HopSpec) -> dict:
@@ -98,15 +97,15 @@ def _rounds(plain: Cell, twin: Cell, path: measure.TestPath, writer: results.Run
         return measure.sample_paths(c, [path], writer, rep, warm, qemu_pids, placement, clock_ghz, watch,
                                     by_pair=False)
     for w in range(warmup):
-        for c in round_order((plain, twin), w):
+        for c in round_order(cells, w):
             writer.add_sample(sample(c, w, True))
-    counted = {c: measure.CellSamples(c, rule) for c in (plain, twin)}
-    more = {plain: True, twin: True}
+    counted = {c: measure.CellSamples(c, rule) for c in cells}
+    more = {c: True for c in cells}
     pairs: list[dict] = []
     rnd = 0
     while any(more.values()):
         got = {}
-        for c in round_order((plain, twin), rnd):
+        for c in round_order(cells, rnd):
             while True:
                 s = sample(c, len(counted[c].samples), False)
                 writer.add_sample(s)
@@ -116,12 +115,15 @@ def _rounds(plain: Cell, twin: Cell, path: measure.TestPath, writer: results.Run
             got[c] = s
             # both keep going while either needs more, so every round has its pair
             more[c] = counted[c].add(s) and len(counted[c].samples) < rule.repetitions.max_samples
-        if got[plain].ok and got[twin].ok:
-            pairs.append(overhead.pair(rnd, got[plain], got[twin]))
+        if len(cells) == 2 and got[cells[0]].ok and got[cells[1]].ok:
+            pairs.append(overhead.pair(rnd, got[cells[0]], got[cells[1]]))
         rnd += 1
-    for c in (plain, twin):
+    for c in cells:
         counted[c].finish(writer)
-    return overhead.summary(pairs, spec.overhead_bound)
+    out = overhead.summary(pairs, spec.overhead_bound)
+    if len(cells) == 1:
+        out["note"] = "the untraced twin was measured before the run was resumed: tracing cost not measured"
+    return out
 
 
-__all__ = ["expand", "measure_pair", "traced", "twin_of"]
+__all__ = ["expand", "measure_pair", "pair_of", "traced"]
