@@ -1,0 +1,85 @@
+"""Per-hop latency for real: `testbed run` on a namespace bridge with a traced request/response
+profile. bpftrace attaches on this host, every hop of the datapath and of the stacks is seen,
+the hops are checked against netperf's median, the traced cell is measured interleaved with
+its untraced self and the run says what tracing cost; nothing is left behind."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from testbed.admin import capabilities
+from testbed.host import tracefs
+
+pytestmark = [pytest.mark.netns, pytest.mark.attach("netns")]
+
+TOPOLOGY = """\
+name: hops-netns
+hops: {overhead_bound_pct: 5, closure_tolerance_pct: 10}
+matrix:
+  attachments: [netns-bridge]
+  profiles:
+    - {name: tcp_rr, pattern: rr, message_size: 1, response_size: 1, duration: 2, hops: true}
+  repetitions: {warmup: 0, min: 3, max: 3, rsd_target: 0}
+"""
+
+
+def test_a_traced_namespace_cell_gives_every_hop_closure_and_its_cost(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root: creates namespaces and loads BPF programs")
+    for tool in ("netperf", "netserver"):
+        if not shutil.which(tool):
+            pytest.skip(f"{tool} missing")
+    ok, why = capabilities.hop_tracing()
+    if not ok:
+        pytest.skip(f"hop tracing unavailable here: {why}")
+    mounted_before = tracefs.mounted()
+    topo = tmp_path / "hops.yaml"
+    topo.write_text(TOPOLOGY)
+    p = subprocess.run([sys.executable, "-m", "testbed.cli", "run", str(topo)], capture_output=True,
+                       text=True, timeout=900, env={**os.environ, "TESTBED_RESULTS": str(tmp_path / "res")})
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "tracing cost" in p.stderr                       # the run says what it cost
+    run_dir = tmp_path / "res" / p.stdout.strip().splitlines()[-1].rsplit("/", 1)[1]
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["environment"]["versions"]["bpftrace"]        # the tracer, named with its version
+    traced_id = "netns-bridge-qemu-mtu1500-conn1-tcp_rr-hops"
+    assert {c["id"] for c in run["cells"]} == {traced_id, traced_id.removesuffix("-hops")}
+    cost = run["hops"][traced_id]
+    assert cost["untraced"] == traced_id.removesuffix("-hops") and cost["rounds"] == 3
+    assert isinstance(cost["tps_cost_pct"], float) and cost["within_bound"] in (True, False)
+    assert all(isinstance(x.get("bpf_cores"), float) for x in cost["pairs"])
+    samples = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
+    traced = [s for s in samples if s["cell"]["id"] == traced_id and s["status"] == "ok"]
+    plain = [s for s in samples if s["cell"]["id"] != traced_id]
+    assert len(traced) == 3 and all("hops" not in s["extra"] for s in plain)
+    # A B B A: the first round starts untraced, the second traced
+    order = [s["cell"]["id"] == traced_id for s in samples]
+    assert order[:4] == [False, True, True, False]
+    for s in traced:
+        hops = {h["id"]: h for h in s["extra"]["hops"]["hops"]}
+        for hid in ("req.client_stack", "req.1.wire", "req.2.switch", "req.3.wire", "req.server_stack",
+                    "server_app", "resp.server_stack", "resp.2.switch", "resp.client_stack", "client_app"):
+            h = hops[hid]
+            assert "not_observed" not in h, (hid, h)
+            assert h["n"] > 50 and 0 < h["p50_us"] <= h["p90_us"] <= h["p99_us"], (hid, h)
+            assert s["metrics"][f"hop_p50_us.{hid}"] == h["p50_us"]
+        c = s["extra"]["hops"]["closure"]
+        # the hops and netperf's own median round trip are two sources of one figure
+        assert c["tool_p50_us"] == s["metrics"]["latency_p50_us"]
+        assert c["sum_p50_us"] + c["unexplained_us"] == pytest.approx(c["tool_p50_us"], abs=0.01)
+        assert 0.3 < c["sum_p50_us"] / c["tool_p50_us"] < 3, c
+        assert s["extra"]["hops"]["tracers"]["host"]["bpf"]["run_cnt"] > 0
+    assert list(run_dir.glob("raw/*/hops1-host.out")) or list(run_dir.rglob("hops1-host.out"))
+    # torn down: no tracer left running, tracefs as it was
+    left = subprocess.run(["pgrep", "-f", "tb-hops-host.bt"], capture_output=True, text=True).stdout
+    assert not left.strip()
+    assert tracefs.mounted() == mounted_before
+    from testbed.analysis import hops_report
+    from testbed.records import results
+    figs = hops_report.waterfalls([results.read_run(run_dir)])
+    assert [t for t, _, _ in figs] == ["Where the microseconds go: netns-bridge"]
