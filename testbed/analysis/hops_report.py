@@ -49,6 +49,8 @@ def waterfall_data(rec: RunRecord) -> dict[str, list[dict]]:
         order, p50, p99 = _hops_of(samples)
         bars = []
         for r in order:
+            if r.get("outside_round_trip"):
+                continue            # the client's own loop: not in the tool's round trip
             hid = r.get("id", "?")
             bar = {"id": hid, "label": r.get("label", ""), "leg": r.get("leg", "")}
             if p50.get(hid):
