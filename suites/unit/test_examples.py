@@ -18,7 +18,7 @@ from testbed import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
-FOLDERS = ("pytest-per-mode", "nightly", "capacity", "two-hosts", "variants")
+FOLDERS = ("pytest-per-mode", "nightly", "capacity", "two-hosts", "variants", "hops")
 TOPOLOGIES = sorted(EXAMPLES.rglob("*.yaml"))
 
 

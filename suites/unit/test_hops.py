@@ -199,7 +199,7 @@ def test_the_gate_names_the_hop_a_regression_is_in():
     comps = hopgate.comparisons(_hop_samples(None), _hop_samples("req.2.switch"))
     cell = compare.CellResult("c", "netns-bridge", "qemu", 1500, 1, "rr", compare.CellVerdict.INCONCLUSIVE,
                               tuple(compare.MetricResult(k, False, c) for k, c in comps), 6, 0, 6, 0, ())
-    cells, _ = compare._finish([cell], 0.05)
+    cells = compare._finish([cell], 0.05)[0]
     line = hopgate.attribution("c", cells[0].metrics)
     assert line is not None and "regressed in hop req.2.switch" in line
     assert {hopgate.hop_of(m.metric) for m in hopgate.regressed(cells[0].metrics)} == {"req.2.switch"}
