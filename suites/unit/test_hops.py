@@ -10,7 +10,7 @@ import pytest
 
 from testbed.analysis import hopgate
 from testbed.errors import ConfigError
-from testbed.measure.hops import bpfstats, closure, interleave, overhead, parse, plan, program
+from testbed.measure.hops import bpfstats, closure, overhead, parse, plan, program, twins
 from testbed.records.records import SampleRecord
 from testbed.topology import config
 from testbed.topology.model import Attachment, Backend, Cell, Pattern, Profile
@@ -80,8 +80,6 @@ def test_the_program_matches_the_plans_devices_and_subnet():
     assert "sendmsg" not in bare and "@fl" not in bare and "$ack % 8 == 0" in bare
 
 
-
-
 def test_percentiles_land_in_the_right_bucket():
     st = parse.stats({1200: 50, 1300: 40, 5000: 10})
     assert st.n == 100
@@ -141,16 +139,37 @@ def _rr(hops: bool = True) -> Profile:
 
 def test_a_traced_twin_follows_its_cell_and_keeps_the_untraced_hash():
     plain = Cell(Attachment("netns-bridge"), Backend.QEMU, 1500, 1, _rr())
-    cells = interleave.expand([plain, Cell(Attachment("netns-veth"), Backend.QEMU, 1500, 1, _rr(False))])
+    cells = twins.expand([plain, Cell(Attachment("netns-veth"), Backend.QEMU, 1500, 1, _rr(False))])
     assert [c.id for c in cells] == ["netns-bridge-qemu-mtu1500-conn1-rr", "netns-bridge-qemu-mtu1500-conn1-rr-hops",
                                      "netns-veth-qemu-mtu1500-conn1-rr"]
     assert cells[0].hash == Cell(Attachment("netns-bridge"), Backend.QEMU, 1500, 1, _rr(False)).hash
     assert cells[1].hash != cells[0].hash
-    left = cells[1:]
-    assert interleave.pair_of(cells[0], left) == (cells[0], cells[1]) and len(left) == 1
-    assert interleave.pair_of(cells[2], []) is None
+    assert twins.traced(cells[1]) and not twins.traced(cells[0])
+    assert twins.untraced(cells[1]) == cells[0] and twins.untraced(cells[2]) == cells[2]
+
+
+def test_a_cell_and_its_traced_twin_are_one_step_of_the_run():
+    from testbed.measure.run import Group, Run
+    from testbed.topology import config
+    t = config.parse(_topology("", "{name: rr, tool: netperf, pattern: rr, hops: true}")
+                     .replace("[netns-bridge]", "[netns-bridge]\n  mtus: [1500, 9000]"), "t.yaml")
+    cells = __import__("testbed.measure.plan", fromlist=["plan"]).plan(t)
+    steps = Run(t).steps(Group(cells[0].attachment, cells[0].backend, 1, tuple(cells)))
+    assert [[c.id for c in s] for s in steps] == [
+        ["netns-bridge-qemu-mtu1500-conn1-rr", "netns-bridge-qemu-mtu1500-conn1-rr-hops"],
+        ["netns-bridge-qemu-mtu9000-conn1-rr", "netns-bridge-qemu-mtu9000-conn1-rr-hops"]]
     # resumed after the untraced cell was measured: the traced one alone
-    assert interleave.pair_of(cells[1], []) == (None, cells[1])
+    assert [[c.id for c in s] for s in Run(t).steps(Group(cells[0].attachment, cells[0].backend, 1,
+                                                         tuple(cells[1:])))][0] == [cells[1].id]
+
+
+def test_rounds_pair_the_samples_of_one_repetition():
+    plain = [_sample(0, 20000, 30, 1.0), _sample(1, 20000, 30, 1.0), _sample(2, 21000, 30, 1.0)]
+    traced = [_sample(0, 19000, 31, 1.1), _sample(1, 19600, 31, 1.1)]
+    got = overhead.rounds(plain, traced)
+    assert [(p["round"], p["tps_cost_pct"]) for p in got] == [(0, 5.0), (1, 2.0)]
+    failed = SampleRecord.new("r", {"id": "c"}, 1, False, "failed", "x", {}, {}, "t0", "t1")
+    assert [p["round"] for p in overhead.rounds([plain[0], failed], traced)] == [0]
 
 
 def _topology(extra: str, profile: str = "{name: rr, tool: netperf, pattern: rr, hops: true}") -> str:

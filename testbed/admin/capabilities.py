@@ -182,7 +182,7 @@ def choose_accelerator(requested: str, kernel: Path) -> Accelerator:
 def hop_tracing() -> tuple[bool, str]:
     """Per-hop latency tracing (testbed.measure.hops): bpftrace, tracefs and the probes it
     attaches here, found by attaching them."""
-    from testbed.measure.hops.session import host_flavour
+    from testbed.host.bpftrace import host_flavour
     flavour, detail = host_flavour()
     return flavour is not None, detail
 

@@ -9,9 +9,11 @@ three moments:
 1. ``applies(window)``: whether the hook takes part in this sample at all (a tracer that
    interleaves traced and untraced samples answers by ``window.rep``; warm-ups are offered
    too, ``window.warmup`` says so);
-2. ``window(window)``: a context manager entered just before the tools' clients start and
-   left once they ended, on the same clock as the CPU collectors and the noise watch
-   (start and stop a tracer, a perf counter, a cost collector here);
+2. ``window(window)``: a context manager entered just before the sample's CPU and counter
+   readings and the tools' clients start, and left once they ended and were read (start and
+   stop a tracer, a perf counter, a cost collector here): what the hook costs to start and
+   stop (a tracer's compile and attach) stays outside the window the CPU and the noise
+   guard are measured over, and what it costs while running is inside it;
 3. ``finding(window, sample)``: after the tool, the host guard, the placement check, the
    CPU invariant and the wire cross-check passed, with the sample as it would be written
    (status ok): what the hook adds (:class:`Finding`): figures derived from the sample
@@ -85,7 +87,8 @@ class SampleHook:
         return Finding()
 
 
-#: callables that turn a topology into a hook of its runs (or None): one line per feature
+#: callables that turn a topology into a hook of its runs (or None): one line per feature,
+#: appended by the feature's module (testbed.measure.hops.hook: per-hop latency)
 FACTORIES: list[Callable[[Topology], SampleHook | None]] = []
 
 

@@ -16,6 +16,7 @@ from testbed.host import placement as placement_mod
 from testbed.host import proc, remote
 from testbed.measure import pairs as pairs_mod
 from testbed.measure import variants
+from testbed.measure.hops import twins as hop_twins
 from testbed.records import results
 from testbed.tools import get_tool
 from testbed.topology.model import Accelerator, Attachment, Backend, Cell, Topology, context_of
@@ -47,7 +48,8 @@ def plan(t: Topology) -> list[Cell]:
         cells = [c for i, g in enumerate(groups) for c in stats.randomized_order(g, m.seed + i)]
     if m.variants:
         cells = variants.expand(cells, m.variants)     # A, B adjacent: measured interleaved
-    return cells
+    # a profile with hops: each cell and its traced twin adjacent, measured interleaved
+    return hop_twins.expand(cells)
 
 
 @contextlib.contextmanager

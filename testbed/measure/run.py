@@ -43,6 +43,8 @@ from testbed.measure import pairs as pairs_mod
 from testbed.measure import plan as plan_mod
 from testbed.measure import sampling as measure
 from testbed.measure.context import Arm, Context
+from testbed.measure.hops import interleave as hop_schedule
+from testbed.measure.hops import twins as hop_twins
 from testbed.measure.provision import apply_placement, harness_cpus, host_fingerprints, idle
 from testbed.measure.session import Session
 from testbed.records import results, runparts
@@ -280,7 +282,10 @@ class Run:
         """The group's schedule: one cell per step, or a cell's variants together (measured
         interleaved). A fraction of a maximum comes after the maximum it is a fraction of."""
         cells = sorted(group.cells, key=lambda c: c.profile.rate_fraction is not None)
-        k = len(self.t.matrix.variants) or 1
+        k = len(self.t.matrix.variants)
+        if not k:
+            # a cell and its traced twin (testbed.measure.hops), adjacent: one step
+            return [list(g) for _, g in itertools.groupby(cells, key=hop_twins.untraced)]
         return [cells[i:i + k] for i in range(0, len(cells), k)]
 
     def measure_group(self, group: Group) -> None:
@@ -349,7 +354,8 @@ class Run:
         from testbed.tools import pacing
         cell = step[0]
         eta = ((time.monotonic() - self.started) / self.done * (len(self.cells) - self.done)) if self.done else None
-        more = f" ... interleaved over {len(step)} variants" if len(step) > 1 else ""
+        more = "" if len(step) == 1 else " ... interleaved with its traced twin" if not self.t.matrix.variants \
+            else f" ... interleaved over {len(step)} variants"
         self.progress(f"[{self.done + 1}/{len(self.cells)}] {cell.id}{more}"
                       + (f" (eta {eta:.0f} s)" if eta is not None else ""))
         self.done += len(step)
@@ -359,9 +365,14 @@ class Run:
                     for c in step]
             measure.measure(self.ctx, arms)
             return
-        cell, why = pacing.resolve_fraction(cell, self.t.matrix.profiles, self.writer.cells)
+        resolved = [pacing.resolve_fraction(c, self.t.matrix.profiles, self.writer.cells) for c in step]
+        cell, why = resolved[0]
         if why:
-            measure.fail(self.ctx, cell, why)
+            for c, _ in resolved:
+                measure.fail(self.ctx, c, why)
+        elif len(step) > 1 or hop_twins.traced(cell):
+            # a cell and its traced twin, interleaved on one path
+            hop_schedule.measure(self.ctx, [c for c, _ in resolved], tpaths)
         elif cell.profile.search is not None:
             ratesearch_cell.search(self.ctx, Arm(cell, tuple(tpaths)))
         else:

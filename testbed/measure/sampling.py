@@ -259,6 +259,10 @@ class _Sample:
                 except (CommandError, GuestError, TestbedError) as e:
                     return self.failed(f"{pairs.label(self.by_pair, i)}server did not start: {e}")
             plans = [client_plan(driver, self.cell, p.server.address, port, p.client.guest.agent) for p in paths]
+            # the hooks' windows enclose the CPU and counter readings: what a hook costs to
+            # start and stop (a tracer's compile and attach) stays outside the measured window
+            for h in self.hooks:
+                win.enter_context(h.window(self.hook_window))
             g_before = {ep.guest.spec.name: cpu.guest_reading(ep.guest.agent) for ep in self.eps}
             counters_before = [p.counters() for p in paths]
             h_before = cpu.host_reading(self.pids, self.domains)
@@ -271,8 +275,6 @@ class _Sample:
                     if id(p.guard) not in by_guard:
                         by_guard[id(p.guard)] = win.enter_context(p.guard.sample(gap_check=gap_check))
                     self.watches[i] = by_guard[id(p.guard)]
-            for h in self.hooks:
-                win.enter_context(h.window(self.hook_window))
             t0 = time.monotonic()
             for w in self.watches.values():
                 w.tools_from = t0

@@ -46,6 +46,8 @@ class RunStats:
     programs: int
     run_time_ns: int
     run_cnt: int
+    #: per program, in the order the tracer loaded them: (probe, run_time_ns, run_cnt)
+    per_probe: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def ns_per_run(self) -> float | None:

@@ -12,8 +12,18 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
 from testbed.records.records import SampleRecord
+from testbed.records.runparts import Whole
+
+
+@dataclass(frozen=True)
+class Costs(Whole):
+    """run.json's ``hops``: per traced cell (by id), its untraced twin and what tracing cost."""
+
+    key: ClassVar[str] = "hops"
 
 
 def _num(v: object) -> float | None:
@@ -38,6 +48,14 @@ def pair(rnd: int, plain: SampleRecord, traced: SampleRecord) -> dict:
     return out
 
 
+def rounds(plain: Sequence[SampleRecord], traced: Sequence[SampleRecord]) -> list[dict]:
+    """Each round's cost, from the two cells' counted samples as the cell loop returns them:
+    the samples of one repetition were taken in the same round (A B, then B A), so they
+    are paired by it; a round where either failed has no pair."""
+    by_rep = {s.rep: s for s in plain if s.ok}
+    return [pair(t.rep, by_rep[t.rep], t) for t in traced if t.ok and t.rep in by_rep]
+
+
 def summary(pairs: Sequence[Mapping], bound: float) -> dict:
     """The cell's cost over its rounds, and whether it is within ``bound`` (a fraction)."""
     costs = [p["tps_cost_pct"] for p in pairs if isinstance(p.get("tps_cost_pct"), (int, float))]
@@ -56,4 +74,4 @@ def summary(pairs: Sequence[Mapping], bound: float) -> dict:
     return out
 
 
-__all__ = ["pair", "summary"]
+__all__ = ["Costs", "pair", "rounds", "summary"]

@@ -15,38 +15,8 @@ from functools import cache
 import jinja2
 
 from testbed.host import paths
+from testbed.host.bpftrace import DEVICES_ONLY, FLAVOURS, KPROBES, TRACEPOINTS, Flavour
 from testbed.measure.hops.plan import TracerPlan
-
-
-@dataclass(frozen=True)
-class Flavour:
-    """The probes a kernel offers for the socket ends. Tracepoints where the kernel has
-    them (this host's 6.x kernels: tcp_sendmsg_locked, sock_recv_length); kprobes where it
-    has those instead (Debian 12's 6.1 guests); none: the stack hops are not observed."""
-
-    name: str
-    send_probe: str | None
-    recv_probe: str | None
-    recv_sk: str = ""
-    recv_len: str = ""
-    #: where data is queued to a socket, right after the last device's receive on that CPU
-    ready_probe: str = ""
-    ready_sk: str = ""
-    #: the device transmit tracepoint: net_dev_start_xmit fires on every way to a driver
-    #: (a packet socket's qdisc bypass too, which OVS's userspace datapath may use)
-    xmit_event: str = "net_dev_start_xmit"
-
-
-TRACEPOINTS = Flavour("tracepoints", "tracepoint:tcp:tcp_sendmsg_locked", "tracepoint:sock:sock_recv_length",
-                      recv_sk="args->sk", recv_len="(args->family == 2 ? args->ret : 0)",
-                      ready_probe="tracepoint:sock:sk_data_ready", ready_sk="args->skaddr")
-KPROBES = Flavour("kprobes", "kprobe:tcp_sendmsg", "kprobe:tcp_cleanup_rbuf", recv_sk="arg0",
-                  recv_len="(int32)arg1", ready_probe="kprobe:tcp_data_ready", ready_sk="arg0")
-#: kernels whose tcp_data_ready is inlined: the socket's default callback instead
-KPROBES_READABLE = Flavour("kprobes", "kprobe:tcp_sendmsg", "kprobe:tcp_cleanup_rbuf", recv_sk="arg0",
-                           recv_len="(int32)arg1", ready_probe="kprobe:sock_def_readable", ready_sk="arg0")
-DEVICES_ONLY = Flavour("devices-only", None, None)
-FLAVOURS = (TRACEPOINTS, KPROBES, KPROBES_READABLE, DEVICES_ONLY)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from testbed.errors import CommandError, GuestError
-from testbed.host import proc, tracefs
+from testbed.host import proc
+from testbed.host import bpftrace
 from testbed.measure.hops import bpfstats, closure, parse, program, tracer
 from testbed.measure.hops.plan import HOST, Device, Plan, guest_plan, namespace_plan
 from testbed.topology.model import Cell, HopSpec
@@ -30,7 +31,7 @@ class Kernel:
     where the plan's devices are; ``why`` when it cannot trace."""
 
     name: str
-    flavour: program.Flavour | None = None
+    flavour: bpftrace.Flavour | None = None
     version: str | None = None
     where: program.Where | None = None
     why: str | None = None
@@ -63,11 +64,12 @@ def _host_netns(netns: str | None) -> int:
 
 @dataclass
 class HopSession:
+    """One traced cell on one path: its plan, each kernel as found at its first traced
+    sample (kept for the rest), and per sample the tracers around the window."""
+
     cell: Cell
     path: object                               # measure.TestPath
     spec: HopSpec
-    out_dir: str
-    write_raw: Callable[[str, str], object] = lambda name, text: None
     plan: Plan = field(init=False)
     kernels: dict[str, Kernel] = field(default_factory=dict)
     samples: int = 0
@@ -86,9 +88,9 @@ class HopSession:
     def _prepare(self, name: str) -> Kernel:
         tp = self.plan.tracer(name)
         if name == HOST:
-            run = tracer.run_local
+            run = bpftrace.run_local
             k = Kernel(name)
-            flavour, k.detail = host_flavour()
+            flavour, k.detail = bpftrace.host_flavour()
         else:
             agent = self._agent(name)
 
@@ -99,11 +101,11 @@ class HopSession:
                     return 127, str(e)
                 return res.rc, res.stdout + res.stderr
             k = Kernel(name)
-            flavour, k.detail = tracer.probe(run)
+            flavour, k.detail = bpftrace.probe(run)
         if flavour is None:
             k.why = f"{name} cannot trace: {k.detail}"
             return k
-        k.flavour, k.version = flavour, tracer.version(run)
+        k.flavour, k.version = flavour, bpftrace.version(run)
         try:
             if name == HOST:
                 ifindex = {(d.device.name, d.device.netns): _host_ifindex(d.device.name, d.device.netns)
@@ -123,17 +125,16 @@ class HopSession:
         k.where = program.Where(ifindex, netns)
         return k
 
-    @contextlib.contextmanager
-    def prepared(self) -> Iterator[HopSession]:
-        """tracefs mounted (when this process mounted it, unmounted after) and each kernel
-        probed, for the cell's samples."""
-        with tracefs.available() as why:
-            for t in self.plan.tracers:
-                if t.name == HOST and why:
-                    self.kernels[t.name] = Kernel(t.name, why=f"host cannot trace: {why}")
-                else:
-                    self.kernels[t.name] = self._prepare(t.name)
-            yield self
+    def prepare(self, tracefs_why: str | None) -> None:
+        """Each kernel probed once (``tracefs_why``: why this host has no tracefs, or None).
+        A guest that could not be reached is asked again at the next sample."""
+        for t in self.plan.tracers:
+            if t.name in self.kernels and not (t.name != HOST and self.kernels[t.name].why):
+                continue
+            if t.name == HOST and tracefs_why:
+                self.kernels[t.name] = Kernel(t.name, why=f"host cannot trace: {tracefs_why}")
+            else:
+                self.kernels[t.name] = self._prepare(t.name)
 
     def describe(self) -> dict:
         """What run.json says of the cell's tracers."""
@@ -145,9 +146,9 @@ class HopSession:
     # -- per sample ------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def window(self) -> Iterator[SampleHops]:
-        """The tracers started (before the sample's CPU readings: their compile is no part of
-        the window) and, when the block ends, stopped and read; killed on any other way out."""
+    def window(self, out_dir: str) -> Iterator[SampleHops]:
+        """The tracers started (attached before the block) and, when the block ends, stopped
+        and read; killed on any other way out."""
         self.samples += 1
         running: dict[str, tracer.HostTracer | tracer.GuestTracer] = {}
         results: dict[str, closure.TracerResult] = {}
@@ -156,7 +157,7 @@ class HopSession:
                 results[name] = closure.TracerResult(name, None, k.why or f"{name} cannot trace")
                 continue
             text = program.render(self.plan.tracer(name), k.where, self._subnet(), k.flavour)
-            running[name] = tracer.HostTracer(text, self.out_dir) if name == HOST else \
+            running[name] = tracer.HostTracer(text, out_dir) if name == HOST else \
                 tracer.GuestTracer(self._agent(name), text, name)
 
         def start(name: str) -> None:
@@ -179,7 +180,7 @@ class HopSession:
             def stop(name: str) -> None:
                 try:
                     text = live[name].stop()
-                    self.write_raw(f"hops{self.samples}-{name}.out", text)
+                    hops.texts[name] = text
                     out = parse.parse(text)
                     k = self.kernels[name]
                     no_stack = None if k.flavour is not None and k.flavour.send_probe else \
@@ -205,8 +206,8 @@ class HopSession:
 
 @dataclass
 class SampleHops:
-    """A traced sample's tracers; once its tool's figures are known, :meth:`apply` puts the
-    hops into the sample."""
+    """A traced sample's tracers; once its tool's figures are known, :meth:`record` gives
+    what the sample keeps of its hops."""
 
     session: HopSession
     results: dict[str, closure.TracerResult]
@@ -214,6 +215,8 @@ class SampleHops:
     stats_why: str | None
     t0: float = 0.0
     t1: float = 0.0
+    #: each tracer's own output (kept beside the tool's raw output)
+    texts: dict[str, str] = field(default_factory=dict)
 
     def tracers(self) -> dict:
         out = {}
@@ -230,30 +233,19 @@ class SampleHops:
                 elif st is not None and st.programs:
                     rec["bpf"] = {"programs": st.programs, "run_time_ns": st.run_time_ns, "run_cnt": st.run_cnt,
                                   "ns_per_run": round(st.ns_per_run, 1) if st.ns_per_run else None,
-                                  "cores": round(st.run_time_ns / 1e9 / span, 5)}
+                                  "cores": round(st.run_time_ns / 1e9 / span, 5),
+                                  **({"per_probe": st.per_probe} if st.per_probe else {})}
             if name in self.results and self.results[name].reason:
                 rec["reason"] = self.results[name].reason
             out[name] = rec
         return out
 
-    def apply(self, metrics: Mapping[str, float], extra: dict) -> dict[str, float]:
-        """The sample's metrics with its hops' figures added; ``extra.hops`` gets the record."""
+    def record(self, metrics: Mapping[str, float]) -> dict:
+        """The sample's ``extra.hops``: its hops, the closure, its tracers and their cost."""
         record = closure.hops_record(self.session.plan, self.results, metrics, self.session.spec.closure_tolerance)
         record["tracers"] = self.tracers()
         record["window_s"] = round(self.t1 - self.t0, 3)
-        extra["hops"] = record
-        return {**metrics, **closure.hop_metrics(record)}
+        return record
 
 
-_HOST_FLAVOUR: list = []
-
-
-def host_flavour() -> tuple[program.Flavour | None, str]:
-    """This host's best flavour, found once per process (testbed.admin.capabilities asks too)."""
-    if not _HOST_FLAVOUR:
-        with tracefs.available() as why:
-            _HOST_FLAVOUR.append((None, f"tracefs: {why}") if why else tracer.probe(tracer.run_local))
-    return _HOST_FLAVOUR[0]
-
-
-__all__ = ["HopSession", "SampleHops", "host_flavour", "plan_for"]
+__all__ = ["HopSession", "SampleHops", "plan_for"]

@@ -11,77 +11,20 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import signal
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from testbed.errors import CommandError, GuestError
 from testbed.host import proc
+from testbed.host.bpftrace import BPFTRACE, ENV, last_error
 from testbed.measure.hops import bpfstats, parse
-from testbed.measure.hops.program import DEVICES_ONLY, FLAVOURS, Flavour
 
 log = logging.getLogger(__name__)
 
-BPFTRACE = "bpftrace"
-#: entries of bpftrace's maps (its default, 4096, is less than a busy second's packets in flight
-#: between two points when a direction's end is lost)
-ENV = {"BPFTRACE_MAP_KEYS_MAX": "65536"}
 ATTACH_TIMEOUT_S = 90.0
 GUEST_ATTACH_TIMEOUT_S = 600.0       # LLVM compiling under TCG
 STOP_TIMEOUT_S = 30.0
-VERSION_RE = re.compile(r"bpftrace v?(\d+(?:\.\d+)+)")
-
-_DEVICES = ("tracepoint:net:net_dev_start_xmit { $s = (struct sk_buff *)args->skbaddr; @x = count(); }\n"
-            "tracepoint:net:netif_receive_skb { $s = (struct sk_buff *)args->skbaddr; @r = count(); }\n")
-
-
-def probe_program(f: Flavour) -> str:
-    """A program that attaches to every probe flavour ``f`` uses, then exits."""
-    ends = "" if f.send_probe is None else (f"{f.send_probe} {{ @a = count(); }}\n{f.recv_probe} {{ @b = count(); }}\n"
-                                            f"{f.ready_probe} {{ @c = count(); }}\n")
-    return _DEVICES + ends + "BEGIN { exit(); }\n"
-
-
-def probe(run: Callable[[list[str]], tuple[int, str]]) -> tuple[Flavour | None, str]:
-    """The best flavour a kernel attaches (found by trying: ``run(argv)`` gives rc and
-    output there), and a line saying what was found."""
-    rc, out = run([BPFTRACE, "--version"])
-    m = VERSION_RE.search(out)
-    if rc != 0 or not m:
-        return None, "bpftrace not installed (Debian package bpftrace)"
-    version = m.group(1)
-    tried = []
-    for f in FLAVOURS:
-        rc, out = run([BPFTRACE, "-e", probe_program(f)])
-        if rc == 0:
-            why = f"; socket probes: {'; '.join(tried)}" if tried else ""
-            what = "device tracepoints only, no socket probes" if f is DEVICES_ONLY else \
-                f"device tracepoints and socket {f.name}"
-            return f, f"bpftrace {version}: {what}{why}"
-        tried.append(f"{f.name}: {_last_error(out)}")
-    return None, f"bpftrace {version} attaches none of its probes here: {'; '.join(tried)}"
-
-
-def _last_error(out: str) -> str:
-    lines = [ln.strip() for ln in out.splitlines() if ln.strip() and "RLIMIT_MEMLOCK" not in ln]
-    errs = [ln for ln in lines if "ERROR" in ln or "FATAL" in ln] or lines
-    return (errs[-1] if errs else "no output")[:200]
-
-
-def version(run: Callable[[list[str]], tuple[int, str]]) -> str | None:
-    rc, out = run([BPFTRACE, "--version"])
-    m = VERSION_RE.search(out)
-    return m.group(1) if rc == 0 and m else None
-
-
-def run_local(argv: list[str]) -> tuple[int, str]:
-    try:
-        res = proc.run(argv, check=False, timeout=60, env=ENV)
-    except CommandError as e:
-        return 127 if e.rc is None else e.rc, str(e)
-    return res.rc, res.stdout + res.stderr
 
 
 class TracerError(Exception):
@@ -112,7 +55,7 @@ class HostTracer:
         while parse.READY not in self.bg.stdout():
             if self.bg.popen.poll() is not None:
                 raise TracerError(f"bpftrace exited ({self.bg.popen.returncode}) before it attached: "
-                                  f"{_last_error(self.bg.stdout() + self.bg.stderr())}")
+                                  f"{last_error(self.bg.stdout() + self.bg.stderr())}")
             if time.monotonic() - t0 > timeout:
                 self.bg.stop()
                 raise TracerError(f"bpftrace not attached after {timeout:.0f} s")
@@ -175,7 +118,7 @@ class GuestTracer:
                     break
                 if not a.alive(self.pid):  # type: ignore[attr-defined]
                     self.pid = None
-                    raise TracerError(f"bpftrace in {self.guest} exited before it attached: {_last_error(out)}")
+                    raise TracerError(f"bpftrace in {self.guest} exited before it attached: {last_error(out)}")
                 if time.monotonic() - t0 > timeout:
                     self.kill()
                     raise TracerError(f"bpftrace in {self.guest} not attached after {timeout:.0f} s")
@@ -214,4 +157,4 @@ class GuestTracer:
             self._run(["/sbin/sysctl", "-q", "-w", "kernel.bpf_stats_enabled=0"])
 
 
-__all__ = ["BPFTRACE", "GuestTracer", "HostTracer", "TracerError", "probe", "probe_program", "run_local", "version"]
+__all__ = ["GuestTracer", "HostTracer", "TracerError"]
