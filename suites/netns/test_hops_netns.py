@@ -74,7 +74,8 @@ def test_a_traced_namespace_cell_gives_every_hop_closure_and_its_cost(tmp_path):
         assert c["sum_p50_us"] + c["unexplained_us"] == pytest.approx(c["tool_p50_us"], abs=0.01)
         assert 0.3 < c["sum_p50_us"] / c["tool_p50_us"] < 3, c
         assert s["extra"]["hops"]["tracers"]["host"]["bpf"]["run_cnt"] > 0
-    assert list(run_dir.glob("raw/*/hops1-host.out")) or list(run_dir.rglob("hops1-host.out"))
+    # each traced sample keeps its tracer's own output beside the tool's
+    assert len(list(run_dir.glob(f"raw/{traced_id}/rep*-hops-host.out"))) == 3
     # torn down: no tracer left running, tracefs as it was
     left = subprocess.run(["pgrep", "-f", "tb-hops-host.bt"], capture_output=True, text=True).stdout
     assert not left.strip()
