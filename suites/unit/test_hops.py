@@ -66,7 +66,7 @@ def _where(t: plan.TracerPlan) -> program.Where:
 def test_the_program_matches_the_plans_devices_and_subnet():
     t = plan.namespace_plan(BRIDGE, "linux-bridge").tracers[0]
     text = program.render(t, _where(t), "198.18.0.0/24", program.TRACEPOINTS)
-    assert "tracepoint:net:net_dev_start_xmit" in text and "tracepoint:net:netif_receive_skb" in text
+    assert "tracepoint:net:net_dev_queue" in text and "tracepoint:net:netif_receive_skb" in text
     assert "if ($ifi == 10 && $ns == 4026532001) { $p = 2; }" in text
     assert "tracepoint:tcp:tcp_sendmsg_locked" in text and "sock_recv_length" in text
     # a bridge hands the same buffer on: no header is read, one transaction in 8 is drawn

@@ -1,7 +1,7 @@
 """bpftrace (Debian's package) on a kernel: its version, and which of the probes per-hop
 tracing uses (testbed.measure.hops) attach there, found by attaching them.
 
-A kernel offers the device tracepoints (``net:net_dev_start_xmit``,
+A kernel offers the device tracepoints (``net:net_dev_queue``,
 ``net:netif_receive_skb``) and, for the socket ends, either tracepoints (recent kernels:
 ``tcp:tcp_sendmsg_locked``, ``sock:sock_recv_length``) or kprobes (Debian 12's 6.1), or
 neither; each combination is a :class:`Flavour`, tried best first.
@@ -36,9 +36,12 @@ class Flavour:
     #: where data is queued to a socket, right after the last device's receive on that CPU
     ready_probe: str = ""
     ready_sk: str = ""
-    #: the device transmit tracepoint: net_dev_start_xmit fires on every way to a driver
-    #: (a packet socket's qdisc bypass too, which OVS's userspace datapath may use)
-    xmit_event: str = "net_dev_start_xmit"
+    #: the device transmit tracepoint: net_dev_queue fires as a packet is queued to a device
+    #: (dev_queue_xmit: a stack's send, a bridge's forward, OVS's packet socket). It records
+    #: three fields where net_dev_start_xmit fills some twenty, and every packet on the host
+    #: pays for that fill whatever the program does with it; its time stamp is before the
+    #: device's egress qdisc, so a packet's wait there falls in the hop after it
+    xmit_event: str = "net_dev_queue"
 
 
 TRACEPOINTS = Flavour("tracepoints", "tracepoint:tcp:tcp_sendmsg_locked", "tracepoint:sock:sock_recv_length",
@@ -52,7 +55,7 @@ KPROBES_READABLE = Flavour("kprobes", "kprobe:tcp_sendmsg", "kprobe:tcp_cleanup_
 DEVICES_ONLY = Flavour("devices-only", None, None)
 FLAVOURS = (TRACEPOINTS, KPROBES, KPROBES_READABLE, DEVICES_ONLY)
 
-_DEVICES = ("tracepoint:net:net_dev_start_xmit { $s = (struct sk_buff *)args->skbaddr; @x = count(); }\n"
+_DEVICES = ("tracepoint:net:net_dev_queue { $s = (struct sk_buff *)args->skbaddr; @x = count(); }\n"
             "tracepoint:net:netif_receive_skb { $s = (struct sk_buff *)args->skbaddr; @r = count(); }\n")
 
 
