@@ -126,6 +126,16 @@ def test_the_cost_of_tracing_is_the_median_of_its_rounds_against_its_bound():
     over = overhead.summary(pairs, 0.02)
     assert not over["within_bound"] and "beyond the 2% bound" in over["note"]
     assert overhead.summary([], 0.05)["within_bound"] is None
+    assert "saturated" not in ok["note"] and "saturated_rounds" not in overhead.summary(pairs, 0.05, 2)
+
+
+def test_a_cost_measured_on_a_saturated_host_says_so():
+    # a 2-core host busy on both cores in two rounds (as on a shared CI machine)
+    pairs = [overhead.pair(i, _sample(i, 10000, 30, b), _sample(i, 5000, 45, b))
+             for i, b in enumerate((2.0, 1.99, 1.2))]
+    got = overhead.summary(pairs, 0.05, 2)
+    assert got["saturated_rounds"] == 2 and "saturated in 2 of 3 rounds" in got["note"]
+    assert got["tps_cost_pct"] == 50.0 and got["within_bound"] is False
 
 
 def test_bpf_run_time_is_read_from_the_tracers_fdinfo():

@@ -8,6 +8,7 @@ traced one of the same round, goes into run.json (testbed.measure.hops.overhead)
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 from testbed.measure import sampling
@@ -31,7 +32,8 @@ def measure(ctx: Context, cells: Sequence[Cell], paths: Sequence[object]) -> dic
     plain = next((c for c in cells if not traced(c)), None)
     spec = next((h.spec for h in ctx.hooks if isinstance(h, HopsHook)), None)
     bound = spec.overhead_bound if spec is not None else 0.05
-    rec = overhead.summary(overhead.rounds(got.get(plain, []) if plain else [], got[twin]), bound)
+    rec = overhead.summary(overhead.rounds(got.get(plain, []) if plain else [], got[twin]), bound,
+                           os.cpu_count())
     if plain is None:
         rec["note"] = "the untraced twin was measured before the run was resumed: tracing cost not measured"
     elif spec is None:

@@ -41,7 +41,8 @@ def pair(rnd: int, plain: SampleRecord, traced: SampleRecord) -> dict:
                  "tps_cost_pct": round((tp - tt) / tp * 100, 2) if tp and tt is not None else None,
                  "untraced_p50_us": lp, "traced_p50_us": lt,
                  "p50_added_us": round(lt - lp, 3) if lp is not None and lt is not None else None,
-                 "host_cores_added": round(ht - hp, 4) if ht is not None and hp is not None else None}
+                 "host_cores_added": round(ht - hp, 4) if ht is not None and hp is not None else None,
+                 "untraced_host_busy": hp, "traced_host_busy": ht}
     if isinstance(bpf.get("cores"), (int, float)):
         out["bpf_cores"] = bpf["cores"]
         out["bpf_ns_per_run"] = bpf.get("ns_per_run")
@@ -56,8 +57,17 @@ def rounds(plain: Sequence[SampleRecord], traced: Sequence[SampleRecord]) -> lis
     return [pair(t.rep, by_rep[t.rep], t) for t in traced if t.ok and t.rep in by_rep]
 
 
-def summary(pairs: Sequence[Mapping], bound: float) -> dict:
-    """The cell's cost over its rounds, and whether it is within ``bound`` (a fraction)."""
+def saturated(pairs: Sequence[Mapping], cores: int) -> int:
+    """How many rounds ran on a host with no idle CPU (either sample busy within 5 % of all
+    ``cores``): there the tool and the tracer queue behind other load, and the cost is not
+    the tracer's alone (host CPU added reads as nothing, since there was none to add)."""
+    return sum(1 for p in pairs if any(isinstance(p.get(k), (int, float)) and p[k] >= 0.95 * cores
+                                       for k in ("untraced_host_busy", "traced_host_busy")))
+
+
+def summary(pairs: Sequence[Mapping], bound: float, cores: int | None = None) -> dict:
+    """The cell's cost over its rounds, and whether it is within ``bound`` (a fraction);
+    ``cores``: the host's, to say when its CPUs were saturated."""
     costs = [p["tps_cost_pct"] for p in pairs if isinstance(p.get("tps_cost_pct"), (int, float))]
     out: dict = {"rounds": len(pairs), "bound_pct": round(bound * 100, 3), "pairs": list(pairs)}
     if not costs:
@@ -71,7 +81,12 @@ def summary(pairs: Sequence[Mapping], bound: float) -> dict:
     out.update(tps_cost_pct=med, within_bound=med <= bound * 100,
                note=(f"tracing cost {med:g} % of transactions/s (median of {len(costs)} interleaved rounds), "
                      + ("within" if med <= bound * 100 else "beyond") + f" the {bound:.0%} bound"))
+    busy = saturated(pairs, cores) if cores else 0
+    if busy:
+        out["saturated_rounds"] = busy
+        out["note"] += (f"; the host's {cores} CPUs were saturated in {busy} of {len(pairs)} rounds "
+                        "(the cost then includes queueing behind other load)")
     return out
 
 
-__all__ = ["Costs", "pair", "rounds", "summary"]
+__all__ = ["Costs", "pair", "rounds", "saturated", "summary"]
