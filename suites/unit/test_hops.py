@@ -232,5 +232,15 @@ def test_the_gate_names_the_hop_a_regression_is_in():
     line = hopgate.attribution("c", cells[0].metrics)
     assert line is not None and "regressed in hop req.2.switch" in line
     assert {hopgate.hop_of(m.metric) for m in hopgate.regressed(cells[0].metrics)} == {"req.2.switch"}
+    # a scheduling tail elsewhere moves a p99 far more than the seeded hop's median moves:
+    # the note still names the hop whose median moved first
+    tail = [{**m, "hop_p99_us.req.2.switch": m["hop_p99_us.req.2.switch"] + 1700.0}
+            for m in _hop_samples("req.1.wire")]
+    comps = hopgate.comparisons(_hop_samples(None), tail)
+    cell = compare.CellResult("c", "netns-bridge", "qemu", 1500, 1, "rr", compare.CellVerdict.INCONCLUSIVE,
+                              tuple(compare.MetricResult(k, False, c) for k, c in comps), 6, 0, 6, 0, ())
+    metrics = compare._finish([cell], 0.05)[0][0].metrics
+    assert [m.metric for m in hopgate.regressed(metrics)][:2] == ["hop_p50_us.req.1.wire", "hop_p99_us.req.2.switch"]
+    assert "regressed in hop req.1.wire p50" in hopgate.attribution("c", metrics)
     quiet = hopgate.comparisons(_hop_samples(None), _hop_samples(None))
     assert not [k for k, c in quiet if c.verdict.value == "regressed"]
