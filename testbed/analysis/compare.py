@@ -286,9 +286,11 @@ class CellResult:
     @property
     def verdict_text(self) -> str:
         """The verdict, naming the role whose cost moved when the cost is what moved it."""
-        cost = next((m.comparison.verdict for m in self.metrics if m.metric == costs.METRIC), None)
-        if self.cost_role and cost in (stats.Verdict.REGRESSED, stats.Verdict.IMPROVED):
-            return f"{self.verdict.value} (cost {cost.value}: {self.cost_role})"
+        moved = [m.comparison.verdict for m in self.metrics if m.metric in costs.DECIDING
+                 and m.comparison.verdict in (stats.Verdict.REGRESSED, stats.Verdict.IMPROVED)]
+        if self.cost_role and moved:
+            worst = stats.Verdict.REGRESSED if stats.Verdict.REGRESSED in moved else moved[0]
+            return f"{self.verdict.value} (cost {worst.value}: {self.cost_role})"
         return self.verdict.value
 
 

@@ -20,15 +20,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from testbed.analysis import stats
-from testbed.measure.cost import METRIC, OTHER_ROLES, ROLE_METRICS, ROLES, role_metric
+from testbed.measure.cost import HOST_METRIC, METRIC, METRICS, OTHER_ROLES, ROLE_METRICS, ROLES, role_metric
 from testbed.records.records import RunRecord, SampleRecord
 
-#: (metric, higher is better, decides) for `testbed compare`: the path's cost per packet
-#: decides beside throughput and latency; each role's is shown, so the role that moved is seen
-COMPARED = ((METRIC, False, True), *((m, False, False) for m in ROLE_METRICS))
+#: (metric, higher is better, decides) for `testbed compare`: the path's cost per packet and
+#: its host side decide beside throughput and latency; each role's is shown, so the role that
+#: moved is seen
+COMPARED = ((METRIC, False, True), (HOST_METRIC, False, True), *((m, False, False) for m in ROLE_METRICS))
+#: the cost metrics a gate decides on
+DECIDING = (METRIC, HOST_METRIC)
 #: every cost metric, lower is better (history, the report)
-LOWER_IS_BETTER = frozenset((METRIC, *ROLE_METRICS, "cost_cores_per_gbit", "cost_cores_per_ktps",
-                             "cost_cycles_per_packet"))
+LOWER_IS_BETTER = frozenset(METRICS)
 
 
 def _summary(values: Sequence[float]) -> stats.Summary | None:

@@ -296,7 +296,7 @@ def series(store: object, *, cell: str | None = None, metric: str | None = None,
                                          present=frozenset({"attachment", "backend", "mtu",
                                                             "connections", "profile", "tool"})))
             # by default each cell's primary metric and its cost per packet (when recorded)
-            for m in ([metric] if metric else [_primary(samples, rec), costs.METRIC]):
+            for m in ([metric] if metric else [_primary(samples, rec), *costs.DECIDING]):
                 if m in MAIN_METRICS:
                     vals = [getattr(s, m) for s in samples if getattr(s, m) is not None]
                 else:
@@ -305,7 +305,7 @@ def series(store: object, *, cell: str | None = None, metric: str | None = None,
                     points[(cid, h, m, env)].append(Point(
                         run.run_id, run.started or "", float(np.mean(vals)), len(vals),
                         float(np.std(vals, ddof=1)) if len(vals) > 1 else None, env_t,
-                        costs.role_means([s.metric_dict() for s in samples]) if m == costs.METRIC else ()))
+                        costs.role_means([s.metric_dict() for s in samples]) if m in costs.DECIDING else ()))
     return [judge(cid, h, m, env, pts, threshold)
             for (cid, h, m, env), pts in sorted(points.items())]
 

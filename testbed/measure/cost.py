@@ -3,9 +3,9 @@
 Pure: a sample record (its CPU readings, the wire counters of the device under test, the
 tool's figures) plus what :mod:`testbed.measure.costprobe` read over the same window
 (:class:`Inputs`: the CPU's frequency at both ends, the host's device counters, performance
-counters where they work) in; a typed :class:`testbed.records.records.Cost` and the metrics
-the statistics use out. Nothing is read here, so every figure can be recomputed from a
-recorded sample.
+counters where they work) in; a typed :class:`testbed.records.records.Cost` (kept in the
+sample's ``extra.cost``) and the metrics the statistics use out. Nothing is read here, so
+every figure can be recomputed from a recorded sample.
 
 Roles, in host cores over the sample's window:
 
@@ -25,7 +25,11 @@ Roles, in host cores over the sample's window:
 - ``gap``: the host's busy time less all of the above, shown as a role of its own when it
   is beyond :data:`CLOSURE_TOLERANCE`.
 
-The path's cost is the first five added up; ``rest`` and ``gap`` are not the path's.
+The path's cost is the first five added up; ``rest`` and ``gap`` are not the path's. The
+host's side of it, ``host``, is all of them but the guests' vCPUs. Only
+a sample whose guests' QEMU threads were attributed carries the cost as metrics (what
+compare and history judge): with namespace endpoints, or guests on another host, the
+endpoints' own work is in no role of the path.
 
 Closure: the roles are measured separately (thread run times, /proc/stat columns, other
 processes' times), so their sum is a second figure for the host's busy time (idle time,
@@ -53,12 +57,20 @@ from testbed.records.records import Cost, SampleRecord, num
 ROLES = ("vcpu", "emulator", "vhost", "switch", "softirq")
 #: roles shown beside the path's: the host's other work, and what no reading accounts for
 OTHER_ROLES = ("rest", "gap")
-#: the path's cost per packet: the metric the gate decides on (lower is better)
+#: the path's cost per packet (lower is better): what a capacity plan pays, and a metric
+#: the gate decides on
 METRIC = "cost_ns_per_packet"
-#: the metrics a sample carries: the path's cost, per role, per unit of traffic, in cycles
+#: the host's side of it: every role but the guests' vCPUs (emulator, vhost, switch,
+#: softirq), the cost of the hypervisor's network path itself. The gate decides on it too:
+#: a change there is a larger share of it than of the path, whose emulated or guest-kernel
+#: vCPU time carries most of the path's noise
+HOST_METRIC = "cost_host_ns_per_packet"
+HOST_ROLES = tuple(r for r in ROLES if r != "vcpu")
+#: the metrics a sample carries: the path's cost, the host's side, per role, per unit of
+#: traffic, in cycles
 ROLE_METRICS = tuple(f"cost_{r}_ns_per_packet" for r in ROLES)
 UNIT_METRICS = ("cost_cores_per_gbit", "cost_cores_per_ktps", "cost_cycles_per_packet")
-METRICS = (METRIC, *ROLE_METRICS, *UNIT_METRICS)
+METRICS = (METRIC, HOST_METRIC, *ROLE_METRICS, *UNIT_METRICS)
 
 #: the roles add up to the host's busy time within this share of it (plus two clock ticks
 #: a CPU over the window, the resolution of the /proc/stat columns and process times)
@@ -286,9 +298,12 @@ def compute(sample: SampleRecord, inputs: Inputs = Inputs()) -> Outcome | None:
     if close["within"] is False:
         cores["gap"] = close["gap"]
     path = round(sum(path_cores.values()), 6)
-    ns = {**_per(cores, window_s, packets, 1e9), "path": round(path * window_s / packets * 1e9, 3)}
+    host = round(sum(path_cores[r] for r in HOST_ROLES), 6)
+    ns = {**_per(cores, window_s, packets, 1e9), "path": path * window_s / packets * 1e9,
+          "host": host * window_s / packets * 1e9}
     ns = {k: round(v, 3) for k, v in ns.items()}
-    metrics: dict[str, float] = {METRIC: ns["path"], **{role_metric(r): ns[r] for r in ROLES}}
+    metrics: dict[str, float] = {METRIC: ns["path"], HOST_METRIC: ns["host"],
+                                 **{role_metric(r): ns[r] for r in ROLES}}
     per_gbit: dict[str, float] = {}
     per_ktps: dict[str, float] = {}
     tps, secs = sample.metric("transactions_per_s"), sample.metric("duration_s")
@@ -300,11 +315,19 @@ def compute(sample: SampleRecord, inputs: Inputs = Inputs()) -> Outcome | None:
         gbit = payload * 8 / 1e9
         per_gbit = {**_per(path_cores, window_s, gbit, 1.0), "path": round(path * window_s / gbit, 6)}
         metrics["cost_cores_per_gbit"] = per_gbit["path"]
+    if not any(isinstance(g, Mapping) for g in sample.cpu.per_guest.values()):
+        # namespace endpoints, or guests whose QEMU this host does not run: the endpoints'
+        # own work is in no role of the path, so its cost is shown, never judged
+        notes.append("the endpoints' CPU is not attributed (namespace endpoints, or guests whose "
+                     "QEMU runs elsewhere): the path's roles miss them, so this cost is recorded "
+                     "but is no metric the gate judges")
+        metrics = {}
     ghz, how = frequency(inputs.mhz_before, inputs.mhz_after)
     cycles: dict[str, float] = {}
     if ghz is not None:
         cycles = {r: round(v * ghz, 1) for r, v in ns.items()}
-        metrics["cost_cycles_per_packet"] = cycles["path"]
+        if metrics:
+            metrics["cost_cycles_per_packet"] = cycles["path"]
     if inputs.perf_cycles is not None:
         cycles["host_perf"] = round(inputs.perf_cycles / packets, 1)
         how = f"{how}; host_perf: perf stat -a -e cycles, the whole host's cycles per packet"
@@ -317,15 +340,17 @@ def compute(sample: SampleRecord, inputs: Inputs = Inputs()) -> Outcome | None:
 
 
 def attach(sample: SampleRecord, inputs: Inputs = Inputs()) -> SampleRecord:
-    """The sample with its cost: the record's ``cost`` and the metrics; a sample whose cost
-    inputs disagree fails, with both figures in its reason (as the wire cross-check's).
-    A failed sample, or one with nothing to divide by, is returned as it is."""
+    """The sample with its cost: ``extra.cost`` (the typed record: ``sample.cost``) and the
+    metrics; a sample whose cost inputs disagree fails, with both figures in its reason (as
+    the wire cross-check's). A failed sample, or one with nothing to divide by, is returned
+    as it is."""
     if sample.status == "failed":
         return sample
     out = compute(sample, inputs)
     if out is None:
         return sample
-    present = sample.present | {"cost"}
+    data = {**sample.data, "cost": out.cost.to_dict()}
+    present = sample.present | {"data"}
     if out.reason is not None:
-        return replace(sample, status="failed", reason=out.reason, metrics={}, cost=out.cost, present=present)
-    return replace(sample, metrics={**sample.metrics, **out.metrics}, cost=out.cost, present=present)
+        return replace(sample, status="failed", reason=out.reason, metrics={}, data=data, present=present)
+    return replace(sample, metrics={**sample.metrics, **out.metrics}, data=data, present=present)

@@ -338,7 +338,8 @@ class Cost(Part):
     packets_source: str | None = None
     #: role -> host cores over the window (testbed.measure.cost.ROLES, "rest", "gap")
     cores: Mapping[str, float] = field(default_factory=dict)
-    #: role -> host CPU nanoseconds per packet; "path" is the path's roles added up
+    #: role -> host CPU nanoseconds per packet; "path" is the path's roles added up, "host"
+    #: those of the host's side (all but the guests' vCPUs)
     ns_per_packet: Mapping[str, float] = field(default_factory=dict)
     #: role -> host cores per Gbit/s of payload (stream), per 1,000 transactions/s (rr)
     cores_per_gbit: Mapping[str, float] = field(default_factory=dict)
@@ -488,11 +489,9 @@ class SampleRecord(Part):
     #: tool- and scenario-specific data: ``window``, ``pairs`` (see :attr:`pairs`), warnings...
     data: Mapping[str, Any] = field(default_factory=dict)
     crosscheck: Crosscheck = field(default_factory=Crosscheck)
-    #: host CPU per packet by role (testbed.measure.cost); empty when not computed
-    cost: Cost = field(default_factory=Cost)
 
     _parts: ClassVar = {"cell": (CellRecord, False), "cpu": (Cpu, False),
-                        "crosscheck": (Crosscheck, False), "cost": (Cost, False)}
+                        "crosscheck": (Crosscheck, False)}
     _tuples: ClassVar = ("raw",)
 
     # ``extra`` is the file's key for tool data; the Part machinery's own ``extra`` keeps
@@ -527,8 +526,7 @@ class SampleRecord(Part):
                    raw=tuple(raw), placement=dict(placement or {}), data=dict(extra or {}),
                    crosscheck=crosscheck if isinstance(crosscheck, Crosscheck)
                    else Crosscheck.from_dict(crosscheck or {}),
-                   # the cost is added by testbed.measure.cost, and written only then
-                   present=frozenset(cls._known()) - {"cost"})
+                   present=frozenset(cls._known()))
 
     def to_json(self) -> str:
         """The sample's line of samples.jsonl (without its newline): the one serialisation."""
@@ -551,6 +549,13 @@ class SampleRecord(Part):
     def window(self) -> Window | None:
         w = self.data.get("window")
         return Window.from_dict(w) if isinstance(w, Mapping) else None
+
+    @property
+    def cost(self) -> Cost:
+        """Host CPU per packet by role (testbed.measure.cost, ``extra.cost``); empty when the
+        sample was recorded without one."""
+        c = self.data.get("cost")
+        return Cost.from_dict(c) if isinstance(c, Mapping) else Cost()
 
     @property
     def pairs(self) -> tuple[PairResult, ...]:
