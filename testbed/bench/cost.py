@@ -215,7 +215,7 @@ def figures(a: Sequence[SampleRecord], b: Sequence[SampleRecord], *, known_ns: f
     return {"a_ns": ma, "b_ns": mb, "added_ns": mb - ma, "added": (mb - ma) / ma, "known_ns": known_ns,
             "known": known_ns / ma if known_ns is not None else None, "by_role": by_role,
             "host_a_ns": ha, "host_b_ns": hb, "host_added": (hb - ha) / ha if ha else None,
-            "role": max(ROLES, key=lambda r: by_role[r]), "moved": costs.role_change(a, b),
+            "role": costs.role_change(a, b).split(" ", 1)[0], "moved": costs.role_change(a, b),
             "gate": gate_rates(_rows(a), _rows(b), n=n, threshold=threshold, draws=draws),
             "spread": {v: {"path": spread(_path(x), n), "host": spread(_path(x, HOST_METRIC), n)}
                        for v, x in (("a", a), ("b", b))},
