@@ -122,7 +122,7 @@ def test_history_finds_the_cost_step_and_names_the_role():
     rng = np.random.default_rng(3)
     s = recorded(RR)
     pts = []
-    for i in range(10):
+    for i in range(12):
         dicts = [like(s, rng, role="emulator", by=1.6 if i >= 6 else 1.0)[1] for _ in range(5)]
         vals = [d["metrics"][cost.METRIC] for d in dicts]
         pts.append(history.Point(f"r{i}", str(i), float(np.mean(vals)), 5, float(np.std(vals, ddof=1)),
