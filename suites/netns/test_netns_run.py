@@ -12,7 +12,7 @@ import pytest
 
 from testbed import attachments
 from testbed.admin import cleanup
-from testbed.measure import cost
+from testbed.analysis import sample_cost as cost
 from testbed.topology.model import Attachment
 
 pytestmark = [pytest.mark.netns, pytest.mark.attach("netns")]

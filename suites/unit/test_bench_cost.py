@@ -7,7 +7,7 @@ import pytest
 
 from testbed import cli
 from testbed.bench import cost as bench
-from testbed.measure import cost
+from testbed.analysis import sample_cost as cost
 from testbed.records.records import SampleRecord
 
 #: a ping flood's summary, as ping printed it on this host (namespace veth pair)

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from testbed.measure import cost, costprobe, cpu
+from testbed.analysis import sample_cost as cost
+from testbed.measure import costprobe, cpu
 from testbed.records.records import SampleRecord
 
 FIX = Path(__file__).parent / "fixtures" / "cost"

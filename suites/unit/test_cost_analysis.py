@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from testbed.analysis import compare, costs, history, report, report_cost
-from testbed.measure import cost
+from testbed.analysis import sample_cost as cost
 from testbed.records import results
 from testbed.records.records import SampleRecord
 from testbed.topology import config

@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from testbed.measure.cost import ROLES
+from testbed.analysis.sample_cost import ROLES
 from testbed.records.records import RunRecord, num
 
 SATURATION_SHORTFALL = 0.05
@@ -70,7 +70,7 @@ class PairsPoint:
     softirq_cores: float | None
     pair_results: tuple[PairResult, ...]
     rate: str | None = None         # the cell's target rate text when paced
-    #: the sample's cost (testbed.measure.cost): the path's cores (its roles added up) and
+    #: the sample's cost (testbed.analysis.sample_cost): the path's cores (its roles added up) and
     #: its dominant role; None for a sample recorded without one
     path_cores: float | None = None
     role: str | None = None

@@ -137,7 +137,7 @@ def render_mode(mp: ModePlan, unit: str) -> list[str]:
              f"  knee: {'N=' + str(mp.knee) if mp.knee else 'none'} ({mp.knee_why})"]
     costed = [p.path_cores / p.aggregate for p in mp.points if p.path_cores is not None and p.aggregate > 0]
     if costed:
-        # the same samples' cost (testbed.measure.cost): what the path's roles took per unit
+        # the same samples' cost (testbed.analysis.sample_cost): what the path's roles took per unit
         # at the points the fit was made on, beside the fit's marginal traffic term
         s = stats.summarize(costed)
         lines.append(f"  cost at these points: the path's roles {costs.interval(s)} cores per {unit} "

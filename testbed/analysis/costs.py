@@ -1,7 +1,7 @@
 """Cost across samples: per cell, per mode, and between two sets of samples.
 
 Pure: run records in, frozen records out. A sample's own cost (host CPU per packet by role)
-is computed when it is measured (testbed.measure.cost); here it is summarised:
+is computed when it is measured (testbed.analysis.sample_cost); here it is summarised:
 
 - per cell: the path's cost per packet and per unit of traffic with their 95 % intervals
   over the ok samples, each role's share, the dominant role, how many samples closed;
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from testbed.analysis import stats
-from testbed.measure.cost import HOST_METRIC, METRIC, METRICS, OTHER_ROLES, ROLE_METRICS, ROLES, role_metric
+from testbed.analysis.sample_cost import HOST_METRIC, METRIC, METRICS, OTHER_ROLES, ROLE_METRICS, ROLES, role_metric
 from testbed.records.records import RunRecord, SampleRecord
 
 #: (metric, higher is better, decides) for `testbed compare`: the path's cost per packet and

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from testbed.analysis import costs
 from testbed.analysis.report_interactive import Interactive, _div
-from testbed.measure.cost import OTHER_ROLES, ROLES
+from testbed.analysis.sample_cost import OTHER_ROLES, ROLES
 from testbed.records.records import RunRecord
 
 #: one colour per role, the same in every figure; rest and gap greyed, they are not the path's

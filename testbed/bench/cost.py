@@ -1,11 +1,12 @@
 """`testbed bench cost`: does the gate see a per-packet cost?
 
 One cell (Linux bridge, userspace virtio, netperf TCP_RR) measured A/B in one run with the
-A/B variants: two guest pairs on one bridge, samples taken A B B A ... On the B side a
-known per-packet cost is added on the forwarding path: a chain of nftables rules that
-never match (``meta mark``, counted) on the ingress of B's two taps, so every packet B's
-guests send walks all of them, and nothing else's traffic does (a netdev table bound to
-those two devices, named tb-<tag>-cost, removed on success, failure and Ctrl-C).
+A/B variants (`testbed run`'s own run, samples taken A B B A ...). On the B side a known
+per-packet cost is added on the forwarding path, through the run's per-sample hooks
+(:class:`AddedCost`): a chain of nftables rules that never match (``meta mark``, counted)
+on the ingress of B's two taps, so every packet B's guests send walks all of them, and
+nothing else's traffic does (a netdev table bound to those two devices, named
+tb-<tag>-cost, on for each of B's sample windows, removed after it, on failure and Ctrl-C).
 
 How many rules: the cost of one rule is measured first on a namespace veth pair (a ping
 flood's round trip with and without a chain of rules on one ingress), A's cost per packet
@@ -29,16 +30,18 @@ import contextlib
 import dataclasses
 import re
 import statistics
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from testbed.analysis import costs, stats
+from testbed.analysis import sample_cost as cost
+from testbed.analysis.sample_cost import HOST_METRIC, METRIC, ROLES, role_metric
 from testbed.errors import TestbedError
 from testbed.host import proc
-from testbed.measure.cost import HOST_METRIC, METRIC, ROLES, role_metric
+from testbed.measure import hooks
 from testbed.records.records import SampleRecord
 
 #: the gate's targets the bench checks its figures against
@@ -247,74 +250,70 @@ class BenchCostError(TestbedError):
     exit_status = 2
 
 
-def run(o: Options, progress=print) -> dict[str, Any]:
-    """Calibrate, then measure the cell A/B with the rules on B, and judge it."""
-    from testbed.admin import capabilities
-    from testbed.guests import images, virt
-    from testbed.measure import sampling as measure
-    from testbed.measure import variants
-    from testbed.measure.session import Session
-    from testbed.measure.runner import plan
+class AddedCost(hooks.SampleHook):
+    """The known cost on B, through the run's per-sample hooks (testbed.measure.hooks): A's
+    warm-ups give its cost per packet, and each of B's measured samples is taken with as
+    many rules on its taps' ingress as make ``added`` of it (``rules`` when given), put on
+    for the sample's window and taken off after it."""
+
+    name = "added_cost"
+
+    def __init__(self, added: float, ns_per_rule: float, rules: int | None = None,
+                 progress: Callable[[str], None] = lambda s: None) -> None:
+        self.added, self.ns_per_rule, self.rules, self.progress = added, ns_per_rule, rules, progress
+        self.base: list[float] = []
+
+    @property
+    def known_ns(self) -> float | None:
+        return None if self.rules is None else self.rules * self.ns_per_rule
+
+    def _decide(self) -> int:
+        if self.rules is None:
+            if not self.base:
+                raise TestbedError("A's warm-up samples carry no cost per packet to size the added cost by")
+            a = statistics.mean(self.base)
+            self.rules = max(1, round(self.added * a / self.ns_per_rule))
+            self.progress(f"A costs {a:.0f} ns a packet over its warm-ups: {self.rules} rules on B's taps "
+                          f"add a known {self.known_ns:.0f} ns ({self.known_ns / a:.1%})")
+        return self.rules
+
+    @contextlib.contextmanager
+    def window(self, window: hooks.SampleWindow) -> Iterator[None]:
+        if dict(window.cell.context).get("variant") != "b" or window.warmup:
+            yield
+            return
+        path = window.paths[0]
+        taps = [path.client.tap, path.server.tap]
+        with nft_rules(f"{taps[0].rsplit('-', 1)[0]}-cost", taps, self._decide()):
+            yield
+
+    def finding(self, window: hooks.SampleWindow, sample: SampleRecord) -> hooks.Finding:
+        if dict(window.cell.context).get("variant") == "a" and window.warmup:
+            out = cost.compute(sample)
+            if out is not None and out.reason is None:
+                self.base.append(out.cost.ns_per_packet["path"])
+        return hooks.Finding()
+
+
+def run(o: Options, progress: Callable[[str], None] = print) -> dict[str, Any]:
+    """Calibrate, then measure the cell A/B in one run with the rules on B, and judge it."""
+    from testbed.measure import runner
+    from testbed.records import results
     from testbed.topology import config
     o.check()
     cal = calibrate()
     progress(f"one rule costs {cal['ns_per_rule']:.1f} ns a packet (ping floods on a veth pair, "
              f"{CALIBRATION_RULES} rules)")
     t = config.parse(TOPOLOGY.format(duration=o.duration_s, warmup=2, rounds=o.rounds), "<bench cost>")
-    cells = plan(t)
-    with Session(t) as ses:
-        img = images.ensure()
-        accel = capabilities.choose_accelerator(t.accelerator, img.kernel)      # type: ignore[arg-type]
-        writer = ses.open_run(accel, image=img)
-        writer.update(variants=variants.describe(t.matrix.variants))
-        conn = ses.stack.enter_context(virt.connect(t.hosts[0].uri))
-        pairs = variants.boot(ses.stack, conn, t, img, accel, ses.run_id, ses.tag, ses.state,
-                              lambda: writer.count("boots"))
-        for p in pairs:
-            for g in (p.client, p.server):
-                g.wait_ready(t.ready_timeout_s)
-        pids = {p.variant.name: {g.spec.name: pid for g in (p.client, p.server) if (pid := virt.qemu_pid(g))}
-                for p in pairs}
-        placement = {g.spec.name: g.spec.host for p in pairs for g in (p.client, p.server)}
-        by_v = {variants.variant_of(c): c for c in cells}
-        with variants.mode(cells[0].attachment, cells[0].backend, ses.tag, pairs, t.subnet,
-                           max(t.matrix.mtus), topology=t, workdir=ses.state) as paths:
-            for v, c in by_v.items():
-                measure.set_mtu(paths[v], c.mtu)
-            warm = [measure.measure_once(by_v["a"], paths["a"], writer, w, True, pids["a"], placement, None)
-                    for w in range(2)]
-            for s in warm:
-                writer.add_sample(s)
-            base = _path([dataclasses.replace(s, warmup=False) for s in warm])
-            if not base:
-                raise TestbedError("A's warm-up samples carry no cost per packet: "
-                                   + "; ".join(s.reason or "no cost" for s in warm))
-            rules = o.rules if o.rules is not None else max(1, round(o.added * statistics.mean(base)
-                                                                    / cal["ns_per_rule"]))
-            known = rules * cal["ns_per_rule"]
-            progress(f"A costs {statistics.mean(base):.0f} ns a packet over its warm-ups: {rules} rules on "
-                     f"B's taps add a known {known:.0f} ns ({known / statistics.mean(base):.1%})")
-            taps = [paths["b"].client.tap, paths["b"].server.tap]
-            done: dict[str, list[SampleRecord]] = {"a": [], "b": []}
-            with nft_rules(f"tb-{ses.tag}-cost", taps, rules):
-                for rnd in range(o.rounds):
-                    for v in variants.round_order(["a", "b"], rnd):
-                        s = measure.measure_once(by_v[v], paths[v], writer, rnd, False, pids[v], placement, None)
-                        writer.add_sample(s)
-                        done[v].append(s)
-                    progress(f"round {rnd + 1}/{o.rounds}: A {_last(done['a'])}, B {_last(done['b'])} ns a packet")
-        for v, c in by_v.items():
-            writer.add_cell(c, "ok" if all(s.ok for s in done[v]) else "partial" if any(s.ok for s in done[v])
-                            else "failed", None, None, measure.summaries([s for s in done[v] if s.ok]))
-        run_dir = writer.dir
-    out = figures(done["a"], done["b"], known_ns=known, n=o.gate_samples, threshold=o.threshold)
-    return {**out, "rules": rules, "calibration": cal, "run_dir": str(run_dir), "options": dataclasses.asdict(o),
+    added = AddedCost(o.added, cal["ns_per_rule"], o.rules, progress)
+    out = runner.execute(t, progress=progress, hooks=[added])
+    rec = results.read_run(out.run_dir)
+    done = {v: [s for s in rec.samples if s.cell.variant == v and not s.warmup and s.status != "noisy"]
+            for v in ("a", "b")}
+    f = figures(done["a"], done["b"], known_ns=added.known_ns, n=o.gate_samples, threshold=o.threshold)
+    return {**f, "rules": added.rules, "calibration": cal, "run_dir": str(out.run_dir),
+            "options": dataclasses.asdict(o),
             "failed": [f"{s.cell.id} rep {s.rep}: {s.reason}" for v in done.values() for s in v if not s.ok]}
-
-
-def _last(samples: Sequence[SampleRecord]) -> str:
-    v = samples[-1].metric(METRIC) if samples else None
-    return "failed" if v is None else f"{v:.0f}"
 
 
 def report(r: Mapping[str, Any]) -> tuple[list[str], bool]:

@@ -112,7 +112,7 @@ def cmd_history(args: argparse.Namespace) -> int:
         from testbed.host.safeio import UserFileError
         raise UserFileError("--by", f"{by!r}: expected one of {', '.join(history.BY)}")
     out = _outputs((args.output, "--output"))
-    from testbed.measure.cost import METRICS as COST_METRICS
+    from testbed.analysis.sample_cost import METRICS as COST_METRICS
     if args.metric is not None and args.metric not in (*metric_columns(), *COST_METRICS):
         from testbed.host.safeio import UserFileError
         raise UserFileError("--metric", f"{args.metric!r} is not a metric the store keeps; "

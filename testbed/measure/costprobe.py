@@ -3,9 +3,10 @@ CPU's clock at both ends (/proc/cpuinfo), every device of the host's namespace's
 counters (/proc/net/dev), and the host's cycles from the performance counters where
 `perf stat` counts them here (found by trying, once per process).
 
-The parsers are pure; :func:`window` is the context manager the sampling loop enters with
-its other window collectors, and :meth:`Probe.inputs` gives testbed.measure.cost its
-:class:`~testbed.measure.cost.Inputs`.
+The parsers are pure; :func:`window` is the context manager that reads them around a
+window, and :class:`CostHook` the per-sample hook (testbed.measure.hooks) that gives every
+sample of a run its cost: the probe over the sample's window, then
+testbed.analysis.sample_cost.compute on the sample as it would be written.
 """
 from __future__ import annotations
 
@@ -16,10 +17,16 @@ import signal
 import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+if TYPE_CHECKING:
+    from testbed.records.records import SampleRecord
+
+from testbed.analysis import sample_cost as cost
+from testbed.analysis.sample_cost import Inputs
 from testbed.errors import CommandError
 from testbed.host import proc
-from testbed.measure.cost import Inputs
+from testbed.measure import hooks
 
 PERF_ARGV = ("perf", "stat", "-a", "-x,", "-e", "cycles")
 
@@ -109,7 +116,7 @@ class Probe:
 
 
 @contextlib.contextmanager
-def window() -> Iterator[Probe]:
+def readings() -> Iterator[Probe]:
     """Readings at the start and the end of a sample's window; perf counts cycles in
     between when it can (started here, stopped with SIGINT, which makes it print)."""
     p = Probe(mhz_before=parse_cpuinfo_mhz(_read("/proc/cpuinfo")),
@@ -138,3 +145,31 @@ def window() -> Iterator[Probe]:
             bg.stop()
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+class CostHook(hooks.SampleHook):
+    """Host CPU per packet by role for every sample (testbed.analysis.sample_cost): the probe over
+    the sample's window, the cost of the sample as it would be written. Its record goes to
+    ``extra.cost``, its figures to the metrics; inputs that disagree fail the sample with
+    both figures ("cost: ...")."""
+
+    name = "cost"
+
+    def __init__(self) -> None:
+        # the window being measured and its probe: a run measures one sample at a time
+        self._last: tuple[hooks.SampleWindow, Probe] | None = None
+
+    @contextlib.contextmanager
+    def window(self, window: hooks.SampleWindow) -> Iterator[None]:
+        with readings() as probe:
+            self._last = (window, probe)
+            yield
+
+    def finding(self, window: hooks.SampleWindow, sample: SampleRecord) -> hooks.Finding:
+        probe = self._last[1] if self._last is not None and self._last[0] is window else None
+        self._last = None
+        out = cost.compute(sample, probe.inputs() if probe is not None else Inputs())
+        if out is None:
+            return hooks.Finding()
+        return hooks.Finding(metrics=dict(out.metrics) if out.reason is None else {},
+                             data=out.cost.to_dict(), failure=out.reason)

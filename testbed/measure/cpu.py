@@ -125,7 +125,7 @@ def others_delta(before: Mapping[int, tuple[float, int]], after: Mapping[int, tu
     vhost workers, the switch and ksoftirqd: libvirtd, the testbed itself, kernel workers,
     whatever else runs) used between two readings, measured rather than left over, so that
     the roles of a sample's cost can be held against the host's busy time
-    (testbed.measure.cost). Readings are pid -> (CPU seconds with reaped children's, ppid).
+    (testbed.analysis.sample_cost). Readings are pid -> (CPU seconds with reaped children's, ppid).
 
     A difference of sums, not of the processes seen twice: a process that started in
     between counts whole; one that ended in between left its whole life in the

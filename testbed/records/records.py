@@ -329,14 +329,14 @@ class Crosscheck(Part):
 
 @dataclass(frozen=True)
 class Cost(Part):
-    """A sample's host CPU cost per unit of traffic, by role (testbed.measure.cost): the
+    """A sample's host CPU cost per unit of traffic, by role (testbed.analysis.sample_cost): the
     roles' cores over the window, and per packet, per Gbit/s and per 1,000 transactions;
     how the roles close against the host's busy time; the cost's own cross-check."""
 
     #: packets of the device(s) under test over the window, and which counter
     packets: int | None = None
     packets_source: str | None = None
-    #: role -> host cores over the window (testbed.measure.cost.ROLES, "rest", "gap")
+    #: role -> host cores over the window (testbed.analysis.sample_cost.ROLES, "rest", "gap")
     cores: Mapping[str, float] = field(default_factory=dict)
     #: role -> host CPU nanoseconds per packet; "path" is the path's roles added up, "host"
     #: those of the host's side (all but the guests' vCPUs)
@@ -350,13 +350,13 @@ class Cost(Part):
     cycles_source: str | None = None
     #: what the switch role counts on this path
     switch: str | None = None
-    #: busy, roles' sum, gap, tolerance, within, accounting (testbed.measure.cost.closure)
+    #: busy, roles' sum, gap, tolerance, within, accounting (testbed.analysis.sample_cost.closure)
     closure: Mapping[str, Any] = field(default_factory=dict)
     #: the cost's own cross-check: verdict (ok, fail, unchecked), reason, figures
     check: Mapping[str, Any] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     #: what the cost was computed from beyond the sample's own record (the CPU's clock at
-    #: both ends, the host's packets, perf's cycles): testbed.measure.cost.Inputs.recorded
+    #: both ends, the host's packets, perf's cycles): testbed.analysis.sample_cost.Inputs.recorded
     inputs: Mapping[str, Any] = field(default_factory=dict)
 
     _tuples: ClassVar = ("notes",)
@@ -552,7 +552,7 @@ class SampleRecord(Part):
 
     @property
     def cost(self) -> Cost:
-        """Host CPU per packet by role (testbed.measure.cost, ``extra.cost``); empty when the
+        """Host CPU per packet by role (testbed.analysis.sample_cost, ``extra.cost``); empty when the
         sample was recorded without one."""
         c = self.data.get("cost")
         return Cost.from_dict(c) if isinstance(c, Mapping) else Cost()

@@ -246,12 +246,12 @@ def check(sample: SampleRecord, packets: int, payload: int) -> dict[str, Any]:
     dev = sample.crosscheck.device or "the device under test"
     if packets <= 0:
         return {**fig, "verdict": "fail",
-                "reason": f"cost per packet: the wire ({dev}) counted {packets} packets while the "
+                "reason": f"the wire ({dev}) counted {packets} packets while the "
                           f"tool counted {payload} payload bytes"}
     per = payload / packets
     if per > MAX_PACKET_PAYLOAD:
         return {**fig, "verdict": "fail",
-                "reason": f"cost per packet: tool {payload} payload bytes in {packets} wire packets "
+                "reason": f"tool {payload} payload bytes in {packets} wire packets "
                           f"({dev}) is {per:.0f} bytes a packet, more than one packet carries "
                           f"({MAX_PACKET_PAYLOAD} with segmentation offloads)"}
     tps, secs = sample.metric("transactions_per_s"), sample.metric("duration_s")
@@ -261,7 +261,7 @@ def check(sample: SampleRecord, packets: int, payload: int) -> dict[str, Any]:
         least = 2 * transactions * (1 - PACKETS_TOLERANCE)
         if packets < least:
             return {**fig, "verdict": "fail",
-                    "reason": f"cost per packet: {round(transactions)} transactions ({tps:.6g}/s over "
+                    "reason": f"{round(transactions)} transactions ({tps:.6g}/s over "
                               f"{secs:g} s) need at least {2 * round(transactions)} packets, the wire "
                               f"({dev}) counted {packets}"}
     return {**fig, "verdict": "ok"}
@@ -352,5 +352,7 @@ def attach(sample: SampleRecord, inputs: Inputs = Inputs()) -> SampleRecord:
     data = {**sample.data, "cost": out.cost.to_dict()}
     present = sample.present | {"data"}
     if out.reason is not None:
-        return replace(sample, status="failed", reason=out.reason, metrics={}, data=data, present=present)
+        # worded as the run's cost hook fails a sample (testbed.measure.costprobe.CostHook)
+        return replace(sample, status="failed", reason=f"cost: {out.reason}", metrics={}, data=data,
+                       present=present)
     return replace(sample, metrics={**sample.metrics, **out.metrics}, data=data, present=present)
