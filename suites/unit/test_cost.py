@@ -6,11 +6,12 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from testbed.analysis import sample_cost as cost
-from testbed.measure import costprobe, cpu
+from testbed.measure import costprobe, cpu, hooks
 from testbed.records.records import SampleRecord
 
 FIX = Path(__file__).parent / "fixtures" / "cost"
@@ -72,6 +73,23 @@ def test_the_switch_is_ovs_vswitchd_on_ovs_and_a_softirq_share_on_a_bridge():
     total = br.cpu.host["softirq"] + br.cpu.host["irq"] + br.cpu.named["ksoftirqd"]
     assert br.cost.cores["switch"] == pytest.approx(total * share, abs=1e-6)
 
+
+def test_a_sample_of_n_pairs_finds_its_switch_share_through_the_taps_the_hook_saw():
+    """A sample of N pairs records no device counters of its own: the bridge's share of
+    softirq comes from the taps of the window's paths, which the cost keeps to compute again."""
+    br = SAMPLES["bridge-qemu-mtu1500-conn1-tcp_stream"]
+    pairs = dataclasses.replace(bare(br), data={k: v for k, v in bare(br).data.items() if k != "counters"})
+    inputs = cost.Inputs.of(br.cost.inputs)
+    blind = cost.attach(pairs, inputs).cost
+    assert blind.cores["switch"] == 0 and any("share of the host's packets is not known" in n for n in blind.notes)
+    taps = tuple(br.data["counters"])
+    window = hooks.SampleWindow(br.cell, 0, False, [
+        SimpleNamespace(client=SimpleNamespace(tap=taps[0]), server=SimpleNamespace(tap=taps[1]))])
+    assert costprobe.taps(window) == taps
+    seen = cost.attach(pairs, dataclasses.replace(inputs, devices=taps))
+    assert br.cost.cores["switch"] > 0 and seen.cost.cores["switch"] == pytest.approx(br.cost.cores["switch"], abs=1e-6)
+    again = cost.attach(pairs, cost.Inputs.of(seen.cost.inputs))
+    assert again.cost.to_dict() == seen.cost.to_dict()
 
 @pytest.mark.parametrize("cid", IDS)
 def test_roles_close_against_busy_time_or_show_the_gap(cid):

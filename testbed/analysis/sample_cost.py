@@ -107,6 +107,9 @@ class Inputs:
     #: the whole host's cycles over the window (perf stat -a -e cycles), or why not
     perf_cycles: float | None = None
     perf_note: str = ""
+    #: the path's host-side devices as the run's hook saw them (every pair's taps): what
+    #: :func:`path_devices` falls back to where the sample's record names none (N pairs)
+    devices: tuple[str, ...] = ()
 
     def recorded(self, devices: Sequence[str]) -> dict[str, Any]:
         """What the sample keeps of them (its cost's ``inputs``), enough to compute the cost
@@ -116,14 +119,15 @@ class Inputs:
         return {"mhz_before": list(self.mhz_before), "mhz_after": list(self.mhz_after),
                 "host_packets": {**{d: counted[d] for d in devices if d in counted}, "*": total}
                 if self.host_packets else {},
-                "perf_cycles": self.perf_cycles, "perf_note": self.perf_note}
+                "perf_cycles": self.perf_cycles, "perf_note": self.perf_note,
+                **({"devices": list(self.devices)} if self.devices else {})}
 
     @classmethod
     def of(cls, recorded: Mapping[str, Any]) -> Inputs:
         """The inputs a recorded cost kept (:meth:`recorded`)."""
         return cls(tuple(recorded.get("mhz_before") or ()), tuple(recorded.get("mhz_after") or ()),
                    dict(recorded.get("host_packets") or {}), num(recorded.get("perf_cycles")),
-                   str(recorded.get("perf_note") or ""))
+                   str(recorded.get("perf_note") or ""), tuple(recorded.get("devices") or ()))
 
 
 @dataclass(frozen=True)
@@ -165,10 +169,13 @@ def packet_share(path_devices: Sequence[str], host_packets: Mapping[str, int]) -
     return min(1.0, sum(mine) / total)
 
 
-def path_devices(sample: SampleRecord) -> list[str]:
-    """The host-side devices of the path, whose counters the sample recorded."""
+def path_devices(sample: SampleRecord, inputs: Inputs | None = None) -> list[str]:
+    """The host-side devices of the path: those whose counters the sample recorded (one
+    pair), else those the run's hook saw (``inputs.devices``: the taps of N pairs)."""
     counters = sample.data.get("counters")
-    return list(counters) if isinstance(counters, Mapping) else []
+    if isinstance(counters, Mapping) and counters:
+        return list(counters)
+    return list(inputs.devices) if inputs is not None else []
 
 
 def _softirq_cores(cpu: Any) -> float:
@@ -193,7 +200,7 @@ def roles(sample: SampleRecord, inputs: Inputs) -> tuple[dict[str, float], str, 
     vswitchd = num(cpu.named.get("ovs-vswitchd")) or 0.0
     rest = num(cpu.others.get("cores"))
     datapath = str(sample.data.get("datapath") or "")
-    devices = path_devices(sample)
+    devices = path_devices(sample, inputs)
     parts = []
     if ovs.switches(datapath):
         out["switch"] = vswitchd
@@ -285,7 +292,7 @@ def compute(sample: SampleRecord, inputs: Inputs = Inputs()) -> Outcome | None:
     verdict = check(sample, packets, payload)
     source = (f"{sample.crosscheck.device or '?'} {sample.crosscheck.direction or ''}".strip()
               if not sample.crosscheck.pairs else f"the devices under test of {len(sample.crosscheck.pairs)} pairs")
-    kept = inputs.recorded(path_devices(sample))
+    kept = inputs.recorded(path_devices(sample, inputs))
     if verdict["verdict"] == "fail":
         return Outcome(Cost(packets=packets, packets_source=source, check=verdict, inputs=kept), {},
                        verdict["reason"])

@@ -110,9 +110,16 @@ class Probe:
     perf_cycles: float | None = None
     perf_note: str = ""
 
-    def inputs(self) -> Inputs:
+    def inputs(self, devices: tuple[str, ...] = ()) -> Inputs:
         return Inputs(self.mhz_before, self.mhz_after, packets_delta(self.dev_before, self.dev_after),
-                      self.perf_cycles, self.perf_note)
+                      self.perf_cycles, self.perf_note, devices)
+
+
+def taps(window: hooks.SampleWindow) -> tuple[str, ...]:
+    """The host-side devices of the window's paths: each pair's client and server tap (a
+    sample of N pairs records no counters of its own to name them)."""
+    eps = [ep for p in window.paths for ep in (getattr(p, "client", None), getattr(p, "server", None))]
+    return tuple(dict.fromkeys(t for ep in eps if isinstance(t := getattr(ep, "tap", None), str) and t))
 
 
 @contextlib.contextmanager
@@ -168,7 +175,7 @@ class CostHook(hooks.SampleHook):
     def finding(self, window: hooks.SampleWindow, sample: SampleRecord) -> hooks.Finding:
         probe = self._last[1] if self._last is not None and self._last[0] is window else None
         self._last = None
-        out = cost.compute(sample, probe.inputs() if probe is not None else Inputs())
+        out = cost.compute(sample, probe.inputs(taps(window)) if probe is not None else Inputs(devices=taps(window)))
         if out is None:
             return hooks.Finding()
         return hooks.Finding(metrics=dict(out.metrics) if out.reason is None else {},
