@@ -12,6 +12,7 @@ import pytest
 
 from testbed import attachments
 from testbed.admin import cleanup
+from testbed.analysis import sample_cost as cost
 from testbed.topology.model import Attachment
 
 pytestmark = [pytest.mark.netns, pytest.mark.attach("netns")]
@@ -105,6 +106,16 @@ def test_netns_run_fills_every_field(tmp_path):
         assert w["tool_s"] >= 0.9 * 1 and set(w["guest_s"]) == {"ns-a", "ns-b"}
         assert w["coverage"] == {"host": 1.0, "ns-a": 1.0, "ns-b": 1.0}, w
         assert s["extra"]["kernel"]["irq_time_accounting_source"]
+        # Its host CPU per packet by role, over the wire counter's packets; the roles add up
+        # to the host's busy time within the tolerance, or the gap is a role of its own. The
+        # endpoints' own work (netperf in its namespace) is in no role of the path, so the
+        # cost is recorded but is no metric the gate judges.
+        k = s["extra"]["cost"]
+        assert k["packets"] == c["wire_packets"] > 0 and set(k["cores"]) >= {*cost.ROLES, "rest"}, k
+        assert k["cores"]["vcpu"] == k["cores"]["emulator"] == 0 and k["cores"]["rest"] > 0, k["cores"]
+        assert not any(x.startswith("cost_") for x in m) and "not attributed" in " ".join(k["notes"])
+        assert k["closure"]["busy"] == host["busy"] and k["check"]["verdict"] == "ok"
+        assert k["closure"]["within"] or k["cores"]["gap"] == k["closure"]["gap"], k["closure"]
     tag = run_dir.name.rsplit("-", 1)[1]
     found = cleanup.find(include_live=True)
     assert [n for g in found.__dict__.values() for n in g if n.startswith(f"tb-{tag}")] == []

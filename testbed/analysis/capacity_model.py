@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from testbed.analysis.sample_cost import ROLES
 from testbed.records.records import RunRecord, num
 
 SATURATION_SHORTFALL = 0.05
@@ -69,6 +70,10 @@ class PairsPoint:
     softirq_cores: float | None
     pair_results: tuple[PairResult, ...]
     rate: str | None = None         # the cell's target rate text when paced
+    #: the sample's cost (testbed.analysis.sample_cost): the path's cores (its roles added up) and
+    #: its dominant role; None for a sample recorded without one
+    path_cores: float | None = None
+    role: str | None = None
 
     @property
     def per_pair(self) -> float:
@@ -133,8 +138,11 @@ def points(rec: RunRecord, kind: str, *, mtu: int | None = None,
                                   None if a is None else a * scale))
         if not prs:
             prs = [PairResult(agg * scale / n, s.metric("latency_p99_us"), None)]
+        path = {r: v for r, v in s.cost.cores.items() if r in ROLES}
         out.append(PairsPoint(cell.mode, cell.series(), str(cell.id), n, agg * scale, busy,
-                              s.cpu.host_softirq, tuple(prs), cell.rate))
+                              s.cpu.host_softirq, tuple(prs), cell.rate,
+                              round(sum(path.values()), 6) if path else None,
+                              max(path, key=lambda r: path[r]) if path else None))
     return tuple(out)
 
 

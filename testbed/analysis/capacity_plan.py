@@ -25,6 +25,7 @@ from testbed.analysis.capacity_model import (
     points,
     saturated_at,
 )
+from testbed.analysis import costs, stats
 from testbed.records.records import RunRecord
 
 # --------------------------------------------------------------------------- limits
@@ -134,8 +135,16 @@ def render_mode(mp: ModePlan, unit: str) -> list[str]:
              + f"; R^2 {_g(m.r2)}, adjusted {_g(m.adj_r2)}",
              f"  {m.note}",
              f"  knee: {'N=' + str(mp.knee) if mp.knee else 'none'} ({mp.knee_why})"]
+    costed = [p.path_cores / p.aggregate for p in mp.points if p.path_cores is not None and p.aggregate > 0]
+    if costed:
+        # the same samples' cost (testbed.analysis.sample_cost): what the path's roles took per unit
+        # at the points the fit was made on, beside the fit's marginal traffic term
+        s = stats.summarize(costed)
+        lines.append(f"  cost at these points: the path's roles {costs.interval(s)} cores per {unit} "
+                     f"(mean [95 % interval] over {s.n} samples; the fit's traffic term "
+                     f"{m.cores_per_unit:.4g} is the marginal cost, above the guests' idle cost)")
     header = ("source", "N", "guests", unit, "cores", "fit", "residual", "softirq", "per pair",
-              "pair cores", "p99 us", "")
+              "pair cores", "p99 us", "path cores", "role", "")
     rows = []
     # Residuals are the idle readings first, then the points in order.
     sources = [None] * (len(m.residuals) - len(mp.points)) + list(mp.points)
@@ -144,7 +153,8 @@ def render_mode(mp: ModePlan, unit: str) -> list[str]:
         rows.append((r.source, str(r.pairs), str(r.guests), _g(r.traffic), _g(r.measured),
                      _g(r.fitted), f"{res:+.3g}", _g(p.softirq_cores) if p else "-",
                      _g(p.per_pair) if p else "-", _g(p.pair_cores) if p else "-",
-                     _g(p.p99_us) if p else "-", "saturated" if p and p.saturated else ""))
+                     _g(p.p99_us) if p else "-", _g(p.path_cores) if p else "-",
+                     (p.role or "-") if p else "-", "saturated" if p and p.saturated else ""))
     widths = [max(len(x[i]) for x in (header, *rows)) for i in range(len(header))]
     lines += ["  " + "  ".join(v.ljust(w) for v, w in zip(x, widths)).rstrip()
               for x in (header, *rows)]

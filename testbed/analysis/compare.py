@@ -39,7 +39,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from testbed.analysis import hopgate, stats, tailgate
+from testbed.analysis import costs, hopgate, stats, tailgate
 from testbed.analysis import shift as shift_mod
 from testbed.errors import ExitStatus, TestbedError
 from testbed.host import paths
@@ -279,6 +279,18 @@ class CellResult:
     #: and that p after Benjamini-Hochberg in the family of the deciding metrics
     failure_p: float | None = None
     failure_p_adjusted: float | None = None
+    #: the role whose host CPU per packet moved most, in words (testbed.analysis.costs)
+    cost_role: str = ""
+
+    @property
+    def verdict_text(self) -> str:
+        """The verdict, naming the role whose cost moved when the cost is what moved it."""
+        moved = [m.comparison.verdict for m in self.metrics if m.metric in costs.DECIDING
+                 and m.comparison.verdict in (stats.Verdict.REGRESSED, stats.Verdict.IMPROVED)]
+        if self.cost_role and moved:
+            worst = stats.Verdict.REGRESSED if stats.Verdict.REGRESSED in moved else moved[0]
+            return f"{self.verdict.value} (cost {worst.value}: {self.cost_role})"
+        return self.verdict.value
 
 
 def _values(samples: Iterable[SampleRecord], metric: str) -> list[float]:
@@ -329,7 +341,8 @@ def _cell(run: RunRecord, cid: str, base: list[SampleRecord], new: list[SampleRe
     primary, rr = run.primary_metric(profile), run.is_transactional(profile)
     results_: list[MetricResult] = []
     for metric, higher, decides in ((primary, True, True),
-                                    *((m, False, rr) for m in LATENCY_METRICS if not METRIC_RE.fullmatch(m))):
+                                    *((m, False, rr) for m in LATENCY_METRICS if not METRIC_RE.fullmatch(m)),
+                                    *costs.COMPARED):
         vb, vn = _values(ok_b, metric), _values(ok_n, metric)
         if vb and vn:
             results_.append(MetricResult(metric, decides, stats.compare(
@@ -345,7 +358,8 @@ def _cell(run: RunRecord, cid: str, base: list[SampleRecord], new: list[SampleRe
         min_samples=min_samples)]
     return CellResult(**ident, verdict=CellVerdict.INCONCLUSIVE, metrics=tuple(results_),
                       note="" if any(m.metric == primary for m in results_)
-                      else f"{primary} missing from the successful samples")
+                      else f"{primary} missing from the successful samples",
+                      cost_role=costs.role_change(ok_b, ok_n))
 
 
 def spread_from(run: RunRecord) -> int | None:
@@ -688,9 +702,10 @@ def render_text(rc: RunComparison) -> str:
                  f"{rc.threshold:.0%}, alpha {rc.alpha}, Benjamini-Hochberg q {rc.q}, "
                  f"at least {rc.min_samples} ok samples a side")
     lines.extend(f"p-values of {t}" for t in rc.tests_used)
+    lines.extend(f"  {c.cell_id}: {c.verdict_text}" for c in rc.cells if c.verdict_text != c.verdict.value)
     if rc.failing or rc.failing_shifts:
         lines.append("GATE FAILED: " + ", ".join(
-            [f"{c.cell_id} {c.verdict.value}" for c in rc.failing]
+            [f"{c.cell_id} {c.verdict_text}" for c in rc.failing]
             + [f"night shift {s.metric} {s.change:+.1%}" for s in rc.failing_shifts]))
     elif rc.undecided or not rc.cells:
         lines.append(f"GATE UNDECIDED (exit {UNDECIDED_STATUS}): "
@@ -722,7 +737,7 @@ def render_junit(rc: RunComparison) -> str:
             f"{m.metric} {m.comparison.verdict.value} "
             + ("" if m.comparison.delta_pct is None else f"{m.comparison.delta_pct:+.1f}% ")
             + f"p_adj={fmt(m.comparison.p_adjusted, 2)}" for m in c.metrics if m.decides)
-        text = "; ".join(filter(None, [c.note, detail]))
+        text = "; ".join(filter(None, [c.note, detail, c.verdict_text if c.cost_role else ""]))
         if c.verdict.fails_gate:
             ET.SubElement(case, "failure", message=c.verdict.value).text = text
         elif c.verdict.undecided:

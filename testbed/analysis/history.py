@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from testbed.analysis import hopgate, stats
+from testbed.analysis import costs, hopgate, stats
 from testbed.analysis.compare import LATENCY_METRICS
 from testbed.records.records import CellRecord, RunRecord
 from testbed.records.store.schema import MAIN_METRICS
@@ -41,7 +41,7 @@ from testbed.records.store.schema import MAIN_METRICS
 #: metrics where lower is better; every other gated metric is higher-is-better
 #: ``--metric hops``: a series per hop figure of each traced cell (testbed.analysis.hopgate)
 HOPS = "hops"
-LOWER_IS_BETTER = frozenset((*LATENCY_METRICS, "latency_p50_us", "latency_p90_us"))
+LOWER_IS_BETTER = frozenset((*LATENCY_METRICS, "latency_p50_us", "latency_p90_us", *costs.LOWER_IS_BETTER))
 MIN_POINTS = 4
 
 
@@ -66,6 +66,8 @@ class Point:
     spread: float | None = None     # their standard deviation (None below 2 samples)
     #: (key, value) of the run's environment that a bisect range names (BISECT_KEYS)
     environment: tuple[tuple[str, str], ...] = ()
+    #: a cost series' points: (role, mean ns per packet) of the run's samples
+    roles: tuple[tuple[str, float], ...] = ()
 
     @property
     def stderr(self) -> float | None:
@@ -84,6 +86,8 @@ class ChangePoint:
     last_good: str = ""     # the run before the change: a bisect starts between the two
     #: (what, last good, first bad) of the environment between them
     bisect: tuple[tuple[str, str, str], ...] = ()
+    #: a cost series: the role whose cost per packet moved most between the segments
+    role: str = ""
 
 
 @dataclass(frozen=True)
@@ -293,8 +297,9 @@ def series(store: object, *, cell: str | None = None, metric: str | None = None,
                                          profile=s0.profile, tool=s0.tool,
                                          present=frozenset({"attachment", "backend", "mtu",
                                                             "connections", "profile", "tool"})))
+            # by default each cell's primary metric and its cost per packet (when recorded)
             for m in (hopgate.names(s.metric_dict() for s in samples) if metric == HOPS
-                      else [metric] if metric else [_primary(samples, rec)]):
+                      else [metric] if metric else [_primary(samples, rec), *costs.DECIDING]):
                 if m in MAIN_METRICS:
                     vals = [getattr(s, m) for s in samples if getattr(s, m) is not None]
                 else:
@@ -302,7 +307,8 @@ def series(store: object, *, cell: str | None = None, metric: str | None = None,
                 if vals:
                     points[(cid, h, m, env)].append(Point(
                         run.run_id, run.started or "", float(np.mean(vals)), len(vals),
-                        float(np.std(vals, ddof=1)) if len(vals) > 1 else None, env_t))
+                        float(np.std(vals, ddof=1)) if len(vals) > 1 else None, env_t,
+                        costs.role_means([s.metric_dict() for s in samples]) if m in costs.DECIDING else ()))
     return [judge(cid, h, m, env, pts, threshold)
             for (cid, h, m, env), pts in sorted(points.items())]
 
@@ -311,12 +317,16 @@ def judge(cell_id: str, h: str, metric: str, env: str, pts: Sequence[Point],
           threshold: float = 0.05) -> Series:
     """A series of points with its change points (each with its bisect range)."""
     higher = metric not in LOWER_IS_BETTER and not metric.startswith(hopgate.PREFIXES)
+    found = change_points([p.value for p in pts], higher_is_better=higher, threshold=threshold,
+                          stderr=[p.stderr for p in pts])
+    bounds = [0, *(i for i, _, _ in found), len(pts)]
     cps = tuple(
         ChangePoint(i, pts[i].run_id, b, a, (a - b) / abs(b) * 100,
                     regression=(a < b) == higher, last_good=pts[i - 1].run_id,
-                    bisect=env_difference(pts[i - 1], pts[i]))
-        for i, b, a in change_points([p.value for p in pts], higher_is_better=higher,
-                                     threshold=threshold, stderr=[p.stderr for p in pts]))
+                    bisect=env_difference(pts[i - 1], pts[i]),
+                    role=costs.segment_role([p.roles for p in pts[bounds[k]:i]],
+                                            [p.roles for p in pts[i:bounds[k + 2]]]))
+        for k, (i, b, a) in enumerate(found))
     return Series(cell_id, h, metric, env, tuple(pts), cps)
 
 
@@ -332,13 +342,14 @@ def render_text(all_series: Sequence[Series]) -> str:
                 c = cps[i]
                 mark = (f"  <- CHANGE {c.delta_pct:+.1f}% ({c.before:.4g} -> {c.after:.4g})"
                         f"{' REGRESSION' if c.regression else ''}"
-                        f"{'' if s.confirmed(c) else ' (unconfirmed)'}")
+                        f"{'' if s.confirmed(c) else ' (unconfirmed)'}" + (f": {c.role}" if c.role else ""))
             sd = "" if p.spread is None else f" sd={p.spread:.3g}"
             lines.append(f"  {p.run_id}  {p.value:12.4g}  n={p.n}{sd}{mark}")
     for s in all_series:
         for c in s.recent_regressions():
             diff = "; ".join(f"{k} {g} -> {b}" for k, g, b in c.bisect) or "no environment difference"
-            lines.append(f"REGRESSION {s.cell_id} {s.metric} {c.delta_pct:+.1f}%: last good "
+            lines.append(f"REGRESSION {s.cell_id} {s.metric} {c.delta_pct:+.1f}%"
+                         + (f" ({c.role})" if c.role else "") + f": last good "
                          f"{c.last_good}, first bad {c.run_id} ({diff})")
         for c in s.acknowledged():
             lines.append(f"acknowledged {s.cell_id} {s.metric} {c.delta_pct:+.1f}% at {c.run_id} "

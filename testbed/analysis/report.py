@@ -498,7 +498,7 @@ def history_plot(series: Sequence[Any]) -> Plot | None:
 def build(records: Sequence[RunRecord], *, generated: str, baseline: RunRecord | None = None,
           threshold: float = 0.05, test: str = "auto", history: Sequence[Any] = (),
           capacity_profile: str | None = None, slo_answers: Sequence[Any] = ()) -> Report:
-    from testbed.analysis import report_capacity, report_interactive
+    from testbed.analysis import report_capacity, report_cost, report_interactive
     views = tuple(run_view(r) for r in records)
     cells = [c for v in views for c in v.cells]
     runs = [v.run_id for v in views]
@@ -519,7 +519,7 @@ def build(records: Sequence[RunRecord], *, generated: str, baseline: RunRecord |
                   comparisons=comparisons, plots=plots, history=tuple(history),
                   capacity=report_capacity.table(records, capacity_profile),
                   capacity_profile=capacity_profile,
-                  interactive=report_interactive.plots(records, slo_answers))
+                  interactive=report_interactive.plots(records, slo_answers) + report_cost.plots(records))
 
 
 def write_run_report(rec: RunRecord, generated: str) -> Any:

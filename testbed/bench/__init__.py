@@ -376,6 +376,13 @@ def main(what: str, args: argparse.Namespace) -> int:
     if what == "gate":
         from testbed.bench import gate_seq
         return gate_seq.main(args.rounds or gate_seq.NIGHTS, args.cells or gate_seq.CELLS, args.seed)
+    if what == "cost":
+        from testbed.bench import cost as bench_cost
+        o = bench_cost.Options(rounds=args.rounds or bench_cost.Options.rounds, duration_s=args.duration,
+                               added=args.added, gate_samples=args.gate_samples, threshold=args.threshold,
+                               rules=args.rules)
+        o.check()       # options that disagree: exit 2 before anything is created
+        return bench_cost.main(o)
     if what == "soak":
         from testbed.bench import soak as bench_soak
         return bench_soak.main(args.cells or 300)

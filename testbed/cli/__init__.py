@@ -362,11 +362,11 @@ def parser() -> argparse.ArgumentParser:
         Each benchmark measures in one run, on this host, the figures it compares, and
         prints them with their ratios. See the benchmarks page of the docs.""")
     b.add_argument("what", choices=("boot", "matrix", "chain", "fidelity", "harness", "placement", "ndr",
-                                    "density", "gate", "soak"), help="which benchmark")
+                                    "density", "gate", "soak", "cost"), help="which benchmark")
     b.add_argument("--rounds", type=integer(1, 1000), metavar="N",
                    help="boot: rounds (default 1); fidelity: alternations (default 5); "
                         "placement: rounds of apart/together/unpinned (default 5); "
-                        "gate: simulated nights per scenario (default 6)")
+                        "gate: simulated nights per scenario (default 6); cost: samples a variant (default 20)")
     b.add_argument("--seed", type=integer(0, 2**31 - 1), default=0, metavar="N",
                    help="gate: the seed of the simulated nights (default 0)")
     b.add_argument("--pairs", default="1,2,4,8", metavar="N,N,...",
@@ -374,6 +374,19 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--cells", type=integer(1, 100000), default=None, metavar="N",
                    help="soak: namespace cells to measure (default 300); gate: cells a simulated "
                         "night (default 100, at least 20)")
+    from testbed.cli.argtypes import fraction
+    bc = b.add_argument_group("cost (a known per-packet cost added on B; see the cost page of the docs)")
+    bc.add_argument("--added", type=number(0.0, 1.0, low_open=True), default=0.05, metavar="F",
+                    help="cost: the per-packet cost added on B, as a fraction of A's (default 0.05)")
+    bc.add_argument("--rules", type=integer(1, 100_000), default=None, metavar="N",
+                    help="cost: nftables rules on B's taps instead of as many as make --added")
+    bc.add_argument("--gate-samples", type=integer(2, 100), default=10, metavar="N",
+                    help="cost: samples a side of each gate (default 10: what `repetitions: gate` "
+                         "takes when the spread stays above its 3 %% target)")
+    bc.add_argument("--threshold", type=fraction, default=0.05, metavar="F",
+                    help="cost: the gate's threshold (default 0.05, as `testbed compare`)")
+    bc.add_argument("--duration", type=integer(2, 600), default=5, metavar="S",
+                    help="cost: seconds a sample (default 5)")
     b.set_defaults(func=cmd_bench)
     from testbed.cli import results as cli_results
     cli_results.add_commands(sub)

@@ -112,12 +112,13 @@ def cmd_history(args: argparse.Namespace) -> int:
         from testbed.host.safeio import UserFileError
         raise UserFileError("--by", f"{by!r}: expected one of {', '.join(history.BY)}")
     out = _outputs((args.output, "--output"))
-    if args.metric is not None and args.metric not in metric_columns() and args.metric != history.HOPS \
-            and not args.metric.startswith(hopgate.PREFIXES):
+    from testbed.analysis.sample_cost import METRICS as COST_METRICS
+    if args.metric is not None and args.metric not in (*metric_columns(), *COST_METRICS) \
+            and args.metric != history.HOPS and not args.metric.startswith(hopgate.PREFIXES):
         from testbed.host.safeio import UserFileError
         raise UserFileError("--metric", f"{args.metric!r} is not a metric the store keeps; "
-                                        f"known: {', '.join(metric_columns())}, hops (every hop of a "
-                                        f"traced cell), or one hop's: hop_p50_us.HOP, hop_p99_us.HOP")
+                                        f"known: {', '.join((*metric_columns(), *COST_METRICS))}, hops (every "
+                                        f"hop of a traced cell), or one hop's: hop_p50_us.HOP, hop_p99_us.HOP")
     # A read: the store must exist and be this testbed's; nothing is created or migrated.
     from testbed import api
     found = api.history(cell=args.cell, metric=args.metric, threshold=args.threshold, by=by, results_dir=root,
@@ -185,6 +186,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         raise capacity.CapacityError("--profile or --slo is required")
     rec = compare.load(args.run, _results_root(args))
     demand = capacity.parse_demand(args.profile)
+    from testbed.analysis import costs
+    cost = costs.plan(rec, kind=demand.kind, mtu=args.mtu, connections=args.connections)
     if capacity_model.has_pairs_data(rec):
         q = capacity_plan.plan(
             rec, demand, host_cores=args.host_cores, headroom=args.headroom,
@@ -193,9 +196,10 @@ def cmd_capacity(args: argparse.Namespace) -> int:
             memory_mib=args.memory_mib, extrapolate=args.extrapolate, mtu=args.mtu,
             connections=args.connections)
         if args.json:
-            print(json.dumps(capacity_plan.to_dict(q, capacity.TCG_BANNER), indent=2, default=str))
+            print(json.dumps({**capacity_plan.to_dict(q, capacity.TCG_BANNER), "cost": costs.plan_dict(cost)},
+                             indent=2, default=str))
         else:
-            sys.stdout.write(capacity_plan.render_text(q, capacity.TCG_BANNER))
+            sys.stdout.write(capacity_plan.render_text(q, capacity.TCG_BANNER) + costs.render_plan(cost))
         if q.tcg:
             print(f"testbed capacity: {capacity.TCG_BANNER}", file=sys.stderr)
         return 0
@@ -204,10 +208,10 @@ def cmd_capacity(args: argparse.Namespace) -> int:
                       link_gbit=10.0 if args.link_gbit is None else args.link_gbit, basis=args.basis,
                       mtu=args.mtu, connections=args.connections)
     if args.json:
-        print(json.dumps({**capacity.to_dict(p), "note": capacity_plan.ONE_PAIR_NOTE},
-                         indent=2, default=str))
+        print(json.dumps({**capacity.to_dict(p), "note": capacity_plan.ONE_PAIR_NOTE,
+                          "cost": costs.plan_dict(cost)}, indent=2, default=str))
     else:
-        sys.stdout.write(capacity.render_text(p) + capacity_plan.ONE_PAIR_NOTE + "\n")
+        sys.stdout.write(capacity.render_text(p) + capacity_plan.ONE_PAIR_NOTE + "\n" + costs.render_plan(cost))
     if p.tcg:
         print(f"testbed capacity: {capacity.TCG_BANNER}", file=sys.stderr)
     return 0
@@ -292,8 +296,10 @@ def add_commands(subparsers: Any) -> None:
                    help="SQLite file or postgresql:// URL (default: <results>/index.sqlite)")
     h.add_argument("--cell", metavar="CELL", help="only this cell id")
     h.add_argument("--metric", metavar="METRIC",
-                   help="metric (default: each cell's primary: throughput_mbps or "
-                        "transactions_per_s); hops: a series per hop of each traced cell")
+                   help="metric (default: each cell's primary, throughput_mbps or "
+                        "transactions_per_s, and its host CPU per packet, cost_ns_per_packet and "
+                        "cost_host_ns_per_packet, where recorded); hops: a series per hop of each "
+                        "traced cell")
     h.add_argument("--threshold", type=_fraction, default=0.05, metavar="F",
                    help="smallest relative step counted as a change (default 0.05)")
     h.add_argument("-o", "--output", metavar=cv.FILE, help="also write an HTML report with plots")

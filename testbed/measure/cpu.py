@@ -98,14 +98,44 @@ def _thread_times(pid: int) -> dict[str, float]:
     return out
 
 
-def _procs_named(prefixes: Iterable[str]) -> dict[str, list[int]]:
+def _procs_named(prefixes: Iterable[str]) -> tuple[dict[str, list[int]], dict[int, tuple[float, int]]]:
+    """The pids whose names start with each prefix, and every process's CPU seconds with
+    those of its reaped children (utime + stime + cutime + cstime, in ticks: one read of
+    /proc/<pid>/stat each) and its parent, for the host's rest (:func:`others_delta`)."""
     found: dict[str, list[int]] = {}
-    for p in psutil.process_iter(["name", "pid"]):
+    times: dict[int, tuple[float, int]] = {}
+    for p in psutil.process_iter(["name", "pid", "ppid", "cpu_times"]):
         name = p.info["name"] or ""
         for pre in prefixes:
             if name.startswith(pre):
                 found.setdefault(pre, []).append(p.info["pid"])
-    return found
+        t = p.info["cpu_times"]
+        if t is not None:
+            times[p.info["pid"]] = (t.user + t.system + t.children_user + t.children_system, p.info["ppid"])
+    return found, times
+
+
+#: kthreadd: the kernel threads it starts are released when they exit, never waited for,
+#: so their time is added to no parent's
+KTHREADD = 2
+
+
+def others_delta(before: Mapping[int, tuple[float, int]], after: Mapping[int, tuple[float, int]]) -> float:
+    """Pure: CPU seconds the host's other processes (everything but the guests' QEMUs and
+    vhost workers, the switch and ksoftirqd: libvirtd, the testbed itself, kernel workers,
+    whatever else runs) used between two readings, measured rather than left over, so that
+    the roles of a sample's cost can be held against the host's busy time
+    (testbed.analysis.sample_cost). Readings are pid -> (CPU seconds with reaped children's, ppid).
+
+    A difference of sums, not of the processes seen twice: a process that started in
+    between counts whole; one that ended in between left its whole life in the
+    reaped-children time of whoever waited for it (its parent, or the reaper it was handed
+    to when its parent ended first), so its time before the first reading is taken off
+    again. Kernel threads are waited for by nobody: the part of a kernel thread's time
+    after the first reading is lost when it ends in between (the gap holds it)."""
+    total = sum(v for v, _ in after.values())
+    total -= sum(v for pid, (v, ppid) in before.items() if pid in after or ppid != KTHREADD)
+    return round(total, 4)
 
 
 def _proc_seconds(pid: int) -> float:
@@ -157,17 +187,22 @@ class HostReading:
     #: guest -> CPU seconds libvirt reports for the domain (virDomainGetCPUStats total),
     #: or the reason it could not
     libvirt: Mapping[str, float | str] = field(default_factory=dict)
+    #: pid -> (CPU seconds with its reaped children's, ppid) of every other process: the
+    #: host's rest
+    others: Mapping[int, tuple[float, int]] = field(default_factory=dict)
 
 
 def host_reading(qemu_pids: Mapping[str, int], domains: Mapping[str, object] | None = None) -> HostReading:
     per_guest: dict[str, dict[str, float]] = {}
     models: dict[str, str] = {}
-    named_pids = _procs_named(("vhost-", "ovs-vswitchd", "ksoftirqd"))
+    named_pids, proc_times = _procs_named(("vhost-", "ovs-vswitchd", "ksoftirqd"))
+    known = {*qemu_pids.values(), *(v for k in ("ovs-vswitchd", "ksoftirqd") for v in named_pids.get(k, []))}
     for guest, pid in qemu_pids.items():
         t = _thread_times(pid)
         in_group = "vhost" in t
         # Before 6.4 the vhost-net workers are kernel threads named vhost-<qemu pid>.
         kthreads = [v for v in named_pids.get("vhost-", []) if v != pid and _comm(v) == f"vhost-{pid}"]
+        known.update(kthreads)
         t["vhost"] = t.get("vhost", 0.0) + sum(_proc_seconds(v) for v in kthreads)
         models[guest] = "+".join(m for m, found in (("thread", in_group), ("kthread", bool(kthreads)))
                                  if found) or "none"
@@ -178,7 +213,8 @@ def host_reading(qemu_pids: Mapping[str, int], domains: Mapping[str, object] | N
     with open("/proc/stat") as f:
         at = time.monotonic()
         host = parse_proc_stat(f.read())
-    return HostReading(at, per_guest, named, host, models, virt)
+    rest = {p: v for p, v in proc_times.items() if p not in known}
+    return HostReading(at, per_guest, named, host, models, virt, rest)
 
 
 def domain_cpu_seconds(dom) -> float | str:
@@ -233,6 +269,8 @@ def host_delta(before: HostReading, after: HostReading) -> dict:
                             "gap": round(gap, 4) if gap != float("inf") else None,
                             "status": "agree" if gap <= LIBVIRT_AGREEMENT else "disagree"}
     return {"window_s": round(secs, 3), "per_guest": guests, "named": named,
+            "others": {"cores": round(others_delta(before.others, after.others) / secs, 4),
+                       "processes": len(after.others)} if after.others else {},
             "host": host, "host_per_cpu": {k: v for k, v in whole.items() if k != "cpu"},
             "attributed": attributed, "unattributed": round(busy - attributed, 4),
             "irq": host.get("irq"), "softirq": host.get("softirq"),

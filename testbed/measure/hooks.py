@@ -87,9 +87,17 @@ class SampleHook:
         return Finding()
 
 
-#: callables that turn a topology into a hook of its runs (or None): one line per feature,
-#: appended by the feature's module (testbed.measure.hops.hook: per-hop latency)
-FACTORIES: list[Callable[[Topology], SampleHook | None]] = []
+def _cost(t: Topology) -> SampleHook:
+    """Every sample's host CPU per packet by role (testbed.measure.costprobe.CostHook); by
+    name, as the attachment modes are registered, since the hook's module builds on this one."""
+    import importlib
+    return importlib.import_module("testbed.measure.costprobe").CostHook()
+
+
+#: callables that turn a topology into a hook of its runs (or None): one line per feature;
+#: the cost per packet is here, other features append theirs from their own module
+#: (testbed.measure.hops.hook: per-hop latency)
+FACTORIES: list[Callable[[Topology], SampleHook | None]] = [_cost]
 
 
 def for_topology(t: Topology, extra: Sequence[SampleHook] = ()) -> tuple[SampleHook, ...]:

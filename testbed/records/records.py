@@ -229,6 +229,9 @@ class Cpu(Part):
     guest: Mapping[str, Any] = field(default_factory=dict)
     per_guest: Mapping[str, Any] = field(default_factory=dict)
     named: Mapping[str, Any] = field(default_factory=dict)
+    #: every other process of the host over the window (testbed.measure.cpu.others_delta):
+    #: ``cores`` and the number of ``processes``; empty when not recorded
+    others: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def host_busy(self) -> float | None:
@@ -303,6 +306,63 @@ class Crosscheck(Part):
     ratio: float | None = None
     expected_ratio: float | None = None
     verdict: str | None = None
+    tool_bytes: int | None = None
+    wire_bytes: int | None = None
+    wire_packets: int | None = None
+    device: str | None = None
+    direction: str | None = None
+    #: an N-pair cell's: one check per pair (testbed.measure.pairs.wire_record)
+    pairs: tuple[Any, ...] = ()
+
+    _tuples: ClassVar = ("pairs",)
+
+    def packets_and_bytes(self) -> tuple[int, int] | None:
+        """(wire packets, tool payload bytes) of the device(s) under test, added up over the
+        pairs of an N-pair cell; None when the sample has no such figures."""
+        checks = [c for c in self.pairs if isinstance(c, Mapping)] or [self.to_dict()]
+        pk = [c.get("wire_packets") for c in checks]
+        by = [c.get("tool_bytes") for c in checks]
+        if any(isinstance(v, bool) or not isinstance(v, int) for v in (*pk, *by)):
+            return None
+        return sum(pk), sum(by)
+
+
+@dataclass(frozen=True)
+class Cost(Part):
+    """A sample's host CPU cost per unit of traffic, by role (testbed.analysis.sample_cost): the
+    roles' cores over the window, and per packet, per Gbit/s and per 1,000 transactions;
+    how the roles close against the host's busy time; the cost's own cross-check."""
+
+    #: packets of the device(s) under test over the window, and which counter
+    packets: int | None = None
+    packets_source: str | None = None
+    #: role -> host cores over the window (testbed.analysis.sample_cost.ROLES, "rest", "gap")
+    cores: Mapping[str, float] = field(default_factory=dict)
+    #: role -> host CPU nanoseconds per packet; "path" is the path's roles added up, "host"
+    #: those of the host's side (all but the guests' vCPUs)
+    ns_per_packet: Mapping[str, float] = field(default_factory=dict)
+    #: role -> host cores per Gbit/s of payload (stream), per 1,000 transactions/s (rr)
+    cores_per_gbit: Mapping[str, float] = field(default_factory=dict)
+    cores_per_ktps: Mapping[str, float] = field(default_factory=dict)
+    #: role -> cycles per packet, with how they were had (time x a steady frequency, or
+    #: the host's performance counters); empty with ``cycles_source`` saying why
+    cycles_per_packet: Mapping[str, float] = field(default_factory=dict)
+    cycles_source: str | None = None
+    #: what the switch role counts on this path
+    switch: str | None = None
+    #: busy, roles' sum, gap, tolerance, within, accounting (testbed.analysis.sample_cost.closure)
+    closure: Mapping[str, Any] = field(default_factory=dict)
+    #: the cost's own cross-check: verdict (ok, fail, unchecked), reason, figures
+    check: Mapping[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    #: what the cost was computed from beyond the sample's own record (the CPU's clock at
+    #: both ends, the host's packets, perf's cycles): testbed.analysis.sample_cost.Inputs.recorded
+    inputs: Mapping[str, Any] = field(default_factory=dict)
+
+    _tuples: ClassVar = ("notes",)
+
+    def per_packet(self, role: str = "path") -> float | None:
+        return num(self.ns_per_packet.get(role))
 
 
 # --------------------------------------------------------------------------- cells, samples
@@ -489,6 +549,13 @@ class SampleRecord(Part):
     def window(self) -> Window | None:
         w = self.data.get("window")
         return Window.from_dict(w) if isinstance(w, Mapping) else None
+
+    @property
+    def cost(self) -> Cost:
+        """Host CPU per packet by role (testbed.analysis.sample_cost, ``extra.cost``); empty when the
+        sample was recorded without one."""
+        c = self.data.get("cost")
+        return Cost.from_dict(c) if isinstance(c, Mapping) else Cost()
 
     @property
     def pairs(self) -> tuple[PairResult, ...]:

@@ -58,6 +58,12 @@ def switches(datapath: str | None) -> bool:
     return (datapath or "").startswith("ovs-")
 
 
+def userspace(datapath: str | None) -> bool:
+    """Whether an OVS path's datapath forwards in user space (netdev: ovs-vswitchd's own
+    threads) rather than in the kernel (system)."""
+    return switches(datapath) and "netdev" in (datapath or "")
+
+
 def ovs_datapath(switch: ovsd.Ovs) -> str:
     """The datapath type bridges on ``switch`` get. A private switch always uses netdev: a
     kernel datapath would be shared with the host's switch."""
