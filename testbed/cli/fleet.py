@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from testbed.cli.argtypes import integer
+from testbed.cli.argtypes import integer, number
 from testbed.host import paths
 from testbed.host.safeio import UserFileError
 
@@ -80,7 +80,7 @@ def add_command(sub: Any) -> None:
     k = cv.command(fs, "report", "hosts side by side: environment, each cell's figure, outliers "
                                  "within a host class", path="fleet report")
     k.add_argument("fleetrun", metavar="FLEETRUN", help="a fleet run directory or id")
-    k.add_argument("--z", type=float, default=3.5, metavar="Z",
+    k.add_argument("--z", type=number(0, 1e6, low_open=True), default=3.5, metavar="Z",
                    help="robust z-score (median/MAD within a class) beyond which a host is "
                         "an outlier (default 3.5)")
     k.add_argument("--capacity-profile", metavar="SPEC",

@@ -14,6 +14,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from testbed.fleet import record
 from testbed.fleet.record import DONE, FleetRun
 from testbed.host.safeio import UserFileError
 from testbed.records import results
@@ -88,7 +89,7 @@ def build(fleet: FleetRun, *, z_limit: float = 3.5, demand: Any = None) -> Fleet
         env: dict[str, Any] = {}
         figures: dict[str, tuple[str, float | None]] = {}
         if h.status == DONE and h.run_dir:
-            rec = results.read_run(fleet.dir / h.run_dir)
+            rec = results.read_run(record.inside(fleet.dir, h.run_dir))
             runs[h.name] = rec
             env = _env(rec)
             for c in rec.cells:
@@ -185,6 +186,7 @@ def render_json(r: FleetReport) -> str:
 
 
 def check_z(z: float) -> float:
-    if not z > 0:
-        raise UserFileError("--z", f"{z}: expected a positive number")
+    import math
+    if not (math.isfinite(z) and z > 0):
+        raise UserFileError("--z", f"{z}: expected a finite positive number")
     return z

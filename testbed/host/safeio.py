@@ -84,6 +84,25 @@ def read_regular(path: Path, limit: int, what: str | None = None) -> bytes:
     return data
 
 
+def check_regular(path: Path, limit: int, what: str | None = None) -> int:
+    """A regular file of at most ``limit`` bytes that this process may read, found by stat()
+    alone (it is not opened: a key file stays unread). Returns its size."""
+    where = what or str(path)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise UserFileError(where, "missing") from None
+    except OSError as e:
+        raise UserFileError(where, f"cannot be read: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise UserFileError(where, f"is {kind(st.st_mode)}, not a regular file")
+    if st.st_size > limit:
+        raise UserFileError(where, f"is {st.st_size} bytes, more than the {limit} allowed")
+    if not os.access(path, os.R_OK):
+        raise UserFileError(where, "cannot be read: permission denied")
+    return st.st_size
+
+
 def _bad_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number this testbed records")
 
