@@ -182,12 +182,12 @@ def _inventory(f: Fleet) -> Path:
                          "testbed_machine_id": f"fleet-test-{t.name}",
                          # what the topology leaves per host, merged in on the target
                          "testbed_topology_overrides": {"name": f"fleet-netns-{t.name}"},
-                         "ansible_ssh_common_args": f"-o UserKnownHostsFile={f.known_hosts}"}
+                         "testbed_known_hosts": str(f.known_hosts)}
     t2 = f.targets[2]
     hosts["imposter"] = {"ansible_host": t2.address, "ansible_port": 2222,
                          "testbed_home": str(t2.home), "testbed_machine_id": "fleet-test-t2",
                          "testbed_host_class": "gen-b",
-                         "ansible_ssh_common_args": f"-o UserKnownHostsFile={f.wrong_known_hosts}"}
+                         "testbed_known_hosts": str(f.wrong_known_hosts)}
     inv = {"all": {"vars": common, "children": {"gen_a": {"vars": {"testbed_host_class": "gen-a"},
                                                          "hosts": {k: hosts[k] for k in ("t0", "t1")}},
                                                 "gen_b": {"hosts": {"imposter": hosts["imposter"]}}}}}

@@ -281,8 +281,10 @@ def _host_vars(fleet: FleetRun, p: Plan, names: list[str], attempt: str, private
                               overrides=a.overrides)
         peer_name = topo["hosts"][1]["name"]
         addr = b.vars["testbed_data_address"]
-        kh = "".join(f"{k.split(' ', 1)[0]} [{addr}]:{b.port} {k.split(' ', 1)[1]}\n" if k.startswith("@")
-                     else f"[{addr}]:{b.port} {k}\n" for k in p.peer_keys[pr.second])
+        # ssh looks a host up as ADDR on port 22, as [ADDR]:PORT on another
+        at = addr if b.port == 22 else f"[{addr}]:{b.port}"
+        kh = "".join(f"{k.split(' ', 1)[0]} {at} {k.split(' ', 1)[1]}\n" if k.startswith("@")
+                     else f"{at} {k}\n" for k in p.peer_keys[pr.second])
         env = {"TESTBED_PEER": peer_name, "TESTBED_PEER_INVENTORY_HOST": b.name}
         if b.vars.get("testbed_machine_id"):
             env["TESTBED_PEER_MACHINE_ID"] = str(b.vars["testbed_machine_id"])
@@ -364,6 +366,8 @@ def execute(fleet: FleetRun, p: Plan, names: list[str], *, wheel: Path, say: Cal
     fleet = _pair_outcomes(fleet, p, names)
     for n in names:
         h = fleet.host(n)
+        if n in progress.failed:
+            continue            # said when it failed
         say(f"fleet: {n} done: run {h.run_id} {h.run_status}" if h.status == DONE
             else f"fleet: {n} failed: {h.reason}")
     with contextlib.suppress(OSError):

@@ -352,6 +352,7 @@ ANSIBLE_REFUSED = {
 TESTBED_VARS: dict[str, Callable[[Any], Any]] = {
     "testbed_home": target_path, "testbed_venv": target_path, "testbed_python": _python,
     "testbed_cache": target_path, "testbed_image_packages": _packages,
+    "testbed_authorized_keys": target_path,
     "testbed_host_packages": boolean, "testbed_packages": _packages, "testbed_host_setup": boolean,
     "testbed_deps_site": _deps_site, "testbed_pip_args": _pip_args,
     "testbed_host_class": _printable(128), "testbed_machine_id": _machine_id,

@@ -105,7 +105,8 @@ class Daemon:
 
 def ovs_daemons(rundir: str | os.PathLike | None = None) -> tuple[Daemon, ...]:
     from testbed.host.net import ovsd
-    d = Path(rundir) if rundir else ovsd.RUNDIR
+    # $OVS_RUNDIR, as OVS's own tools read it: a host whose switch runs elsewhere says so there
+    d = Path(rundir) if rundir else Path(os.environ.get("OVS_RUNDIR") or ovsd.RUNDIR)
     return tuple(Daemon(n, (str(d / f"{n}.pid"),)) for n in ("ovsdb-server", "ovs-vswitchd"))
 
 
