@@ -174,6 +174,12 @@ def _walk(root: Path):
 
 def _check_file(path: Path, where: str) -> int:
     data = safeio.read_regular(path, MAX_FILE_BYTES, where)
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserFileError(where, f"not UTF-8 text (byte {e.start})") from None
+    if b"\0" in data:
+        raise UserFileError(where, f"holds a NUL byte (byte {data.index(bytes(1))})")
     if b"&" in data and b"*" in data:
         n = _yaml_values(data)
         if n > MAX_YAML_VALUES:
