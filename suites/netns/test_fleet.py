@@ -104,6 +104,21 @@ def _keygen(path: Path) -> str:
     return " ".join(path.with_suffix(".pub").read_text().split()[:2])
 
 
+def target_netns(stack: contextlib.ExitStack, tag: str, ctl: str, i: int) -> tuple[str, str]:
+    """Target i's namespace and address, wired to the controller's namespace by a veth of
+    its own (a /30 each): removed by ``stack``."""
+    ns, addr = f"tb-{tag}-t{i}", f"198.19.77.{4 * i + 2}"
+    proc.run(["ip", "netns", "add", ns], timeout=10)
+    stack.callback(proc.run, ["ip", "netns", "del", ns], timeout=10, check=False)
+    a, b = f"tb-{tag}-c{i}", f"tb-{tag}-s{i}"
+    proc.run(["ip", "-n", ctl, "link", "add", a, "type", "veth", "peer", "name", b, "netns", ns], timeout=10)
+    proc.run(["ip", "-n", ctl, "addr", "add", f"198.19.77.{4 * i + 1}/30", "dev", a], timeout=10)
+    proc.run(["ip", "-n", ns, "addr", "add", f"{addr}/30", "dev", b], timeout=10)
+    for n, dev in ((ctl, a), (ns, b), (ns, "lo"), (ctl, "lo")):
+        proc.run(["ip", "-n", n, "link", "set", dev, "up"], timeout=10)
+    return ns, addr
+
+
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory) -> Iterator[Fleet]:
     if os.geteuid() != 0:
@@ -127,16 +142,7 @@ def fleet(tmp_path_factory) -> Iterator[Fleet]:
         stack.callback(proc.run, ["ip", "netns", "del", ctl], timeout=10, check=False)
         targets, known = [], []
         for i in range(3):
-            ns, addr = f"tb-{tag}-t{i}", f"198.19.77.{4 * i + 2}"
-            proc.run(["ip", "netns", "add", ns], timeout=10)
-            stack.callback(proc.run, ["ip", "netns", "del", ns], timeout=10, check=False)
-            a, b = f"tb-{tag}-c{i}", f"tb-{tag}-s{i}"
-            proc.run(["ip", "-n", ctl, "link", "add", a, "type", "veth", "peer", "name", b,
-                      "netns", ns], timeout=10)
-            proc.run(["ip", "-n", ctl, "addr", "add", f"198.19.77.{4 * i + 1}/30", "dev", a], timeout=10)
-            proc.run(["ip", "-n", ns, "addr", "add", f"{addr}/30", "dev", b], timeout=10)
-            for n, dev in ((ctl, a), (ns, b), (ns, "lo"), (ctl, "lo")):
-                proc.run(["ip", "-n", n, "link", "set", dev, "up"], timeout=10)
+            ns, addr = target_netns(stack, tag, ctl, i)
             d = root / f"t{i}"
             d.mkdir()
             pub = _keygen(d / "hostkey")

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from test_fleet import SSHD, WORKTREE, Target, _keygen
+from test_fleet import SSHD, WORKTREE, Target, _keygen, target_netns
 
 from testbed.host import proc
 from testbed.measure.session import claim_tag, release_tag
@@ -93,15 +93,8 @@ def pair(tmp_path_factory) -> Iterator[Pair]:
         stack.callback(proc.run, ["ip", "netns", "del", ctl], timeout=10, check=False)
         targets, known = [], []
         for i in range(2):
-            ns, addr, data = f"tb-{tag}-t{i}", f"198.19.77.{4 * i + 2}", f"198.19.88.{i + 1}"
-            _ip("netns", "add", ns)
-            stack.callback(proc.run, ["ip", "netns", "del", ns], timeout=10, check=False)
-            a, b = f"tb-{tag}-c{i}", f"tb-{tag}-s{i}"
-            _ip("-n", ctl, "link", "add", a, "type", "veth", "peer", "name", b, "netns", ns)
-            _ip("-n", ctl, "addr", "add", f"198.19.77.{4 * i + 1}/30", "dev", a)
-            _ip("-n", ns, "addr", "add", f"{addr}/30", "dev", b)
-            for n, dev in ((ctl, a), (ns, b), (ns, "lo"), (ctl, "lo")):
-                _ip("-n", n, "link", "set", dev, "up")
+            ns, addr = target_netns(stack, tag, ctl, i)
+            data = f"198.19.88.{i + 1}"
             d = root / f"t{i}"
             d.mkdir()
             known.append(f"{addr} {_keygen(d / 'hostkey')}")

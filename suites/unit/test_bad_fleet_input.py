@@ -19,15 +19,7 @@ from testbed.host.safeio import UserFileError
 pytestmark = pytest.mark.unit
 pytest.importorskip("ansible_runner", reason="ansible-runner not installed (extra: fleet)")
 
-TOPOLOGY = """\
-name: t
-matrix:
-  attachments: [netns-veth]
-  mtus: [1500]
-  connections: [1]
-  profiles:
-    - {name: tcp_rr, pattern: rr, message_size: 1, response_size: 1, duration: 1}
-"""
+from test_fleet_units import TOPOLOGY  # noqa: E402  (the fleet's one-cell namespace topology)
 
 
 @pytest.fixture

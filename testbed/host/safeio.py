@@ -53,10 +53,7 @@ def kind(mode: int) -> str:
 
 # --------------------------------------------------------------------------- reading
 
-def read_regular(path: Path, limit: int, what: str | None = None) -> bytes:
-    """The bytes of a regular file of at most ``limit`` bytes. Stat before opening, so a
-    device or FIFO is never opened; fstat after, so it cannot be swapped in between."""
-    where = what or str(path)
+def _stat_regular(path: Path, where: str) -> os.stat_result:
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -65,6 +62,14 @@ def read_regular(path: Path, limit: int, what: str | None = None) -> bytes:
         raise UserFileError(where, f"cannot be read: {e.strerror}") from None
     if not stat.S_ISREG(st.st_mode):
         raise UserFileError(where, f"is {kind(st.st_mode)}, not a regular file")
+    return st
+
+
+def read_regular(path: Path, limit: int, what: str | None = None) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes. Stat before opening, so a
+    device or FIFO is never opened; fstat after, so it cannot be swapped in between."""
+    where = what or str(path)
+    _stat_regular(path, where)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
@@ -88,14 +93,7 @@ def check_regular(path: Path, limit: int, what: str | None = None) -> int:
     """A regular file of at most ``limit`` bytes that this process may read, found by stat()
     alone (it is not opened: a key file stays unread). Returns its size."""
     where = what or str(path)
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise UserFileError(where, "missing") from None
-    except OSError as e:
-        raise UserFileError(where, f"cannot be read: {e.strerror}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise UserFileError(where, f"is {kind(st.st_mode)}, not a regular file")
+    st = _stat_regular(path, where)
     if st.st_size > limit:
         raise UserFileError(where, f"is {st.st_size} bytes, more than the {limit} allowed")
     if not os.access(path, os.R_OK):
