@@ -97,9 +97,14 @@ class Plan:
     ship: bool = False                    # the controller's image goes to the hosts
 
 
-def _guests(topology: Any) -> bool:
+def _guests(data: dict[str, Any]) -> bool:
+    """Whether a topology's matrix (as data; its default: the classic guest modes) has a mode
+    with guests."""
     from testbed import attachments
-    return any(attachments.get(a).guests for a in topology.matrix.attachments)
+    names = ((data.get("matrix") or {}).get("attachments") if isinstance(data.get("matrix"), dict) else None)
+    if not isinstance(names, list):
+        return True
+    return any(attachments.get(a).guests for a in names if isinstance(a, str) and a in attachments.names())
 
 
 def plan(inventory: str, topology: str | Path, hosts: list[inv.Host]) -> Plan:
@@ -107,12 +112,19 @@ def plan(inventory: str, topology: str | Path, hosts: list[inv.Host]) -> Plan:
     host's (or pair's) topology, the pairs, the peers' host keys, the image shipment."""
     from testbed.fleet import hostvars
     from testbed.topology import config
-    topo = config.load(topology)
-    data = inv.topology_data(topology)
+    from testbed.errors import ConfigError
+    try:
+        data = inv.topology_data(topology)
+    except ConfigError:
+        config.load(topology)           # its own words for what is wrong, where it has them
+        raise
+    two = pairs.two_host(data)
+    if not two:
+        config.load(topology)           # a pair's topology is validated with the pair's hosts in
     if (where := hostvars.find_template(data)) is not None:
         raise UserFileError(topology, f"{where}: a Jinja2 template; Ansible would render it on the "
                                       f"controller (the fleet takes plain values)")
-    found = pairs.find(inventory, hosts, pairs.two_host(topo))
+    found = pairs.find(inventory, hosts, two)
     by = {h.name: h for h in hosts}
     keys: dict[str, list[str]] = {}
     with tempfile.TemporaryDirectory(prefix="testbed-pair-") as scratch:
@@ -122,7 +134,7 @@ def plan(inventory: str, topology: str | Path, hosts: list[inv.Host]) -> Plan:
     if not found:
         inv.check_topologies(topology, data, hosts)
     want = [h.vars.get("testbed_ship_image") for h in hosts]
-    ship = any(w is True for w in want) or (_guests(topo) and not all(w is False for w in want))
+    ship = any(w is True for w in want) or (_guests(data) and not all(w is False for w in want))
     return Plan(hosts, data, found, keys, ship)
 
 

@@ -283,10 +283,23 @@ def list_hosts(inventory: str | os.PathLike, limit: str | None = None) -> list[H
 # --------------------------------------------------------------------------- topology
 
 def topology_data(path: str | Path) -> dict[str, Any]:
-    """The topology file as data, after it was validated whole (config.load)."""
+    """The topology file as data: read as every topology is (regular file, size cap, UTF-8,
+    composed with bounded depth, plain tags), a mapping. Validated by config.load (or, for a
+    pair's, config.parse with the pair's hosts in: fleet.pairs.check)."""
+    from testbed.errors import ConfigError
     from testbed.topology import yamlnode
-    config.load(path)
-    return yaml.safe_load(yamlnode.read_text(path))
+    text = yamlnode.read_text(path, what="topology")
+    root = yamlnode.compose(text, str(path))
+    if not isinstance(root, yaml.MappingNode):
+        raise ConfigError(str(path), "(top level)", "expected a mapping")
+    try:
+        data = yaml.safe_load(text)
+        json.dumps(data, allow_nan=False)        # what the run is given: plain data only
+    except yaml.YAMLError as e:
+        raise ConfigError(str(path), "(yaml)", f"not plain YAML data: {str(e).splitlines()[0]}") from None
+    except (TypeError, ValueError) as e:
+        raise ConfigError(str(path), "(yaml)", f"holds a value that is not plain data ({e})") from None
+    return data
 
 
 def merge(base: Any, over: Any) -> Any:

@@ -35,10 +35,18 @@ class Pair:
         return f"{self.first}+{self.second}"
 
 
-def two_host(topology: Any) -> bool:
-    """Whether a topology (testbed.topology.model.Topology) puts its client and server on two
-    hosts: what runs on a pair."""
-    return len(topology.hosts) == 2 and topology.host_of(topology.client) != topology.host_of(topology.server)
+def two_host(data: dict[str, Any]) -> bool:
+    """Whether a topology's data puts its client and server (``client``/``server``, else the
+    first two guests) on two hosts: what runs on a pair. Read from the data, not the parsed
+    model: a topology for real hosts is only valid once a pair's hosts are put in."""
+    hosts, guests = data.get("hosts"), data.get("guests")
+    if not isinstance(hosts, list) or len(hosts) != 2 or not isinstance(guests, list):
+        return False
+    where = {g.get("name"): g.get("host") for g in guests if isinstance(g, dict)}
+    names = [g.get("name") for g in guests if isinstance(g, dict)]
+    client = data.get("client", names[0] if names else None)
+    server = data.get("server", names[1] if len(names) > 1 else None)
+    return where.get(client) is not None and where.get(server) is not None and where.get(client) != where.get(server)
 
 
 def find(inventory: str, hosts: list, two: bool) -> list[Pair]:
