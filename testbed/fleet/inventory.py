@@ -24,6 +24,7 @@ import os
 import shutil
 import stat
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -227,8 +228,11 @@ def read(inventory: str | os.PathLike, limit: str | None = None) -> tuple[list[l
     req = json.dumps({"inventory": str(Path(inventory).absolute()), "limit": limit})
     helper = Path(__file__).with_name("ansread.py")
     try:
-        out = proc.run([sys.executable, "-I", str(helper), req], timeout=READ_TIMEOUT_S,
-                       env=ansenv.reader_env(), cwd=str(Path(inventory).absolute().parent)).stdout
+        # run from an empty folder, as the playbook runs from its own: an ansible.cfg in the
+        # current folder is read by neither
+        with tempfile.TemporaryDirectory(prefix="testbed-read-") as cwd:
+            out = proc.run([sys.executable, "-I", str(helper), req], timeout=READ_TIMEOUT_S,
+                           env=ansenv.reader_env(), cwd=cwd).stdout
     except CommandError as e:
         why = (f"Ansible took more than {READ_TIMEOUT_S} s to read it" if e.timed_out
                else f"Ansible cannot read it: {one_line(e.stderr_tail, 300)}")
