@@ -82,6 +82,8 @@ INVENTORY_FILES = {
         "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
             f"{c}: &{c} [{', '.join(['*' + p] * 10)}]\n" for p, c in zip("abcdefg", "bcdefgh"))
         + "all: {hosts: {h1: {v: *h}}}\n") and d / "bomb.yml", "aliases expand"),
+    "host_range_billion": (lambda d: (d / "r.ini").write_text("h[0:999999999] ansible_host=198.18.0.1\n")
+                           and d / "r.ini", "expand to"),
     "link_loop": (lambda d: (d / "inv").mkdir() or os.symlink(d / "inv", d / "inv" / "again") or d / "inv",
                   "contains itself"),
 }

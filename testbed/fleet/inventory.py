@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import sys
@@ -45,8 +46,9 @@ MAX_DEPTH = 16
 #: YAML values an inventory file may expand to through its aliases (a "billion laughs"
 #: is a few hundred bytes that expand to gigabytes)
 MAX_YAML_VALUES = 200_000
-#: seconds Ansible may take to read an inventory
+#: seconds Ansible may take to read an inventory; hosts it may hold
 READ_TIMEOUT_S = 60
+MAX_HOSTS = 5000
 
 
 class FleetError(TestbedError):
@@ -181,11 +183,31 @@ def _check_file(path: Path, where: str) -> int:
         raise UserFileError(where, f"not UTF-8 text (byte {e.start})") from None
     if b"\0" in data:
         raise UserFileError(where, f"holds a NUL byte (byte {data.index(bytes(1))})")
+    if (n := _range_hosts(data.decode("utf-8"))) > MAX_HOSTS:
+        raise UserFileError(where, f"its host ranges ([0:99]) expand to {n} hosts; a fleet takes at most {MAX_HOSTS}")
     if b"&" in data and b"*" in data:
         n = _yaml_values(data)
         if n > MAX_YAML_VALUES:
             raise UserFileError(where, f"its YAML aliases expand to more than {MAX_YAML_VALUES} values")
     return len(data)
+
+
+_RANGE = re.compile(r"\[([0-9]+|[a-z]):([0-9]+|[a-z])(?::([0-9]+))?\]")
+
+
+def _range_hosts(text: str) -> int:
+    """How many hosts the host ranges of a text expand to (Ansible's ``h[0:99]``,
+    ``[a:f]``, with a stride), counted, not expanded: ``h[0:999999999]`` is a few bytes."""
+    total = 0
+    for line in text.splitlines():
+        n = 1
+        for lo, hi, step in _RANGE.findall(line):
+            a, b = (int(lo), int(hi)) if lo.isdigit() and hi.isdigit() else (ord(lo[0]), ord(hi[0]))
+            n *= max(1, (b - a) // max(1, int(step or 1)) + 1)
+            if n > 10 * MAX_HOSTS:
+                return n
+        total += n if _RANGE.search(line) else 0
+    return total
 
 
 def _yaml_values(data: bytes) -> int:
