@@ -118,6 +118,10 @@ def test_remote_noise_is_busy_less_interrupts_and_the_testbeds_own():
     why = remotewatch.judge(NoiseSpec(threshold_cores=1.0, run_queue=2), {"hb": f})
     assert "host hb: 2.50 cores used by other work" in why and "run queue 3" in why
     assert remotewatch.judge(NoiseSpec(threshold_cores=3.0), {"hb": f}) is None
+    # a "remote" host that is this machine: this harness's own cores are not its noise
+    assert f["this_machine"] is False and remotewatch.less_harness(f, 1.0) == f
+    here = {**f, "this_machine": True}
+    assert remotewatch.less_harness(here, 1.0)["other_cores"] == 1.5
 
 
 def test_the_probe_script_quotes_every_name():

@@ -48,6 +48,7 @@ _NOISE = r"""
 head -1 /proc/stat | sed 's/^/stat /'
 sed -n 's/^procs_running /runq /p' /proc/stat
 echo "clk $(getconf CLK_TCK)"
+echo "boot $(cat /proc/sys/kernel/random/boot_id)"
 awk '{ c = $0; sub(/^[0-9]+ \(/, "", c); sub(/\) [^)]*$/, "", c); t = $0; sub(/^.*\) /, "", t);
        split(t, f, " "); print "own " f[12] + f[13] + f[14] + f[15] " " c }' /proc/[0-9]*/stat 2>/dev/null
 """
@@ -71,6 +72,8 @@ class Reading:
     kernel: int | None = None
     runq: int | None = None
     clk: int = 100
+    #: the host's boot id: the same as this machine's when the "remote" host is this one
+    boot: str | None = None
     #: CPU ticks so far of the testbed's own processes there (and their reaped children)
     own_ticks: int = 0
 
@@ -103,6 +106,8 @@ def parse(text: str, at: float = 0.0) -> Reading:
             r.runq = int(w[1])
         elif w[0] == "clk" and len(w) == 2 and w[1].isdigit() and int(w[1]) > 0:
             r.clk = int(w[1])
+        elif w[0] == "boot" and len(w) == 2:
+            r.boot = w[1]
         elif w[0] == "own" and len(w) >= 3 and w[1].isdigit() and _own(line.split(" ", 2)[2]):
             own += int(w[1])
     r.own_ticks = own
@@ -246,7 +251,24 @@ def figure(a: Reading, b: Reading) -> dict | None:
     # reaped in the window brings its whole life's CPU, so noise errs low, never high
     own = max(0.0, b.own_s - a.own_s) / secs
     return {"other_cores": round(max(0.0, busy - kernel - own), 4), "busy_cores": round(busy, 4),
-            "own_cores": round(own, 4), "run_queue": b.runq, "window_s": round(secs, 3)}
+            "own_cores": round(own, 4), "run_queue": b.runq, "window_s": round(secs, 3),
+            "this_machine": b.boot is not None and b.boot == local_boot()}
+
+
+def local_boot() -> str | None:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def less_harness(f: dict, harness_cores: float) -> dict:
+    """A remote host that is this machine (a test's loopback host, a fleet's namespace
+    targets): the harness here is the testbed's own work there too."""
+    if not f.get("this_machine"):
+        return f
+    return {**f, "other_cores": round(max(0.0, f["other_cores"] - harness_cores), 4)}
 
 
 def judge(spec, per_host: Mapping[str, dict]) -> str | None:

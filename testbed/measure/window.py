@@ -211,14 +211,15 @@ class Watch:
         harness = round(obs.harness_s / secs, 4) if secs > 0 else 0.0
         other = noise_figure(cpu_info, harness)
         runq_mean = round(sum(obs.runq) / len(obs.runq), 2) if obs.runq else None
+        far = {h: remotewatch.less_harness(f, harness) for h, f in obs.remote.items()}
         noisy = "; ".join(x for x in (judge(self.noise, other, runq_mean),
-                                      remotewatch.judge(self.noise, obs.remote)) if x) or None
+                                      remotewatch.judge(self.noise, far)) if x) or None
         extra: dict = {"noise": {"other_cores": other, "harness_cores": harness,
                                  "run_queue_mean": runq_mean, "run_queue_max": max(obs.runq) if obs.runq else None,
                                  "threshold_cores": self.noise.threshold_cores, "run_queue_threshold":
                                      self.noise.run_queue, "noisy": bool(noisy), "attempt": self.attempt}}
-        if obs.remote:
-            extra["noise"]["remote"] = obs.remote
+        if far:
+            extra["noise"]["remote"] = far
         recs, bad = {}, []
         ran = obs.ran_most()
         for g, pid in qemu_pids.items():
