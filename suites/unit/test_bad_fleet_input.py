@@ -21,6 +21,8 @@ pytest.importorskip("ansible_runner", reason="ansible-runner not installed (extr
 
 from test_fleet_units import TOPOLOGY  # noqa: E402  (the fleet's one-cell namespace topology)
 
+RUN = Path(__file__).resolve().parent / "fixtures" / "runs" / "format2"
+
 
 @pytest.fixture
 def env(tmp_path, monkeypatch):
@@ -324,7 +326,7 @@ def test_a_good_acknowledgement_is_written_and_read_back(capsys, env):
     (["capacity", "r", "--slo", "p99<1ms@1tps", "--slo", "p99<2ms@1tps"], "--slo"),
     (["capacity", "r", "--slo", "p99<" + "9" * 400 + "ms@1tps"], "--slo"),
     (["capacity", "r", "--profile", "rr:1ktps", "--profile", "rr:2ktps"], "--profile"),
-    (["capacity", "r", "--profile", "rr:" + "9" * 400 + "tps"], "--profile"),
+    (["capacity", str(RUN), "--profile", "rr:" + "9" * 400 + "tps"], "--profile"),
     (["capacity", "r", "--slo", "p99<1ms@" + "9" * 400 + "tps"], "--slo"),
     (["capacity", "r", "--slo", "loss<0.1%@" + "9" * 400 + "gbit"], "--slo"),
     (["capacity", "r" * 300], "RUN"),

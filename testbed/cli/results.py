@@ -188,8 +188,8 @@ def cmd_capacity(args: argparse.Namespace) -> int:
         return _capacity_slo(args)
     if args.profile is None:
         raise capacity.CapacityError("--profile or --slo is required")
-    demand = capacity.parse_demand(args.profile)     # bad text: exit 2 before the run is read
     rec = compare.load(args.run, _results_root(args))
+    demand = capacity.parse_demand(args.profile)
     if capacity_model.has_pairs_data(rec):
         q = capacity_plan.plan(
             rec, demand, host_cores=args.host_cores, headroom=args.headroom,
