@@ -104,6 +104,33 @@ def _keygen(path: Path) -> str:
     return " ".join(path.with_suffix(".pub").read_text().split()[:2])
 
 
+def needs(*tools: str) -> None:
+    """Skip unless root, sshd, ansible-runner and ``tools`` are here."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: creates network namespaces and runs sshd")
+    if not os.access(SSHD, os.X_OK):
+        pytest.skip(f"{SSHD} missing (package openssh-server)")
+    for tool in tools:
+        if not shutil.which(tool):
+            pytest.skip(f"{tool} missing")
+    pytest.importorskip("ansible_runner", reason="ansible-runner not installed (extra: fleet)")
+
+
+def controller(stack: contextlib.ExitStack, root: Path) -> tuple[str, str, Path]:
+    """A tag of this session's, the controller's namespace and the client key the targets
+    accept (root/authorized_keys), all removed by ``stack``."""
+    os.chmod(root, 0o700)
+    tag = claim_tag()
+    stack.callback(release_tag, tag)
+    ctl = f"tb-{tag}-c"
+    key = root / "client"
+    _keygen(key)
+    (root / "authorized_keys").write_text(key.with_suffix(".pub").read_text())
+    proc.run(["ip", "netns", "add", ctl], timeout=10)
+    stack.callback(proc.run, ["ip", "netns", "del", ctl], timeout=10, check=False)
+    return tag, ctl, key
+
+
 def target_netns(stack: contextlib.ExitStack, tag: str, ctl: str, i: int) -> tuple[str, str]:
     """Target i's namespace and address, wired to the controller's namespace by a veth of
     its own (a /30 each): removed by ``stack``."""
@@ -121,25 +148,10 @@ def target_netns(stack: contextlib.ExitStack, tag: str, ctl: str, i: int) -> tup
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory) -> Iterator[Fleet]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root: creates network namespaces and runs sshd")
-    if not os.access(SSHD, os.X_OK):
-        pytest.skip(f"{SSHD} missing (package openssh-server)")
-    for tool in ("netperf", "netserver"):
-        if not shutil.which(tool):
-            pytest.skip(f"{tool} missing")
-    pytest.importorskip("ansible_runner", reason="ansible-runner not installed (extra: fleet)")
+    needs("netperf", "netserver")
     root = tmp_path_factory.mktemp("fleet")
-    os.chmod(root, 0o700)
-    tag = claim_tag()
-    ctl = f"tb-{tag}-c"
     with contextlib.ExitStack() as stack:
-        stack.callback(release_tag, tag)
-        key = root / "client"
-        _keygen(key)
-        (root / "authorized_keys").write_text(key.with_suffix(".pub").read_text())
-        proc.run(["ip", "netns", "add", ctl], timeout=10)
-        stack.callback(proc.run, ["ip", "netns", "del", ctl], timeout=10, check=False)
+        tag, ctl, key = controller(stack, root)
         targets, known = [], []
         for i in range(3):
             ns, addr = target_netns(stack, tag, ctl, i)

@@ -29,10 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from test_fleet import SSHD, WORKTREE, Target, _keygen, target_netns
+from test_fleet import SSHD, WORKTREE, Target, _keygen, controller, needs, target_netns
 
 from testbed.host import proc
-from testbed.measure.session import claim_tag, release_tag
 from testbed.pytest_plugin import sshd_privsep_dir
 
 pytestmark = [pytest.mark.netns, pytest.mark.attach("netns-ovs-vxlan")]
@@ -71,26 +70,11 @@ def _ip(*args: str, netns: str | None = None) -> None:
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory) -> Iterator[Pair]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root: creates network namespaces and runs sshd")
-    if not os.access(SSHD, os.X_OK):
-        pytest.skip(f"{SSHD} missing (package openssh-server)")
-    for tool in ("netperf", "netserver", "ovs-vswitchd", "ovsdb-server", "ethtool"):
-        if not shutil.which(tool):
-            pytest.skip(f"{tool} missing")
-    pytest.importorskip("ansible_runner", reason="ansible-runner not installed (extra: fleet)")
+    needs("netperf", "netserver", "ovs-vswitchd", "ovsdb-server", "ethtool")
     from testbed.host.net import ovsd
     root = tmp_path_factory.mktemp("pair")
-    os.chmod(root, 0o700)
-    tag = claim_tag()
-    ctl = f"tb-{tag}-c"
     with contextlib.ExitStack() as stack:
-        stack.callback(release_tag, tag)
-        key = root / "client"
-        _keygen(key)
-        (root / "authorized_keys").write_text(key.with_suffix(".pub").read_text())
-        _ip("netns", "add", ctl)
-        stack.callback(proc.run, ["ip", "netns", "del", ctl], timeout=10, check=False)
+        tag, ctl, key = controller(stack, root)
         targets, known = [], []
         for i in range(2):
             ns, addr = target_netns(stack, tag, ctl, i)
