@@ -59,9 +59,15 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise config.ConfigError(str(args.topology or "<builtin default>"), "(topology)",
                                      f"differs from the one run {rec.run_id} was planned from "
                                      f"({', '.join(keys)}); --resume measures the same matrix")
-    if args.junit and not args.decide_against:
-        from testbed.host.safeio import UserFileError
-        raise UserFileError("--junit", "needs --decide-against (the gate's verdicts are what it writes)")
+    gate_options = (("--junit", args.junit, "the gate's verdicts are what it writes"),
+                    ("--budget", args.seq_budget, "it bounds the gate's extra samples"),
+                    ("--extra", args.seq_extra, "it sets the gate's extra samples"),
+                    ("--fdr", args.seq_fdr, "it sets the gate's level"),
+                    ("--spending", args.seq_spending, "it sets the gate's looks"))
+    for opt, given, why in gate_options:
+        if given is not None and not args.decide_against:
+            from testbed.host.safeio import UserFileError
+            raise UserFileError(opt, f"needs --decide-against ({why}; without it the option would be dropped)")
     if args.decide_against:
         return _run_decided(args, topo, resume)
     from testbed import api

@@ -8,6 +8,7 @@ import math
 import re
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from testbed.errors import one_line
 
@@ -60,7 +61,14 @@ def fraction(text: str) -> float:
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse prints the usage and then the error: two lines or more. A user mistake here is
-    one line naming the argument (the usage stays one `--help` away), exit status 2."""
+    one line naming the argument (the usage stays one `--help` away), exit status 2. An
+    option that takes one value is taken once (:class:`Once`): argparse would keep the last
+    of two and drop the other without a word."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("action", None, Once)
+        self.register("action", "store", Once)
 
     def error(self, message: str) -> None:               # type: ignore[override]
         sys.stderr.write(f"{self.prog}: {one_line(message, 600)} (see {self.prog} --help)\n")
@@ -116,10 +124,13 @@ def counts(low: int, high: int, most: int) -> Callable[[str], str]:
 
 
 class Once(argparse.Action):
-    """An option that may be given once: a second --slo would silently replace the first."""
+    """An option that may be given once: a second --slo would silently replace the first.
+    The default action of every option of a OneLineParser."""
 
     def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[no-untyped-def]
-        if getattr(namespace, f"_seen_{self.dest}", False):
+        seen = f"_seen_{self.dest}"
+        if option_string is not None and getattr(namespace, seen, False):
             parser.error(f"argument {option_string}: given more than once (it takes one value)")
-        setattr(namespace, f"_seen_{self.dest}", True)
+        if option_string is not None:
+            setattr(namespace, seen, True)
         setattr(namespace, self.dest, values)

@@ -26,7 +26,7 @@ def _results_root(args: argparse.Namespace) -> Path:
 
 from testbed.cli import conventions as cv
 from testbed.cli.argtypes import fraction as _fraction
-from testbed.cli.argtypes import Once, integer, number, path_ref, text
+from testbed.cli.argtypes import integer, number, path_ref, text
 
 
 def _outputs(*named: tuple[str | None, str]) -> dict[str, Path | None]:
@@ -318,7 +318,7 @@ def add_commands(subparsers: Any) -> None:
                    help="with --baseline: relative change that counts (default 0.05)")
     r.add_argument("--test", choices=TESTS, default="auto",
                    help="with --baseline: the statistical test, as `testbed compare --test` (default auto)")
-    r.add_argument("--slo", default=None, metavar="SLO", action=Once,
+    r.add_argument("--slo", default=None, metavar="SLO",
                    help='plot a density run\'s figure against N pairs with this service level, '
                         'e.g. "p99.9<500us@5000tps" (see capacity --slo)')
     r.add_argument("--capacity-profile", metavar="SPEC", default=None,
@@ -331,10 +331,10 @@ def add_commands(subparsers: Any) -> None:
         memory, vCPUs or the link). From any other run, a one-pair estimate that says so.
         With --slo, the largest number of pairs at which every pair met a service level.""")
     k.add_argument("run", metavar=cv.RUN, type=path_ref(), help="a run directory or id (a density run with pairs, or any run)")
-    k.add_argument("--slo", default=None, metavar="SLO", action=Once,
+    k.add_argument("--slo", default=None, metavar="SLO",
                    help='a service level per pair, e.g. "p99.9<500us@5000tps" or "loss<0.1%%@2gbit": '
                         "the largest N pairs at which every pair met it, the first N that broke it")
-    k.add_argument("--profile", default=None, metavar="SPEC", action=Once,
+    k.add_argument("--profile", default=None, metavar="SPEC",
                    help="per-VM traffic: stream:2gbit, stream:500mbit, rr:5000tps, rr:5ktps")
     k.add_argument("--headroom", type=_fraction, default=0.2, metavar="F",
                    help="fraction of cores and link kept free (default 0.2)")
