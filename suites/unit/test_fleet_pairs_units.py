@@ -44,10 +44,18 @@ def test_pairs_are_named_by_their_first_host():
      "is also a's"),
     ([host("a", "10.0.0.1", data="10.0.0.2", testbed_peer="b"), host("b", "10.0.0.2")], "control address"),
     ([host("a", "10.0.0.1", testbed_peer="../b"), host("b", "10.0.0.2")], "is a path"),
+    ([host("a", "10.0.0.1", testbed_peer="b"), host("b", "10.0.0.2"),
+      host("c", "10.0.0.3", testbed_peer="d"), host("d", "10.0.0.4", data="198.19.1.1")], "d: testbed_data_address: "
+                                                                                          "198.19.1.1 is also a's"),
 ])
 def test_bad_pairs_are_refused_naming_host_and_variable(hosts, words):
     with pytest.raises(UserFileError, match=words):
         pairs.find("inv", hosts, True)
+
+
+def test_two_hosts_that_name_each_other_are_one_pair():
+    hs = [host("a", "10.0.0.1", testbed_peer="b"), host("b", "10.0.0.2", testbed_peer="a")]
+    assert [p.name for p in pairs.find("inv", hs, True)] == ["a+b"]
 
 
 def test_a_peer_on_a_one_host_topology_is_refused():

@@ -85,11 +85,13 @@ def check_settings(settings: list[list[Any]]) -> dict[str, str]:
         elif name in _ARGS and value:
             if not isinstance(value, str):
                 refuse("expected text")
+            files: list[str] = []
             try:
-                for cfg in sshopts.check_args(value):
+                for cfg in sshopts.check_args(value, files):
                     hostvars.controller_file(cfg, what="an ssh_config file")
                     sshopts.check_config(safeio.read_regular(Path(os.path.expanduser(cfg)),
-                                                             hostvars.MAX_SIDE_FILE).decode("utf-8", "replace"))
+                                                             hostvars.MAX_SIDE_FILE).decode("utf-8", "replace"), files)
+                hostvars.key_files(files)
             except (sshopts.SshOptionError, ValueError, safeio.UserFileError) as e:
                 refuse(str(e))
             kept[name] = value

@@ -200,23 +200,34 @@ def _known_hosts(v: Any) -> Path:
 
 def _ssh_config(v: Any) -> Path:
     p = controller_file(v, what="an ssh_config file")
+    files: list[str] = []
     try:
-        sshopts.check_config(safeio.read_regular(p, MAX_SIDE_FILE).decode("utf-8"))
+        sshopts.check_config(safeio.read_regular(p, MAX_SIDE_FILE).decode("utf-8"), files)
     except UnicodeDecodeError:
         raise ValueError(f"{p}: not UTF-8 text") from None
     except sshopts.SshOptionError as e:
         raise ValueError(f"{p}: {e}") from None
+    key_files(files)
     return p
+
+
+def key_files(files: list[str], base: Path | None = None) -> None:
+    """The key and certificate files ssh options name: regular files of bounded size, each
+    a path, not the key itself."""
+    for f in files:
+        controller_file(f, what="a key or certificate file", base=base)
 
 
 def _ssh_args(v: Any) -> str:
     if not isinstance(v, str):
         raise ValueError(f"expected text, not {type(v).__name__}")
+    files: list[str] = []
     try:
-        for cfg in sshopts.check_args(v):
+        for cfg in sshopts.check_args(v, files):
             _ssh_config(cfg)
     except sshopts.SshOptionError as e:
         raise ValueError(str(e)) from None
+    key_files(files)
     return v
 
 

@@ -74,6 +74,8 @@ def find(inventory: str, hosts: list, two: bool) -> list[Pair]:
         if peer not in by_name:
             refuse(h.name, "testbed_peer", f"{peer} is not a host of this run (not in the inventory, "
                                            f"or left out by --limit)")
+        if taken.get(h.name) == f"{peer}+{h.name}":
+            continue        # both hosts name each other: the same pair, said twice
         for x in (h.name, peer):
             if x in taken:
                 refuse(x, "testbed_peer", f"in two pairs ({taken[x]} and {h.name}+{peer})")
@@ -85,6 +87,7 @@ def find(inventory: str, hosts: list, two: bool) -> list[Pair]:
         if alone:
             refuse(alone[0], "testbed_peer", "the topology runs across two hosts, and this host is in "
                                              "no pair (give its first host testbed_peer: <other host>)")
+    data_of: dict[str, str] = {}
     for p in pairs:
         a, b = by_name[p.first], by_name[p.second]
         for h in (a, b):
@@ -93,8 +96,10 @@ def find(inventory: str, hosts: list, two: bool) -> list[Pair]:
                     refuse(h.name, var, f"missing: a host of a pair ({p.name}) needs its data address "
                                         f"and the interface that holds it")
         da, db = a.vars["testbed_data_address"], b.vars["testbed_data_address"]
-        if da == db:
-            refuse(b.name, "testbed_data_address", f"{db} is also {a.name}'s")
+        for h, d in ((a, da), (b, db)):
+            if d in data_of:
+                refuse(h.name, "testbed_data_address", f"{d} is also {data_of[d]}'s")
+            data_of[d] = h.name
         controls = {x.address for x in hosts}
         for h, d in ((a, da), (b, db)):
             if d in controls:

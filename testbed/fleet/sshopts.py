@@ -189,9 +189,14 @@ def _check_match(value: str, where: str) -> None:
                                     "'Match exec' runs a command on the controller")
 
 
-def check_keyword(keyword: str, value: str, shown: str) -> str:
+#: keywords whose value is a file ssh reads on the controller: the caller checks each file
+#: (a FIFO would hang ssh, a device or a folder is no key)
+FILE_KEYWORDS = ("identityfile", "certificatefile")
+
+
+def check_keyword(keyword: str, value: str, shown: str, files: list[str] | None = None) -> str:
     """One ``keyword value`` pair (from -o or a config line): its normalised keyword, or
-    SshOptionError naming ``shown``."""
+    SshOptionError naming ``shown``. The files of :data:`FILE_KEYWORDS` go to ``files``."""
     key = keyword.strip().strip('"').lower()
     if key in FORBIDDEN:
         raise SshOptionError(shown, f"{keyword.strip().strip(chr(34))} {FORBIDDEN[key]}")
@@ -204,6 +209,11 @@ def check_keyword(keyword: str, value: str, shown: str) -> str:
         v = v[1:-1]
     if not v or not v.isprintable() or not check(v):
         raise SshOptionError(shown, f"{keyword.strip()}: value {v[:60]!r} is not allowed here")
+    if key in FILE_KEYWORDS and files is not None:
+        if "%" in v:
+            raise SshOptionError(shown, f"{keyword.strip()}: a fleet takes the file's own path, without "
+                                        f"%-tokens (so that it can be checked before ssh reads it)")
+        files.append(v)
     return key
 
 
@@ -216,10 +226,11 @@ def split_keyword(text: str) -> tuple[str, str] | None:
     return (m[2], m[3]) if m else None
 
 
-def check_args(text: str) -> list[str]:
+def check_args(text: str, files: list[str] | None = None) -> list[str]:
     """An ``ansible_ssh_common_args``/``ansible_ssh_extra_args`` string: every option parsed
-    as ssh's getopt does. Returns the ssh_config files given with ``-F`` (to be checked by
-    the caller). Raises SshOptionError."""
+    as ssh's getopt does. Returns the ssh_config files given with ``-F``; the key and
+    certificate files named go to ``files`` (both to be checked by the caller). Raises
+    SshOptionError."""
     if not text.isprintable():
         raise SshOptionError(text[:40], "holds control characters")
     try:
@@ -255,21 +266,22 @@ def check_args(text: str) -> list[str]:
                 kv = split_keyword(arg)
                 if kv is None:
                     raise SshOptionError(f"-o {arg[:60]}", "not an ssh option (expected Keyword=value)")
-                check_keyword(kv[0], kv[1], f"-o {arg[:60]}")
+                check_keyword(kv[0], kv[1], f"-o {arg[:60]}", files)
             elif c == "F":
                 if not _path(arg):
                     raise SshOptionError(f"-F {arg[:60]}", "not a plain file name")
                 configs.append(arg)
             elif c in _FLAG_AS_KEYWORD:
-                check_keyword(_FLAG_AS_KEYWORD[c], arg, f"-{c} {arg[:60]}")
+                check_keyword(_FLAG_AS_KEYWORD[c], arg, f"-{c} {arg[:60]}", files)
             else:
                 raise SshOptionError(f"-{c}", "an ssh flag a fleet does not allow")
             break
     return configs
 
 
-def check_config(text: str) -> None:
-    """An ssh_config file's text, line by line. Raises SshOptionError naming ``line N``."""
+def check_config(text: str, files: list[str] | None = None) -> None:
+    """An ssh_config file's text, line by line. Raises SshOptionError naming ``line N``; the
+    key and certificate files named go to ``files``."""
     for n, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         if not line or line.startswith("#"):
@@ -288,4 +300,4 @@ def check_config(text: str) -> None:
         if key.lower() == "match":
             _check_match(value, where)
             continue
-        check_keyword(key, value, where)
+        check_keyword(key, value, where, files)
