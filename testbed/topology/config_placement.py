@@ -60,6 +60,9 @@ def cpuset(n: Node) -> CpuSet:
             return (v,)
         if not isinstance(v, str):
             raise n.error(f"expected a list of CPUs or a CPU list such as \"0-3,6\", got {show(v)}")
+        if not v.isprintable() or len(v) > 1024:
+            # a line break or a megabyte of ranges is no CPU list a host has
+            raise n.error(f"not a CPU list: {show(v)} (one line of at most 1024 characters, e.g. \"0-3,6\")")
         try:
             cpus = parse_cpulist(v)
         except ValueError:
