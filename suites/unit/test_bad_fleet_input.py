@@ -118,6 +118,11 @@ HOST_CASES = {
     "ssh_config_pointed_at": ({"cfg": "Host *\n  UserKnownHostsFile /dev/null\n"}, "h1 testbed_ssh_config=cfg\n",
                               "UserKnownHostsFile"),
     "template": ({}, "all:\n  hosts:\n    h1: {ansible_user: \"{{ lookup('pipe', 'id') }}\"}\n", "Jinja2 template"),
+    "joined_o": ({}, "h1 ansible_ssh_extra_args=-oStrictHostKeyChecking=no\n", "StrictHostKeyChecking"),
+    "ssh_args": ({}, "h1 ansible_ssh_args='-o UserKnownHostsFile=/dev/null'\n", "ansible_ssh_args"),
+    "identity_fifo": ({"group_vars/all.yml": "ansible_ssh_common_args: -i /dev/stdin\n"}, "h1\n", "regular file"),
+    "identity_in_config": ({"cfg": "Host *\n  IdentityFile /dev/zero\n"}, "h1 testbed_ssh_config=cfg\n",
+                           "character device"),
 }
 
 
@@ -163,6 +168,7 @@ def test_an_ansible_cfg_that_turns_checking_off_is_named(capsys, env, monkeypatc
     (["--limit", "-x"], "--limit"),
     (["--wheel", "/dev/zero"], "--wheel"),
     (["--forks", "0"], "--forks"),
+    (["--db", "mysql://db/x"], "--db"),
 ])
 def test_fleet_run_arguments(capsys, env, argv, words):
     (env / "inv.ini").write_text("h1\n")
@@ -347,9 +353,25 @@ def test_a_good_acknowledgement_is_written_and_read_back(capsys, env):
     (["run", "t.yaml", "--resume", ""], "--resume"),
     (["run", "t.yaml", "--resume", "r" * 5000], "--resume"),
     (["run", "t.yaml", "--resume", "run\x1b"], "--resume"),
+    # an option that takes one value, given twice: argparse would keep the last, silently
+    (["history", "--ack", "c@r", "--who", "ann", "--who", "bob", "--why", "known"], "--who"),
+    (["history", "--ack", "c@r", "--ack", "d@s", "--who", "ann", "--why", "known"], "--ack"),
+    (["fleet", "report", "x", "--z", "3", "--z", "4"], "--z"),
+    (["run", "t.yaml", "--resume", "a", "--resume", "b"], "--resume"),
+    (["bench", "gate", "--seed", "1", "--seed", "2"], "--seed"),
+    (["bench", "gate", "--seed", "nan"], "--seed"),
+    (["bench", "gate", "--cells", "19"], "--cells"),
+    (["bench", "boot", "--seed", "3"], "--seed"),
 ])
 def test_arguments_are_refused_naming_themselves(capsys, env, argv, arg):
     refused(capsys, argv, arg)
+    nothing_made(env)
+
+
+@pytest.mark.parametrize("opt", [["--budget", "3"], ["--extra", "2"], ["--fdr", "0.1"], ["--spending", "pocock"],
+                                 ["--junit", "x.xml"]])
+def test_gate_options_without_the_gate_are_refused(capsys, env, opt):
+    refused(capsys, ["run", str(env / "topology.yaml"), *opt], opt[0])
     nothing_made(env)
 
 
