@@ -143,6 +143,9 @@ def test_hostile_hosts_are_refused_naming_host_and_variable(capsys, env, case):
     ("ANSIBLE_HOST_KEY_CHECKING", "False", "HOST_KEY_CHECKING"),
     ("ANSIBLE_SSH_EXTRA_ARGS", "-o UserKnownHostsFile=/dev/null", "UserKnownHostsFile"),
     ("ANSIBLE_SSH_EXECUTABLE", "/tmp/ssh", "another program"),
+    ("ANSIBLE_SSH_ARGS", "-oStrictHostKeyChecking=no", "StrictHostKeyChecking"),
+    ("ANSIBLE_CONNECTION_PLUGINS", "/nonexistent", "loads plugins"),
+    ("ANSIBLE_CALLBACKS_ENABLED", "profile_tasks", "loads plugins"),
 ])
 def test_the_users_ansible_environment_is_checked_too(capsys, env, monkeypatch, var, value, words):
     (env / "inv.ini").write_text("h1 ansible_host=198.18.0.1\n")

@@ -23,6 +23,9 @@ MAX_CFG_BYTES = 1 << 20
 #: the ssh connection's own settings that name a program or library to run on the controller
 _PROGRAMS = {"ssh_executable", "scp_executable", "sftp_executable", "pkcs11_provider", "control_path"}
 _ARGS = {"ssh_args", "ssh_common_args", "ssh_extra_args", "scp_extra_args", "sftp_extra_args"}
+#: settings that load code from the user's folders into the run (besides every *_PLUGIN_PATH)
+_PLUGIN_CODE = {"DEFAULT_MODULE_PATH", "DEFAULT_MODULE_UTILS_PATH", "CALLBACKS_ENABLED",
+                "ANSIBLE_CONNECTION_PATH", "PLUGIN_FILTERS_CFG"}
 
 
 def reader_env() -> dict[str, str]:
@@ -71,6 +74,9 @@ def check_settings(settings: list[list[Any]]) -> dict[str, str]:
                 refuse(f"{str(value)[:40]!r}: a fleet connects over ssh only")
             elif name in ("VARIABLE_PLUGINS_ENABLED", "DEFAULT_VARS_PLUGIN_PATH"):
                 refuse("adds variables from plugins the fleet does not check")
+            elif name in _PLUGIN_CODE or name.endswith("_PLUGIN_PATH"):
+                refuse("loads plugins from a folder the fleet does not check (code that runs on the "
+                       "controller, or a connection in place of ssh); a fleet runs Ansible's own")
             elif name == "DEFAULT_PRIVATE_KEY_FILE" and value:
                 _checked(refuse, lambda: hostvars.controller_file(str(value), what="a private key file"))
             elif name == "DEFAULT_REMOTE_USER" and value:
