@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from testbed.errors import CommandError
+from testbed.host import hostwatch
 
 #: a reading younger than this serves every check of one round
 MAX_AGE_S = 0.5
@@ -184,7 +185,6 @@ def object_check(probe: Probe, name: str) -> Callable[[], bool]:
 def guest_check(probe: Probe, g) -> Callable[[], str | None]:
     """Why a guest on a remote host is lost, or None: its domain stopped (asked through its
     host's libvirt), or its console shows a kernel panic (read there)."""
-    import libvirt
     try:
         start = int(probe.shell.run(["stat", "-c", "%s", str(g.console_log)], timeout=30, check=False).stdout.strip() or 0)
     except (CommandError, ValueError):
@@ -196,14 +196,7 @@ def guest_check(probe: Probe, g) -> Callable[[], str | None]:
         with contextlib.suppress(CommandError):
             if probe.read().consoles.get(who):
                 return f"guest {who} on host {probe.name} crashed: kernel panic (its console there)"
-        try:
-            if not g.dom.isActive():
-                return f"guest {who} on host {probe.name} stopped from outside (domain {g.name} is not running)"
-        except libvirt.libvirtError as e:
-            if e.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
-                return f"guest {who} on host {probe.name} stopped from outside (domain {g.name} is gone)"
-            return f"guest {who} on host {probe.name}: its domain cannot be asked ({e.get_error_message()})"
-        return None
+        return hostwatch.domain_lost(g, f"{who} on host {probe.name}")
     return check
 
 
