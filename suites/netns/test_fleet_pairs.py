@@ -32,7 +32,7 @@ import pytest
 from test_fleet import SSHD, WORKTREE, Target, _keygen, controller, needs, target_netns
 
 from testbed.host import proc
-from testbed.pytest_plugin import sshd_privsep_dir
+from testbed._suite_plugin import sshd_privsep_dir
 
 pytestmark = [pytest.mark.netns, pytest.mark.attach("netns-ovs-vxlan")]
 
