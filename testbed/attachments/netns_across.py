@@ -1,6 +1,6 @@
 """`netns-ovs-vxlan` and `netns-bridge-vxlan`: one namespace endpoint on each of two real
 hosts (this machine and one over ssh, or two over ssh), joined across them as the guest
-modes ovs-vxlan and bridge-vxlan join guests: each host's segment (host/net/realhost.py: an
+modes ovs-vxlan and bridge-vxlan join guests: each host's segment (attachments/_realhost.py: an
 OVS bridge with a VXLAN port, or a Linux bridge with a kernel vxlan device, on the host's
 underlay) with a veth from the endpoint's namespace as its port. No VM: they measure the
 hosts' datapath and tunnel where guests cannot run (no KVM, no image yet), and they are
@@ -33,7 +33,8 @@ def _vsctl(shell, *args: str, check: bool = True):
 def userspace_segment():
     """OVS's userspace datapath on a real host whose underlay is an OVS bridge of that
     datapath holding the tunnel address: a bridge with a VXLAN port, tunnelled through it."""
-    from testbed.host.net import ops, realhost, vxlan
+    from testbed.attachments import _realhost as realhost
+    from testbed.host.net import ops, vxlan
     from testbed.topology.model import object_name
 
     def build(stack, side):
@@ -139,7 +140,8 @@ def _fabric(kind: str):
     @contextlib.contextmanager
     def fabric(req: Request) -> Iterator[Fabric]:
         from testbed.host import remote
-        from testbed.host.net import ops, realhost
+        from testbed.attachments import _realhost as realhost
+        from testbed.host.net import ops
         from testbed.topology.model import object_name
         t = req.topology
         specs = (t.host_of(t.client), t.host_of(t.server))
