@@ -104,39 +104,57 @@ def _keygen(path: Path) -> str:
     return " ".join(path.with_suffix(".pub").read_text().split()[:2])
 
 
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory) -> Iterator[Fleet]:
+def needs(*tools: str) -> None:
+    """Skip unless root, sshd, ansible-runner and ``tools`` are here."""
     if os.geteuid() != 0:
         pytest.skip("needs root: creates network namespaces and runs sshd")
     if not os.access(SSHD, os.X_OK):
         pytest.skip(f"{SSHD} missing (package openssh-server)")
-    for tool in ("netperf", "netserver"):
+    for tool in tools:
         if not shutil.which(tool):
             pytest.skip(f"{tool} missing")
     pytest.importorskip("ansible_runner", reason="ansible-runner not installed (extra: fleet)")
-    root = tmp_path_factory.mktemp("fleet")
+
+
+def controller(stack: contextlib.ExitStack, root: Path) -> tuple[str, str, Path]:
+    """A tag of this session's, the controller's namespace and the client key the targets
+    accept (root/authorized_keys), all removed by ``stack``."""
     os.chmod(root, 0o700)
     tag = claim_tag()
+    stack.callback(release_tag, tag)
     ctl = f"tb-{tag}-c"
+    key = root / "client"
+    _keygen(key)
+    (root / "authorized_keys").write_text(key.with_suffix(".pub").read_text())
+    proc.run(["ip", "netns", "add", ctl], timeout=10)
+    stack.callback(proc.run, ["ip", "netns", "del", ctl], timeout=10, check=False)
+    return tag, ctl, key
+
+
+def target_netns(stack: contextlib.ExitStack, tag: str, ctl: str, i: int) -> tuple[str, str]:
+    """Target i's namespace and address, wired to the controller's namespace by a veth of
+    its own (a /30 each): removed by ``stack``."""
+    ns, addr = f"tb-{tag}-t{i}", f"198.19.77.{4 * i + 2}"
+    proc.run(["ip", "netns", "add", ns], timeout=10)
+    stack.callback(proc.run, ["ip", "netns", "del", ns], timeout=10, check=False)
+    a, b = f"tb-{tag}-c{i}", f"tb-{tag}-s{i}"
+    proc.run(["ip", "-n", ctl, "link", "add", a, "type", "veth", "peer", "name", b, "netns", ns], timeout=10)
+    proc.run(["ip", "-n", ctl, "addr", "add", f"198.19.77.{4 * i + 1}/30", "dev", a], timeout=10)
+    proc.run(["ip", "-n", ns, "addr", "add", f"{addr}/30", "dev", b], timeout=10)
+    for n, dev in ((ctl, a), (ns, b), (ns, "lo"), (ctl, "lo")):
+        proc.run(["ip", "-n", n, "link", "set", dev, "up"], timeout=10)
+    return ns, addr
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory) -> Iterator[Fleet]:
+    needs("netperf", "netserver")
+    root = tmp_path_factory.mktemp("fleet")
     with contextlib.ExitStack() as stack:
-        stack.callback(release_tag, tag)
-        key = root / "client"
-        _keygen(key)
-        (root / "authorized_keys").write_text(key.with_suffix(".pub").read_text())
-        proc.run(["ip", "netns", "add", ctl], timeout=10)
-        stack.callback(proc.run, ["ip", "netns", "del", ctl], timeout=10, check=False)
+        tag, ctl, key = controller(stack, root)
         targets, known = [], []
         for i in range(3):
-            ns, addr = f"tb-{tag}-t{i}", f"198.19.77.{4 * i + 2}"
-            proc.run(["ip", "netns", "add", ns], timeout=10)
-            stack.callback(proc.run, ["ip", "netns", "del", ns], timeout=10, check=False)
-            a, b = f"tb-{tag}-c{i}", f"tb-{tag}-s{i}"
-            proc.run(["ip", "-n", ctl, "link", "add", a, "type", "veth", "peer", "name", b,
-                      "netns", ns], timeout=10)
-            proc.run(["ip", "-n", ctl, "addr", "add", f"198.19.77.{4 * i + 1}/30", "dev", a], timeout=10)
-            proc.run(["ip", "-n", ns, "addr", "add", f"{addr}/30", "dev", b], timeout=10)
-            for n, dev in ((ctl, a), (ns, b), (ns, "lo"), (ctl, "lo")):
-                proc.run(["ip", "-n", n, "link", "set", dev, "up"], timeout=10)
+            ns, addr = target_netns(stack, tag, ctl, i)
             d = root / f"t{i}"
             d.mkdir()
             pub = _keygen(d / "hostkey")
@@ -182,12 +200,12 @@ def _inventory(f: Fleet) -> Path:
                          "testbed_machine_id": f"fleet-test-{t.name}",
                          # what the topology leaves per host, merged in on the target
                          "testbed_topology_overrides": {"name": f"fleet-netns-{t.name}"},
-                         "ansible_ssh_common_args": f"-o UserKnownHostsFile={f.known_hosts}"}
+                         "testbed_known_hosts": str(f.known_hosts)}
     t2 = f.targets[2]
     hosts["imposter"] = {"ansible_host": t2.address, "ansible_port": 2222,
                          "testbed_home": str(t2.home), "testbed_machine_id": "fleet-test-t2",
                          "testbed_host_class": "gen-b",
-                         "ansible_ssh_common_args": f"-o UserKnownHostsFile={f.wrong_known_hosts}"}
+                         "testbed_known_hosts": str(f.wrong_known_hosts)}
     inv = {"all": {"vars": common, "children": {"gen_a": {"vars": {"testbed_host_class": "gen-a"},
                                                          "hosts": {k: hosts[k] for k in ("t0", "t1")}},
                                                 "gen_b": {"hosts": {"imposter": hosts["imposter"]}}}}}

@@ -49,26 +49,137 @@ def test_hosts_groups_vars_and_limit_come_from_ansible(tmp_path):
         inv.list_hosts(tmp_path / "missing.yml")
 
 
-@pytest.mark.parametrize("var", ["ansible_host_key_checking=false",
-                                 "ansible_ssh_common_args='-o StrictHostKeyChecking=no'",
-                                 "ansible_ssh_extra_args='-o UserKnownHostsFile=/dev/null'"])
-def test_a_host_that_turns_host_key_checking_off_is_refused(tmp_path, var):
-    p = _inv(tmp_path, f"hv1 {var}\n", "inv.ini")
-    with pytest.raises(UserFileError, match="hv1.*host key"):
-        inv.check_trust(p, inv.list_hosts(p))
+# One inventory, one reader: every host carries one hostile setting, read and merged by
+# Ansible (group vars included), then each host's variables go through the checks alone.
+HOSTILE = {
+    # host key checking, every spelling
+    "h_args": ("ansible_ssh_args", "-o StrictHostKeyChecking=no", "replaces the fleet's own ssh options"),
+    "h_common": ("ansible_ssh_common_args", "-oStrictHostKeyChecking=no", "StrictHostKeyChecking"),
+    "h_common_case": ("ansible_ssh_common_args", "-o 'stricthostkeychecking no'", "stricthostkeychecking"),
+    "h_common_eq": ("ansible_ssh_common_args", '-o "StrictHostKeyChecking = accept-new"', "StrictHostKeyChecking"),
+    "h_common_quoted": ("ansible_ssh_common_args", """-o '"StrictHostKeyChecking" no'""", "StrictHostKeyChecking"),
+    "h_combined": ("ansible_ssh_extra_args", "-Co StrictHostKeyChecking=no", "StrictHostKeyChecking"),
+    "h_extra_kh": ("ansible_ssh_extra_args", "-o UserKnownHostsFile=/dev/null", "UserKnownHostsFile"),
+    "h_global_kh": ("ansible_ssh_extra_args", "-o GlobalKnownHostsFile=/tmp/k", "GlobalKnownHostsFile"),
+    "h_proxy": ("ansible_ssh_common_args", "-o ProxyCommand='nc %h %p'", "ProxyCommand"),
+    "h_local": ("ansible_ssh_common_args", "-o PermitLocalCommand=yes -o LocalCommand=id", "PermitLocalCommand"),
+    "h_khcmd": ("ansible_ssh_extra_args", "-oKnownHostsCommand=/bin/true", "KnownHostsCommand"),
+    "h_alias": ("ansible_ssh_extra_args", "-o HostKeyAlias=trusted", "HostKeyAlias"),
+    "h_tunnel": ("ansible_ssh_extra_args", "-L 8080:x:80", "-L"),
+    "h_hkc": ("ansible_ssh_host_key_checking", False, "turns host key checking off"),
+    "h_hkc_text": ("ansible_host_key_checking", "no", "turns host key checking off"),
+    # options reaching ssh as options
+    "h_host_dash": ("ansible_host", "-oProxyCommand=touch /tmp/x", "begins with '-'"),
+    "h_user_dash": ("ansible_user", "-oProxyCommand=x", "begins with '-'"),
+    "h_user_ctrl": ("ansible_user", "root\u001b[2J", "control characters"),
+    "h_host_blank": ("ansible_host", "198.18.0.1 -p 2", "not a host name"),
+    "h_port": ("ansible_port", 70000, "from 1 to 65535"),
+    "h_port_text": ("ansible_ssh_port", "22 -o x", "from 1 to 65535"),
+    "h_jump": ("ansible_ssh_common_args", "-J -oProxyCommand=x", "not allowed"),
+    # inline key material, programs on the controller, templates
+    "h_key_text": ("ansible_ssh_private_key_file", "-----BEGIN OPENSSH PRIVATE KEY-----\nAAAA", "key material"),
+    "h_key_var": ("ansible_private_key", "AAAA", "holds the key itself"),
+    "h_exe": ("ansible_ssh_executable", "/tmp/evil", "another program"),
+    "h_conn": ("ansible_connection", "local", "over ssh only"),
+    "h_pkcs": ("ansible_ssh_pkcs11_provider", "/tmp/x.so", "loads a library"),
+    "h_template": ("ansible_host", "{{ lookup('pipe', 'id') }}", "Jinja2 template"),
+    "h_template_deep": ("testbed_topology_overrides", {"name": "{% raw %}x"}, "Jinja2 template"),
+    "h_unknown": ("ansible_become_exe", "/tmp/x", "not an Ansible connection variable"),
+    "h_fleet_set": ("testbed_fleet_dir", "/tmp", "set by the fleet"),
+    "h_home": ("testbed_home", "/var/../etc", "without '..'"),
+    "h_machine": ("testbed_machine_id", "a b", "letters, digits"),
+    "h_shared": ("testbed_shared_host", "yes please", "true or false"),
+    "h_missing_key": ("ansible_ssh_private_key_file", "/nonexistent/key", "missing"),
+}
 
 
-def test_the_testbeds_own_host_vars_are_checked(tmp_path):
-    p = _inv(tmp_path, "all:\n  hosts:\n    hv1: {testbed_host_class: 'EPYC gen 3'}\n"
-                       "    hv2: {testbed_machine_id: 'a b'}\n")
-    with pytest.raises(UserFileError, match="hv2: testbed_machine_id"):
-        inv.check_vars(p, inv.list_hosts(p))
-    inv.check_vars(p, inv.list_hosts(p, "hv1"))
-    p = _inv(tmp_path, "all:\n  hosts:\n    hv1: {testbed_shared_host: true}\n"
-                       "    hv2: {testbed_shared_host: 'yes please'}\n")
-    with pytest.raises(UserFileError, match="hv2: testbed_shared_host must be true or false"):
-        inv.check_vars(p, inv.list_hosts(p))
-    inv.check_vars(p, inv.list_hosts(p, "hv1"))
+@pytest.fixture(scope="module")
+def hostile_hosts(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hostile")
+    hosts = {name: {var: value} for name, (var, value, _) in HOSTILE.items()}
+    (d / "inv.yml").write_text(json.dumps({"all": {"hosts": hosts}}))
+    (d / "group_vars").mkdir()
+    (d / "group_vars" / "all.yml").write_text("ansible_user: root\n")
+    _settings, raw = inv.read(d / "inv.yml")
+    return dict(raw)
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_each_hostile_host_setting_is_refused_naming_its_variable(hostile_hosts, name):
+    from testbed.fleet import hostvars
+    var, _, words = HOSTILE[name]
+    hv = hostile_hosts[name]
+    assert hv["ansible_user"] == "root" or var in ("ansible_user",)     # group_vars merged by Ansible
+    with pytest.raises(hostvars.VarError) as e:
+        hostvars.check_host(name, hv)
+    assert e.value.var.startswith(var) and words in str(e.value), str(e.value)
+
+
+def test_a_host_with_plain_settings_passes_and_keeps_only_the_roles_variables(tmp_path):
+    from testbed.fleet import hostvars
+    key = tmp_path / "id"
+    key.write_text("not read\n")
+    c = hostvars.check_host("hv1", {"ansible_host": "198.18.0.1", "ansible_port": "2222",
+                                    "ansible_ssh_private_key_file": str(key), "site_var": "{{ x }}",
+                                    "ansible_ssh_common_args": "-o ConnectTimeout=5 -4",
+                                    "ansible_become_password": "s3cr3t-pw", "testbed_shared_host": "yes"})
+    assert "site_var" not in c.run_vars and c.run_vars["ansible_port"] == 2222
+    assert c.run_vars["ansible_connection"] == "ansible.builtin.ssh" and c.run_vars["testbed_shared_host"] is True
+    assert c.secrets == ("s3cr3t-pw",)
+
+
+@pytest.mark.parametrize("args,words", [
+    ("-o StrictHostKeyChecking=no", "StrictHostKeyChecking"),
+    ("-oStrictHostKeyChecking=no", "StrictHostKeyChecking"),
+    ("-o 'StrictHostKeyChecking\tno'", "StrictHostKeyChecking"),
+    ("-4Co stricthostkeychecking=off", "stricthostkeychecking"),
+    ("-vvvo UserKnownHostsFile=/dev/null", "UserKnownHostsFile"),
+    ("-o VerifyHostKeyDNS=yes", "VerifyHostKeyDNS"),
+    ("-o NoHostAuthenticationForLocalhost=yes", "NoHostAuthenticationForLocalhost"),
+    ("-o Include=/tmp/x", "Include"),
+    ("-o ControlPath=/tmp/sock", "ControlPath"),
+    ("-o SomethingNew=1", "not one a fleet allows"),
+    ("-o", "missing its argument"),
+    ("-- host", "ends ssh's options"),
+    ("evil.example.com", "not an ssh option"),
+    ("-o User=-oProxyCommand=x", "not allowed here"),
+    ("-i -oProxyCommand=x", "not allowed here"),
+    ("-S /tmp/sock", "does not allow"),
+    ("-E /tmp/log", "does not allow"),
+    ("-o 'ConnectTimeout 5' \"unterminated", "cannot be split"),
+])
+def test_ssh_arguments_are_read_as_ssh_reads_them(args, words):
+    from testbed.fleet import sshopts
+    with pytest.raises(sshopts.SshOptionError, match=words):
+        sshopts.check_args(args)
+
+
+def test_allowed_ssh_arguments_pass_and_name_their_config_files():
+    from testbed.fleet import sshopts
+    assert sshopts.check_args("-4 -C -o ConnectTimeout=10 -o 'ServerAliveInterval 5' -J root@jump:2222 "
+                              "-F /etc/fleet/ssh_config -i ~/.ssh/id_ed25519") == ["/etc/fleet/ssh_config"]
+
+
+@pytest.mark.parametrize("text,words", [
+    ("Host *\n  StrictHostKeyChecking no\n", "line 2 (StrictHostKeyChecking)"),
+    ("Host *\n  UserKnownHostsFile=/dev/null\n", "UserKnownHostsFile"),
+    ('Match exec "true"\n  User x\n', "Match exec"),
+    ("Host hv1\n  ProxyCommand ssh -W %h:%p bastion\n", "ProxyCommand"),
+    ("Include ~/.ssh/other\n", "Include"),
+    ("Host -oProxyCommand=x\n", "may not begin with '-'"),
+    ("Host *\n  \"StrictHostKeyChecking\" no\n", "StrictHostKeyChecking"),
+    ("Host *\n  KnownHostsCommand /bin/cat\n", "KnownHostsCommand"),
+    ("just words\n", "not one a fleet allows"),
+    ("Host *\n  =no\n", "not an ssh_config line"),
+])
+def test_an_ssh_config_is_checked_line_by_line(text, words):
+    import re
+
+    from testbed.fleet import sshopts
+    with pytest.raises(sshopts.SshOptionError, match=re.escape(words)):
+        sshopts.check_config(text)
+    sshopts.check_config("# pinned\nHost hv*\n  User root\n  Port 2222\nMatch host a user b\n"
+                         "  IdentityFile ~/.ssh/id\n  ConnectTimeout 5\n")
 
 
 def test_each_hosts_topology_overrides_are_validated(tmp_path):

@@ -77,6 +77,9 @@ def test_other_pins_checked_too(tmp_path, capsys, field):
 @pytest.mark.parametrize("text, msg", [
     ("vcpus: {pin: [[0], [0]]}", "2 CPU sets for 1 vCPU(s)"),
     ("vcpus: {pin: \"1-0\"}", "not a CPU list"),
+    ("vcpus: {pin: \"0\\n\"}", "not a CPU list"),
+    ("vcpus: {pin: \"²\"}", "not a CPU list"),
+    ("emulator: {pin: \"" + ",".join(["0-1"] * 400) + "\"}", "at most 1024 characters"),
     ("vcpus: {pin: []}", "needs at least 1 item"),
     ("vcpus: {pin: true}", "expected CPU numbers"),
     ("memory: {hugepages: 3M}", "not a power of two"),

@@ -67,8 +67,8 @@ def parse_demand(text: str) -> Demand:
     if (kind == "stream") != (unit not in ("tps", "ktps")):
         raise CapacityError(f"--profile {text!r}: {kind} takes "
                             f"{'a bit rate (gbit, mbit)' if kind == 'stream' else 'tps or ktps'}")
-    if value <= 0:
-        raise CapacityError(f"--profile {text!r}: the per-VM rate must be positive")
+    if not math.isfinite(value) or value <= 0:
+        raise CapacityError(f"--profile {text!r}: the per-VM rate must be a finite positive number")
     return Demand(kind, value * _SCALE[unit], text)
 
 

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -365,9 +367,18 @@ def render_text(all_series: Sequence[Series]) -> str:
 ACKS = "history-acks.jsonl"
 
 
+#: an acknowledgement's cell and run ids: what the testbed writes (cell ids, run ids)
+ACK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:+-]{0,199}")
+#: the acknowledgement file is read whole: at most this many bytes
+MAX_ACKS_BYTES = 16 << 20
+
+
 def acknowledge(root: object, spec: str, by: str | None, why: str | None) -> int:
     """Store an acknowledgement (who, when, why) of CELL@RUN, a known change whose first bad
-    run is RUN; it no longer fails `testbed history`. Bad input: UserFileError (exit 2)."""
+    run is RUN; it no longer fails `testbed history`. Bad input: UserFileError (exit 2),
+    before the file is touched: ids of the testbed's own form, one printable line each for
+    who and why, and an acknowledgement file that is a regular file this testbed can read."""
+    import os
     from pathlib import Path
 
     from testbed.host.safeio import UserFileError
@@ -375,23 +386,47 @@ def acknowledge(root: object, spec: str, by: str | None, why: str | None) -> int
     cell, sep, run = spec.partition("@")
     if not sep or not cell or not run:
         raise UserFileError("--ack", f"{spec!r}: expected CELL@RUN (cell id @ first bad run id)")
+    for what, v in (("cell id", cell), ("run id", run)):
+        if not ACK_ID.fullmatch(v):
+            raise UserFileError("--ack", f"{spec!r}: {what} {v[:60]!r} is not one the testbed writes "
+                                         f"(letters, digits and _ . : + -)")
     if not by or not why:
         raise UserFileError("--ack", "needs --who NAME and --why TEXT: an acknowledgement says who and why")
+    for arg, v in (("--who", by), ("--why", why)):
+        if not v.strip() or not v.isprintable() or len(v) > 1000:
+            raise UserFileError(arg, f"{v[:40]!r}: one printable line of at most 1000 characters")
     path = Path(str(root)) / ACKS
+    read_acks(root)             # a file that cannot be read is refused, not appended to
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        f.write(json.dumps({"cell": cell, "run": run, "by": by, "why": why,
-                            "when": results.now()}) + "\n")
+    line = json.dumps({"cell": cell, "run": run, "by": by, "why": why, "when": results.now()}) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    with os.fdopen(fd, "a") as f:
+        f.write(line)
     print(f"acknowledged {cell} change at {run} by {by}: {why}")
     return 0
 
 
 def read_acks(root: object) -> list[dict]:
+    """The acknowledgements of ``root``'s history-acks.jsonl: a regular file of at most
+    MAX_ACKS_BYTES, each line an object with a cell and a run id (a line that is not is
+    refused with its number; a torn last line, the mark of a writer killed mid-line, is left
+    out)."""
     from pathlib import Path
+
+    from testbed.host import safeio
     path = Path(str(root)) / ACKS
-    if not path.is_file():
+    if not os.path.lexists(path):
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if os.path.islink(path):
+        raise safeio.UserFileError(path, "is a symbolic link; the acknowledgement file is a regular file")
+    out = []
+    for n, a in safeio.json_lines(safeio.read_regular(path, MAX_ACKS_BYTES), str(path)):
+        if not isinstance(a, dict) or not all(isinstance(a.get(k), str) and ACK_ID.fullmatch(a[k])
+                                              for k in ("cell", "run")):
+            raise safeio.UserFileError(f"{path}:{n}", "not an acknowledgement (an object with a cell and "
+                                                      "a run id)")
+        out.append(a)
+    return out
 
 
 def with_acks(found: Sequence[Series], acks: Sequence[dict]) -> list[Series]:

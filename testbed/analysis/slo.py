@@ -68,6 +68,9 @@ def parse(text: str) -> Slo:
         raise CapacityError(f"--slo {text!r}: expected <figure><<bound>@<load>, e.g. p99.9<500us@5000tps "
                             f"or loss<0.1%@2gbit (figure p<N>, mean or loss)")
     fig, unit, value = m["fig"], m["unit"], float(m["num"])
+    if not math.isfinite(value) or len(m["num"]) > 20:
+        raise CapacityError(f"--slo {text!r}: the bound {m['num'][:20]!r}... is not a finite number of at "
+                            f"most 20 digits")
     try:
         rate = pacing.parse_rate(m["load"])
     except ValueError as e:

@@ -29,6 +29,7 @@ MODULES = (
     "bridge_vxlan",
     "netns",
     "veth_cable",
+    "netns_across",
 )
 
 _modes: dict[str, Mode] = {}

@@ -70,6 +70,11 @@ class RealHostsFabric(Fabric):
     def leftovers(self) -> tuple[str, ...]:
         return tuple(d for s in self.fab.sides for d in (s.bridge, s.vxlan) if d)
 
+    def remote_objects(self) -> list[tuple[object, tuple[str, ...]]]:
+        """The objects this fabric made on remote hosts, per host's shell (the host guard
+        watches them there: testbed.host.remotewatch)."""
+        return [(s.shell, tuple(d for d in (s.bridge, s.vxlan) if d)) for s in self.fab.sides if s.shell.remote]
+
 
 @contextlib.contextmanager
 def real_fabric(req: Request, segment, guest_sends_as_rx: bool = True) -> Iterator[Fabric]:

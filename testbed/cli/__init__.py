@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from testbed import __version__
-from testbed.cli.argtypes import integer, number
+from testbed.cli.argtypes import counts, integer, number, path_ref
 from testbed.errors import ExitStatus, TestbedError, one_line
 
 
@@ -59,9 +59,15 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise config.ConfigError(str(args.topology or "<builtin default>"), "(topology)",
                                      f"differs from the one run {rec.run_id} was planned from "
                                      f"({', '.join(keys)}); --resume measures the same matrix")
-    if args.junit and not args.decide_against:
-        from testbed.host.safeio import UserFileError
-        raise UserFileError("--junit", "needs --decide-against (the gate's verdicts are what it writes)")
+    gate_options = (("--junit", args.junit, "the gate's verdicts are what it writes"),
+                    ("--budget", args.seq_budget, "it bounds the gate's extra samples"),
+                    ("--extra", args.seq_extra, "it sets the gate's extra samples"),
+                    ("--fdr", args.seq_fdr, "it sets the gate's level"),
+                    ("--spending", args.seq_spending, "it sets the gate's looks"))
+    for opt, given, why in gate_options:
+        if given is not None and not args.decide_against:
+            from testbed.host.safeio import UserFileError
+            raise UserFileError(opt, f"needs --decide-against ({why}; without it the option would be dropped)")
     if args.decide_against:
         return _run_decided(args, topo, resume)
     from testbed import api
@@ -269,8 +275,19 @@ def _domain_xml_text() -> str:
     return "\n".join(texts)
 
 
+#: which benchmark takes which numeric option (an option it ignores is refused, not dropped)
+BENCH_OPTIONS = {"--rounds": ("boot", "fidelity", "placement", "gate", "harness", "cost"),
+                 "--pairs": ("density",), "--cells": ("soak", "gate"), "--seed": ("gate",)}
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from testbed import bench
+    from testbed.host.safeio import UserFileError
+    for opt, takers in BENCH_OPTIONS.items():
+        if getattr(args, opt[2:]) is not None and args.what not in takers:
+            raise UserFileError(opt, f"bench {args.what} takes no {opt} (it is for: {', '.join(takers)})")
+    args.pairs = "1,2,4,8" if args.pairs is None else args.pairs
+    args.seed = 0 if args.seed is None else args.seed
     return bench.main(args.what, args)
 
 
@@ -305,7 +322,7 @@ def parser() -> argparse.ArgumentParser:
                    help="topology YAML file (default: the built-in topology)")
     r.add_argument("--accelerator", choices=("auto", "kvm", "tcg"),
                    help="override the topology's accelerator (auto: kvm if a stock kernel boots under it)")
-    r.add_argument("--resume", metavar=cv.RUN, help="go on with an interrupted run (a run "
+    r.add_argument("--resume", metavar=cv.RUN, type=path_ref(), help="go on with an interrupted run (a run "
                    "directory or id) of the same topology: finished cells are kept, the rest measured")
     r.add_argument("--db", metavar=cv.DB, help="results index the run goes to: SQLite file or "
                    "postgresql:// URL (default: <results>/index.sqlite)")
@@ -367,9 +384,9 @@ def parser() -> argparse.ArgumentParser:
                    help="boot: rounds (default 1); fidelity: alternations (default 5); "
                         "placement: rounds of apart/together/unpinned (default 5); "
                         "gate: simulated nights per scenario (default 6); cost: samples a variant (default 20)")
-    b.add_argument("--seed", type=integer(0, 2**31 - 1), default=0, metavar="N",
+    b.add_argument("--seed", type=integer(0, 2**31 - 1), default=None, metavar="N",
                    help="gate: the seed of the simulated nights (default 0)")
-    b.add_argument("--pairs", default="1,2,4,8", metavar="N,N,...",
+    b.add_argument("--pairs", default=None, type=counts(1, 256, 16), metavar="N,N,...",
                    help="density: pair counts to bring up together (default 1,2,4,8)")
     b.add_argument("--cells", type=integer(1, 100000), default=None, metavar="N",
                    help="soak: namespace cells to measure (default 300); gate: cells a simulated "

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from testbed.cli.argtypes import integer
+from testbed.cli.argtypes import integer, number, path_ref
 from testbed.host import paths
 from testbed.host.safeio import UserFileError
 
@@ -45,7 +45,10 @@ def cmd_fleet_report(args: argparse.Namespace) -> int:
     demand = None
     if args.capacity_profile:
         from testbed.analysis import capacity
-        demand = capacity.parse_demand(args.capacity_profile)
+        try:
+            demand = capacity.parse_demand(args.capacity_profile)
+        except capacity.CapacityError as e:
+            raise UserFileError("--capacity-profile", str(e).removeprefix("--profile ")) from None
     fleet = record.read(args.fleetrun, _root())
     rep = report.build(fleet, z_limit=args.z, demand=demand)
     sys.stdout.write(report.render_json(rep) if args.json else report.render_text(rep))
@@ -64,23 +67,25 @@ def add_command(sub: Any) -> None:
         Each failed host is named with its reason on stderr and in the fleet run's
         fleet.json; `--retry-failed FLEETRUN` runs only those again. The inventory and the
         topology are checked before any host is touched.""", path="fleet run")
-    r.add_argument("inventory", nargs="?", metavar="INVENTORY", help="Ansible inventory (YAML or INI)")
-    r.add_argument("topology", nargs="?", metavar=cv.TOPOLOGY, help="topology YAML file")
+    r.add_argument("inventory", nargs="?", metavar="INVENTORY", type=path_ref("inventory"),
+                   help="Ansible inventory (YAML or INI)")
+    r.add_argument("topology", nargs="?", metavar=cv.TOPOLOGY, type=path_ref("topology file"),
+                   help="topology YAML file")
     r.add_argument("--limit", metavar="PATTERN", help="Ansible host pattern: only these hosts")
     r.add_argument("--forks", type=integer(1, 1000), default=None, metavar="N",
                    help="hosts run at once (default 5)")
     r.add_argument("--db", metavar=cv.DB,
                    help="results index the runs go to: SQLite file or postgresql:// URL "
                         "(default: <results>/index.sqlite)")
-    r.add_argument("--wheel", metavar=cv.FILE, help="the testbed wheel to deploy (default: built "
+    r.add_argument("--wheel", metavar=cv.FILE, type=path_ref("wheel"), help="the testbed wheel to deploy (default: built "
                                                     "from this testbed's source tree)")
-    r.add_argument("--retry-failed", metavar="FLEETRUN",
+    r.add_argument("--retry-failed", metavar="FLEETRUN", type=path_ref("fleet run"),
                    help="run the failed hosts of this fleet run again (a fleet directory or id)")
     r.set_defaults(func=cmd_fleet_run)
     k = cv.command(fs, "report", "hosts side by side: environment, each cell's figure, outliers "
                                  "within a host class", path="fleet report")
-    k.add_argument("fleetrun", metavar="FLEETRUN", help="a fleet run directory or id")
-    k.add_argument("--z", type=float, default=3.5, metavar="Z",
+    k.add_argument("fleetrun", metavar="FLEETRUN", type=path_ref("fleet run"), help="a fleet run directory or id")
+    k.add_argument("--z", type=number(0, 1e6, low_open=True), default=3.5, metavar="Z",
                    help="robust z-score (median/MAD within a class) beyond which a host is "
                         "an outlier (default 3.5)")
     k.add_argument("--capacity-profile", metavar="SPEC",

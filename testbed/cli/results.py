@@ -26,7 +26,7 @@ def _results_root(args: argparse.Namespace) -> Path:
 
 from testbed.cli import conventions as cv
 from testbed.cli.argtypes import fraction as _fraction
-from testbed.cli.argtypes import integer, number
+from testbed.cli.argtypes import integer, number, path_ref, text
 
 
 def _outputs(*named: tuple[str | None, str]) -> dict[str, Path | None]:
@@ -107,6 +107,11 @@ def cmd_history(args: argparse.Namespace) -> int:
     root = _results_root(args)
     if args.ack is not None:
         return history.acknowledge(root, args.ack, args.who, args.why)
+    for arg, v in (("--who", args.who), ("--why", args.why)):
+        if v is not None:
+            from testbed.host.safeio import UserFileError
+            raise UserFileError(arg, "is for --ack CELL@RUN (who acknowledges, and why)")
+    history.read_acks(root)                 # a bad file: exit 2 before the store is read
     by = args.by
     if by not in history.BY:
         from testbed.host.safeio import UserFileError
@@ -283,15 +288,15 @@ def add_commands(subparsers: Any) -> None:
         Reads the results index (`testbed index`), per cell in run order; runs with
         incomparable environments start a new series. Change points: ruptures PELT,
         counted beyond --threshold. A lone worse newest run is printed as suspect.""")
-    h.add_argument("--ack", metavar="CELL@RUN",
+    h.add_argument("--ack", metavar="CELL@RUN", type=text(420, "CELL@RUN"),
                    help="acknowledge the known change of CELL whose first bad run is RUN "
                         "(stored in <results>/history-acks.jsonl with --who and --why); it "
                         "no longer fails the job")
     h.add_argument("--by", metavar="host|class", default="host",
                    help="series: one per host (its machine id; the default) or one per host "
                         "class (the inventory's testbed_host_class, pooling its hosts)")
-    h.add_argument("--who", metavar="NAME", help="--ack: who acknowledges")
-    h.add_argument("--why", metavar="TEXT", help="--ack: why the change is accepted")
+    h.add_argument("--who", metavar="NAME", type=text(200, "name"), help="--ack: who acknowledges")
+    h.add_argument("--why", metavar="TEXT", type=text(1000, "reason"), help="--ack: why the change is accepted")
     h.add_argument("--db", metavar=cv.DB,
                    help="SQLite file or postgresql:// URL (default: <results>/index.sqlite)")
     h.add_argument("--cell", metavar="CELL", help="only this cell id")
@@ -331,7 +336,7 @@ def add_commands(subparsers: Any) -> None:
         number of pairs gives the VMs per host per mode and what runs out first (CPU,
         memory, vCPUs or the link). From any other run, a one-pair estimate that says so.
         With --slo, the largest number of pairs at which every pair met a service level.""")
-    k.add_argument("run", metavar=cv.RUN, help="a run directory or id (a density run with pairs, or any run)")
+    k.add_argument("run", metavar=cv.RUN, type=path_ref(), help="a run directory or id (a density run with pairs, or any run)")
     k.add_argument("--slo", default=None, metavar="SLO",
                    help='a service level per pair, e.g. "p99.9<500us@5000tps" or "loss<0.1%%@2gbit": '
                         "the largest N pairs at which every pair met it, the first N that broke it")

@@ -1,15 +1,31 @@
-"""The inventory, read by Ansible itself (`ansible-inventory --list`), checked before any work.
+"""The inventory, read by Ansible itself and checked before anything connects.
 
-Bad input is refused here with exit status 2, one line, before a wheel is built or a host
-touched: an inventory Ansible cannot read, a --limit that matches no host, a host that
-switches host key checking off, a host whose topology values make the topology invalid.
+Bad input is refused here with exit status 2, one line naming the file (or the Ansible
+setting, or the argument), the host and the variable, before a fleet folder, a wheel or a
+connection exists:
+
+1. the files Ansible will read (the inventory, a folder of them, the group_vars and host_vars
+   beside it, the ansible.cfg files) are regular files of bounded size: a FIFO, a device or a
+   20 MB one-liner is refused at once, unread;
+2. Ansible reads them (testbed.fleet.ansread, in a process of its own, with limits), and says
+   which of its settings the user's environment changed: testbed.fleet.ansenv checks those;
+3. every host's name (testbed.fleet.hostvars.check_name) and merged variables
+   (hostvars.check_host: an allow-list, each value checked) are checked;
+4. pairs (testbed_peer) and each host's topology overrides are checked.
+
+What the run is then given is the inventory as checked (:func:`write_checked`): a YAML file
+of plain values that Ansible reads instead of the user's files, so nothing is read twice and
+nothing unchecked reaches ssh.
 """
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import stat
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,14 +33,22 @@ from typing import Any
 import yaml
 
 from testbed.errors import CommandError, TestbedError, one_line
-from testbed.host import proc
+from testbed.fleet import ansenv, hostvars
+from testbed.host import proc, safeio
 from testbed.host.safeio import UserFileError
 from testbed.topology import config
 
-#: host vars whose values are credentials: never written to fleet.json, logs or reasons
-SECRET_VAR = re.compile(r"pass|secret|token|private_key_passphrase|vault", re.I)
-#: ssh options that turn host key verification off
-_NO_CHECK = re.compile(r"StrictHostKeyChecking\s*=?\s*(no|off|accept-new)|UserKnownHostsFile\s*=?\s*/dev/null", re.I)
+#: one file of an inventory (or of its group_vars/host_vars), and all of them together
+MAX_FILE_BYTES = 1 << 20
+MAX_TOTAL_BYTES = 16 << 20
+MAX_FILES = 5000
+MAX_DEPTH = 16
+#: YAML values an inventory file may expand to through its aliases (a "billion laughs"
+#: is a few hundred bytes that expand to gigabytes)
+MAX_YAML_VALUES = 200_000
+#: seconds Ansible may take to read an inventory; hosts it may hold
+READ_TIMEOUT_S = 60
+MAX_HOSTS = 5000
 
 
 class FleetError(TestbedError):
@@ -60,7 +84,13 @@ def ansible_binary(name: str) -> str:
 @dataclass(frozen=True)
 class Host:
     name: str
+    #: the variables the run is given (checked; plain values)
     vars: dict[str, Any] = field(default_factory=dict)
+    #: the folder its fetched run goes to (hostvars.host_folder)
+    folder: str = ""
+    known_hosts: Path | None = None
+    ssh_config: Path | None = None
+    secret_values: tuple[str, ...] = ()
 
     @property
     def host_class(self) -> str | None:
@@ -72,80 +102,230 @@ class Host:
         v = self.vars.get("testbed_topology_overrides") or {}
         return dict(v) if isinstance(v, dict) else {}
 
+    @property
+    def peer(self) -> str | None:
+        v = self.vars.get("testbed_peer")
+        return None if v in (None, "") else str(v)
+
+    @property
+    def address(self) -> str:
+        """Where Ansible connects (its control address)."""
+        return str(self.vars.get("ansible_host") or self.vars.get("ansible_ssh_host") or self.name)
+
+    @property
+    def port(self) -> int:
+        return int(self.vars.get("ansible_port") or self.vars.get("ansible_ssh_port") or 22)
+
     def secrets(self) -> list[str]:
-        return [str(v) for k, v in self.vars.items()
-                if SECRET_VAR.search(k) and isinstance(v, (str, int)) and str(v)]
+        return list(self.secret_values)
 
 
-def list_hosts(inventory: str | Path, limit: str | None = None) -> list[Host]:
-    """The inventory's hosts (within --limit) with their merged host and group vars."""
+# --------------------------------------------------------------------------- the files
+
+def check_sources(inventory: str | os.PathLike) -> None:
+    """Every file Ansible reads for this inventory: regular (never opened otherwise), each at
+    most MAX_FILE_BYTES, together at most MAX_TOTAL_BYTES, with YAML aliases that expand to
+    at most MAX_YAML_VALUES values."""
     inv = Path(inventory)
-    if not inv.exists():
-        raise UserFileError(inventory, "no such inventory file or folder")
-    argv = [ansible_binary("ansible-inventory"), "-i", str(inv), "--list"]
-    if limit:
-        argv += ["--limit", limit]
     try:
-        out = proc.run(argv, timeout=120, env={"ANSIBLE_INVENTORY_UNPARSED_FAILED": "True",
-                                               "ANSIBLE_NOCOLOR": "1"}).stdout
-    except CommandError as e:
-        raise UserFileError(inventory, f"Ansible cannot read it: {one_line(e.stderr_tail, 300)}") from None
-    data = json.loads(out)
-    meta = (data.get("_meta") or {}).get("hostvars") or {}
-    names: list[str] = []
+        st = os.stat(inv)
+    except FileNotFoundError:
+        raise UserFileError(inventory, "no such inventory file or folder") from None
+    except OSError as e:
+        raise UserFileError(inventory, f"cannot be read: {e.strerror}") from None
+    roots = [inv] if stat.S_ISDIR(st.st_mode) else []
+    if not stat.S_ISDIR(st.st_mode):
+        _check_file(inv, str(inventory))
+        roots += [inv.parent / d for d in ("group_vars", "host_vars") if os.path.lexists(inv.parent / d)]
+    total, count = 0, 0
+    for root in roots:
+        for path, depth in _walk(root):
+            count += 1
+            if count > MAX_FILES:
+                raise UserFileError(root, f"holds more than {MAX_FILES} files")
+            if depth > MAX_DEPTH:
+                raise UserFileError(path, f"more than {MAX_DEPTH} folders deep")
+            if path.is_dir():
+                continue
+            total += _check_file(path, str(path))
+            if total > MAX_TOTAL_BYTES:
+                raise UserFileError(inventory, f"its files take more than {MAX_TOTAL_BYTES} bytes")
 
-    def walk(group: str, seen: set[str]) -> None:
-        if group in seen:
-            return
-        seen.add(group)
-        g = data.get(group) or {}
-        names.extend(h for h in g.get("hosts") or () if h not in names)
-        for child in g.get("children") or ():
-            walk(child, seen)
-    walk("all", set())
-    if not names:
+
+def _walk(root: Path):
+    stack = [(root, 0)]
+    seen: set[tuple[int, int]] = set()
+    while stack:
+        d, depth = stack.pop()
+        try:
+            st = os.stat(d)
+        except OSError as e:
+            raise UserFileError(d, f"cannot be read: {e.strerror or e}") from None
+        if not stat.S_ISDIR(st.st_mode):
+            yield d, depth
+            continue
+        if (st.st_dev, st.st_ino) in seen:
+            raise UserFileError(d, "a folder that contains itself (a symbolic link loop)")
+        seen.add((st.st_dev, st.st_ino))
+        yield d, depth
+        try:
+            names = sorted(os.listdir(d))
+        except OSError as e:
+            raise UserFileError(d, f"cannot be read: {e.strerror}") from None
+        stack.extend((d / n, depth + 1) for n in reversed(names))
+
+
+def _check_file(path: Path, where: str) -> int:
+    data = safeio.read_regular(path, MAX_FILE_BYTES, where)
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserFileError(where, f"not UTF-8 text (byte {e.start})") from None
+    if b"\0" in data:
+        raise UserFileError(where, f"holds a NUL byte (byte {data.index(bytes(1))})")
+    if (n := _range_hosts(data.decode("utf-8"))) > MAX_HOSTS:
+        raise UserFileError(where, f"its host ranges ([0:99]) expand to {n} hosts; a fleet takes at most {MAX_HOSTS}")
+    if b"&" in data and b"*" in data:
+        n = _yaml_values(data)
+        if n > MAX_YAML_VALUES:
+            raise UserFileError(where, f"its YAML aliases expand to more than {MAX_YAML_VALUES} values")
+    return len(data)
+
+
+_RANGE = re.compile(r"\[([0-9]+|[a-z]):([0-9]+|[a-z])(?::([0-9]+))?\]")
+
+
+def _range_hosts(text: str) -> int:
+    """How many hosts the host ranges of a text expand to (Ansible's ``h[0:99]``,
+    ``[a:f]``, with a stride), counted, not expanded: ``h[0:999999999]`` is a few bytes."""
+    total = 0
+    for line in text.splitlines():
+        n = 1
+        for lo, hi, step in _RANGE.findall(line):
+            a, b = (int(lo), int(hi)) if lo.isdigit() and hi.isdigit() else (ord(lo[0]), ord(hi[0]))
+            n *= max(1, (b - a) // max(1, int(step or 1)) + 1)
+            if n > 10 * MAX_HOSTS:
+                return n
+        total += n if _RANGE.search(line) else 0
+    return total
+
+
+def _yaml_values(data: bytes) -> int:
+    """How many values a YAML text expands to through its aliases, counted on the composed
+    graph without expanding it (0 when it is not YAML: an INI file)."""
+    try:
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        root = yaml.compose(data, Loader=loader)
+    except (yaml.YAMLError, RecursionError, ValueError):
+        return 0
+    memo: dict[int, int] = {}
+
+    def size(node: Any) -> int:
+        # iterative post-order with a memo per node: an alias is the same node object
+        stack = [(node, False)]
+        while stack:
+            n, done = stack.pop()
+            if id(n) in memo:
+                continue
+            kids = ([x for kv in n.value for x in kv] if isinstance(n, yaml.MappingNode)
+                    else n.value if isinstance(n, yaml.SequenceNode) else [])
+            if done:
+                memo[id(n)] = min(1 + sum(memo[id(k)] for k in kids), 10 * MAX_YAML_VALUES)
+            else:
+                stack.append((n, True))
+                stack.extend((k, False) for k in kids if id(k) not in memo)
+        return memo[id(node)]
+    return size(root) if root is not None else 0
+
+
+# --------------------------------------------------------------------------- reading
+
+def read(inventory: str | os.PathLike, limit: str | None = None) -> tuple[list[list[Any]], list[tuple[str, dict]]]:
+    """Ansible's settings the user changed, and the inventory's hosts (within ``limit``)
+    with their merged variables, as Ansible reads them."""
+    ansenv.check_config_files()
+    check_sources(inventory)
+    if limit is not None:
+        check_limit(limit)
+    req = json.dumps({"inventory": str(Path(inventory).absolute()), "limit": limit})
+    helper = Path(__file__).with_name("ansread.py")
+    try:
+        # run from an empty folder, as the playbook runs from its own: an ansible.cfg in the
+        # current folder is read by neither
+        with tempfile.TemporaryDirectory(prefix="testbed-read-") as cwd:
+            out = proc.run([sys.executable, "-I", str(helper), req], timeout=READ_TIMEOUT_S,
+                           env=ansenv.reader_env(), cwd=cwd).stdout
+    except CommandError as e:
+        why = (f"Ansible took more than {READ_TIMEOUT_S} s to read it" if e.timed_out
+               else f"Ansible cannot read it: {one_line(e.stderr_tail, 300)}")
+        raise UserFileError(inventory, why) from None
+    try:
+        data = json.loads(out)
+    except ValueError:
+        raise UserFileError(inventory, f"Ansible's reader said: {one_line(out, 300)}") from None
+    if data.get("error"):
+        raise UserFileError(inventory, data["error"])
+    return data["settings"], [(str(n), v if isinstance(v, dict) else {}) for n, v in data["hosts"]]
+
+
+def check_limit(limit: str) -> None:
+    if not limit.strip() or not limit.isprintable() or len(limit) > 4096:
+        raise UserFileError("--limit", "an empty or unprintable host pattern")
+    if limit.startswith("-"):
+        raise UserFileError("--limit", f"{limit[:60]!r} begins with '-'")
+    if any(p.strip().lstrip("!&").startswith("@") for p in limit.replace(":", ",").split(",")):
+        raise UserFileError("--limit", "@FILE patterns are not taken: name the hosts or groups")
+
+
+def list_hosts(inventory: str | os.PathLike, limit: str | None = None) -> list[Host]:
+    """The inventory's hosts (within --limit), every one checked (names, variables, the
+    controller files they name, pairs); the user's Ansible settings checked too."""
+    settings, raw = read(inventory, limit)
+    kept = ansenv.check_settings(settings)
+    if not raw:
         raise UserFileError(f"--limit {limit}" if limit else inventory,
                             "matches no host of the inventory" if limit else "holds no host")
-    return [Host(n, dict(meta.get(n) or {})) for n in names]
+    hosts: list[Host] = []
+    folders: dict[str, str] = {}
+    for name, hv in raw:
+        try:
+            hostvars.check_name(name)
+            c = hostvars.check_host(name, hv)
+        except hostvars.VarError as e:
+            raise UserFileError(inventory, f"host {one_line(name, 80)}: {e}") from None
+        run = dict(c.run_vars)
+        # the user's ssh arguments from ansible.cfg/ANSIBLE_*, where the host gives none
+        # (as Ansible would), so the fleet's own additions (known_hosts) do not drop them
+        if "ssh_common_args" in kept and "ansible_ssh_common_args" not in run:
+            run["ansible_ssh_common_args"] = kept["ssh_common_args"]
+        folder = hostvars.host_folder(name)
+        if folder in folders:
+            raise UserFileError(inventory, f"hosts {folders[folder]} and {name}: one folder for both")
+        folders[folder] = name
+        hosts.append(Host(name, run, folder, c.known_hosts, c.ssh_config, c.secrets))
+    return hosts
 
 
-def check_vars(inventory: str | Path, hosts: list[Host]) -> None:
-    """The testbed's own host vars, checked before any host is touched."""
-    for h in hosts:
-        for key in ("testbed_host_class", "testbed_machine_id"):
-            v = h.vars.get(key)
-            if v in (None, ""):
-                continue
-            if not isinstance(v, (str, int)) or not str(v).isprintable() or len(str(v)) > 128:
-                raise UserFileError(inventory, f"host {h.name}: {key} must be one printable "
-                                               f"line of at most 128 characters")
-        shared = h.vars.get("testbed_shared_host")
-        if shared is not None and not isinstance(shared, bool):
-            raise UserFileError(inventory, f"host {h.name}: testbed_shared_host must be true or false, "
-                                           f"not {str(shared)[:40]!r}")
-        mid = h.vars.get("testbed_machine_id")
-        if mid not in (None, "") and not re.match(r"^[A-Za-z0-9._:-]{1,128}$", str(mid)):
-            raise UserFileError(inventory, f"host {h.name}: testbed_machine_id may hold letters, "
-                                           f"digits and . _ : - only")
-
-
-def check_trust(inventory: str | Path, hosts: list[Host]) -> None:
-    """Host keys are verified on a fleet: a host that turns the check off is refused."""
-    for h in hosts:
-        v = h.vars
-        if str(v.get("ansible_host_key_checking", True)).lower() in ("false", "no", "0", "off"):
-            raise UserFileError(inventory, f"host {h.name}: ansible_host_key_checking is off; "
-                                           f"a fleet verifies host keys (give a known_hosts file)")
-        for key in ("ansible_ssh_common_args", "ansible_ssh_extra_args", "ansible_ssh_args"):
-            if _NO_CHECK.search(str(v.get(key) or "")):
-                raise UserFileError(inventory, f"host {h.name}: {key} turns host key checking "
-                                               f"off; a fleet verifies host keys")
-
+# --------------------------------------------------------------------------- topology
 
 def topology_data(path: str | Path) -> dict[str, Any]:
-    """The topology file as data, after it was validated whole (config.load)."""
-    config.load(path)
-    return yaml.safe_load(Path(path).read_text())
+    """The topology file as data: read as every topology is (regular file, size cap, UTF-8,
+    composed with bounded depth, plain tags), a mapping. Validated by config.load (or, for a
+    pair's, config.parse with the pair's hosts in: fleet.pairs.check)."""
+    from testbed.errors import ConfigError
+    from testbed.topology import yamlnode
+    text = yamlnode.read_text(path, what="topology")
+    root = yamlnode.compose(text, str(path))
+    if not isinstance(root, yaml.MappingNode):
+        raise ConfigError(str(path), "(top level)", "expected a mapping")
+    try:
+        data = yaml.safe_load(text)
+        json.dumps(data, allow_nan=False)        # what the run is given: plain data only
+    except yaml.YAMLError as e:
+        raise ConfigError(str(path), "(yaml)", f"not plain YAML data: {str(e).splitlines()[0]}") from None
+    except (TypeError, ValueError) as e:
+        raise ConfigError(str(path), "(yaml)", f"holds a value that is not plain data ({e})") from None
+    return data
 
 
 def merge(base: Any, over: Any) -> Any:
@@ -158,10 +338,6 @@ def merge(base: Any, over: Any) -> Any:
 def check_topologies(topology: str | Path, data: dict[str, Any], hosts: list[Host]) -> None:
     """Every host's topology (the file plus its testbed_topology_overrides) must be valid."""
     for h in hosts:
-        raw = h.vars.get("testbed_topology_overrides")
-        if raw is not None and not isinstance(raw, dict):
-            raise UserFileError(topology, f"host {h.name}: testbed_topology_overrides must be a "
-                                          f"mapping, found {type(raw).__name__}")
         if h.overrides:
             config.parse(yaml.safe_dump(merge(data, h.overrides)),
                          f"{topology} (with host {h.name}'s testbed_topology_overrides)",
@@ -177,3 +353,22 @@ def scrub(text: str | None, hosts: list[Host]) -> str | None:
             if len(s) >= 4:
                 text = text.replace(s, "********")
     return text
+
+
+# --------------------------------------------------------------------------- the run's copy
+
+def checked_inventory(hosts: list[Host], extra: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The inventory the run reads: every host with its checked variables (and ``extra``
+    ones the fleet adds per host), in one group."""
+    out = {}
+    for h in hosts:
+        v = {**h.vars, **((extra or {}).get(h.name) or {})}
+        out[h.name] = v
+    return {"all": {"hosts": out}}
+
+
+def write_checked(path: Path, inv: dict[str, Any]) -> None:
+    """Written private (0600): a host's become password may be in it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(inv, indent=1))       # JSON is YAML; plain values only

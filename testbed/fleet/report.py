@@ -14,6 +14,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from testbed.fleet import record
 from testbed.fleet.record import DONE, FleetRun
 from testbed.host.safeio import UserFileError
 from testbed.records import results
@@ -82,13 +83,32 @@ def robust_z(x: float, values: list[float]) -> float | None:
     return None if mad == 0 else 0.6745 * (x - med) / mad
 
 
+def _far_env(rec: results.RunRecord, inventory_name: str) -> dict[str, Any]:
+    """A pair's second host as its run's ``hosts`` entry records it (read over ssh)."""
+    far = next((v for v in (rec.value_of("hosts") or {}).values()
+                if isinstance(v, dict) and v.get("inventory_host") == inventory_name), {})
+    v = far.get("versions") or {}
+    return {"kernel": far.get("kernel"), "qemu": v.get("qemu"), "ovs": v.get("ovs"), "libvirt": v.get("libvirt"),
+            "cpu_model": far.get("cpu_model"), "cpus": far.get("cpus"), "host_class": far.get("host_class"),
+            "machine_id": far.get("machine_id"), "machine_id_source": far.get("machine_id_source"),
+            "hostname": far.get("host"), "accelerator": far.get("accelerator"), "run_id": rec.run_id,
+            "run_status": rec.status}
+
+
 def build(fleet: FleetRun, *, z_limit: float = 3.5, demand: Any = None) -> FleetReport:
     cols, runs = [], {}
+    notes: list[str] = []
     for h in fleet.hosts:
         env: dict[str, Any] = {}
         figures: dict[str, tuple[str, float | None]] = {}
-        if h.status == DONE and h.run_dir:
-            rec = results.read_run(fleet.dir / h.run_dir)
+        if h.status == DONE and h.run_dir and h.role == "second":
+            # a pair's second host: its identity as the pair's run read it there; the
+            # pair's figures are under its first host (counted once)
+            rec = results.read_run(record.inside(fleet.dir, h.run_dir))
+            env = _far_env(rec, h.name)
+            notes.append(f"{h.name}: second host of the pair with {h.peer}; the pair's figures are under {h.peer}")
+        elif h.status == DONE and h.run_dir:
+            rec = results.read_run(record.inside(fleet.dir, h.run_dir))
             runs[h.name] = rec
             env = _env(rec)
             for c in rec.cells:
@@ -99,10 +119,10 @@ def build(fleet: FleetRun, *, z_limit: float = 3.5, demand: Any = None) -> Fleet
         cols.append(HostColumn(h.name, h.status, h.reason, env.get("host_class") or h.host_class,
                                env, figures))
     cells = tuple(sorted({c for col in cols for c in col.figures}))
-    outliers, notes = [], []
+    outliers = []
     classes: dict[str, list[HostColumn]] = {}
     for col in cols:
-        if col.status == DONE:
+        if col.status == DONE and col.name in runs:
             classes.setdefault(col.host_class or "(no class)", []).append(col)
     for cls, members in sorted(classes.items()):
         for cell in cells:
@@ -185,6 +205,7 @@ def render_json(r: FleetReport) -> str:
 
 
 def check_z(z: float) -> float:
-    if not z > 0:
-        raise UserFileError("--z", f"{z}: expected a positive number")
+    import math
+    if not (math.isfinite(z) and z > 0):
+        raise UserFileError("--z", f"{z}: expected a finite positive number")
     return z

@@ -109,5 +109,5 @@ def remote_fingerprint(shell: Any, uri: str) -> dict:
                      "ovs": kv.get("ovs") or None},
         "kvm_device": kv.get("kvm_device") == "yes",
         "vhost_net_device": kv.get("vhost_net_device") == "yes",
-        "machine_id": kv.get("machine_id") or None,
+        **hostid.peer_identity(shell.host.name, kv.get("machine_id") or None),
     }

@@ -60,5 +60,24 @@ def host_key(env: dict) -> str:
     return str(env.get("machine_id") or env.get("host") or "unknown-host")
 
 
+#: a fleet pair's run: which of the topology's hosts is the pair's second host, and that
+#: host's inventory name, class and (testing only) machine id override
+PEER, PEER_INVENTORY_HOST, PEER_CLASS, PEER_MACHINE_ID = (
+    "TESTBED_PEER", "TESTBED_PEER_INVENTORY_HOST", "TESTBED_PEER_HOST_CLASS", "TESTBED_PEER_MACHINE_ID")
+
+
+def peer_identity(host_name: str, machine_id: str | None) -> dict[str, str | None]:
+    """The identity keys of a remote host's fingerprint: for a fleet pair's second host, its
+    inventory name and class (and the machine id override a test fleet gives it)."""
+    out: dict[str, str | None] = {"machine_id": machine_id,
+                                  "machine_id_source": "/etc/machine-id" if machine_id else "unreadable"}
+    if os.environ.get(PEER) != host_name:
+        return out
+    forced = os.environ.get(PEER_MACHINE_ID)
+    if forced:
+        out = {"machine_id": forced if _ID.match(forced) else None, "machine_id_source": PEER_MACHINE_ID}
+    return {**out, "host_class": _clean(PEER_CLASS), "inventory_host": _clean(PEER_INVENTORY_HOST)}
+
+
 #: the remote probe's line that reads the machine id (environment._REMOTE_PROBE)
 REMOTE_PROBE = 'echo "machine_id=$(cat /etc/machine-id 2>/dev/null)"\n'

@@ -105,7 +105,8 @@ class Daemon:
 
 def ovs_daemons(rundir: str | os.PathLike | None = None) -> tuple[Daemon, ...]:
     from testbed.host.net import ovsd
-    d = Path(rundir) if rundir else ovsd.RUNDIR
+    # $OVS_RUNDIR, as OVS's own tools read it: a host whose switch runs elsewhere says so there
+    d = Path(rundir) if rundir else Path(os.environ.get("OVS_RUNDIR") or ovsd.RUNDIR)
     return tuple(Daemon(n, (str(d / f"{n}.pid"),)) for n in ("ovsdb-server", "ovs-vswitchd"))
 
 
@@ -413,7 +414,6 @@ def guest_check(g) -> Callable[[], str | None]:
     """Why guest ``g`` (virt.Guest on this host) is lost, or None: its domain stopped (a
     `virsh destroy` from outside), or its kernel panicked (the console says so; the domain
     of a panicked guest keeps running, hung)."""
-    import libvirt
     try:
         start = os.path.getsize(g.console_log)
     except OSError:
@@ -428,17 +428,24 @@ def guest_check(g) -> Callable[[], str | None]:
             shown = [first, *(x for x in tail if x != first)]
             return f"guest {who} crashed: kernel panic; last console lines: {' | '.join(shown)}"
         lines = f"; last console lines: {' | '.join(tail)}" if tail else ""
-        try:
-            if not g.dom.isActive():
-                return f"guest {who} stopped from outside (domain {g.name} is not running){lines}"
-        except libvirt.libvirtError as e:
-            if e.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
-                # a transient domain destroyed (`virsh destroy`) is gone, not stopped
-                return f"guest {who} stopped from outside (domain {g.name} is gone){lines}"
-            return f"guest {who}: its domain cannot be asked ({e.get_error_message()}){lines}"
-        return None
+        return domain_lost(g, who, lines)
     return check
 
 
-__all__ = ["GuestsLost", "MAX_GUEST_LOSSES", "guest_check", "DaemonLost", "answers", "reconnect", "Daemon", "Gap", "Guard", "Sampler", "Seen", "changes", "gaps",
+def domain_lost(g, who: str, lines: str = "") -> str | None:
+    """Why guest ``who``'s domain (``g.dom``, on whichever host's libvirt) no longer runs,
+    or None; ``lines`` ends the reason (the console's last lines)."""
+    import libvirt
+    try:
+        if not g.dom.isActive():
+            return f"guest {who} stopped from outside (domain {g.name} is not running){lines}"
+    except libvirt.libvirtError as e:
+        if e.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+            # a transient domain destroyed (`virsh destroy`) is gone, not stopped
+            return f"guest {who} stopped from outside (domain {g.name} is gone){lines}"
+        return f"guest {who}: its domain cannot be asked ({e.get_error_message()}){lines}"
+    return None
+
+
+__all__ = ["GuestsLost", "MAX_GUEST_LOSSES", "guest_check", "domain_lost", "DaemonLost", "answers", "reconnect", "Daemon", "Gap", "Guard", "Sampler", "Seen", "changes", "gaps",
            "libvirt_daemons", "ovs_daemons"]

@@ -53,10 +53,7 @@ def kind(mode: int) -> str:
 
 # --------------------------------------------------------------------------- reading
 
-def read_regular(path: Path, limit: int, what: str | None = None) -> bytes:
-    """The bytes of a regular file of at most ``limit`` bytes. Stat before opening, so a
-    device or FIFO is never opened; fstat after, so it cannot be swapped in between."""
-    where = what or str(path)
+def _stat_regular(path: Path, where: str) -> os.stat_result:
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -65,6 +62,14 @@ def read_regular(path: Path, limit: int, what: str | None = None) -> bytes:
         raise UserFileError(where, f"cannot be read: {e.strerror}") from None
     if not stat.S_ISREG(st.st_mode):
         raise UserFileError(where, f"is {kind(st.st_mode)}, not a regular file")
+    return st
+
+
+def read_regular(path: Path, limit: int, what: str | None = None) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes. Stat before opening, so a
+    device or FIFO is never opened; fstat after, so it cannot be swapped in between."""
+    where = what or str(path)
+    _stat_regular(path, where)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
@@ -82,6 +87,18 @@ def read_regular(path: Path, limit: int, what: str | None = None) -> bytes:
     if len(data) > limit:
         raise UserFileError(where, f"is more than the {limit} bytes allowed")
     return data
+
+
+def check_regular(path: Path, limit: int, what: str | None = None) -> int:
+    """A regular file of at most ``limit`` bytes that this process may read, found by stat()
+    alone (it is not opened: a key file stays unread). Returns its size."""
+    where = what or str(path)
+    st = _stat_regular(path, where)
+    if st.st_size > limit:
+        raise UserFileError(where, f"is {st.st_size} bytes, more than the {limit} allowed")
+    if not os.access(path, os.R_OK):
+        raise UserFileError(where, "cannot be read: permission denied")
+    return st.st_size
 
 
 def _bad_constant(name: str) -> Any:

@@ -36,7 +36,7 @@ from testbed.admin import capabilities
 from testbed.analysis import stats
 from testbed.errors import GuestError, HostNotQuiet, ReadinessError, TestbedError
 from testbed.guests import images, virt
-from testbed.host import diskspace, hostwatch, paths, remote
+from testbed.host import diskspace, hostwatch, paths, remote, remotewatch
 from testbed.host import placement as placement_mod
 from testbed.measure import cpu, hooks, ratesearch_cell, testpaths, variants, window
 from testbed.measure import pairs as pairs_mod
@@ -263,7 +263,10 @@ class Run:
         reps = t.matrix.repetitions
         rules = {h: stats.StoppingRule(dataclasses.replace(reps, min_samples=n, max_samples=n, rsd_target=0.0))
                  for h, n in (self.remeasure or {}).items()}
-        return Context(writer, window.Watch(t.noise, pins), self.qemu_pids, self.placement, self.ses.clock_ghz,
+        # the remote hosts' noise is judged with this host's (testbed.host.remotewatch)
+        far_hosts = {t.host_of(g) for g in (t.client, t.server)}
+        watch = window.Watch(t.noise, pins, remote=[remotewatch.Probe(remote.shell(h)) for h in far_hosts if h.remote])
+        return Context(writer, watch, self.qemu_pids, self.placement, self.ses.clock_ghz,
                        stats.StoppingRule(reps), reps.warmup, rules, hooks.for_topology(t, self.extra_hooks),
                        self.progress)
 

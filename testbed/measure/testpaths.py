@@ -21,7 +21,7 @@ from testbed.admin import cleanup
 from testbed.attachments.netns import ConnectionFabric
 from testbed.errors import TestbedError
 from testbed.guests import guestnic, render, virt
-from testbed.host import hostwatch
+from testbed.host import hostwatch, remotewatch
 from testbed.measure import sampling as measure
 from testbed.topology.model import Attachment, Backend, Offloads, Topology, object_name
 
@@ -135,12 +135,16 @@ def guard_for(fabric, endpoints: Sequence[tuple[int, object]], *, guests: bool,
         objects.append((f"device {ep.tap} of {where}" if where else f"device {ep.tap}", dev_ok))
     watched = tuple((ep.guest.spec.name, hostwatch.guest_check(ep.guest)) for _, ep in endpoints
                     if guests and getattr(ep.guest, "shell", None) is None)
+    # the hosts the path crosses are watched too: their daemons, objects and guests
+    far_daemons, far_objects, far_guests = remotewatch.for_path(fabric, endpoints, guests=guests)
 
     def read_bytes() -> int:
         return sum(w.rx_bytes + w.tx_bytes
                    for w in (fabric.counters(i, ep.tap) for i, ep in endpoints))
-    return hostwatch.Guard(daemons, tuple(objects), read_bytes, tuple(ep.tap for _, ep in endpoints),
-                 min_gap_s=hostwatch.MIN_GAP_GUEST_S if guests else hostwatch.MIN_GAP_S, guests=watched)
+    return hostwatch.Guard(daemons + far_daemons, tuple(objects) + far_objects, read_bytes,
+                           tuple(ep.tap for _, ep in endpoints),
+                           min_gap_s=hostwatch.MIN_GAP_GUEST_S if guests else hostwatch.MIN_GAP_S,
+                           guests=watched + far_guests)
 
 
 @contextlib.contextmanager

@@ -31,12 +31,12 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import psutil
 
-from testbed.host import placement
+from testbed.host import placement, remotewatch
 from testbed.measure import cpu
 from testbed.topology.model import NoiseAction, NoiseSpec, Placement, QuietWait
 
@@ -124,6 +124,8 @@ class Observed:
     runq: list[int] = field(default_factory=list)
     last_cpu: dict[int, Counter] = field(default_factory=dict)    # tid -> CPU -> count
     samples: int = 0
+    #: remote host -> its other work over the window (remotewatch.figure)
+    remote: dict[str, dict] = field(default_factory=dict)
 
     def ran_most(self) -> dict[int, int]:
         return {tid: c.most_common(1)[0][0] for tid, c in self.last_cpu.items() if c}
@@ -146,8 +148,11 @@ class Watch:
     to happen during one (a CPU burner)."""
 
     def __init__(self, noise: NoiseSpec | None = None, pins: Mapping[str, Placement] | None = None,
-                 on_window: Callable[[str, int, int], contextlib.AbstractContextManager] | None = None) -> None:
+                 on_window: Callable[[str, int, int], contextlib.AbstractContextManager] | None = None,
+                 remote: Sequence = ()) -> None:
         self.noise = for_host(noise or NoiseSpec(action=NoiseAction.KEEP))
+        #: the remote hosts a run's paths cross (remotewatch.Probe): their noise is judged too
+        self.remote = tuple(remote)
         self.pins = {g: p for g, p in (pins or {}).items() if p.pinned}
         self.on_window = on_window
         self.retries_left = self.noise.max_retries
@@ -180,6 +185,9 @@ class Watch:
                 stop.wait(SAMPLE_EVERY_S)
 
         hook = self.on_window(cell_id, rep, self.attempt) if self.on_window else contextlib.nullcontext()
+        far = [remotewatch.Noise(p) for p in self.remote]
+        for n in far:
+            n.begin()
         h0 = harness_seconds()
         obs.started = time.monotonic()
         th = threading.Thread(target=sample, name="tb-window", daemon=True)
@@ -192,6 +200,7 @@ class Watch:
             th.join(timeout=5)
             obs.ended = time.monotonic()
             obs.harness_s = harness_seconds() - h0
+            obs.remote = {n.probe.name: f for n in far if (f := n.end()) is not None}
 
     def verdict(self, obs: Observed, cpu_info: Mapping, qemu_pids: Mapping[str, int],
                 domains: Mapping[str, object]) -> tuple[dict, str | None, str | None]:
@@ -202,11 +211,15 @@ class Watch:
         harness = round(obs.harness_s / secs, 4) if secs > 0 else 0.0
         other = noise_figure(cpu_info, harness)
         runq_mean = round(sum(obs.runq) / len(obs.runq), 2) if obs.runq else None
-        noisy = judge(self.noise, other, runq_mean)
+        far = {h: remotewatch.less_harness(f, harness) for h, f in obs.remote.items()}
+        noisy = "; ".join(x for x in (judge(self.noise, other, runq_mean),
+                                      remotewatch.judge(self.noise, far)) if x) or None
         extra: dict = {"noise": {"other_cores": other, "harness_cores": harness,
                                  "run_queue_mean": runq_mean, "run_queue_max": max(obs.runq) if obs.runq else None,
                                  "threshold_cores": self.noise.threshold_cores, "run_queue_threshold":
                                      self.noise.run_queue, "noisy": bool(noisy), "attempt": self.attempt}}
+        if far:
+            extra["noise"]["remote"] = far
         recs, bad = {}, []
         ran = obs.ran_most()
         for g, pid in qemu_pids.items():

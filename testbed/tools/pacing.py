@@ -18,6 +18,7 @@ knows it gets as far as the connection and fails there. The answer is cached per
 """
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +48,8 @@ def parse_rate(text: str) -> Rate:
         raise ValueError(f"{text!r} is not a rate (a number and bit, kbit, mbit, gbit or tps, "
                          f"e.g. 2gbit or 5000tps)")
     value = float(m["num"])
+    if not math.isfinite(value):        # 400 digits are a float's infinity
+        raise ValueError(f"{text!r}: not a finite number")
     if m["unit"] == "tps":
         if value < 1 or value != int(value) or value > 10**8:
             raise ValueError(f"{text!r}: transactions per second must be a whole number in 1..1e8")

@@ -42,7 +42,7 @@ from testbed.topology.model import (
 from testbed.topology.yamlnode import Node, show
 
 MAX_CPU = 4095
-HUGEPAGE_RE = re.compile(r"(\d+)\s*([kKmMgG])(i?B)?")
+HUGEPAGE_RE = re.compile(r"([0-9]{1,12})\s*([kKmMgG])(i?B)?")
 _UNIT_KIB = {"k": 1, "m": 1024, "g": 1024 * 1024}
 
 
@@ -60,6 +60,9 @@ def cpuset(n: Node) -> CpuSet:
             return (v,)
         if not isinstance(v, str):
             raise n.error(f"expected a list of CPUs or a CPU list such as \"0-3,6\", got {show(v)}")
+        if not v.isprintable() or len(v) > 1024:
+            # a line break or a megabyte of ranges is no CPU list a host has
+            raise n.error(f"not a CPU list: {show(v)} (one line of at most 1024 characters, e.g. \"0-3,6\")")
         try:
             cpus = parse_cpulist(v)
         except ValueError:
@@ -80,7 +83,7 @@ def _hugepages(n: Node) -> int:
     v = n.scalar()
     if isinstance(v, int) and not isinstance(v, bool):
         kib = v
-    elif isinstance(v, str) and (mt := HUGEPAGE_RE.fullmatch(v.strip())):
+    elif isinstance(v, str) and (mt := HUGEPAGE_RE.fullmatch(v)):
         kib = int(mt.group(1)) * _UNIT_KIB[mt.group(2).lower()]
     else:
         raise n.error(f"huge page size {show(v)}: expected a size such as 2M or 1G (or KiB as a number)")

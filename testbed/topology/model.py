@@ -375,7 +375,8 @@ def parse_cpulist(text: str) -> CpuSet:
         return ()
     for part in text.split(","):
         lo, dash, hi = part.strip().partition("-")
-        if not lo.isdigit() or (dash and not hi.isdigit()):
+        # ASCII digits: '٣' is a digit to str.isdigit() and int(), not in a CPU list
+        if not (lo.isascii() and lo.isdigit()) or (dash and not (hi.isascii() and hi.isdigit())):
             raise ValueError(f"not a CPU list: {text!r}")
         a, b = int(lo), int(hi) if dash else int(lo)
         if b < a or b - a > 4096:

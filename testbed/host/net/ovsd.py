@@ -265,7 +265,8 @@ def private(netns: str, workdir: str | os.PathLike, *, userspace_tso: bool = Tru
         proc.run(["ovsdb-tool", "create", str(db_file), str(SCHEMA)], timeout=30)
     env = {"OVS_RUNDIR": str(work), "OVS_DBDIR": str(work), "OVS_LOGDIR": str(work)}
     db = f"unix:{sock}"
-    common = ["-vconsole:off", "-vsyslog:off", "-vfile:info", "--no-chdir"]
+    # pidfiles in the private run folder, where a host guard reading $OVS_RUNDIR finds them
+    common = ["-vconsole:off", "-vsyslog:off", "-vfile:info", "--no-chdir", "--pidfile"]
     with contextlib.ExitStack() as stack:
         server = stack.enter_context(proc.background(
             ["ovsdb-server", str(db_file), f"--remote=punix:{sock}",

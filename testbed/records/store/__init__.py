@@ -73,6 +73,10 @@ def check_target(target: str | Path | None, arg: str = "--db") -> None:
         return
     if not target.strip() or "\0" in target:
         raise StoreError(f"{arg} {target!r}: not a store")
+    if "://" in target and not target.startswith("sqlite://"):
+        # mysql://..., postgres:/x...: a URL of a store this testbed does not speak, not a file name
+        raise StoreError(f"{arg} {target[:80]!r}: not a store this testbed can use (a SQLite file, "
+                         f"sqlite://FILE or a postgresql:// URL)")
     from testbed.records.store.sqlite import SqliteBackend
     path = Path(target.removeprefix("sqlite://") if target.startswith("sqlite://") else target)
     if path.exists() or path.is_symlink():
