@@ -36,7 +36,8 @@ from testbed.host import proc
 from testbed.measure.session import claim_tag, release_tag
 from testbed._suite_plugin import sshd_privsep_dir
 
-pytestmark = [pytest.mark.netns]
+# alone: real sshd targets and Ansible runs that must not meet other root tests' objects
+pytestmark = [pytest.mark.alone, pytest.mark.netns]
 
 SSHD = "/usr/sbin/sshd"
 WORKTREE = Path(__file__).resolve().parents[2]

@@ -34,7 +34,9 @@ from test_fleet import SSHD, WORKTREE, Target, _keygen, controller, needs, targe
 from testbed.host import proc
 from testbed._suite_plugin import sshd_privsep_dir
 
-pytestmark = [pytest.mark.netns, pytest.mark.attach("netns-ovs-vxlan")]
+# alone: its targets' sshd, OVS underlay and datapath must not meet other root tests' (a
+# host snapshot taken beside it sees its ovs-netdev come and go)
+pytestmark = [pytest.mark.alone, pytest.mark.netns, pytest.mark.attach("netns-ovs-vxlan")]
 
 TOPOLOGY = """\
 name: pair

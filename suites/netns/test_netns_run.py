@@ -111,8 +111,11 @@ def test_netns_run_fills_every_field(tmp_path):
         # endpoints' own work (netperf in its namespace) is in no role of the path, so the
         # cost is recorded but is no metric the gate judges.
         k = s["extra"]["cost"]
-        assert k["packets"] == c["wire_packets"] > 0 and set(k["cores"]) >= {*cost.ROLES, "rest"}, k
-        assert k["cores"]["vcpu"] == k["cores"]["emulator"] == 0 and k["cores"]["rest"] > 0, k["cores"]
+        assert k["packets"] == c["wire_packets"] > 0 and set(k["cores"]) >= set(cost.ROLES), k
+        assert k["cores"]["vcpu"] == k["cores"]["emulator"] == 0, k["cores"]
+        # the rest is the endpoints' tools; on a host where processes come and go, one that
+        # ended unreaped in the window can leave it unmeasurable: a note then says so, never < 0
+        assert k["cores"].get("rest", 0) > 0 or "other processes read" in " ".join(k["notes"]), k
         assert not any(x.startswith("cost_") for x in m) and "not attributed" in " ".join(k["notes"])
         assert k["closure"]["busy"] == host["busy"] and k["check"]["verdict"] == "ok"
         assert k["closure"]["within"] or k["cores"]["gap"] == k["closure"]["gap"], k["closure"]

@@ -89,9 +89,12 @@ def test_a_silent_wire_stops_a_hung_client_long_before_its_timeout(guest_pair, w
 
 
 def test_server_that_dies_mid_measurement(guest_pair, writer):
+    # 20 s: the fault lands while the stream runs even when a busy host starts the guest's
+    # shell late (a 6 s stream could end first, and the sample rightly be ok)
+    long_stream = dataclasses.replace(STREAM, duration_s=20)
     with bridge_path(guest_pair) as path:
         _in_guest_later(guest_pair.server, WHEN_TEST_RUNS + "pkill -KILL -x netserver")
-        [s] = _measure(path, writer)
+        [s] = _measure(path, writer, long_stream)
     assert s.status == "failed"
     assert s.reason and "netperf" in s.reason.lower()
     assert s.metrics == {}

@@ -56,7 +56,7 @@ def test_cell_measures(guest_pair, writer, cell):
         assert 0.6 * tput < dev[path.server.tap]["to_guest"] < 1.1 * tput, dev
         # The wire cross-check on the receiving guest's tap: the ratio headers explain.
         c = s.crosscheck
-        assert c.verdict == "ok" and c.extra["device"] == path.server.tap, c
+        assert c.verdict == "ok" and c.device == path.server.tap, c
         assert abs(c.ratio - c.expected_ratio) <= 0.03 * c.expected_ratio, c
     else:
         m = s.metrics
