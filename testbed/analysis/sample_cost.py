@@ -199,10 +199,12 @@ def roles(sample: SampleRecord, inputs: Inputs) -> tuple[dict[str, float], str, 
     softirq = _softirq_cores(cpu)
     vswitchd = num(cpu.named.get("ovs-vswitchd")) or 0.0
     rest = num(cpu.others.get("cores"))
+    rest_note = ("the host's other processes were not measured (a sample recorded before the rest "
+                 "was): the gap holds them")
     if rest is not None and rest < 0:
         # processes that ended in the window, reaped by nobody whose reading holds their time
         # (a busy host starting and ending many): a negative role would be a made-up figure
-        notes.append(f"the host's other processes read {rest:+.3g} cores (processes that ended in the "
+        rest_note = (f"the host's other processes read {rest:+.3g} cores (processes that ended in the "
                      f"window left time no reading holds): not a role, the gap holds them")
         rest = None
     datapath = str(sample.data.get("datapath") or "")
@@ -229,9 +231,7 @@ def roles(sample: SampleRecord, inputs: Inputs) -> tuple[dict[str, float], str, 
         f"none told apart ({datapath or 'datapath not recorded'})"
     out["softirq"] = softirq
     if rest is None:
-        if not any(n.startswith("the host's other processes") for n in notes):
-            notes.append("the host's other processes were not measured (a sample recorded before "
-                         "the rest was): the gap holds them")
+        notes.append(rest_note)
     else:
         out["rest"] = rest
     return {k: round(v, 6) for k, v in out.items()}, switch, notes

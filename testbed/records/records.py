@@ -656,8 +656,7 @@ class RunRecord(Part):
 
     @property
     def _matrix(self) -> Mapping[str, Any]:
-        m = self.topology.get("matrix")
-        return m if isinstance(m, Mapping) else {}
+        return recorded_matrix(self.topology)
 
     def profile_entry(self, name: str) -> ProfileEntry:
         for p in recorded_profiles(self.topology):
@@ -719,8 +718,8 @@ class RunRecord(Part):
             if tb.get(k) != tn.get(k):
                 out.append((f"topology.{k}", json.dumps(tb.get(k), sort_keys=True),
                             json.dumps(tn.get(k), sort_keys=True)))
-        rb = (tb.get("matrix") or {}).get("repetitions")
-        rn = (tn.get("matrix") or {}).get("repetitions")
+        rb = recorded_matrix(tb).get("repetitions")
+        rn = recorded_matrix(tn).get("repetitions")
         if rb != rn:
             out.append(("matrix.repetitions", json.dumps(rb, sort_keys=True),
                         json.dumps(rn, sort_keys=True)))
@@ -775,11 +774,16 @@ def primary_metric(pattern: str | Pattern | None) -> str:
 
 # --------------------------------------------------------------------------- upgrade
 
-def recorded_profiles(topology: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
-    """The profiles a run.json's topology records; run.json is a user's file, so a matrix or
-    a profile list of another shape reads as none rather than ending a reader."""
+def recorded_matrix(topology: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The matrix a run.json's topology records; run.json is a user's file, so a matrix of
+    another shape reads as none rather than ending a reader."""
     m = topology.get("matrix")
-    ps = m.get("profiles") if isinstance(m, Mapping) else None
+    return m if isinstance(m, Mapping) else {}
+
+
+def recorded_profiles(topology: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
+    """The profiles of :func:`recorded_matrix`; a list of another shape reads as none."""
+    ps = recorded_matrix(topology).get("profiles")
     return tuple(p for p in ps if isinstance(p, Mapping)) if isinstance(ps, list) else ()
 
 
