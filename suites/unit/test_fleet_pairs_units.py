@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
+import threading
 
 import pytest
 
+from testbed.errors import CommandError
 from testbed.fleet import pairs
 from testbed.fleet.inventory import Host
 from testbed.fleet.record import FleetRun, HostOutcome
-from testbed.host import remotewatch
+from testbed.host import hostwatch, remotewatch
+from testbed.host.hostwatch import Guard
 from testbed.host.safeio import UserFileError
 from testbed.topology.model import NoiseSpec
 
@@ -159,3 +162,60 @@ def test_an_image_ships_in_chunks_with_its_sums(tmp_path, monkeypatch):
     joined = b"".join(open(path, "rb").read() for n, path in s.chunks if n.startswith("root"))
     assert joined == (src / "root.qcow2").read_bytes()
     assert image.prepare(src, tmp_path / "store") == s           # made once, then reused
+
+
+def test_a_remote_hosts_reading_holds_while_its_processes_come_and_go():
+    """The probe script, run for real on this machine's /proc while processes start and end
+    beside it: a process that ends between the glob and its read must not cut the reading
+    (Debian's awk stops at a file it cannot open; the objects then looked removed)."""
+    class Sh:
+        class host:
+            name = "hb"
+
+        def run(self, argv, timeout=30):
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+            if r.returncode:
+                raise CommandError(argv, r.returncode, r.stderr)
+            return r
+    p = remotewatch.Probe(Sh())
+    there, gone = remotewatch.object_check(p, "lo"), remotewatch.object_check(p, "tb-nosuch-e1")
+    stop = threading.Event()
+
+    def churn():
+        while not stop.is_set():
+            subprocess.run(["true"])
+    workers = [threading.Thread(target=churn) for _ in range(4)]
+    for w in workers:
+        w.start()
+    try:
+        readings = [p.read(max_age=0) for _ in range(30)]
+    finally:
+        stop.set()
+        for w in workers:
+            w.join()
+    assert all(r.complete and r.busy and r.own_ticks > 0 for r in readings)
+    assert there() is True and gone() is False
+
+
+def test_a_look_that_fails_is_taken_again_and_never_called_a_removal(monkeypatch):
+    monkeypatch.setattr(hostwatch, "LOOK_PAUSE_S", 0.0)
+    tries = []
+
+    def flaky():
+        tries.append(1)
+        if len(tries) < 3:
+            raise CommandError(["ssh", "hb"], 255, "Connection reset by peer")
+        return True
+    assert Guard(objects=(("tb-x-e1 on host hb", flaky),)).missing() == [] and len(tries) == 3
+
+    def down():
+        raise CommandError(["ssh", "hb"], 255, "Connection reset by peer")
+    (why,) = Guard(objects=(("tb-x-e1 on host hb", down),)).missing()
+    assert why.startswith("tb-x-e1 on host hb could not be checked (3 looks failed: ")
+    assert "Connection reset" in why and "went missing" not in why
+    # a reading cut short names no object: that is a failed look too, not "not there"
+    p = remotewatch.Probe(type("Sh", (), {"host": type("H", (), {"name": "hb"}),
+                                          "run": lambda self, argv, timeout=30: type("R", (), {"stdout": "clk 100\n"})})())
+    check = remotewatch.object_check(p, "tb-x-e1")
+    with pytest.raises(CommandError, match="cut short"):
+        check()

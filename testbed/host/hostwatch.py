@@ -279,6 +279,29 @@ class SampleWatch:
         return self.reason
 
 
+#: a look at an object that failed (an ssh login refused or cut short on a busy host, not
+#: an answer "it is not there") is taken again this many times, this far apart
+LOOK_TRIES = 3
+LOOK_PAUSE_S = 0.6
+
+
+def _look_for(what: str, exists: Callable[[], bool]) -> str | None:
+    """Why the object fails the sample, or None: it is gone (the look answered "not
+    there"), or it could not be looked at, after LOOK_TRIES tries. Only an answer calls it
+    removed: a look that failed says nothing of the object, and the reason says which."""
+    error = ""
+    for n in range(LOOK_TRIES):
+        if n:
+            time.sleep(LOOK_PAUSE_S)
+        try:
+            if exists():
+                return None
+            return f"{what} went missing (removed from outside the run)"
+        except Exception as e:           # noqa: BLE001 - any failure of the look is one
+            error = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return f"{what} could not be checked ({LOOK_TRIES} looks failed: {error})"
+
+
 @dataclass
 class Guard:
     """What one test path is watched for (see the module's doc). ``objects``: (what, exists)
@@ -318,12 +341,9 @@ class Guard:
         if out:
             return out          # a lost guest takes its NIC with it: that says enough
         for what, exists in self.objects:
-            try:
-                ok = exists()
-            except Exception:
-                ok = False
-            if not ok:
-                out.append(f"{what} went missing (removed from outside the run)")
+            why = _look_for(what, exists)
+            if why:
+                out.append(why)
         if out:
             # A guest destroyed between the two looks took its NIC: the guest is the cause.
             return self._lost_guests() or out

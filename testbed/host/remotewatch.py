@@ -44,14 +44,19 @@ o() { if ip link show dev "$1" >/dev/null 2>&1 || [ -e "/run/netns/$1" ]; then e
 c() { if [ -r "$2" ] && tail -c "+$(( $3 + 1 ))" "$2" | grep -q 'Kernel panic'; then echo "console $1 1"; else echo "console $1 0"; fi; }
 """
 # per process: CPU ticks of its own and of its reaped children (an ssh session's commands
-# end up in sshd's), then its command name (which may hold blanks)
+# end up in sshd's), then its command name (which may hold blanks). The files go through cat,
+# not to awk by name: on a busy host a process ends between the glob and its read, and
+# Debian's awk (mawk) stops at a file it cannot open and exits 2, which failed the whole
+# reading (its objects then looked removed and its daemons stopped). cat goes on past it.
 _NOISE = r"""
 head -1 /proc/stat | sed 's/^/stat /'
 sed -n 's/^procs_running /runq /p' /proc/stat
 echo "clk $(getconf CLK_TCK)"
 echo "boot $(cat /proc/sys/kernel/random/boot_id)"
+cat /proc/[0-9]*/stat 2>/dev/null |
 awk '{ c = $0; sub(/^[0-9]+ \(/, "", c); sub(/\) [^)]*$/, "", c); t = $0; sub(/^.*\) /, "", t);
-       split(t, f, " "); print "own " f[12] + f[13] + f[14] + f[15] " " c }' /proc/[0-9]*/stat 2>/dev/null
+       split(t, f, " "); print "own " f[12] + f[13] + f[14] + f[15] " " c }'
+echo end
 """
 
 
@@ -77,6 +82,8 @@ class Reading:
     boot: str | None = None
     #: CPU ticks so far of the testbed's own processes there (and their reaped children)
     own_ticks: int = 0
+    #: the script ran to its last line (a reading cut short is no reading)
+    complete: bool = False
 
     @property
     def own_s(self) -> float:
@@ -109,6 +116,8 @@ def parse(text: str, at: float = 0.0) -> Reading:
             r.clk = int(w[1])
         elif w[0] == "boot" and len(w) == 2:
             r.boot = w[1]
+        elif w == ["end"]:
+            r.complete = True
         elif w[0] == "own" and len(w) >= 3 and w[1].isdigit() and _own(line.split(" ", 2)[2]):
             own += int(w[1])
     r.own_ticks = own
@@ -156,8 +165,13 @@ class Probe:
             now = time.monotonic()
             if self._last is not None and now - self._last.at < max_age:
                 return self._last
-            out = self.shell.run(["sh", "-c", self.script()], timeout=30).stdout
-            self._last = parse(out, time.monotonic())
+            argv = ["sh", "-c", self.script()]
+            out = self.shell.run(argv, timeout=30).stdout
+            r = parse(out, time.monotonic())
+            if not r.complete:
+                raise CommandError(["sh", "-c", "<host probe>"], 0, f"the reading of host {self.name} was cut short",
+                                   stdout=out[-500:])
+            self._last = r
             return self._last
 
 
@@ -169,17 +183,31 @@ class RemoteDaemon:
 
     def seen(self) -> Seen:
         """As hostwatch.Daemon.seen: what hostwatch.changes compares (name, pid, start)."""
-        try:
-            s = self.probe.read().daemons.get(self.name)
-        except CommandError:
-            s = None
+        s = None
+        for n in range(hostwatch.LOOK_TRIES):      # a failed login is no stopped daemon: look again
+            if n:
+                time.sleep(hostwatch.LOOK_PAUSE_S)
+            try:
+                s = self.probe.read().daemons.get(self.name)
+                break
+            except CommandError as e:
+                if e.timed_out:
+                    break
         label = f"{self.name} on host {self.probe.name}"
         return Seen(label, s.pid if s else None, s.started if s else None)
 
 
 def object_check(probe: Probe, name: str) -> Callable[[], bool]:
+    """Whether the object is still on the probe's host. A reading that does not name it
+    (cut short) raises: it says nothing about the object, and the guard looks again."""
     probe.objects.add(name)
-    return lambda: bool(probe.read().objects.get(name))
+
+    def check() -> bool:
+        r = probe.read()
+        if name not in r.objects:
+            raise CommandError(["sh", "-c", "<host probe>"], 0, f"the reading of host {probe.name} named no {name}")
+        return r.objects[name]
+    return check
 
 
 def guest_check(probe: Probe, g) -> Callable[[], str | None]:
