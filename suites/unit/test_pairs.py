@@ -177,6 +177,12 @@ def test_pair_cores_and_end_skew():
     assert pairs.pair_cores(per_guest, ["g1-p2", "g2-p2"]) is None
     assert measure.end_skew_reason([10.0, 10.4], 3, "2 pairs") is None
     assert "out of step" in measure.end_skew_reason([10.0, 12.5], 3, "2 pairs")
+    # seen through a polling agent on a busy host: one end seen 1.5 s late, but its last look
+    # found it running before the other had ended: no skew is proven
+    assert measure.end_skew_reason([(9.9, 10.0), (10.0, 11.5)], 3, "2 pairs") is None
+    # one still running 2.5 s after the other was seen ended: proven
+    why = measure.end_skew_reason([(9.9, 10.0), (12.5, 12.8)], 3, "2 pairs")
+    assert "ended at least 2.5 s apart" in why
 
 
 def test_clone_names_stay_within_name_re_and_pairs_share_the_snapshot_slot():

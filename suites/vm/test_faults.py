@@ -21,6 +21,9 @@ from testbed.topology.config import default
 from testbed.topology.model import Attachment, Backend, Cell, GuestSpec, Pattern, Profile, Repetitions, Tool
 
 STREAM = Profile("tcp_stream", pattern=Pattern.STREAM, message_size=16384, duration_s=6)
+# 20 s: the fault lands while the stream runs even when a busy host starts the guest's shell
+# late (a 6 s stream could end first, and the sample rightly be ok)
+LONG_STREAM = dataclasses.replace(STREAM, duration_s=20)
 
 
 @pytest.fixture
@@ -59,7 +62,7 @@ def _sample_with_a_hung_client(gp, writer):
     with bridge_path(gp) as path:
         _in_guest_later(gp.client, WHEN_CLIENT_RUNS + "pkill -STOP -x netperf")
         t0 = time.monotonic()
-        [s] = _measure(path, writer)
+        [s] = _measure(path, writer, LONG_STREAM)
         return s, time.monotonic() - t0
 
 
@@ -70,7 +73,7 @@ def test_client_that_hangs_times_out(guest_pair, writer, monkeypatch):
     s, took = _sample_with_a_hung_client(guest_pair, writer)
     assert s.status == "failed"
     assert "client timed out" in s.reason
-    assert took < STREAM.duration_s + 5 + 30
+    assert took < LONG_STREAM.duration_s + 5 + 30
     # The stopped client was killed, not left behind in the guest.
     assert guest_pair.client.agent.run(["/usr/bin/pgrep", "-x", "netperf"], check=False).rc == 1
 
@@ -79,7 +82,7 @@ def test_a_silent_wire_stops_a_hung_client_long_before_its_timeout(guest_pair, w
     """The client stops sending a second into the stream (SIGSTOP, as a guest NIC that stops
     receiving under TCG leaves it): after STALL_STOP_S of silence on the path's devices the
     sample is stopped and failed, naming the silence, instead of waiting out the tool's
-    timeout (the stream's 6 s and a minute)."""
+    timeout (the stream's 20 s and a minute)."""
     assert measure.SAMPLE_MARGIN_S >= 60
     s, took = _sample_with_a_hung_client(guest_pair, writer)
     assert s.status == "failed"
@@ -89,12 +92,9 @@ def test_a_silent_wire_stops_a_hung_client_long_before_its_timeout(guest_pair, w
 
 
 def test_server_that_dies_mid_measurement(guest_pair, writer):
-    # 20 s: the fault lands while the stream runs even when a busy host starts the guest's
-    # shell late (a 6 s stream could end first, and the sample rightly be ok)
-    long_stream = dataclasses.replace(STREAM, duration_s=20)
     with bridge_path(guest_pair) as path:
         _in_guest_later(guest_pair.server, WHEN_TEST_RUNS + "pkill -KILL -x netserver")
-        [s] = _measure(path, writer, long_stream)
+        [s] = _measure(path, writer, LONG_STREAM)
     assert s.status == "failed"
     assert s.reason and "netperf" in s.reason.lower()
     assert s.metrics == {}

@@ -77,15 +77,21 @@ class Agent:
         if expected_s > 0:
             pause(min(expected_s, timeout))
         delay = 0.01
+        # when the process was last known to run: its spawn at the latest (before the wait)
+        running_at = start
         while True:
             if stop is not None and stop.is_set():
                 if self.ping():         # a crashed guest's agent would only make us wait
                     self.kill(pid)
                 raise StoppedError([f"{self.name}:", *argv], stop.why)
+            asked = time.monotonic()
             st = self.status(pid)
             if st is not None:
+                # the end is known only to lie between the last look that found it running
+                # and this answer: on a busy host an agent round trip takes a second or more
                 return GuestResult(tuple(argv), _rc(st), _b64(st.get("out-data")),
-                                   _b64(st.get("err-data")), time.monotonic() - start)
+                                   _b64(st.get("err-data")), time.monotonic() - start, running_at=running_at)
+            running_at = asked
             if time.monotonic() >= deadline:
                 self.kill(pid)
                 raise CommandError([f"{self.name}:", *argv], None, "", timed_out=True)

@@ -30,6 +30,10 @@ class Completed:
     stdout: str
     stderr: str
     seconds: float
+    #: for a waiter that polls (a guest's agent): the monotonic time its last look that found
+    #: the process still running was sent, so the process ended between then and the wait's
+    #: return; None: the waiter saw the end itself (a child of this process)
+    running_at: float | None = None
 
 
 class Stop(threading.Event):

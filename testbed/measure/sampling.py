@@ -171,7 +171,8 @@ class _Readings:
     """What one sample's window left for its checks."""
 
     outs: list[list]
-    ends: list[float]
+    #: each client's end: (earliest, latest) it can have been
+    ends: list[tuple[float, float]]
     span: float
     expected_s: float
     instances: int
@@ -330,12 +331,14 @@ class _Sample:
             seen = []
             stop = self.watches[i].stop if i in self.watches else None
             for j, pid in enumerate(spawned[i]):
-                outs[i].append(paths[i].client.guest.agent.wait(pid, plans[i][0], limit_s,
-                                                                expected_s=expected_s if j == 0 else 0.0,
-                                                                stop=stop))
-                seen.append(time.monotonic())
+                out = paths[i].client.guest.agent.wait(pid, plans[i][0], limit_s,
+                                                       expected_s=expected_s if j == 0 else 0.0, stop=stop)
+                outs[i].append(out)
+                now = time.monotonic()
+                # (earliest, latest) end: a polling agent saw it running until running_at
+                seen.append((out.running_at if out.running_at is not None else now, now))
             return seen
-        ends: list[float] = []
+        ends: list[tuple[float, float]] = []
         errors: list[tuple[int, CommandError]] = []
         for i, got in enumerate(_each(len(paths), wait_path, catch=CommandError)):
             if isinstance(got, CommandError):
@@ -385,8 +388,11 @@ class _Sample:
         extra = {"window": window_record(res.metrics.get("duration_s"), w.expected_s, cpu_info["window_s"],
                                          guest_s),
                  "kernel": kernel_once(), "instances": w.instances, "start_skew_s": round(w.skew_s, 4),
-                 # seen from the host through the agent's polling, so an upper bound
-                 "end_skew_s": round(max(w.ends) - min(w.ends), 3), "datapath": paths[0].datapath}
+                 # as seen from the host through the agent's polling (its round trips in it),
+                 # and the least the observations prove
+                 "end_skew_s": round(max(hi for _, hi in w.ends) - min(hi for _, hi in w.ends), 3),
+                 "end_skew_proven_s": round(max(0.0, max(lo for lo, _ in w.ends) - min(hi for _, hi in w.ends)), 3),
+                 "datapath": paths[0].datapath}
         wextra, pin_bad, noisy = ctx.watch.verdict(obs, cpu_info, self.pids, self.domains)
         extra.update(wextra)
         if not res.ok:
