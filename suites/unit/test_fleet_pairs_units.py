@@ -201,21 +201,33 @@ def test_a_look_that_fails_is_taken_again_and_never_called_a_removal(monkeypatch
     monkeypatch.setattr(hostwatch, "LOOK_PAUSE_S", 0.0)
     tries = []
 
-    def flaky():
-        tries.append(1)
-        if len(tries) < 3:
-            raise CommandError(["ssh", "hb"], 255, "Connection reset by peer")
-        return True
-    assert Guard(objects=(("tb-x-e1 on host hb", flaky),)).missing() == [] and len(tries) == 3
+    class Sh:
+        class host:
+            name = "hb"
 
-    def down():
-        raise CommandError(["ssh", "hb"], 255, "Connection reset by peer")
-    (why,) = Guard(objects=(("tb-x-e1 on host hb", down),)).missing()
-    assert why.startswith("tb-x-e1 on host hb could not be checked (3 looks failed: ")
+        def run(self, argv, timeout=30):
+            tries.append(1)
+            if len(tries) < 3 or broken:
+                raise CommandError(["ssh", "hb"], 255, "Connection reset by peer")
+            return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    broken = False
+    p = remotewatch.Probe(Sh())
+    check = remotewatch.object_check(p, "lo")
+    assert Guard(objects=(("lo on host hb", check),)).missing() == [] and len(tries) == 3
+    broken = True
+    p._last = None
+    (why,) = Guard(objects=(("lo on host hb", check),)).missing()
+    assert why.startswith("lo on host hb could not be checked (3 looks failed: host hb could not be read: ")
     assert "Connection reset" in why and "went missing" not in why
+    # a local check's own error says the object is gone (its counters cannot be read)
+
+    def gone():
+        raise CommandError(["netlink", "link", "show", "tb-x-a1"], 19, "link tb-x-a1 not found")
+    assert Guard(objects=(("device tb-x-a1", gone),)).missing() == ["device tb-x-a1 went missing (removed from "
+                                                                    "outside the run)"]
     # a reading cut short names no object: that is a failed look too, not "not there"
     p = remotewatch.Probe(type("Sh", (), {"host": type("H", (), {"name": "hb"}),
                                           "run": lambda self, argv, timeout=30: type("R", (), {"stdout": "clk 100\n"})})())
     check = remotewatch.object_check(p, "tb-x-e1")
-    with pytest.raises(CommandError, match="cut short"):
+    with pytest.raises(hostwatch.LookFailed, match="cut short"):
         check()

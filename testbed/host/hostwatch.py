@@ -285,20 +285,27 @@ LOOK_TRIES = 3
 LOOK_PAUSE_S = 0.6
 
 
+class LookFailed(TestbedError):
+    """An object's check could not look (the far host's reading failed): it says nothing
+    of the object. Any other error of a check means the object is not there (a local
+    device's counters that cannot be read: it is gone)."""
+
+
 def _look_for(what: str, exists: Callable[[], bool]) -> str | None:
-    """Why the object fails the sample, or None: it is gone (the look answered "not
-    there"), or it could not be looked at, after LOOK_TRIES tries. Only an answer calls it
-    removed: a look that failed says nothing of the object, and the reason says which."""
+    """Why the object fails the sample, or None: it is gone, or it could not be looked at
+    after LOOK_TRIES tries. A look that failed is never called a removal."""
     error = ""
     for n in range(LOOK_TRIES):
         if n:
             time.sleep(LOOK_PAUSE_S)
         try:
-            if exists():
-                return None
-            return f"{what} went missing (removed from outside the run)"
-        except Exception as e:           # noqa: BLE001 - any failure of the look is one
+            ok = exists()
+        except LookFailed as e:
             error = str(e).splitlines()[0] if str(e) else type(e).__name__
+            continue
+        except Exception:               # noqa: BLE001 - the check's own way to say "not there"
+            ok = False
+        return None if ok else f"{what} went missing (removed from outside the run)"
     return f"{what} could not be checked ({LOOK_TRIES} looks failed: {error})"
 
 

@@ -203,9 +203,12 @@ def object_check(probe: Probe, name: str) -> Callable[[], bool]:
     probe.objects.add(name)
 
     def check() -> bool:
-        r = probe.read()
+        try:
+            r = probe.read()
+        except CommandError as e:
+            raise hostwatch.LookFailed(f"host {probe.name} could not be read: {e}") from e
         if name not in r.objects:
-            raise CommandError(["sh", "-c", "<host probe>"], 0, f"the reading of host {probe.name} named no {name}")
+            raise hostwatch.LookFailed(f"the reading of host {probe.name} named no {name}")
         return r.objects[name]
     return check
 
