@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import json
 import logging
 import os
@@ -329,25 +330,23 @@ def _netlink(netns: str | None) -> tuple[tuple[Link, ...], tuple[Address, ...], 
                 raw_vlans = []
         return raw_links, raw_addrs, raw_routes, raw_rules, raw_vlans
 
-    def consistent() -> tuple[list, list, list, list, list]:
-        # The dumps are one after another: a link made or removed between the link dump and the
-        # route dump (another run's, beside this one) leaves a route or address naming an
-        # interface the snapshot does not know, seen as "ifNNN" and taken for a change of the
-        # host's own. Dumped again until every interface they name is among the links.
-        for _ in range(5):
-            got = in_thread_netns(netns, dump) if netns else dump()
-            known = {m["index"] for m in got[0]}
-            used = {m["index"] for m in got[1]} | {m.get_attr("RTA_OIF") for m in got[2]}
-            if not (used - known - {None, 0}):
-                break
-        return got
-
+    read = dump
     if netns:
         # The netlink socket is opened by a thread that joined the namespace, not by
         # pyroute2's netns=, which forks this process to open it: a fork of a process with
         # other threads (a test worker's, a run's watchers) can hang in a lock one of them held.
         from testbed.host.executor import in_thread_netns
-    raw_links, raw_addrs, raw_routes, raw_rules, raw_vlans = consistent()
+        read = functools.partial(in_thread_netns, netns, dump)
+    # The dumps are one after another: a link made or removed between the link dump and the
+    # route dump (another run's, beside this one) leaves a route or address naming an
+    # interface the snapshot does not know, seen as "ifNNN" and taken for a change of the
+    # host's own. Dumped again (at most 5 times) until every interface they name is a link.
+    for _ in range(5):
+        raw_links, raw_addrs, raw_routes, raw_rules, raw_vlans = read()
+        known = {m["index"] for m in raw_links}
+        used = {m["index"] for m in raw_addrs} | {m.get_attr("RTA_OIF") for m in raw_routes}
+        if not (used - known - {None, 0}):
+            break
     names = {m["index"]: m.get_attr("IFLA_IFNAME") for m in raw_links}
 
     def name(index: int | None) -> str | None:

@@ -79,11 +79,17 @@ def end_skew_reason(ends: Sequence[float | tuple[float, float]], duration_s: int
     (a guest's agent, whose round trips take a second or more on a busy host); ``who``: what
     they are ("4 instances", "2 pairs"). Only a skew the observations prove fails: the
     latest earliest end after the earliest latest end."""
-    spans = [e if isinstance(e, tuple) else (e, e) for e in ends]
-    if len(spans) > 1 and (skew := max(lo for lo, _ in spans) - min(hi for _, hi in spans)) > max(1.0, 0.1 * duration_s):
+    if len(ends) > 1 and (skew := proven_skew(ends)) > max(1.0, 0.1 * duration_s):
         return (f"{who} out of step: they ended at least {skew:.1f} s apart in a {duration_s} s test, "
                 f"so their sum is not a concurrent rate")
     return None
+
+
+def proven_skew(ends: Sequence[float | tuple[float, float]]) -> float:
+    """The least time between the clients' ends that the observations prove (0 when their
+    spans overlap): the latest earliest end less the earliest latest end."""
+    spans = [e if isinstance(e, tuple) else (e, e) for e in ends]
+    return max(0.0, max(lo for lo, _ in spans) - min(hi for _, hi in spans))
 
 
 def cpu_over_window(g_before: Mapping[str, object], g_after: Mapping[str, object],

@@ -49,6 +49,7 @@ from testbed.measure.figures import (
     cpu_warnings,
     derived,
     end_skew_reason,
+    proven_skew,
     invariant_reason,
     kernel_once,
     latency_percentiles,
@@ -391,7 +392,7 @@ class _Sample:
                  # as seen from the host through the agent's polling (its round trips in it),
                  # and the least the observations prove
                  "end_skew_s": round(max(hi for _, hi in w.ends) - min(hi for _, hi in w.ends), 3),
-                 "end_skew_proven_s": round(max(0.0, max(lo for lo, _ in w.ends) - min(hi for _, hi in w.ends)), 3),
+                 "end_skew_proven_s": round(proven_skew(w.ends), 3),
                  "datapath": paths[0].datapath}
         wextra, pin_bad, noisy = ctx.watch.verdict(obs, cpu_info, self.pids, self.domains)
         extra.update(wextra)
