@@ -93,3 +93,25 @@ def test_bad_options_are_refused_with_one_line_before_anything_runs(argv, field,
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and field in err
+
+
+def test_gate_size_is_the_smallest_that_reaches_the_power_target_and_is_printed():
+    """At a TCG guest's spread (20 % a sample) a 5 % cost needs far more than the nightly
+    gate's 10 samples a side; at 2 % it needs the smallest size; the bench says which."""
+    rng = np.random.default_rng(11)
+    a, b = _rows(rng, 1000.0, 300.0, 30, noise=0.2), _rows(rng, 1100.0, 400.0, 30, noise=0.2)
+    wide = bench.gate_size(a, b, threshold=0.05, sizes=(10, 40), draws=60)
+    assert wide["power"][10] < 0.9 <= wide["power"][40] and wide["needed"] == 40
+    calm = bench.gate_size(_rows(rng, 1000.0, 300.0, 20), _rows(rng, 1100.0, 400.0, 20), threshold=0.05,
+                           sizes=(10,), draws=60)
+    assert calm["needed"] == 10
+    none = bench.gate_size(a, a, threshold=0.05, sizes=(10,), draws=40)
+    assert none["needed"] is None
+    f = bench.figures(_samples(rng, 20), _samples(rng, 20, emulator_extra=50.0), known_ns=48.0, n=10,
+                      threshold=0.05, draws=40)
+    lines, _ = bench.report({**f, "size": wide, "rules": 2600, "run_dir": "/r", "failed": [],
+                             "options": {"threshold": 0.05}})
+    assert any(line.startswith("gate size            40 samples a side reach 90%") for line in lines)
+    lines, _ = bench.report({**f, "size": none, "rules": 2600, "run_dir": "/r", "failed": [],
+                             "options": {"threshold": 0.05}})
+    assert any("no size up to 10 samples a side reaches 90%" in line for line in lines)

@@ -125,3 +125,20 @@ def test_json_output_carries_points_with_spread(tmp_path, capsys):
     code, out, _ = run_cli(["history", "--results", str(tmp_path), "--json"], capsys)
     (s, *_) = json.loads(out)
     assert code == 0 and s["points"][0]["n"] == 5 and s["points"][0]["spread"] > 0
+
+
+def test_the_run_to_run_noise_is_the_biweight_robust_to_a_wild_night_and_tighter_than_the_mad():
+    """Sigma's second pass: about the true noise on normal nights, with about two thirds of
+    the MAD's spread over 25 nights, and one wild night (x20 sigma) moves it by little."""
+    rng = np.random.default_rng(3)
+    bi, mad = [], []
+    for _ in range(2000):
+        r = rng.standard_normal(25)
+        bi.append(history.robust_sigma(r))
+        mad.append(1.4826 * float(np.median(np.abs(r))))
+    assert abs(np.mean(bi) - 1.0) < 0.03 and np.std(bi) < 0.7 * np.std(mad)
+    r = rng.standard_normal(25)
+    wild = r.copy()
+    wild[7] = 20.0
+    assert history.robust_sigma(wild) < 1.15 * history.robust_sigma(r)
+    assert history.robust_sigma(np.zeros(10)) == 0.0

@@ -378,7 +378,8 @@ def main(what: str, args: argparse.Namespace) -> int:
         return gate_seq.main(args.rounds or gate_seq.NIGHTS, args.cells or gate_seq.CELLS, args.seed)
     if what == "cost":
         from testbed.bench import cost as bench_cost
-        o = bench_cost.Options(rounds=args.rounds or bench_cost.Options.rounds, duration_s=args.duration,
+        o = bench_cost.Options(rounds=args.rounds or max(bench_cost.Options.rounds, 2 * args.gate_samples),
+                               duration_s=args.duration,
                                added=args.added, gate_samples=args.gate_samples, threshold=args.threshold,
                                rules=args.rules)
         o.check()       # options that disagree: exit 2 before anything is created
