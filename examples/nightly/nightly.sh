@@ -44,7 +44,8 @@
 #                         SQLite in $TESTBED_RESULTS/index.sqlite
 #   NIGHTLY_OUT           where the job's reports go (default: ./nightly-out): compare.txt,
 #                         compare.xml (JUnit, one testcase per cell), history.txt, history.html
-#   NIGHTLY_COMPARE_ARGS  extra options for the gate (e.g. "--threshold 0.03" for compare,
+#   NIGHTLY_COMPARE_ARGS  extra options for the gate (e.g. "--threshold 0.10" on a host
+#                         whose unchanged cells move more than 5 % between runs, or
 #                         "--extra 10" for --decide-against)
 set -u -o pipefail
 

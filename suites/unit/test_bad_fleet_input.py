@@ -372,7 +372,7 @@ def test_arguments_are_refused_naming_themselves(capsys, env, argv, arg):
 
 
 @pytest.mark.parametrize("opt", [["--budget", "3"], ["--extra", "2"], ["--fdr", "0.1"], ["--spending", "pocock"],
-                                 ["--junit", "x.xml"]])
+                                 ["--junit", "x.xml"], ["--threshold", "0.1"]])
 def test_gate_options_without_the_gate_are_refused(capsys, env, opt):
     refused(capsys, ["run", str(env / "topology.yaml"), *opt], opt[0])
     nothing_made(env)
@@ -384,3 +384,19 @@ def test_a_resume_run_that_is_a_fifo_does_not_hang(capsys, env):
     refused(capsys, ["run", str(env / "topology.yaml"), "--resume", str(env / "r")], "not a run directory",
             seconds=10)
     nothing_made(env)
+
+
+@pytest.mark.parametrize("value", ["0", "-0.05", "0.6", "nan", "5%"])
+def test_a_gate_threshold_out_of_range_is_refused_before_anything_runs(capsys, env, value):
+    refused(capsys, ["run", str(env / "topology.yaml"), "--decide-against", str(env / "base"),
+                     "--threshold", value], "--threshold")
+    nothing_made(env)
+
+
+def test_the_gate_threshold_given_is_the_designs():
+    import argparse
+
+    from testbed.measure import decide
+    design = decide.design_from_args(argparse.Namespace(seq_threshold=0.12, seq_extra=None, seq_fdr=None))
+    assert design.threshold == 0.12 and "unchanged only within +-12%" in design.describe(0.75, 0.01, 0.02)
+    assert decide.design_from_args(argparse.Namespace()).threshold == 0.05

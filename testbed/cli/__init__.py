@@ -63,6 +63,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                     ("--budget", args.seq_budget, "it bounds the gate's extra samples"),
                     ("--extra", args.seq_extra, "it sets the gate's extra samples"),
                     ("--fdr", args.seq_fdr, "it sets the gate's level"),
+                    ("--threshold", args.seq_threshold, "it sets the gate's threshold"),
                     ("--spending", args.seq_spending, "it sets the gate's looks"))
     for opt, given, why in gate_options:
         if given is not None and not args.decide_against:
@@ -341,6 +342,10 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--fdr", dest="seq_fdr", type=number(0.0, 0.5, low_open=True), metavar="Q",
                    help="the design's false-discovery level over both looks; it bounds the share "
                         "of unchanged nights with a false regression (default 0.03)")
+    g.add_argument("--threshold", dest="seq_threshold", type=number(0.0, 0.5, low_open=True),
+                   metavar="F", help="the change that matters, as a fraction (default 0.05): unchanged "
+                   "only within it, regressed only credibly beyond it; on a host whose unchanged cells "
+                   "move by more between runs, the gate leaves them undecided at 0.05")
     g.add_argument("--spending", dest="seq_spending", choices=("obrien-fleming", "pocock"),
                    help="alpha-spending function for the two looks (default obrien-fleming)")
     r.set_defaults(func=cmd_run)
