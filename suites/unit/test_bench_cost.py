@@ -107,6 +107,9 @@ def test_gate_size_is_the_smallest_that_reaches_the_power_target_and_is_printed(
     assert calm["needed"] == 10
     none = bench.gate_size(a, a, threshold=0.05, sizes=(10,), draws=40)
     assert none["needed"] is None
+    # the headline gate's power is taken as drawn, not drawn again beside it
+    given = bench.gate_size(a, b, threshold=0.05, sizes=(10, 40), draws=60, known={25: 0.93})
+    assert given["power"] == {10: wide["power"][10], 25: 0.93} and given["needed"] == 25
     f = bench.figures(_samples(rng, 20), _samples(rng, 20, emulator_extra=50.0), known_ns=48.0, n=10,
                       threshold=0.05, draws=40)
     lines, _ = bench.report({**f, "size": wide, "rules": 2600, "run_dir": "/r", "failed": [],

@@ -199,15 +199,19 @@ LADDER = (10, 15, 20, 30, 40, 60, 80)
 
 
 def gate_size(a: Sequence[Mapping[str, float]], b: Sequence[Mapping[str, float]], *, threshold: float,
-              sizes: Sequence[int] = LADDER, draws: int = 200) -> dict[str, Any]:
+              sizes: Sequence[int] = LADDER, draws: int = 200,
+              known: Mapping[int, float] | None = None) -> dict[str, Any]:
     """Pure: the gate's power at ``sizes`` samples a side, smallest first, up to the first
     that reaches POWER_TARGET (fresh draws from the run's fitted spread, as gate_rates),
     and that size (None when none does). What the gate must take for a cost of this size
     on this host: a TCG guest's cost per packet spreads 20-30 % a sample even on a quiet
-    host. Smallest first and no further, since a gate of 80 a side takes minutes to draw."""
+    host. Smallest first and no further, since a gate of 80 a side takes minutes to draw.
+    ``known``: powers already drawn (the headline gate's, with more draws), taken as they
+    are, so the ladder neither draws that gate again nor prints a second figure for it."""
+    known = dict(known or {})
     power: dict[int, float] = {}
-    for n in sorted(sizes):
-        power[n] = gate_rates(a, b, n=n, threshold=threshold, draws=draws)["power"]
+    for n in sorted(set(sizes) | set(known)):
+        power[n] = known[n] if n in known else gate_rates(a, b, n=n, threshold=threshold, draws=draws)["power"]
         if power[n] >= POWER_TARGET:
             return {"power": power, "needed": n}
     return {"power": power, "needed": None}
@@ -334,7 +338,8 @@ def run(o: Options, progress: Callable[[str], None] = print) -> dict[str, Any]:
             for v in ("a", "b")}
     f = figures(done["a"], done["b"], known_ns=added.known_ns, n=o.gate_samples, threshold=o.threshold)
     with contextlib.suppress(ValueError):       # too few samples to fit: figures said so already
-        f["size"] = gate_size(_rows(done["a"]), _rows(done["b"]), threshold=o.threshold)
+        f["size"] = gate_size(_rows(done["a"]), _rows(done["b"]), threshold=o.threshold,
+                              known={o.gate_samples: f["gate"]["power"]})
     return {**f, "rules": added.rules, "calibration": cal, "run_dir": str(out.run_dir),
             "options": dataclasses.asdict(o),
             "failed": [f"{s.cell.id} rep {s.rep}: {s.reason}" for v in done.values() for s in v if not s.ok]}
