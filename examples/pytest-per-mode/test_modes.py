@@ -15,5 +15,6 @@ import pytest
 def test_mode(testbed_cell):
     s = testbed_cell.measure()      # a failed sample (tool, wire or CPU cross-check) fails the test
     assert s.metrics[testbed_cell.metric] > 0
-    if s.metrics.get("latency_p50_us"):
-        assert s.metrics["latency_p99_us"] >= s.metrics["latency_p50_us"] > 0
+    p50, p99 = s.metrics.get("latency_p50_us"), s.metrics.get("latency_p99_us")
+    if p50 and p99:     # a p99 from too few transactions (a busy host, a short RR sample) is
+        assert p99 >= p50 > 0   # left out of the metrics, never guessed: test it when present
