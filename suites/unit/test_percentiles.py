@@ -62,6 +62,10 @@ def test_a_short_run_marks_p99_9_insufficient_and_keeps_it_out_of_the_metrics():
     m = percentiles.apply({"latency_mean_us": 150.0, "latency_p99_9_us": 1.0, "latency_p90_us": 9.0}, chosen)
     assert m == {"latency_mean_us": 150.0, "latency_p50_us": by[50].value_us}
     assert by[99.9].as_dict()["required"] == 10000
+    # given the sample's length, the note says how long a sample at its rate would need
+    by = {c.p: c for c in percentiles.choose((50, 99, 99.9), {}, histogram=hist, duration_s=10)}
+    assert by[99.9].note.endswith("at 30 transactions/s, a sample of 334 s or more would have it")
+    assert by[99].note.endswith("a sample of 34 s or more would have it") and by[50].note is None
 
 
 def test_per_transaction_times_give_nearest_rank():

@@ -15,11 +15,12 @@ from testbed.topology.model import Attachment, Backend, Cell, Pattern, Profile, 
 
 pytestmark = pytest.mark.vm
 
-# 15 s: a TCG guest pair answered about 1,700 ping-pongs a second on a 2-core host running
-# only the suite, and p99.9 needs 10,000 messages behind it (on a host at load 9 it answered
-# 300 a second: the sample was ok, its p99.9 rightly insufficient, and this test fails)
+# 60 s: p99.9 needs 10,000 messages behind it. A TCG guest pair answered about 1,700
+# ping-pongs a second on a 2-core host running only the suite, but 300-350 a second while
+# the suite's other workers ran beside it (15 s then timed 4,400-5,200 messages: the sample
+# was ok and its p99.9 rightly insufficient; 3,530 once, at 235 a second); 60 s times 14,000 at that rate
 PING = Profile("udp_rr", tool=Tool("sockperf"), protocol=Protocol.UDP, pattern=Pattern.RR, message_size=64,
-               duration_s=15, percentiles=(50.0, 99.0, 99.9))
+               duration_s=60, percentiles=(50.0, 99.0, 99.9))
 
 
 @pytest.mark.attach("bridge")

@@ -15,13 +15,14 @@ google-cloud-bigquery and slack-sdk; ruptures needs only numpy and scipy. CSIT's
 was replayed too (docs/gate-statistics.md) and found fewer steps.
 
 The search runs on the logs of the points (a night's noise is relative; a heavy upper tail
-is tamed). Its noise is the run-to-run noise the series itself shows, not the within-run
-spread: first from successive differences, then from the robust spread (Tukey's biweight)
-about the first pass's segments, floored by the points' own standard errors. A change
-point counts when its step is significant (one-sided t at STEP_ALPHA, on that noise and
-the segments' lengths) and at least STEP_FRACTION of ``threshold``, so a lasting step of
-the threshold's size is found although its estimate lands below the threshold half the
-time; it fails the job once CONFIRM runs bear it out.
+is tamed). Its noise is the run-to-run noise the series itself shows, not only the
+within-run spread: the points' own variance pooled over the series (many degrees of
+freedom) plus what the nights add beyond it, from the robust spread (Tukey's biweight)
+about a first pass's segments. A change point counts when its step is significant
+(one-sided t at STEP_ALPHA, on that noise and the segments' lengths) and at least
+STEP_FRACTION of ``threshold``, so a lasting step of the threshold's size is found although
+its estimate lands below the threshold half the time (at EARLY_ALPHA when fewer than
+MIN_BEFORE runs precede it); it fails the job once CONFIRM runs bear it out.
 """
 from __future__ import annotations
 
@@ -52,9 +53,9 @@ WINDOW = 7
 #: runs from the change point on that must confirm it (the change point's run included):
 #: five, so that a run of unlucky nights on a heavy-tailed cell is not a step (`testbed bench
 #: gate`'s history replay: with three, unchanged 30-night series at 10 % lognormal noise
-#: and 2 % drift alarmed in 4-5 of 200; with five, STEP_ALPHA and the biweight sigma, 5 of
-#: 400, while a lasting -5 % step at 2.4 % nightly noise is found within 7 nights in 161 of
-#: 200: docs/gate-statistics.md)
+#: and 2 % drift alarmed in 4-5 of 200; with five, STEP_ALPHA, the pooled noise and
+#: MIN_BEFORE, 3-4 of 400, while a lasting -5 % step at 2.4 % nightly noise is found within
+#: 7 nights in 171-179 of 200: docs/gate-statistics.md)
 CONFIRM = 5
 #: what a bisect range names: the environment keys that differ between last good and first bad
 BISECT_KEYS = ("kernel", "host", "machine_id", "versions", "image")
@@ -113,9 +114,10 @@ class Series:
         return tuple(c for c in self.confirmed_recent(window) if c.run_id in self.acked)
 
     def confirmed_recent(self, window: int = WINDOW) -> tuple[ChangePoint, ...]:
-        """Regressions whose change point lies within the newest ``window`` runs and that
-        the runs from it on confirm (at least CONFIRM points in the new segment): a lasting
-        step keeps failing the job for ``window`` nights, not only on the night it began."""
+        """Regressions whose change point lies within the newest ``window`` runs, after at
+        least MIN_BEFORE runs, and that the runs from it on confirm (at least CONFIRM points
+        in the new segment): a lasting step keeps failing the job for ``window`` nights, not
+        only on the night it began."""
         n = len(self.points)
         return tuple(c for c in self.change_points
                      if c.regression and n - window <= c.index <= n - CONFIRM and self.confirmed(c))
@@ -161,9 +163,18 @@ class Series:
 #: replay tunes it with STEP_Z and STEP_FRACTION; docs/gate-statistics.md has the table)
 PENALTY = 3.0
 #: a change point counts only when its step is significant at this level (one-sided t on
-#: the series' between-run noise over the two segments' lengths): PELT places steps, this
-#: says whether one is more than the noise
-STEP_ALPHA = 0.0005
+#: the series' run-to-run noise over the two segments' lengths): PELT places steps, this
+#: says whether one is more than the noise (0.0005 before the noise was pooled and
+#: MIN_BEFORE held early nights back: at 0.001 the step is found in 179 of 200 against
+#: 170, and heavy-tailed series alarm in 3 of 400)
+STEP_ALPHA = 0.001
+#: a change point with fewer runs than this before it is held to EARLY_ALPHA: on 400
+#: unchanged heavy-tailed series the alarms that remained came from the first 10-13 nights
+#: (a step test on ten nights' noise, looked at again every night). A large step early in
+#: a series is still found (-15 % after 7 nights at 2 % noise); a -5 % one waits for more
+#: nights, and meanwhile the nightly gate against BASE is what judges it.
+MIN_BEFORE = 12
+EARLY_ALPHA = 0.00001
 #: ... and when the step is at least this share of the threshold: a lasting step of the
 #: threshold's size (-5 %) must be found although its estimate lands below it half the
 #: time, a drift of a fifth of it must not
@@ -198,16 +209,19 @@ def robust_sigma(resid: np.ndarray, c: float = 9.0) -> float:
 
 def change_points(values: Sequence[float], *, higher_is_better: bool = True,
                   threshold: float = 0.05,
-                  stderr: Sequence[float | None] = ()) -> list[tuple[int, float, float]]:
+                  stderr: Sequence[float | None] = (),
+                  counts: Sequence[int] = ()) -> list[tuple[int, float, float]]:
     """(index, level before, level after) of each change in ``values`` (ruptures PELT on
     the logs, where a night's noise is relative and a heavy upper tail is tamed; levels
     are geometric means).
 
-    The noise is the run-to-run noise the series really shows (successive differences),
-    floored by the median relative standard error of its points (their samples' spread
-    over the square root of their count: on a short series a few calm nights made the
-    first estimate small). A change counts when its step is significant at STEP_ALPHA
-    (one-sided t on that noise) and at least STEP_FRACTION of the threshold."""
+    The noise is the run-to-run noise the series really shows: the points' own variance
+    (``stderr``, each over its ``counts`` samples), pooled with the degrees of freedom of
+    every night's samples, plus what the nights add beyond it (from the robust spread of
+    the points about their segments). A change counts when its step is significant at
+    STEP_ALPHA (one-sided t on that noise, with the sum's Satterthwaite degrees of freedom)
+    and at least STEP_FRACTION of the threshold. Without counts, the between-run spread
+    alone, floored by the points' median relative standard error."""
     import ruptures
     v = np.asarray(values, dtype=float)
     n = v.size
@@ -215,28 +229,48 @@ def change_points(values: Sequence[float], *, higher_is_better: bool = True,
         return []
     log = bool(np.all(v > 0))
     y = np.log(v) if log else v
-    sigma = noise_sigma(y) if log else noise_sigma(v)
-    rel = [e / abs(x) for e, x in zip(stderr, v) if e is not None and math.isfinite(e) and x]
-    if rel:
-        sigma = max(sigma, float(np.median(rel)) * (1.0 if log else float(np.mean(np.abs(v)))))
+    scale = 1.0 if log else float(np.mean(np.abs(v)))      # relative -> the series' units
+    within = [(e / abs(x), k) for e, x, k in zip(stderr, v, list(counts) or [0] * n)
+              if e is not None and math.isfinite(e) and x]
+    # the floor without counts: the points' median relative standard error (on a short
+    # series a few calm nights made the between-run estimate small)
+    floor = float(np.median([r for r, _ in within])) * scale if within else 0.0
+    # The points' own variance, pooled with the degrees of freedom of every night's samples
+    # (about 100 on 25 nights of 5): the precise part of the run-to-run noise, where the
+    # between-run spread has only the nights' count. On 200 stepped series this raised the
+    # -5 % step's power from 161 to 170, since Student's t no longer pays for 25 nights'
+    # degrees of freedom when the nights add nothing beyond their samples.
+    df_w = sum(k - 1 for _, k in within if k > 1)
+    w_var = sum((k - 1) * r * r for r, k in within if k > 1) / df_w * scale ** 2 if df_w else 0.0
+    sigma = max(noise_sigma(y), floor, math.sqrt(w_var))
     # min_size=CONFIRM: a segment needs that many runs, so one or two outlying nights are
     # never a change (a lone one is "suspect" instead) and a change is confirmed by the runs
     # after it
-    # the floor: the points' own standard error when they have one, else the first estimate
-    floor = float(np.median(rel)) * (1.0 if log else float(np.mean(np.abs(v)))) if rel else sigma
     algo = ruptures.Pelt(model="l2", min_size=CONFIRM, jump=1).fit(y.reshape(-1, 1))
     bounds = [0, *algo.predict(pen=PENALTY * sigma ** 2 * math.log(n))]
     # Two passes: the successive differences give a first noise (robust to steps, but
     # inefficient: on 27 nights at 2.4 % it read 3-4 % often enough to hide a 5 % step);
     # the robust spread about the first pass's segments is the second, and the one the
-    # step test uses. Its degrees of freedom are few on a short series, and Student's t
-    # says so, so a few calm nights cannot make a normal one a step.
+    # step test uses.
+    tau2, df_b = 0.0, max(n - len(bounds) + 1, 1)
     for _ in range(2):
         resid = np.concatenate([y[bounds[k]:bounds[k + 1]] - np.median(y[bounds[k]:bounds[k + 1]])
                                 for k in range(len(bounds) - 1)])
-        sigma = max(robust_sigma(resid) * math.sqrt(n / max(n - len(bounds) + 1, 1)), floor, 1e-9)
+        df_b = max(n - len(bounds) + 1, 1)
+        between = robust_sigma(resid) * math.sqrt(n / df_b)
+        if df_w:
+            # what the nights add beyond their samples (drift, a busy neighbour): tau^2
+            tau2 = max(between ** 2 - w_var, 0.0)
+            sigma = max(math.sqrt(w_var + tau2), 1e-9)
+        else:
+            sigma = max(between, floor, 1e-9)
         bounds = [0, *algo.predict(pen=PENALTY * sigma ** 2 * math.log(n))]
-    crit = float(stats.t_ppf(1.0 - STEP_ALPHA, max(n - len(bounds) + 1, 1)))
+    # Student's t with the noise's degrees of freedom: few on a short series without counts
+    # (a few calm nights cannot make a normal one a step); with them, Satterthwaite's for
+    # the pooled variance plus tau^2
+    df = float(df_b) if not df_w else (w_var + tau2) ** 2 / (w_var ** 2 / df_w + tau2 ** 2 / df_b)
+    crit = float(stats.t_ppf(1.0 - STEP_ALPHA, max(df, 1.0)))
+    early = float(stats.t_ppf(1.0 - EARLY_ALPHA, max(df, 1.0)))
     out = []
     for k in range(1, len(bounds) - 1):
         a, b = y[bounds[k - 1]:bounds[k]], y[bounds[k]:bounds[k + 1]]
@@ -245,7 +279,7 @@ def change_points(values: Sequence[float], *, higher_is_better: bool = True,
         before = math.exp(float(np.mean(a))) if log else float(np.mean(a))
         after = math.exp(float(np.mean(b))) if log else float(np.mean(b))
         rel_step = abs(math.expm1(step)) if log else (abs(step) / abs(before) if before else 0.0)
-        if rel_step >= STEP_FRACTION * threshold and abs(step) >= crit * se:
+        if rel_step >= STEP_FRACTION * threshold and abs(step) >= (crit if bounds[k] >= MIN_BEFORE else early) * se:
             out.append((bounds[k], before, after))
     return out
 
@@ -338,7 +372,7 @@ def judge(cell_id: str, h: str, metric: str, env: str, pts: Sequence[Point],
     """A series of points with its change points (each with its bisect range)."""
     higher = metric not in LOWER_IS_BETTER and not metric.startswith(hopgate.PREFIXES)
     found = change_points([p.value for p in pts], higher_is_better=higher, threshold=threshold,
-                          stderr=[p.stderr for p in pts])
+                          stderr=[p.stderr for p in pts], counts=[p.n for p in pts])
     bounds = [0, *(i for i, _, _ in found), len(pts)]
     cps = tuple(
         ChangePoint(i, pts[i].run_id, b, a, (a - b) / abs(b) * 100,

@@ -59,7 +59,7 @@ def latency_percentiles(profile: Profile, driver: ToolDriver, stdouts: Sequence[
     hists = [driver.distribution(t) for t in stdouts]
     hist = percentiles.merge(hists) if hists and all(hists) else None   # type: ignore[arg-type]
     chosen = percentiles.choose(profile.percentiles or percentiles.DEFAULT, metrics, histogram=hist,
-                                tool=driver.name.value)
+                                tool=driver.name.value, duration_s=profile.duration_s)
     extra["percentiles"] = [c.as_dict() for c in chosen]
     if profile.paced:
         from testbed.tools import pacing
