@@ -114,10 +114,9 @@ class Series:
         return tuple(c for c in self.confirmed_recent(window) if c.run_id in self.acked)
 
     def confirmed_recent(self, window: int = WINDOW) -> tuple[ChangePoint, ...]:
-        """Regressions whose change point lies within the newest ``window`` runs, after at
-        least MIN_BEFORE runs, and that the runs from it on confirm (at least CONFIRM points
-        in the new segment): a lasting step keeps failing the job for ``window`` nights, not
-        only on the night it began."""
+        """Regressions whose change point lies within the newest ``window`` runs and that
+        the runs from it on confirm (at least CONFIRM points in the new segment): a lasting
+        step keeps failing the job for ``window`` nights, not only on the night it began."""
         n = len(self.points)
         return tuple(c for c in self.change_points
                      if c.regression and n - window <= c.index <= n - CONFIRM and self.confirmed(c))
@@ -242,7 +241,7 @@ def change_points(values: Sequence[float], *, higher_is_better: bool = True,
     # degrees of freedom when the nights add nothing beyond their samples.
     df_w = sum(k - 1 for _, k in within if k > 1)
     w_var = sum((k - 1) * r * r for r, k in within if k > 1) / df_w * scale ** 2 if df_w else 0.0
-    sigma = max(noise_sigma(y), floor, math.sqrt(w_var))
+    sigma = max(noise_sigma(y), floor)       # the first pass's noise
     # min_size=CONFIRM: a segment needs that many runs, so one or two outlying nights are
     # never a change (a lone one is "suspect" instead) and a change is confirmed by the runs
     # after it
