@@ -2,6 +2,7 @@
 same path throttled by a tbf qdisc on its tap compares as regressed, with exit status 1."""
 from __future__ import annotations
 
+import statistics
 import subprocess
 import sys
 
@@ -60,8 +61,12 @@ def _compare(base, new):
 def test_same_path_unchanged_throttled_path_regressed(guest_pair, tmp_path):
     base, b = _run(guest_pair, tmp_path, "base")
     same, s = _run(guest_pair, tmp_path, "same")
-    slow, t = _run(guest_pair, tmp_path, "throttled", throttle_mbit=max(10, int(min(b) / 5)))
-    assert max(t) < 0.5 * min(b), (b, t)
+    # the median: one BASE sample of a TCG guest on a busy host once fell to 18 Mbit/s
+    # against 230-430 for the others (the host stalled it), which the comparison can carry
+    # but a throttle set from the minimum cannot
+    typical = statistics.median(b)
+    slow, t = _run(guest_pair, tmp_path, "throttled", throttle_mbit=max(10, int(typical / 5)))
+    assert max(t) < 0.5 * typical, (b, t)
     p = _compare(base, same)
     # The same path never regresses. "Unchanged" must be shown by equivalence (the change's
     # interval within +-30 %), which 5 TCG samples a side may not be precise enough for: then

@@ -130,12 +130,30 @@ def prepare(ctx: Context, arm: Arm) -> Arm | list[SampleRecord]:
     for i, p in enumerate(paths):
         try:
             set_mtu(p, cell.mtu)
+            why = check_mtu(p, cell.mtu)
         except (CommandError, GuestError, TestbedError) as e:
-            return fail(ctx, cell, f"{pairs.label(by_pair, i)}could not set MTU {cell.mtu}: {e}")
-        why = check_mtu(p, cell.mtu)
+            why = f"could not set MTU {cell.mtu}: {e}"
         if why:
-            return fail(ctx, cell, f"{pairs.label(by_pair, i)}{why}")
+            # A guest that crashed or was destroyed between two cells fails the MTU step
+            # first (its agent stops answering): the loss is the cause, and marking it is
+            # what brings the guest back for the next cell, as a sample's failure does.
+            cause = gone([q.guard for q in paths if q.guard is not None])
+            reason = f"{pairs.label(by_pair, i)}{why}"
+            return fail(ctx, cell, f"{cause} (then: {reason})" if cause else reason)
     return dataclasses.replace(arm, paths=tuple(paths), by_pair=by_pair)
+
+
+def gone(guards: Sequence[hostwatch.Guard]) -> str | None:
+    """Objects of the paths missing, or their guests lost, as the guards see them now: the
+    cause, with each guard marked faulty so that the runner rebuilds the segment (and
+    brings lost guests back); None when nothing is."""
+    found: list[str] = []
+    for g in guards:
+        missing = g.missing()
+        if missing:
+            g.fault = "; ".join(missing)
+            found += [x for x in missing if x not in found]
+    return "; ".join(found) or None
 
 
 def fail(ctx: Context, cell: Cell, reason: str) -> list[SampleRecord]:
@@ -221,13 +239,7 @@ class _Sample:
 
     def _gone(self) -> str | None:
         """Objects missing before the window opened: the guard's fault, the segment to be rebuilt."""
-        found: list[str] = []
-        for g in self.guards:
-            gone = g.missing()
-            if gone:
-                g.fault = "; ".join(gone)
-                found += [x for x in gone if x not in found]
-        return "; ".join(found) or None
+        return gone(self.guards)
 
     def failed(self, reason: str, cpu_info: Mapping | None = None, extra: Mapping | None = None,
                check: Mapping | None = None) -> SampleRecord:
