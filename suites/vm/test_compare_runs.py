@@ -20,18 +20,19 @@ REPS = Repetitions(warmup=0, min_samples=5, max_samples=5, rsd_target=0)   # com
 
 
 def _run(gp, root, name, throttle_mbit=None):
-    """Five good samples of the cell on a freshly plugged path. A path whose samples failed
-    is plugged afresh once: twice on this 2-core TCG host the server guest's new virtio NIC
-    stopped receiving a few seconds into a stream (the guard saw TCP back off, 3-26 s gaps,
-    and the next sample could not reach netserver), which is the guest's fault, not the
-    comparison's, and each failed sample says so in the run written first."""
+    """Five good, steady samples of the cell on a freshly plugged path. A path whose samples
+    failed or spread wildly is plugged afresh once: twice on this 2-core TCG host the
+    server guest's new virtio NIC stopped receiving a few seconds into a stream (the guard
+    saw TCP back off, 3-26 s gaps, and the next sample could not reach netserver), which is
+    the guest's fault, not the comparison's, and each failed sample says so in the run
+    written first."""
     try:
         return _run_once(gp, root, name, throttle_mbit)
     except AssertionError as first:
         try:
             return _run_once(gp, root, f"{name}-again", throttle_mbit)
         except AssertionError as again:
-            raise AssertionError(f"twice too few good samples: {first}; then: {again}") from None
+            raise AssertionError(f"twice too few good or steady samples: {first}; then: {again}") from None
 
 
 def _run_once(gp, root, name, throttle_mbit=None):
@@ -50,7 +51,13 @@ def _run_once(gp, root, name, throttle_mbit=None):
     # A failed sample is recorded with its reason and left out of the comparison; the gate
     # still needs enough good ones on each side for a significance test.
     assert len(ok) >= 5, [s.reason for s in samples]
-    return root / name, [s.metrics["throughput_mbps"] for s in ok]
+    vals = [s.metrics["throughput_mbps"] for s in ok]
+    # A host busy with the suite's other workers can stall a TCG guest for seconds: five
+    # 3-s samples of 18-430 Mbit/s once made even a -78 % change honestly inconclusive.
+    # Such a run is measured again, like one with failed samples.
+    cv = statistics.stdev(vals) / statistics.mean(vals)
+    assert cv <= 0.5, f"samples spread {cv:.0%} (a TCG guest stalled by the busy host): {vals}"
+    return root / name, vals
 
 
 def _compare(base, new):
