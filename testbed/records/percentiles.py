@@ -21,7 +21,7 @@ import bisect
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 DEFAULT: tuple[float, ...] = (50.0, 90.0, 99.0, 99.9)
 #: metric names of percentiles: latency_p50_us, latency_p99_9_us, latency_p99_99_us
@@ -192,8 +192,7 @@ def _needs(chosen: list[Percentile], duration_s: float | None) -> list[Percentil
         if not c.sufficient and c.value_us is not None and c.n:
             rate = c.n / duration_s
             need = math.ceil(required(c.p) / rate)
-            c = Percentile(c.p, c.value_us, c.n, False, c.source,
-                           f"{c.note}: at {rate:,.0f} transactions/s, a sample of {need} s or more would have it")
+            c = replace(c, note=f"{c.note}: at {rate:,.0f} transactions/s, a sample of {need} s or more would have it")
         out.append(c)
     return out
 
