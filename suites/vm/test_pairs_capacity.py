@@ -29,7 +29,13 @@ matrix:
   pairs: [1, 2]
   profiles:
     - {name: paced, tool: iperf3, duration: 10, rate: 20gbit}
+  repetitions: {min: 1, max: 3, rsd_target: 0.5}
 """
+
+# Up to three samples a cell: four TCG guests on a two-core host can fail a sample honestly
+# (its two pairs ended more than 10 % of the test apart, or a stalled receiver left more
+# than the wire tolerance uncounted in its socket buffer). A failed sample is measured again
+# as a user's run would be; the test then asserts on the cell's first ok sample.
 
 
 # 10 s, not 3: iperf3's receiver stops counting at the end of the test, and what a slow TCG
@@ -59,8 +65,19 @@ def _samples(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
 
 
+def _first_ok(samples: list[dict]) -> dict[int, dict]:
+    """The first ok sample of each N (or, where none is ok, its first sample, so that the
+    assertion names the reason); every failed sample carries its reason."""
+    by_n: dict[int, list[dict]] = {}
+    for s in samples:
+        by_n.setdefault(s["cell"].get("pairs", 1), []).append(s)
+        if s["status"] != "ok":
+            assert s["reason"], s
+    return {n: next((s for s in ss if s["status"] == "ok"), ss[0]) for n, ss in by_n.items()}
+
+
 def test_pairs_give_per_pair_and_aggregate_samples_and_n2_is_saturated(run_dir):
-    by_n = {s["cell"].get("pairs", 1): s for s in _samples(run_dir)}
+    by_n = _first_ok(_samples(run_dir))
     assert set(by_n) == {1, 2}
     two = by_n[2]
     assert two["status"] == "ok", two["reason"]
