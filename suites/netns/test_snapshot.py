@@ -36,7 +36,14 @@ def ours(lines: Sequence[str], *names: str) -> list[str]:
     Other suites may run on this host at the same time, and by house rule everything they
     create is named tb-...; their objects must not fail this suite, anything else must.
     """
-    return [line for line in lines if PREFIX not in line or any(n in line for n in names)]
+    return [line for line in lines
+            if (PREFIX not in line and not OVS_DATAPATH.search(line)) or any(n in line for n in names)]
+
+
+#: the OVS datapath's own device (ovs-netdev for the userspace datapath, ovs-system for the
+#: kernel's) and its addresses: ovs-vswitchd adds it with the first bridge of that datapath
+#: and removes it with the last, so another worker's tb- bridge coming or going moves it too
+OVS_DATAPATH = re.compile(r"\bovs-(netdev|system)\b")
 
 
 def unique(suffix: str = "") -> str:

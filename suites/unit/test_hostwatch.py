@@ -14,14 +14,29 @@ from testbed.host.hostwatch import Daemon, Guard, Seen
 
 
 def test_gaps_are_silences_between_traffic_not_at_the_ends():
-    # 0.25 s readings: quiet start, traffic, 1.25 s of nothing, traffic, quiet end
+    # 0.25 s readings: quiet start, traffic (10 kB a reading), 1.25 s of nothing, traffic, quiet end
     t = [i * 0.25 for i in range(20)]
-    b = [0, 0, 0, 10, 20, 30, 40, 40, 40, 40, 40, 40, 50, 60, 70, 80, 80, 80, 80, 80]
+    b = [x * 1000 for x in (0, 0, 0, 10, 20, 30, 40, 40, 40, 40, 40, 40, 50, 60, 70, 80, 80, 80, 80, 80)]
     (g,) = hostwatch.gaps(list(zip(t, b)))
     assert (g.at_s, g.length_s) == (1.5, 1.25)
     assert hostwatch.gaps(list(zip(t, b)), min_gap_s=1.5) == []
-    assert hostwatch.gaps([(0, 0), (1, 5), (2, 10), (3, 15)]) == []
+    assert hostwatch.gaps([(0, 0), (1, 5000), (2, 10000), (3, 15000)]) == []
     assert hostwatch.gaps([(0, 0), (5, 0), (6, 0)]) == []      # never moved: not a gap
+
+
+def test_a_quiet_end_followed_by_a_neighbour_probe_is_no_gap():
+    """The end of a 60 s sockperf run as the taps counted it: ping-pong traffic, then 4.5 s
+    of silence while the client writes its log, then a unicast ARP probe and its reply (120
+    bytes). That is a quiet end, not a stall; the same silence followed by the tool's
+    traffic again is a gap."""
+    t = [i * 0.25 for i in range(40)]
+    probe = [i * 5000 if i < 10 else 45000 if i < 28 else 45120 for i in range(40)]
+    assert hostwatch.gaps(list(zip(t, probe)), min_gap_s=2.0) == []
+    resumed = [i * 5000 if i < 10 else 45000 if i < 28 else 45000 + (i - 27) * 5000 for i in range(40)]
+    (g,) = hostwatch.gaps(list(zip(t, resumed)), min_gap_s=2.0)
+    assert (g.at_s, g.length_s) == (2.25, 4.5)
+    # the threshold is the bytes to the window's end: a probe, then the tool again, is a gap
+    assert hostwatch.gaps(list(zip(t, probe)), min_gap_s=2.0, min_after_bytes=100) != []
 
 
 def test_an_ongoing_silence_after_traffic_is_a_stall_once_long_enough():
@@ -63,9 +78,9 @@ def test_a_silence_the_tool_keeps_at_its_start_is_no_gap_but_one_later_is():
     def run(quiet_s: float) -> str | None:
         start = time.monotonic()
 
-        def read() -> int:      # bytes for 0.3 s, none for 1.2 s, then bytes again
+        def read() -> int:      # 100 kB/s for 0.3 s, none for 1.2 s, then 100 kB/s again
             dt = time.monotonic() - start
-            return int(dt * 1000) if dt < 0.3 else 300 if dt < 1.5 else 300 + int((dt - 1.5) * 1000)
+            return int(dt * 1e5) if dt < 0.3 else 30000 if dt < 1.5 else 30000 + int((dt - 1.5) * 1e5)
         guard = Guard(read_bytes=read, devices=("tb-x-a",), interval_s=0.05)
         with guard.sample() as sw:
             sw.tools_from, sw.quiet_until = start, start + quiet_s

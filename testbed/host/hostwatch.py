@@ -16,8 +16,10 @@ lose the same seconds, so the wire cross-check agrees. The error messages do not
   a stretch of at least ``MIN_GAP_S`` with no byte on them, with traffic before and after it,
   fails the sample with its time and length. It catches a link flap or a stall that no
   daemon reports. A silence that begins within the tool's own pause at its start
-  (``ToolDriver.quiet_start_s``: sockperf sleeps after its warm-up messages) is not one. A silence after traffic that lasts ``STALL_STOP_S`` while the tools still
-  run stops them there (the sample has failed whatever comes next).
+  (``ToolDriver.quiet_start_s``: sockperf sleeps after its warm-up messages) is not one,
+  nor is a quiet end followed only by the kernel's few frames (``MIN_AFTER_BYTES``). A
+  silence after traffic that lasts ``STALL_STOP_S`` while the tools still run stops them
+  there (the sample has failed whatever comes next).
 
 A daemon or object fault also marks the guard ``fault``: the runner then waits (at most
 ``COMEBACK_S``) for the daemons to come back, and builds the segment again for the next
@@ -45,6 +47,14 @@ INTERVAL_S = 0.25
 #: the shortest silence counted as a gap: a 1 s link flap stalls TCP for longer (its
 #: retransmission timer backs off), and no stream here idles for this long on its own
 MIN_GAP_S = 0.75
+#: what must cross the devices after a silence, to the window's end, for it to be a gap and
+#: not a quiet end: a UDP request/response leaves the sender's neighbour entry unconfirmed,
+#: so the kernel probes it (a unicast ARP request and its reply, about 120 bytes on the two
+#: devices) some 5 s after the tool's last frame, and at the end of a 60 s sockperf run
+#: (which spends seconds writing its full log before it exits) that probe made the quiet
+#: end a 2-4 s "stall" with traffic on both sides. 4 KiB is some 70 minimum-size frames:
+#: any tool that resumes after a real stall sends more before the window ends.
+MIN_AFTER_BYTES = 4096
 #: the same for guests: a TCG guest on a loaded 2-core host can go a second without running
 #: its vCPU thread, which is the host's noise (the noise guard's business), not a stall
 MIN_GAP_GUEST_S = 2.0
@@ -142,19 +152,21 @@ class Gap:
     length_s: float
 
 
-def gaps(readings: Sequence[tuple[float, int]], min_gap_s: float = MIN_GAP_S) -> list[Gap]:
+def gaps(readings: Sequence[tuple[float, int]], min_gap_s: float = MIN_GAP_S,
+         min_after_bytes: int = MIN_AFTER_BYTES) -> list[Gap]:
     """Pure: stretches with no byte counted between two readings that did count bytes,
     lasting at least ``min_gap_s``. ``readings``: (monotonic time, cumulative bytes). A quiet
     start or end (connection set-up, the tool winding down) is not a gap: traffic must be
-    seen on both sides of it."""
+    seen on both sides of it, and after it at least ``min_after_bytes`` to the window's end
+    (a few frames after a quiet end are the kernel's, not traffic: MIN_AFTER_BYTES)."""
     out = []
     if len(readings) < 3:
         return out
-    t0 = readings[0][0]
+    t0, end_bytes = readings[0][0], readings[-1][1]
     last_moving: float | None = None      # when bytes were last seen to move
     for (ta, ba), (tb, bb) in zip(readings, readings[1:]):
         if bb != ba:
-            if last_moving is not None and ta - last_moving >= min_gap_s:
+            if last_moving is not None and ta - last_moving >= min_gap_s and end_bytes - ba >= min_after_bytes:
                 out.append(Gap(round(last_moving - t0, 2), round(ta - last_moving, 2)))
             last_moving = tb
     return out
