@@ -21,18 +21,18 @@ REPS = Repetitions(warmup=0, min_samples=5, max_samples=5, rsd_target=0)   # com
 
 def _run(gp, root, name, throttle_mbit=None):
     """Five good, steady samples of the cell on a freshly plugged path. A path whose samples
-    failed or spread wildly is plugged afresh once: twice on this 2-core TCG host the
-    server guest's new virtio NIC stopped receiving a few seconds into a stream (the guard
-    saw TCP back off, 3-26 s gaps, and the next sample could not reach netserver), which is
-    the guest's fault, not the comparison's, and each failed sample says so in the run
-    written first."""
-    try:
-        return _run_once(gp, root, name, throttle_mbit)
-    except AssertionError as first:
+    failed or spread wildly is plugged afresh, up to three times in all: twice on this 2-core
+    TCG host the server guest's new virtio NIC stopped receiving a few seconds into a stream
+    (the guard saw TCP back off, 3-26 s gaps, and the next sample could not reach netserver),
+    which is the guest's fault, not the comparison's, and each failed sample says so in the
+    run written first."""
+    errors = []
+    for attempt in range(3):
         try:
-            return _run_once(gp, root, f"{name}-again", throttle_mbit)
-        except AssertionError as again:
-            raise AssertionError(f"twice too few good or steady samples: {first}; then: {again}") from None
+            return _run_once(gp, root, name if not attempt else f"{name}-again{attempt}", throttle_mbit)
+        except AssertionError as e:
+            errors.append(str(e))
+    raise AssertionError("three times too few good or steady samples: " + "; then: ".join(errors))
 
 
 def _run_once(gp, root, name, throttle_mbit=None):
@@ -52,11 +52,14 @@ def _run_once(gp, root, name, throttle_mbit=None):
     # still needs enough good ones on each side for a significance test.
     assert len(ok) >= 5, [s.reason for s in samples]
     vals = [s.metrics["throughput_mbps"] for s in ok]
-    # A host busy with the suite's other workers can stall a TCG guest for seconds: five
-    # 3-s samples of 18-430 Mbit/s once made even a -78 % change honestly inconclusive.
-    # Such a run is measured again, like one with failed samples.
-    cv = statistics.stdev(vals) / statistics.mean(vals)
-    assert cv <= 0.5, f"samples spread {cv:.0%} (a TCG guest stalled by the busy host): {vals}"
+    # A host busy with the suite's other workers can stall a TCG guest for seconds: samples
+    # spread that widely once made even a -78 % change honestly inconclusive, so such a run is
+    # measured again, like one with failed samples. A stall only lowers a sample, so the
+    # spread is taken without the lowest one: one stalled sample of five (57 against 136-301
+    # Mbit/s) still leaves a throttled path plainly regressed by the gate's own test.
+    upper = sorted(vals)[1:]
+    cv = statistics.stdev(upper) / statistics.mean(upper)
+    assert cv <= 0.5, f"samples spread {cv:.0%} without the lowest (a TCG guest stalled by the busy host): {vals}"
     return root / name, vals
 
 
