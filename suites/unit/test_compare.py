@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from testbed import errors
-from testbed.analysis import compare
+from testbed.analysis import compare, stats
 from testbed.cli import results as cli_results
 from testbed.records.results import RunWriter, SampleRecord, now
 from testbed.topology.model import Attachment, Backend, Cell, GuestSpec, HostSpec, Matrix, Pattern, Profile, Topology
@@ -303,3 +303,28 @@ def test_unknown_run_is_a_usage_error(tmp_path, capsys):
 def test_threshold_outside_0_1_is_rejected(tmp_path, capsys):
     with pytest.raises(SystemExit):
         run_cli(["compare", "a", "b", "--threshold", "1.5"], capsys)
+
+
+def test_an_undecided_gate_says_what_the_hosts_noise_resolves(tmp_path, capsys):
+    """Unchanged cells at 8 % noise cannot be shown within 5 % by five samples a side: the
+    gate stays undecided and says so in one line, with the smallest detectable changes and
+    the samples the threshold would need; at a threshold the noise resolves it passes."""
+    def noisy(run_id, seed):
+        rng = np.random.default_rng(seed)
+        write_run(tmp_path, run_id, {cell(STREAM, "bridge", mtu): [
+            (stream_metrics(2000 * rng.normal(1, 0.08)), cpu(1.6, 1.4, 1.6)) for _ in range(5)]
+            for mtu in (1500, 9000)})
+    noisy("base", 11)
+    noisy("new", 12)
+    rc, out, _ = run_cli(["compare", "base", "new", "--results", str(tmp_path)], capsys)
+    assert rc == 5, out
+    line = next(x for x in out.splitlines() if x.startswith("resolution:"))
+    res = compare.compare_runs(compare.load("base", tmp_path), compare.load("new", tmp_path))
+    mdcs = sorted(m.comparison.mdc for c in res.undecided for m in c.metrics
+                  if m.decides and m.comparison.verdict is stats.Verdict.INCONCLUSIVE)
+    assert f"{mdcs[0]:.1%} to {mdcs[-1]:.1%}" in line and "threshold of 5%" in line, line
+    need = int(line.split("about ")[1].split()[0])
+    assert need > 5 * (mdcs[0] / 0.05) ** 2 * 0.99, line        # samples grow as the mdc squared
+    assert "this host's noise, not the build" in line
+    rc, out, _ = run_cli(["compare", "base", "new", "--results", str(tmp_path), "--threshold", "0.3"], capsys)
+    assert rc == 0 and "resolution:" not in out, out

@@ -710,11 +710,35 @@ def render_text(rc: RunComparison) -> str:
     elif rc.undecided or not rc.cells:
         lines.append(f"GATE UNDECIDED (exit {UNDECIDED_STATUS}): "
                      + (", ".join(f"{c.cell_id} {c.verdict.value}" for c in rc.undecided) or "no cells"))
+        lines.extend(filter(None, [resolution(rc)]))
     if rc.undecided_shifts and not rc.failing_shifts:
         lines.append("WATCH (no effect on the exit status): " + ", ".join(
             f"night shift {s.metric} {s.change:+.1%}, near the threshold" for s in rc.undecided_shifts)
             + "; `testbed history` tells a host's drift from a lasting change of the build")
     return "\n".join(lines) + "\n"
+
+
+def resolution(rc: RunComparison) -> str | None:
+    """One line on what this host's noise lets the gate resolve, when cells stayed
+    undecided: the smallest detectable change of their undecided deciding metrics at the
+    samples taken, and the samples a side their median one would need to reach the
+    threshold. An unchanged cell is shown unchanged only when its interval fits within
+    +-threshold, so a threshold below the host's resolution leaves it undecided every night,
+    whatever the build: the remedy is the host (quiet it, pin the testbed), more samples,
+    or a threshold the host can resolve, not a rerun."""
+    mdcs = sorted((m.comparison.mdc, max(m.comparison.base.n, m.comparison.new.n))
+                  for c in rc.undecided for m in c.metrics
+                  if m.decides and m.comparison.mdc and m.comparison.verdict is stats.Verdict.INCONCLUSIVE)
+    if not mdcs or not rc.threshold:
+        return None
+    mdc, n = mdcs[len(mdcs) // 2]
+    need = max(n, math.ceil(n * (mdc / rc.threshold) ** 2))
+    over = mdcs[0][0] > rc.threshold
+    return (f"resolution: the undecided metrics could detect changes of {mdcs[0][0]:.1%} to "
+            f"{mdcs[-1][0]:.1%} (median {mdc:.1%} at {n} samples a side) against a threshold of "
+            f"{rc.threshold:.0%}; about {need} samples a side would bring the median to it"
+            + ("; every one is above it: this host's noise, not the build, holds the gate (quiet "
+               "or pin the host, measure more, or choose a threshold it resolves)" if over else ""))
 
 
 def render_junit(rc: RunComparison) -> str:

@@ -73,7 +73,7 @@ def compare_quantile(base: Sequence[float], new: Sequence[float], *, threshold: 
     (:func:`testbed.analysis.stats.compare`: the log-scale change against the threshold,
     with the resolution's variance), the bootstrap interval of the ratio shown."""
     c = stats.compare(base, new, higher_is_better=False, threshold=threshold, alpha=alpha,
-                      min_samples=min_samples, spread_from=spread_from)
+                      min_samples=min_samples, spread_from=spread_from, trim=stats.TRIM)
     if c.verdict is stats.Verdict.INSUFFICIENT:
         return c
     note = f"{TEST}: per-sample percentiles, mean {c.base.mean:.4g} -> {c.new.mean:.4g} us"
