@@ -347,7 +347,7 @@ def _cell(run: RunRecord, cid: str, base: list[SampleRecord], new: list[SampleRe
         if vb and vn:
             results_.append(MetricResult(metric, decides, stats.compare(
                 vb, vn, higher_is_better=higher, threshold=threshold, alpha=alpha, test=test,
-                min_samples=min_samples, spread_from=spread_from(run))))
+                min_samples=min_samples, spread_from=spread_from(run), trim=stats.TRIM)))
     # percentiles (p50 .. p99.9, as chosen) by a method fit for quantiles: testbed.analysis.tailgate
     results_ += [MetricResult(k, rr, c) for k, c in tailgate.comparisons(
         [s.metrics for s in ok_b], [s.metrics for s in ok_n], threshold=threshold, alpha=alpha,

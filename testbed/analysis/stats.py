@@ -633,7 +633,7 @@ def compare(base: Sequence[float], new: Sequence[float], *, higher_is_better: bo
       target between min and max samples) that always takes this many; the variance the
       moderated t uses comes from each side's first ``spread_from`` samples, which the
       rule cannot have chosen (:func:`log_spread`).
-    - ``trim`` (percentiles: :data:`TRIM`): where ``auto`` would take the permutation test
+    - ``trim`` (the gate: :data:`TRIM`): where ``auto`` would take the permutation test
       because a side is not normal, Yuen's trimmed test on the logs decides instead
       (:func:`trimmed_evidence`): a heavy-tailed sample moves a mean, not a trimmed one.
     """
