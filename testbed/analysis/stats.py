@@ -219,6 +219,12 @@ class Evidence:
     se: float
     df: float
 
+    def p_two_sided(self) -> float:
+        """The two-sided p of d = 0 (1 for no change and no spread, 0 for a change without)."""
+        if self.se <= 0.0:
+            return 1.0 if self.d == 0.0 else 0.0
+        return 2.0 * t_cdf(-abs(self.d) / self.se, self.df)
+
     def interval(self, alpha: float) -> tuple[float, float]:
         """The (1 - 2 alpha) interval of d (the two one-sided tests' interval)."""
         half = t_ppf(1.0 - alpha, self.df) * self.se if self.se > 0 else 0.0
@@ -695,9 +701,7 @@ def compare(base: Sequence[float], new: Sequence[float], *, higher_is_better: bo
     if _is_constant(b) and _is_constant(nw) and delta == 0.0:
         p, ci = 1.0, None
     elif robust is not None:
-        p = 1.0 if robust.se == 0.0 and robust.d == 0.0 else (
-            0.0 if robust.se == 0.0 else 2.0 * t_cdf(-abs(robust.d) / robust.se, robust.df))
-        ci = None
+        p, ci = robust.p_two_sided(), None
     else:
         p, ci = _p_value(used, b, nw, sb, sn)
     if not math.isfinite(p):
@@ -708,9 +712,7 @@ def compare(base: Sequence[float], new: Sequence[float], *, higher_is_better: bo
                             log_spread=(log_spread(b, nw, spread_from, q)
                                         if used == "welch" else None))
     if robust is not None:
-        lo, hi = robust.interval(alpha)
-        mdc = (t_ppf(1.0 - alpha / 2, robust.df) + t_ppf(MDC_POWER, robust.df)) * robust.se
-        c = dataclasses.replace(c, change_ci=(math.expm1(lo), math.expm1(hi)), mdc=-math.expm1(-mdc))
+        c = dataclasses.replace(c, mdc=interval_and_mdc(robust.d, robust.se, robust.df, alpha, log=True)[1])
     return with_evidence(c, robust or log_evidence(b, nw, spread_from, q))
 
 
