@@ -382,16 +382,16 @@ def log_evidence(b: np.ndarray, nw: np.ndarray, spread_from: int | None = None,
     return Evidence(d, se, float(df))
 
 
-#: share of each side trimmed from either end by Yuen's test (a percentile's heavy-tailed
-#: samples): one sample of ten, so five samples a side are never trimmed
+#: share of each side trimmed from either end by Yuen's test (a side with a hiccup, see
+#: HICCUP): one sample of ten, so five samples a side are never trimmed
 TRIM = 0.1
 
 
 #: a sample this many robust standard deviations (1.4826 MAD of the logs) from its side's
 #: median is a hiccup (a stall, a scheduler delay), not the noise. Simulated sides of ten
 #: samples have one that far in 0.2 % of normal sides (the MAD of ten is itself noisy: at
-#: 5, 3.6 %) and 3 % of Student's t with 3 degrees of freedom; the real p99 hiccup below
-#: (335 us among 65-99 us) is 38 robust SDs out
+#: 5, 3.6 %) and 3 % of Student's t with 3 degrees of freedom; a real p99 hiccup of one
+#: quiet night (335 us among 65-99 us) is 38 robust SDs out
 HICCUP = 10.0
 
 
@@ -690,7 +690,7 @@ def compare(base: Sequence[float], new: Sequence[float], *, higher_is_better: bo
     far = [name for name, arr in (("base", b), ("new", nw)) if trim and hiccup(arr, q)]
     robust = trimmed_evidence(b, nw, trim, q) if far and test == "auto" else None
     if robust is not None:
-        used, why = "yuen", f"{' and '.join(far)} has a sample beyond {HICCUP} robust SDs: {trim:.0%} trimmed from each end"
+        used, why = "yuen", f"{' and '.join(far)} has a sample beyond {HICCUP:g} robust SDs: {trim:.0%} trimmed from each end"
     if used == "welch" and _is_constant(b) and _is_constant(nw):
         used, why = "permutation", "zero variance: Welch undefined"
     if used == "mannwhitney" and min_mannwhitney_p(sb.n, sn.n) >= alpha:
