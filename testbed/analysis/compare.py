@@ -726,17 +726,17 @@ def resolution(rc: RunComparison) -> str | None:
     +-threshold, so a threshold below the host's resolution leaves it undecided every night,
     whatever the build: the remedy is the host (quiet it, pin the testbed), more samples,
     or a threshold the host can resolve, not a rerun."""
-    mdcs = sorted((m.comparison.mdc, max(m.comparison.base.n, m.comparison.new.n))
-                  for c in rc.undecided for m in c.metrics
-                  if m.decides and m.comparison.mdc and m.comparison.verdict is stats.Verdict.INCONCLUSIVE)
-    if not mdcs or not rc.threshold:
+    comps = sorted((m.comparison for c in rc.undecided for m in c.metrics
+                    if m.decides and m.comparison.mdc and m.comparison.verdict is stats.Verdict.INCONCLUSIVE),
+                   key=lambda x: x.mdc)
+    if not comps or not rc.threshold:
         return None
-    mdc, n = mdcs[len(mdcs) // 2]
-    need = max(n, math.ceil(n * (mdc / rc.threshold) ** 2))
-    over = mdcs[0][0] > rc.threshold
-    return (f"resolution: the undecided metrics could detect changes of {mdcs[0][0]:.1%} to "
-            f"{mdcs[-1][0]:.1%} (median {mdc:.1%} at {n} samples a side) against a threshold of "
-            f"{rc.threshold:.0%}; about {need} samples a side would bring the median to it"
+    mid = comps[len(comps) // 2]
+    over = comps[0].mdc > rc.threshold
+    return (f"resolution: the undecided metrics could detect changes of {comps[0].mdc:.1%} to "
+            f"{comps[-1].mdc:.1%} (median {mid.mdc:.1%} at {max(mid.base.n, mid.new.n)} samples a "
+            f"side) against a threshold of {rc.threshold:.0%}; about {tailgate.samples_for(mid)} "
+            "samples a side would bring the median to it"
             + ("; every one is above it: this host's noise, not the build, holds the gate (quiet "
                "or pin the host, measure more, or choose a threshold it resolves)" if over else ""))
 

@@ -318,6 +318,12 @@ class LogSpread:
     scale: float
 
 
+def rounding_variance(x: np.ndarray, quantum: float) -> float:
+    """The log variance that rounding to ``quantum`` adds at the level of ``x``: quantum^2 /
+    12 (Sheppard) over the squared mean, the floor of a quantised side's log variance."""
+    return quantum ** 2 / 12.0 / float(np.mean(x)) ** 2
+
+
 def log_spread(b: np.ndarray, nw: np.ndarray, spread_from: int | None = None,
                quantum: float | None = None) -> LogSpread | None:
     """None when a sample is not positive (no log) or the pooled log variance is 0.
@@ -342,7 +348,7 @@ def log_spread(b: np.ndarray, nw: np.ndarray, spread_from: int | None = None,
         return None
     s2 = float((np.sum((vb - vb.mean()) ** 2) + np.sum((vn - vn.mean()) ** 2)) / df)
     if quantum:
-        s2 = max(s2, quantum ** 2 / 12.0 / float(np.mean(np.concatenate([b, nw]))) ** 2)
+        s2 = max(s2, rounding_variance(np.concatenate([b, nw]), quantum))
     if not s2 > 0.0:
         return None
     return LogSpread(float(ln.mean() - lb.mean()), s2, int(df),
@@ -364,8 +370,7 @@ def log_evidence(b: np.ndarray, nw: np.ndarray, spread_from: int | None = None,
         xb, xn = (lb, ln) if spread_from is None else (lb[:spread_from], ln[:spread_from])
         vb, vn = float(np.var(xb, ddof=1)), float(np.var(xn, ddof=1))
         if quantum:
-            vb = max(vb, quantum ** 2 / 12.0 / float(np.mean(b)) ** 2)
-            vn = max(vn, quantum ** 2 / 12.0 / float(np.mean(nw)) ** 2)
+            vb, vn = max(vb, rounding_variance(b, quantum)), max(vn, rounding_variance(nw, quantum))
         nb_, nn_ = xb.size, xn.size
     else:
         mb, mn = float(np.mean(b)), float(np.mean(nw))
@@ -435,7 +440,7 @@ def trimmed_evidence(b: np.ndarray, nw: np.ndarray, trim: float = TRIM,
         vw = float(np.var(w, ddof=1))
         parts.append((float(np.mean(x[g:n - g])), (n - 1) * vw / (h * (h - 1)), h))
     if quantum:
-        floors = [quantum ** 2 / 12.0 / float(np.mean(a)) ** 2 / a.size for a in (b, nw)]
+        floors = [rounding_variance(a, quantum) / a.size for a in (b, nw)]
         parts = [(m, max(d, f), h) for (m, d, h), f in zip(parts, floors)]
     (mb, db, hb), (mn, dn, hn) = parts
     se = math.sqrt(db + dn)
@@ -687,8 +692,8 @@ def compare(base: Sequence[float], new: Sequence[float], *, higher_is_better: bo
             c, verdict=Verdict.INSUFFICIENT,
             note=f"insufficient: {sb.n} BASE and {sn.n} NEW samples, {min_samples} needed a side")
     used, why = (choose_test(b, nw) if test == "auto" else (test, ""))
-    far = [name for name, arr in (("base", b), ("new", nw)) if trim and hiccup(arr, q)]
-    robust = trimmed_evidence(b, nw, trim, q) if far and test == "auto" else None
+    far = [name for name, arr in (("base", b), ("new", nw)) if trim and test == "auto" and hiccup(arr, q)]
+    robust = trimmed_evidence(b, nw, trim, q) if far else None
     if robust is not None:
         used, why = "yuen", f"{' and '.join(far)} has a sample beyond {HICCUP:g} robust SDs: {trim:.0%} trimmed from each end"
     if used == "welch" and _is_constant(b) and _is_constant(nw):
