@@ -75,8 +75,12 @@ def test_same_path_unchanged_throttled_path_regressed(guest_pair, tmp_path):
     # against 230-430 for the others (the host stalled it), which the comparison can carry
     # but a throttle set from the minimum cannot
     typical = statistics.median(b)
-    slow, t = _run(guest_pair, tmp_path, "throttled", throttle_mbit=max(10, int(typical / 5)))
-    assert max(t) < 0.5 * typical, (b, t)
+    # Cut to a tenth: a fifth (-80 %) was once left honestly undecided, its interval -86 % to
+    # -20 %, when stalls spread BASE's five samples on a busy 2-core host. What this test
+    # checks is that real runs reach the gate and a plain regression exits 1; the gate's
+    # power at small changes is `testbed bench gate`'s.
+    slow, t = _run(guest_pair, tmp_path, "throttled", throttle_mbit=max(5, int(typical / 10)))
+    assert max(t) < 0.3 * typical, (b, t)
     p = _compare(base, same)
     # The same path never regresses. "Unchanged" must be shown by equivalence (the change's
     # interval within +-30 %), which 5 TCG samples a side may not be precise enough for: then
