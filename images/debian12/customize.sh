@@ -24,9 +24,12 @@ for kdir in "$root"/lib/modules/*; do
   mkdir -p "$ird/bin" "$ird/dev" "$ird/proc" "$ird/root" "$ird/modules"
   cp "$busybox" "$ird/bin/busybox"
   install -m 0755 "$here/files/init" "$ird/init"
-  chroot "$root" modprobe -S "$kver" --show-depends -a virtio_pci virtio_blk \
+  # isofs: the seed disk's filesystem. Loaded here by busybox's insmod, not at the seed's
+  # mount, where the kernel starts modprobe (a process start under TCG, about a second,
+  # on the way to cloud-init's local stage).
+  chroot "$root" modprobe -S "$kver" --show-depends -a virtio_pci virtio_blk isofs \
     | awk '$1 == "insmod" && !seen[$2]++ { print $2 }' > "$ird/order.paths"
-  [ -s "$ird/order.paths" ] || { echo "customize: no virtio modules found for $kver" >&2; exit 1; }
+  [ -s "$ird/order.paths" ] || { echo "customize: no virtio or isofs modules found for $kver" >&2; exit 1; }
   while read -r ko; do
     cp "$root$ko" "$ird/modules/"
     basename "$ko" >> "$ird/modules/order"
@@ -56,7 +59,7 @@ done
 # nobody loads, utmp and login bookkeeping for a guest nobody logs in to, the random seed
 # file (virtio-rng feeds the pool and the testbed mixes host randomness in after a
 # restore), sysusers (users were made at build time), and the journal's flush to disk
-# (the journal stays in /run, see journald.conf.d below).
+# (there is no journal: see below).
 for u in systemd-update-utmp.service systemd-update-utmp-runlevel.service \
          systemd-user-sessions.service systemd-random-seed.service systemd-sysusers.service \
          systemd-journal-flush.service kmod-static-nodes.service \
@@ -78,23 +81,40 @@ chroot "$root" systemctl mask cloud-init.service >/dev/null 2>&1 || true
 # its place after multi-user.target and asks that process for the stage (files/cloud-final-go).
 install -d "$root/usr/local/lib/testbed"
 install -m 0755 "$here/files/cloud-init-boot" "$here/files/cloud-final-go" "$root/usr/local/lib/testbed/"
-for u in cloud-init-local cloud-final systemd-remount-fs systemd-udev-trigger systemd-journald systemd-udevd; do
+for u in cloud-init-local cloud-final systemd-remount-fs systemd-udev-trigger systemd-udevd; do
   mkdir -p "$root/etc/systemd/system/$u.service.d"
 done
 install -m 0644 "$here/files/cloud-init-local.conf" "$root/etc/systemd/system/cloud-init-local.service.d/10-testbed.conf"
+# The clock set by the host after a restore through a FIFO, without a process started per
+# restore (files/testbed-clock): the socket unit is enabled, the service starts on the
+# first write (the testbed makes one before the guest's snapshot is saved).
+install -m 0755 "$here/files/testbed-clock" "$root/usr/local/lib/testbed/"
+install -m 0644 "$here/files/testbed-clock.socket" "$here/files/testbed-clock.service" "$root/etc/systemd/system/"
+chroot "$root" systemctl enable testbed-clock.socket >/dev/null
 # The seed disk mounted where NoCloud reads its seed folder (files/var-lib-cloud-seed-nocloud.mount).
 install -m 0644 "$here/files/var-lib-cloud-seed-nocloud.mount" "$root/etc/systemd/system/"
-# journald and udevd without their sandbox (files/sandbox-off.conf).
-for u in systemd-journald systemd-udevd; do
-  install -m 0644 "$here/files/sandbox-off.conf" "$root/etc/systemd/system/$u.service.d/10-testbed.conf"
-done
+# udevd without its sandbox (files/sandbox-off.conf).
+install -m 0644 "$here/files/sandbox-off.conf" "$root/etc/systemd/system/systemd-udevd.service.d/10-testbed.conf"
 install -m 0644 "$here/files/cloud-final.conf" "$root/etc/systemd/system/cloud-final.service.d/10-testbed.conf"
 # No remount of a root the initrd mounted read-write with fstab's options already.
 install -m 0644 "$here/files/remount-fs.conf" "$root/etc/systemd/system/systemd-remount-fs.service.d/10-testbed.conf"
 # udev's coldplug for the subsystems a guest uses only (files/udev-trigger.conf).
 install -m 0644 "$here/files/udev-trigger.conf" "$root/etc/systemd/system/systemd-udev-trigger.service.d/10-testbed.conf"
-mkdir -p "$root/etc/systemd/journald.conf.d"
-printf '[Journal]\nStorage=volatile\n' > "$root/etc/systemd/journald.conf.d/10-testbed.conf"
+# No journald: its start was the second-largest unit of a cold boot under TCG (4.8 s of the
+# one vCPU while cloud-init started, docs/performance.md), and nothing the testbed measures
+# or reads needs a journal. systemd's own messages go to the kernel's log (dmesg); cloud-init's
+# output goes to the console (files/cloud-init-local.conf), where the boot log is; its log
+# file is /var/log/cloud-init.log as before. What services print goes to the console too
+# (system.conf.d: the default TTYPath is /dev/console), which the testbed keeps per guest
+# beside the run; `systemctl status` shows their state. The static /dev nodes of
+# tmpfiles-setup-dev are for modules kmod-static-nodes (masked above) would list.
+mkdir -p "$root/etc/systemd/system.conf.d"
+printf '[Manager]\nDefaultStandardOutput=tty\nDefaultStandardError=tty\n' > "$root/etc/systemd/system.conf.d/10-testbed.conf"
+for u in systemd-journald.service systemd-journald.socket systemd-journald-dev-log.socket \
+         systemd-journald-audit.socket systemd-journal-catalog-update.service \
+         systemd-tmpfiles-setup-dev.service; do
+  chroot "$root" systemctl mask "$u" >/dev/null 2>&1 || true
+done
 
 # systemd-modules-load: the image lists no modules to load (modules.conf is all comments),
 # yet the unit starts because the file exists.
@@ -123,8 +143,8 @@ printf 'blacklist %s\n' kvm kvm_amd kvm_intel irqbypass evdev serio_raw psmouse 
   powernow_k8 acpi_cpufreq > "$root/etc/modprobe.d/testbed-unused.conf"
 
 # Generators run before any unit starts, each one a process under TCG. Kept: fstab (the
-# root remount) and cloud-init's (it enables cloud-init.target). No getty on the serial
-# console either: nobody logs in; the console is the boot log.
+# root remount). No getty on the serial console either: nobody logs in; the console is the
+# boot log.
 mkdir -p "$root/etc/systemd/system-generators"
 for g in systemd-gpt-auto-generator systemd-cryptsetup-generator systemd-integritysetup-generator \
          systemd-veritysetup-generator systemd-hibernate-resume-generator \
@@ -132,10 +152,16 @@ for g in systemd-gpt-auto-generator systemd-cryptsetup-generator systemd-integri
          systemd-run-generator systemd-debug-generator systemd-getty-generator; do
   ln -sf /dev/null "$root/etc/systemd/system-generators/$g"
 done
-# ds-identify (run by cloud-init's generator) probes DMI, block devices and the kernel
-# command line for every datasource cloud-init knows, in shell, on every boot; the image's
-# datasource_list is NoCloud only, so there is nothing to identify. Without it the
-# generator enables cloud-init directly.
+# cloud-init's generator is a shell script that starts three more processes
+# (systemd-detect-virt, mkdir, ln) while every unit waits for generators, to find on every
+# boot what the image fixes at build time: cloud-init is enabled (the recipe's kernel
+# command line says cloud-init=enabled, which `cloud-init status` reads) and cloud-init.target
+# is wanted by multi-user.target, as the generator would link it. ds-identify, which the
+# generator would run, probes for every datasource cloud-init knows; the image's
+# datasource_list is NoCloud only. It stays diverted so that nothing runs it.
+ln -sf /dev/null "$root/etc/systemd/system-generators/cloud-init-generator"
+mkdir -p "$root/etc/systemd/system/multi-user.target.wants"
+ln -sf /lib/systemd/system/cloud-init.target "$root/etc/systemd/system/multi-user.target.wants/cloud-init.target"
 chroot "$root" dpkg-divert --quiet --local --rename --add /usr/lib/cloud-init/ds-identify
 
 # Keep the image small.

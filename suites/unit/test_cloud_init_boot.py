@@ -63,6 +63,16 @@ except client.exceptions.RequestException as e:
     assert client.retry_on_url_exc(exceptions.Timeout()) and not client.retry_on_url_exc(e)
 assert os.environ.get("REAL_REQUESTS_IMPORTED") == "1"
 assert type(sys.modules["requests"]) is type(os)
+# a constant read at import time (url_helper's NOT_FOUND) is there without http.client or ssl
+from http.client import NOT_FOUND
+assert NOT_FOUND == 404 and "ssl" not in sys.modules
+# a deferred module used through its package, as `import http.client` code does, is the real one
+import http.client
+assert http.client.HTTPConnection.__module__ == "http.client" and "ssl" in sys.modules
+assert type(sys.modules["http.client"]) is type(os) and http.client.NOT_FOUND == NOT_FOUND
+# deferred cloud-init modules whose package is not here (the host has no cloud-init) are left
+# for an import that would fail as before
+assert "cloudinit" not in sys.modules
 print("ok")
 '''
 

@@ -479,7 +479,7 @@ def main(what: str, args: argparse.Namespace) -> int:
         print(f"cold: agent answers  {r['agent_s']:.2f} s")
         print(f"cold ready           {r['cold_s']:.2f} s  (agent + cloud-init final)")
         print(f"snapshot saved in    {r['save_s']:.2f} s")
-        print(f"restore ready        {r['restore_s']:.2f} s  (restore to agent answering, clock set, a command run)")
+        print(f"restore ready        {r['restore_s']:.2f} s  (restore to agent answering, clock set, boot checked)")
         print("  " + ", ".join(f"{k} {v:.2f} s" for k, v in r["restore_steps"].items()))
         print(f"ratio cold/floor     {r['cold_ratio']:.1f}x  (target <= {r['cold_target']:.0f}x)")
         print(f"ratio restore/floor  {r['restore_ratio']:.2f}x  (target <= {r['restore_target']})")

@@ -34,9 +34,17 @@ SHRINK_KEEP_FREE_MIB = 64
 #: what a restore does until the guest is ready, in order (Guest.steps times each): libvirt's
 #: restore call (the save image streamed to it with this guest's XML, QEMU started, memory and
 #: devices loaded), the agent's first answer, host randomness and the boot-finished check
-#: through the agent's file commands, and the clock set by the first command run, which is
-#: started before those and runs beside them (both timed from the same start)
-RESTORE_STEPS = ("restore call", "agent", "entropy and boot check", "clock (first command)")
+#: through the agent's file commands, and the clock set from the host through the image's
+#: clock FIFO (CLOCK_FIFO), written before those and answered beside them (both timed from
+#: the same start)
+RESTORE_STEPS = ("restore call", "agent", "entropy and boot check", "clock")
+#: the testbed image's clock FIFO and its answer (images/debian12/files/testbed-clock): a line
+#: "TOKEN SECONDS NANOSECONDS" written there sets the guest's clock with no process started
+#: in the guest; the answer is "TOKEN ok" or "TOKEN error: ..."
+CLOCK_FIFO = "/run/testbed/clock"
+CLOCK_ANSWER = "/run/testbed/clock.set"
+#: seconds a restored guest has to answer a clock line before the clock is set by a command
+CLOCK_ANSWER_S = 20.0
 
 
 
@@ -294,33 +302,83 @@ class Guest:
 
     def _refresh(self) -> bool:
         """After a restore the guest's clock stands where it was saved, and its random state
-        is the snapshot's, shared by every restore. One command sets the clock from the host
-        (its lag is one exec start-up; tests check the skew); it is the first command the
-        restored guest runs, which confirms that it runs commands, and it is started first:
-        while the guest starts it, host randomness is written into its /dev/urandom (mixed
+        is the snapshot's, shared by every restore. The clock is set from the host first:
+        one line into the image's clock FIFO (CLOCK_FIFO, through the agent's file commands)
+        that a process saved with the guest applies. Starting a process in the guest (`date
+        -s`) cost each restore an exec under TCG, the largest part of the guest's own work
+        after a restore, which grew with the guests restored at once (docs/performance.md).
+        While the guest applies it, host randomness is written into its /dev/urandom (mixed
         into its pool; the virtio-rng device feeds it too) and boot-finished is looked for,
-        both through the agent's file commands, which start no process. The agent's own
-        guest-set-time is not used: it also runs hwclock, measured at 3-9 s here. An agent
-        that refuses file commands gets a shell command for those two, as before
-        (RESTORE_STEPS names the steps, Guest.steps times them)."""
+        both through file commands, which start no process; then the clock's answer is read.
+        An image without the FIFO (a user's own), or one whose clock process does not answer,
+        gets `date -s` as before, and an agent that refuses file commands gets a shell
+        command for all of it (RESTORE_STEPS names the steps, Guest.steps times them)."""
         try:
             t = time.monotonic()
-            now = time.time_ns()
-            argv = ["/bin/date", "-u", "-s", f"@{now // 10**9}.{now % 10**9:09d}"]
-            pid = self.agent.spawn(argv)
+            token = self._clock_line()
+            pid, argv = None, None
+            if token is None:
+                argv = self._date_argv()
+                pid = self.agent.spawn(argv)
             if not self._entropy_and_boot_check():
                 res = self.agent.run(["/bin/sh", "-c", f"cat > /dev/urandom && test -e {BOOT_FINISHED}"],
                                      stdin=os.urandom(512), check=False, timeout=30)
                 if res.rc != 0:
                     raise GuestError(f"guest {self.name}: after restore: rc {res.rc} {res.stderr.strip()[:200]}")
             self.steps["entropy and boot check"] = time.monotonic() - t
-            res = self.agent.wait(pid, argv, 30)
-            if res.rc != 0:
-                raise CommandError([f"{self.name}:", *argv], res.rc, res.stderr or res.stdout)
-            self.steps["clock (first command)"] = time.monotonic() - t
+            if token is not None and not self._clock_answered(token):
+                argv = self._date_argv()
+                pid = self.agent.spawn(argv)
+            if pid is not None and argv is not None:
+                res = self.agent.wait(pid, argv, 30)
+                if res.rc != 0:
+                    raise CommandError([f"{self.name}:", *argv], res.rc, res.stderr or res.stdout)
+            self.steps["clock"] = time.monotonic() - t
         except CommandError as e:
             raise GuestError(f"guest {self.name}: after restore: {e}") from None
         return True
+
+    @staticmethod
+    def _date_argv() -> list[str]:
+        now = time.time_ns()
+        return ["/bin/date", "-u", "-s", f"@{now // 10**9}.{now % 10**9:09d}"]
+
+    def _clock_line(self) -> str | None:
+        """Write this host's time, with a new token, into the guest's clock FIFO; the token,
+        or None when the guest has no FIFO or the agent refuses file commands. Opened "r+":
+        it never creates a file, and never blocks (systemd holds the FIFO open)."""
+        try:
+            handle = self.agent.command("guest-file-open", {"path": CLOCK_FIFO, "mode": "r+"})
+        except GuestError:
+            return None
+        token = uuid_mod.uuid4().hex[:16]
+        try:
+            now = time.time_ns()
+            line = f"{token} {now // 10**9} {now % 10**9}\n".encode()
+            self.agent.command("guest-file-write", {"handle": handle, "buf-b64": base64.b64encode(line).decode()})
+        finally:
+            self.agent.command("guest-file-close", {"handle": handle})
+        return token
+
+    def _clock_answered(self, token: str) -> bool:
+        """Whether the guest's clock process applied the line with this token (polled through
+        the agent's file reads). False when it did not answer in CLOCK_ANSWER_S (the caller
+        sets the clock by a command); an answer with an error is an error."""
+        deadline = time.monotonic() + CLOCK_ANSWER_S
+        while True:
+            try:
+                answer = self.agent.read_file(CLOCK_ANSWER).strip()
+            except GuestError:
+                answer = ""
+            if answer.startswith(f"{token} "):
+                if answer == f"{token} ok":
+                    return True
+                raise GuestError(f"guest {self.name}: after restore: the clock was not set: {answer[len(token) + 1:]}")
+            if time.monotonic() > deadline:
+                log.warning("guest %s: its clock process did not answer in %.0f s; setting the clock by a command",
+                            self.name, CLOCK_ANSWER_S)
+                return False
+            time.sleep(0.02)
 
     def _entropy_and_boot_check(self) -> bool:
         """Host randomness into the guest's /dev/urandom and boot-finished looked for, through
@@ -364,6 +422,12 @@ class Guest:
             log.warning("guest %s: snapshot not saved: %s", self.name, short)
             return
         started = time.monotonic()
+        # The image's clock process starts on the first line written to its FIFO: started
+        # now, it is saved with the guest, asleep in its read, and every restore's clock line
+        # wakes it instead of starting a process (an image without it is saved as it is).
+        token = self._clock_line()
+        if token is not None:
+            self._clock_answered(token)
         self._shrink_before_save()
         try:
             shutil.copy2(seed, builder.seed)
