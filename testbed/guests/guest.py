@@ -123,10 +123,14 @@ class Agent:
         return res
 
     def write_file(self, path: str, text: str) -> None:
-        handle = self.command("guest-file-open", {"path": path, "mode": "w"})
+        self.write_bytes(path, text.encode())
+
+    def write_bytes(self, path: str, data: bytes, mode: str = "w") -> None:
+        """Write ``data`` through the agent's file commands: no process starts in the guest.
+        ``mode`` is fopen's ("r+" writes into a FIFO or device without creating a file)."""
+        handle = self.command("guest-file-open", {"path": path, "mode": mode})
         try:
-            self.command("guest-file-write", {"handle": handle,
-                                              "buf-b64": base64.b64encode(text.encode()).decode()})
+            self.command("guest-file-write", {"handle": handle, "buf-b64": base64.b64encode(data).decode()})
         finally:
             self.command("guest-file-close", {"handle": handle})
 
