@@ -1,7 +1,6 @@
 """libvirt lifecycle: connect, define, start, hot-plug, destroy, and readiness waits."""
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import logging
@@ -213,6 +212,8 @@ class Guest:
     run_id: str = ""
     #: restored: seconds the restore itself took (copy of the image, restoreFlags)
     restore_s: float | None = None
+    #: what the guest runs on (Accelerator's value: kvm or tcg)
+    accelerator: str = ""
     #: a cold guest saved into the cache: its console as it was before the save (the
     #: restored QEMU starts the log afresh); the boot breakdown reads it (testbed.guests.bootprofile)
     boot_console: str | None = None
@@ -347,17 +348,12 @@ class Guest:
         """Write this host's time, with a new token, into the guest's clock FIFO; the token,
         or None when the guest has no FIFO or the agent refuses file commands. Opened "r+":
         it never creates a file, and never blocks (systemd holds the FIFO open)."""
+        token = uuid_mod.uuid4().hex[:16]
+        now = time.time_ns()
         try:
-            handle = self.agent.command("guest-file-open", {"path": CLOCK_FIFO, "mode": "r+"})
+            self.agent.write_bytes(CLOCK_FIFO, f"{token} {now // 10**9} {now % 10**9}\n".encode(), "r+")
         except GuestError:
             return None
-        token = uuid_mod.uuid4().hex[:16]
-        try:
-            now = time.time_ns()
-            line = f"{token} {now // 10**9} {now % 10**9}\n".encode()
-            self.agent.command("guest-file-write", {"handle": handle, "buf-b64": base64.b64encode(line).decode()})
-        finally:
-            self.agent.command("guest-file-close", {"handle": handle})
         return token
 
     def _clock_answered(self, token: str) -> bool:
@@ -385,14 +381,9 @@ class Guest:
         the agent's file commands. False: the agent refuses file commands (the caller runs a
         command instead). A restored guest without boot-finished is a broken snapshot."""
         try:
-            handle = self.agent.command("guest-file-open", {"path": "/dev/urandom", "mode": "w"})
+            self.agent.write_bytes("/dev/urandom", os.urandom(512))
         except GuestError:
             return False
-        try:
-            self.agent.command("guest-file-write", {"handle": handle,
-                                                    "buf-b64": base64.b64encode(os.urandom(512)).decode()})
-        finally:
-            self.agent.command("guest-file-close", {"handle": handle})
         found = self.agent.exists(BOOT_FINISHED)
         if found is False:
             raise GuestError(f"guest {self.name}: after restore: {BOOT_FINISHED} is missing")
@@ -627,7 +618,7 @@ def guest(conn: libvirt.virConnect, spec: GuestSpec, image: images.Image, accel:
     if snap is not None:
         try:
             with _restored(conn, snap, name, run_id, state, console) as g:
-                g.spec, g.shell, g.console_from = spec, shell, console_from
+                g.spec, g.shell, g.console_from, g.accelerator = spec, shell, console_from, accel.value
                 yield g
             return
         except _RestoreFailed as e:
@@ -658,6 +649,7 @@ def guest(conn: libvirt.virConnect, spec: GuestSpec, image: images.Image, accel:
         log.info("started guest %s (%s, cold: %s)", name, accel.value, why)
         yield Guest(spec=spec, name=name, dom=dom, agent=Agent(dom, name), console_log=console,
                     boot_started=started, shell=shell, boot="cold", boot_reason=why, run_id=run_id,
+                    accelerator=accel.value,
                     console_from=console_from, snapshot_key=key.digest if key else None,
                     save_to=(key, conn, disk, local_seed, state, snapshots == "renew") if key else None)
 
