@@ -70,7 +70,10 @@ def test_netns_run_fills_every_field(tmp_path):
         m = s["metrics"]
         assert m["host_cores"] > 0
         if "latency_p99_us" in m:
-            assert m["latency_p99_us"] >= m["latency_p50_us"]
+            # a stream's are netperf's per-send times: where most sends take under a
+            # microsecond netperf prints P50_LATENCY=-2147483648, which is left out
+            assert "latency_p50_us" in m or s["cell"]["profile"] == "tcp_stream", m
+            assert m["latency_p99_us"] >= m.get("latency_p50_us", 0)
         else:
             # left out, honestly: a p99 needs ten transactions above it (1000 in all), and a
             # 1 s sample on a host busy with other tests can carry fewer

@@ -305,3 +305,15 @@ def test_timeout_counts_confidence_iterations():
     assert d.runs(Pr("s")) == 1
     assert d.runs(Pr("s", confidence=(99, 5), iterations=(15, 3))) == 15
     assert d.runs(Pr("s", confidence=(99, 5))) == 10
+
+
+def test_a_percentile_netperf_printed_as_int_min_is_left_out_not_read() -> None:
+    """netperf 2.7.0 prints P50_LATENCY=-2147483648 when the median send of a stream took
+    under a microsecond: the figure is left out (never a number), the others are kept."""
+    stdout, _ = load(FIXTURES / "netperf" / "netperf_real_TCP_STREAM_-c-C_-k_p50_int_min.txt")
+    assert "P50_LATENCY=-2147483648" in stdout
+    res = NETPERF.parse(stdout, "", 0)
+    m = res.metrics
+    assert "latency_p50_us" not in m
+    assert "netperf printed P50_LATENCY=-2147483648: not a figure; left out" in res.warnings
+    assert m["latency_p99_us"] == 7 and m["throughput_mbps"] == 43137.51

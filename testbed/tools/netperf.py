@@ -7,6 +7,8 @@ results and the "!!! WARNING" confidence block.
 """
 from __future__ import annotations
 
+import math
+
 import re
 from collections.abc import Sequence
 
@@ -242,13 +244,13 @@ def _noise(stderr: str, stdout: str) -> list[str]:
     return out
 
 
-def _num(fields: dict[str, str], key: str) -> float | None:
-    """A measured value; netperf prints -1 for "not measured"."""
+def _num(fields: dict[str, str], key: str, lowest: float = 0.0) -> float | None:
+    """A measured value; netperf prints -1 for "not measured" (below ``lowest``: None)."""
     try:
         value = float(fields[key])
     except (KeyError, ValueError):
         return None
-    return value if value >= 0 else None
+    return value if value >= lowest else None
 
 
 def _mbps(value: float, unit: str) -> float | None:
@@ -342,6 +344,10 @@ def _omni(fields: dict[str, str], proto: Protocol | None, pattern: Pattern | Non
                       ("ELAPSED_TIME", "duration_s")):
         if (v := _num(fields, key)) is not None:
             m[name] = v
+        elif _num(fields, key, lowest=-math.inf) not in (None, -1.0):
+            # netperf 2.7.0 prints P50_LATENCY=-2147483648 when most sends of a stream took
+            # under a microsecond: no figure, and said so
+            warnings.append(f"netperf printed {key}={fields[key]}: not a figure; left out")
     if (v := mean if mean is not None else _num(fields, "RT_LATENCY")) is not None:
         m["latency_mean_us"] = v
     sd_units = fields.get("SD_UNITS") or ("usec/KB" if pattern and not rr else None)
