@@ -83,7 +83,7 @@ def plug(fab: attachments.Fabric, pairs: Sequence[tuple[object, object]], *, tag
                 # QEMU 7.2's userspace virtio-net under TCG stalled a NIC's transmit queue
                 # now and then with notification suppression by event index: the guest
                 # stopped kicking and QEMU stopped taking packets, until the test's timeout
-                # (4 of 10 ten-second streams on a 2-core AMD EPYC host; 0 of 10 with it
+                # (4 of 10 ten-second streams on a 2-core AMD EPYC host; 0 of 14 with it
                 # off). TCG figures are functional checks; a variant's event_idx wins.
                 opts.setdefault("event_idx", "off")
             q = int(opts.pop("queues", queues))

@@ -8,7 +8,6 @@ results and the "!!! WARNING" confidence block.
 from __future__ import annotations
 
 import math
-
 import re
 from collections.abc import Sequence
 
