@@ -210,11 +210,25 @@ def store_files(tmp_path: Path) -> dict[str, Path]:
     out["random bytes"] = p
     (p := tmp_path / "corrupt.sqlite").write_bytes(b"SQLite format 3\x00" + os.urandom(4000))
     out["a corrupt SQLite file"] = p
+    # Version bytes that say WAL: SQLite opens -wal and -shm for these before it reads.
+    (p := tmp_path / "walbytes.sqlite").write_bytes(b"SQLite format 3\x00" + os.urandom(2)
+                                                    + b"\x02\x02" + os.urandom(4000))
+    out["a corrupt SQLite file whose version bytes say WAL"] = p
     import sqlite3
+    (p := tmp_path / "walhead.sqlite").write_bytes(
+        b"SQLite format 3\x00\x10\x00\x02\x02\x00\x40\x20\x20" + os.urandom(4072))
+    out["a WAL header over random pages"] = p
     p = tmp_path / "foreign.sqlite"
     with sqlite3.connect(p) as c:
         c.execute("CREATE TABLE other (x)")
     out["another application's database"] = p
+    p = tmp_path / "foreignwal.sqlite"
+    c = sqlite3.connect(p)
+    c.execute("PRAGMA journal_mode = WAL")
+    c.execute("CREATE TABLE other (x)")
+    c.commit()
+    c.close()
+    out["another application's WAL database"] = p
     out["a missing file"] = tmp_path / "missing.sqlite"
     out["a directory"] = tmp_path
     return out

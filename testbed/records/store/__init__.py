@@ -33,6 +33,7 @@ class Backend(Protocol):
 
     def transaction(self) -> contextlib.AbstractContextManager[None]: ...
     def lock_for_migration(self) -> None: ...
+    def go_live(self) -> None: ...
     def execute(self, sql: str, params: Sequence[Any] = ()) -> None: ...
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None: ...
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]: ...
@@ -95,7 +96,11 @@ class Store:
     def __init__(self, backend: Backend, readonly: bool = False) -> None:
         self._db = backend
         try:
-            self.check_readable() if readonly else self.migrate()
+            if readonly:
+                self.check_readable()
+                self._db.go_live()
+            else:
+                self.migrate()
         except BaseException:
             backend.close()
             raise

@@ -64,5 +64,8 @@ class PostgresBackend:
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple]:
         return [tuple(r) for r in self.conn.execute(self._sql(sql), tuple(params) or None).fetchall()]
 
+    def go_live(self) -> None:
+        """Nothing to do: a PostgreSQL connection always reads the live database."""
+
     def close(self) -> None:
         self.conn.close()

@@ -31,14 +31,14 @@ class SqliteBackend:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             if Path(path).exists():
                 self._check_existing(Path(path))
+        # A read-only open of a store with no -wal beside it starts on an immutable view:
+        # SQLite opens a WAL database's -wal and -shm even to read it, and would leave
+        # both beside a foreign or damaged file before refusing it. No -wal means no
+        # writer holds the file, so its main file has every committed row. go_live()
+        # swaps to the live view once the Store has checked the file is a store.
+        self._probing = readonly and not Path(self.where + "-wal").exists()
         try:
-            if readonly:
-                # mode=ro: a read never creates or changes the file (nor its -wal/-shm).
-                uri = "file:" + urllib.parse.quote(str(Path(path).absolute())) + "?mode=ro"
-                self.conn = sqlite3.connect(uri, uri=True, timeout=30.0, isolation_level=None)
-            else:
-                # isolation_level=None: no implicit transactions; `transaction()` says where.
-                self.conn = sqlite3.connect(self.where, timeout=30.0, isolation_level=None)
+            self.conn = self._connect(immutable=self._probing)
             self.conn.execute("PRAGMA foreign_keys = ON")
             if not readonly:
                 # WAL: a report can read the index while a nightly job is writing to it.
@@ -46,6 +46,27 @@ class SqliteBackend:
             self.conn.execute("SELECT count(*) FROM sqlite_master").fetchall()
         except sqlite3.Error as e:
             raise StoreError(f"{self.where}: not a usable SQLite index: {e}") from None
+
+    def _connect(self, immutable: bool) -> sqlite3.Connection:
+        if not self.readonly:
+            # isolation_level=None: no implicit transactions; `transaction()` says where.
+            return sqlite3.connect(self.where, timeout=30.0, isolation_level=None)
+        # mode=ro: a read never changes the database.
+        uri = ("file:" + urllib.parse.quote(str(Path(self.where).absolute())) + "?mode=ro"
+               + ("&immutable=1" if immutable else ""))
+        return sqlite3.connect(uri, uri=True, timeout=30.0, isolation_level=None)
+
+    def go_live(self) -> None:
+        """The file is a store this testbed reads: read it live from here on, so rows a
+        writer commits meanwhile are seen and its checkpoints cannot tear a read."""
+        if self._probing:
+            self.conn.close()
+            try:
+                self.conn = self._connect(immutable=False)
+                self.conn.execute("PRAGMA foreign_keys = ON")
+            except sqlite3.Error as e:
+                raise StoreError(f"{self.where}: not a usable SQLite index: {e}") from None
+            self._probing = False
 
     def _check_existing(self, p: Path) -> None:
         self._check_file(p, self.where, self.readonly)
@@ -72,11 +93,31 @@ class SqliteBackend:
                              f"remove it or name another")
         try:
             with open(p, "rb") as f:
-                head = f.read(16)
+                head = f.read(100)
         except OSError as e:
             raise StoreError(f"{where}: {e.strerror}") from None
-        if head != cls.MAGIC:
+        if head[:16] != cls.MAGIC:
             raise StoreError(f"{where}: not a SQLite database")
+        if problem := cls._header_problem(head):
+            raise StoreError(f"{where}: a damaged SQLite header ({problem})")
+
+    @staticmethod
+    def _header_problem(head: bytes) -> str:
+        """What is wrong with a 100-byte database header whose magic is right, or "".
+
+        Checked here because SQLite acts on a damaged header before it refuses it: a
+        header whose version bytes say WAL makes even a read-only open create -wal and
+        -shm files beside the file. The fields are fixed by SQLite's file format."""
+        if len(head) < 100:
+            return f"{len(head)} bytes, shorter than the 100-byte header"
+        size = int.from_bytes(head[16:18], "big")
+        if not (size == 1 or (512 <= size <= 32768 and size & (size - 1) == 0)):
+            return f"page size {size}"
+        if head[18] not in (1, 2) or head[19] not in (1, 2):
+            return f"file format versions {head[18]}/{head[19]}"
+        if tuple(head[21:24]) != (64, 32, 32):
+            return f"payload fractions {tuple(head[21:24])}"
+        return ""
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
