@@ -131,6 +131,60 @@ def test_harness_cpus_and_guest_pins(tmp_path, capsys):
     assert rc == 2 and "placement.harness" in err and "every CPU" in err, err
 
 
+NETNS = """\
+matrix:
+  attachments: [{att}]
+  profiles: [{{name: tcp_rr, pattern: rr, message_size: 1, response_size: 1, duration: 3}}]
+placement: {{{placement}}}
+"""
+
+
+def netns_topo(placement_text: str, att: str = "netns-bridge") -> str:
+    return NETNS.format(att=att, placement=placement_text)
+
+
+def test_endpoint_pins_read_and_checked(tmp_path, capsys):
+    if len(CPUS) < 2:
+        pytest.skip("needs two CPUs")
+    a, b = CPUS[0], CPUS[1]
+    f = tmp_path / "t.yaml"
+    f.write_text(netns_topo(f"endpoints: {{client: [{a}], server: \"{b}\"}}"))
+    t = config.load(f)
+    assert t.endpoint_pins is not None and t.endpoint_pins.client == (a,) and t.endpoint_pins.server == (b,)
+    for text, msg in [
+        ("endpoints: {client: [99], server: [0]}", "placement.endpoints.client: CPU 99 is not on this host"),
+        ("endpoints: {client: [0]}", "placement.endpoints: missing"),
+        ("endpoints: {client: [0], server: [1], both: [0]}", "unknown key"),
+        (f"endpoints: {{client: [{a}], server: [{a}]}}",
+         f"placement.endpoints.server: CPU {a} is also the client's"),
+        (f"harness: [{a}], endpoints: {{client: [{a}], server: [{b}]}}",
+         f"placement.endpoints.client: CPU {a} is also in placement.harness"),
+    ]:
+        rc, err = run_validate(tmp_path, netns_topo(text), capsys)
+        assert rc == 2 and msg in err and err.count("\n") == 1, (text, err)
+    # the same CPU on purpose (the same-core path) when overlap is allowed
+    rc, err = run_validate(tmp_path, netns_topo(f"allow_overlap: true, endpoints: {{client: [{a}], server: [{a}]}}"),
+                           capsys)
+    assert rc == 0, err
+
+
+def test_endpoint_pins_without_namespace_endpoints_are_refused(tmp_path, capsys):
+    text = netns_topo("endpoints: {client: [0], server: [0]}, allow_overlap: true", att="bridge")
+    rc, err = run_validate(tmp_path, "accelerator: tcg\nguests: [{name: g1}, {name: g2}]\n" + text, capsys)
+    assert rc == 2 and "placement.endpoints: pins the tools of namespace endpoints" in err \
+        and "guests[].placement" in err, err
+
+
+def test_endpoint_check_names_what_was_asked_and_seen():
+    seen = {10: ("netperf", frozenset({(0,)})), 11: ("netperf", frozenset({(0,), (1,)}))}
+    bad = placement.check_endpoint("tb-x-a", "client", (0,), seen, {10: 0, 11: 0})
+    assert bad == ["tb-x-a: placement.endpoints.client asked CPUs 0, thread 11 (netperf) was allowed 1"]
+    # allowed as asked but ran elsewhere (a pin /proc says held, the scheduler did not keep)
+    assert placement.check_endpoint("tb-x-a", "client", (0,), {10: ("netperf", frozenset({(0,)}))}, {10: 1}) == \
+        ["tb-x-a: placement.endpoints.client asked CPUs 0, thread 10 (netperf) ran mostly on CPU 1"]
+    assert placement.check_endpoint("tb-x-a", "client", (0,), {10: ("netperf", frozenset({(0,)}))}, {10: 0}) == []
+
+
 def test_pins_with_pairs_refused(tmp_path, capsys):
     text = topo("vcpus: {pin: [0]}").replace("attachments: [bridge]", "attachments: [bridge]\n  pairs: [1, 2]")
     rc, err = run_validate(tmp_path, text, capsys)
@@ -322,3 +376,14 @@ def test_threads_of_a_recorded_qemu():
     assert placement.check("g1", p, ts, {4768: 1}, {0: (1,)}) == []
     [why] = placement.check("g1", Placement(vcpus=((0,),)), ts, {4768: 1}, {0: (1,)})
     assert "asked CPUs 0, thread 4768 (CPU 0/TCG) was allowed 1 (libvirt says 1)" in why
+
+
+def test_endpoint_pins_are_part_of_each_cells_definition(tmp_path):
+    from testbed.records import results
+    from testbed.topology.model import context_of
+    f = tmp_path / "t.yaml"
+    f.write_text(netns_topo("allow_overlap: true, endpoints: {client: [0], server: [0]}"))
+    pinned = context_of(results.topology_dict(config.load(f)))
+    assert ("endpoints.placement", "client 0, server 0") in pinned
+    f.write_text(netns_topo("allow_overlap: true"))
+    assert not [k for k, _ in context_of(results.topology_dict(config.load(f))) if k.startswith("endpoints")]

@@ -323,3 +323,65 @@ def record(ts: list[Thread], ran_most: Mapping[int, int]) -> list[dict]:
     return [{"tid": t.tid, "comm": t.comm, "role": t.role, "index": t.index,
              "allowed": cpulist(t.allowed), "ran_most_on": ran_most.get(t.tid),
              "last_cpu": t.last_cpu} for t in ts]
+
+
+# --------------------------------------------------------------------------- namespace endpoints
+# A namespace endpoint's tools are plain processes: which ones belong to it is read from
+# /proc (the network namespace each process is in), so forked children (netserver's per-test
+# ones) are seen as well as the processes the endpoint started.
+
+def netns_inode(netns: str) -> int | None:
+    """The inode of a named network namespace (/run/netns/NAME); None when it is gone."""
+    try:
+        return os.stat(f"/run/netns/{netns}").st_ino
+    except OSError:
+        return None
+
+
+def processes_in(inodes: Mapping[int, str], proc: str = "/proc") -> dict[str, list[int]]:
+    """Namespace label -> the pids whose network namespace is that inode (one scan of /proc)."""
+    out: dict[str, list[int]] = {label: [] for label in inodes.values()}
+    for name in os.listdir(proc):
+        if not name.isdigit():
+            continue
+        try:
+            ino = os.stat(f"{proc}/{name}/ns/net").st_ino
+        except OSError:
+            continue          # gone, or a kernel thread's
+        if ino in inodes:
+            out[inodes[ino]].append(int(name))
+    return out
+
+
+def tool_threads(pid: int, proc: str = "/proc") -> list[Thread]:
+    """Every thread of a tool process, with its allowed CPUs and last CPU."""
+    out = []
+    for tid in _tids(pid, proc):
+        base = f"{proc}/{pid}/task/{tid}"
+        try:
+            comm = _read(f"{base}/comm").strip()
+            allowed = parse_status_affinity(_read(f"{base}/status"))
+            last = parse_stat_cpu(_read(f"{base}/stat"))
+        except (OSError, ValueError, IndexError):
+            continue
+        out.append(Thread(tid, comm, "tool", None, allowed, last))
+    return out
+
+
+def check_endpoint(label: str, role: str, cpus: CpuSet, seen: Mapping[int, tuple[str, frozenset[CpuSet]]],
+                   ran_most: Mapping[int, int]) -> list[str]:
+    """Pure: why placement.endpoints.<role> did not hold for an endpoint, one reason per
+    thread, naming what was asked and what the thread had; empty: held. ``seen``: tid ->
+    (comm, every allowed set it was seen with over the window)."""
+    bad = []
+    for tid, (comm, allowed) in sorted(seen.items()):
+        wrong = sorted(a for a in allowed if set(a) != set(cpus))
+        if wrong:
+            bad.append(f"{label}: placement.endpoints.{role} asked CPUs {cpulist(cpus)}, thread {tid} "
+                       f"({comm}) was allowed {cpulist(wrong[0])}")
+            continue
+        ran = ran_most.get(tid)
+        if ran is not None and ran not in cpus:
+            bad.append(f"{label}: placement.endpoints.{role} asked CPUs {cpulist(cpus)}, thread {tid} "
+                       f"({comm}) ran mostly on CPU {ran}")
+    return bad

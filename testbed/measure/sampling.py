@@ -41,6 +41,7 @@ from testbed.analysis import stats
 from testbed.errors import CommandError, GuestError, StoppedError, TestbedError
 from testbed.guests.virt import Guest
 from testbed.host import hostwatch
+from testbed.host.nsagent import NsAgent
 from testbed.measure import cpu, hooks, pairs, window
 from testbed.measure.context import Arm, Context
 from testbed.measure.endpoints import Endpoint, Servers, TestPath, check_mtu, client_plan, primary_metric, set_mtu
@@ -220,6 +221,11 @@ class _Sample:
             {ep.guest.spec.name: pids[ep.guest.spec.name] for ep in self.eps if ep.guest.spec.name in pids}
         self.domains = {ep.guest.spec.name: ep.guest.dom for ep in self.eps
                         if isinstance(ep.guest, Guest) and ep.guest.spec.name in self.pids}
+        # This host's namespace endpoints: their tools' CPUs are recorded, and verified
+        # where placement.endpoints pinned them.
+        self.ns_ends = {ep.guest.agent.netns: window.NsEndpoint(ep.guest.agent.netns, role, ep.guest.agent.cpus)
+                        for p in self.paths for role, ep in (("client", p.client), ("server", p.server))
+                        if isinstance(ep.guest.agent, NsAgent)}
         # The host guard (daemons, objects, wire gaps: hostwatch), one per path: N pairs
         # are watched like one path is.
         self.guards = [p.guard for p in self.paths if p.guard is not None]
@@ -280,7 +286,7 @@ class _Sample:
             g_before = {ep.guest.spec.name: cpu.guest_reading(ep.guest.agent) for ep in self.eps}
             counters_before = [p.counters() for p in paths]
             h_before = cpu.host_reading(self.pids, self.domains)
-            obs = win.enter_context(self.ctx.watch.window(self.pids, self.cell.id, self.rep))
+            obs = win.enter_context(self.ctx.watch.window(self.pids, self.cell.id, self.rep, self.ns_ends))
             # a paced profile idles between bursts by design: no gap check
             gap_check = not (profile.paced or profile.rate_bps or profile.search is not None)
             by_guard: dict[int, hostwatch.SampleWatch] = {}
@@ -406,7 +412,7 @@ class _Sample:
                  "end_skew_s": round(max(hi for _, hi in w.ends) - min(hi for _, hi in w.ends), 3),
                  "end_skew_proven_s": round(proven_skew(w.ends), 3),
                  "datapath": paths[0].datapath}
-        wextra, pin_bad, noisy = ctx.watch.verdict(obs, cpu_info, self.pids, self.domains)
+        wextra, pin_bad, noisy = ctx.watch.verdict(obs, cpu_info, self.pids, self.domains, self.ns_ends)
         extra.update(wextra)
         if not res.ok:
             return self.failed(res.reason or "tool failed without a reason", cpu_info, extra)

@@ -19,11 +19,11 @@ from pathlib import Path
 from testbed import attachments
 from testbed.admin import cleanup
 from testbed.attachments.netns import ConnectionFabric
-from testbed.errors import TestbedError
+from testbed.errors import CapabilityError, TestbedError
 from testbed.guests import guestnic, render, virt
 from testbed.host import hostwatch, remotewatch
 from testbed.measure import sampling as measure
-from testbed.topology.model import Accelerator, Attachment, Backend, Offloads, Topology, object_name
+from testbed.topology.model import Accelerator, Attachment, Backend, EndpointPins, Offloads, Topology, object_name
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +154,21 @@ def guard_for(fabric, endpoints: Sequence[tuple[int, object]], *, guests: bool,
                            guests=watched + far_guests)
 
 
+def pin_endpoints(eps: Sequence[tuple[object, object]], pins: EndpointPins) -> None:
+    """Namespace endpoints' tools kept on the CPUs placement.endpoints gives: clients on the
+    client's, servers on the server's (N pairs share them). Only this host's namespaces:
+    the window that verifies the pins reads this host's /proc."""
+    from testbed.host.nsagent import NsAgent
+    for pair in eps:
+        for role, ep in zip(("client", "server"), pair):
+            agent = getattr(ep, "agent", None)
+            if not isinstance(agent, NsAgent):
+                raise CapabilityError(f"placement.endpoints pins namespace endpoints on this host; the "
+                                      f"{role} {getattr(ep, 'name', ep)} is not one (a remote host's "
+                                      f"namespace, or a guest)")
+            agent.pin(pins.of(role))
+
+
 @contextlib.contextmanager
 def pair_paths(attachment: Attachment, backend: Backend, tag: str, t: Topology,
                 pairs: Sequence[tuple[object, object]] | None, *, n: int, max_mtu: int, workdir: Path,
@@ -176,6 +191,8 @@ def pair_paths(attachment: Attachment, backend: Backend, tag: str, t: Topology,
             fab = stack.enter_context(fabric(attachment, t_k, t, max_mtu, wd, offloads))
             own = fab.own_pairs(str(wd / "endpoints"))
             eps = stack.enter_context(own) if own is not None else list(pairs or ())[:n]
+            if own is not None and t.endpoint_pins is not None:
+                pin_endpoints(eps, t.endpoint_pins)
             out += stack.enter_context(plug(fab, eps, tag=t_k, subnet=t.subnet, backend=backend,
                                             max_mtu=max_mtu, queues=queues, offloads=offloads,
                                             nic_options=nic_options if own is None else None))

@@ -114,6 +114,16 @@ def judge(spec: NoiseSpec, other: float, runq_mean: float | None) -> str | None:
     return "; ".join(why) or None
 
 
+@dataclass(frozen=True)
+class NsEndpoint:
+    """A namespace endpoint watched in the window: its namespace, its role (client, server)
+    and the CPUs placement.endpoints gives its tools (() when not pinned: recorded only)."""
+
+    netns: str
+    role: str
+    cpus: tuple[int, ...] = ()
+
+
 @dataclass
 class Observed:
     """One window's observations, filled by Watch.window."""
@@ -126,6 +136,8 @@ class Observed:
     samples: int = 0
     #: remote host -> its other work over the window (remotewatch.figure)
     remote: dict[str, dict] = field(default_factory=dict)
+    #: namespace endpoint -> tid -> (comm, every allowed CPU set it was seen with)
+    ns_seen: dict[str, dict[int, tuple[str, set]]] = field(default_factory=dict)
 
     def ran_most(self) -> dict[int, int]:
         return {tid: c.most_common(1)[0][0] for tid, c in self.last_cpu.items() if c}
@@ -163,10 +175,25 @@ class Watch:
         self.attempt = 0
 
     @contextlib.contextmanager
-    def window(self, qemu_pids: Mapping[str, int], cell_id: str = "", rep: int = 0) -> Iterator[Observed]:
+    def window(self, qemu_pids: Mapping[str, int], cell_id: str = "", rep: int = 0,
+               endpoints: Mapping[str, NsEndpoint] | None = None) -> Iterator[Observed]:
+        """``endpoints``: the namespace endpoints whose tools are watched too (label ->
+        NsEndpoint): which CPUs each thread was allowed and ran on."""
         obs = Observed()
         stop = threading.Event()
         pids = list(qemu_pids.values())
+        inodes = {ino: label for label, e in (endpoints or {}).items()
+                  if (ino := placement.netns_inode(e.netns)) is not None}
+        obs.ns_seen = {label: {} for label in (endpoints or {})}
+
+        def endpoint_tools() -> None:
+            for label, tool_pids in placement.processes_in(inodes).items():
+                for pid in tool_pids:
+                    for t in placement.tool_threads(pid):
+                        comm, allowed = obs.ns_seen[label].setdefault(t.tid, (t.comm, set()))
+                        allowed.add(t.allowed)
+                        if t.last_cpu is not None:
+                            obs.last_cpu.setdefault(t.tid, Counter())[t.last_cpu] += 1
 
         def sample() -> None:
             while not stop.is_set():
@@ -181,6 +208,9 @@ class Watch:
                             with open(f"/proc/{owner}/task/{tid}/stat") as f:
                                 c = placement.parse_stat_cpu(f.read())
                             obs.last_cpu.setdefault(tid, Counter())[c] += 1
+                if inodes:
+                    with contextlib.suppress(OSError):
+                        endpoint_tools()
                 obs.samples += 1
                 stop.wait(SAMPLE_EVERY_S)
 
@@ -203,7 +233,8 @@ class Watch:
             obs.remote = {n.probe.name: f for n in far if (f := n.end()) is not None}
 
     def verdict(self, obs: Observed, cpu_info: Mapping, qemu_pids: Mapping[str, int],
-                domains: Mapping[str, object]) -> tuple[dict, str | None, str | None]:
+                domains: Mapping[str, object],
+                endpoints: Mapping[str, NsEndpoint] | None = None) -> tuple[dict, str | None, str | None]:
         """(extra entries for the sample, why a pin did not hold or None, why the window was
         noisy or None). The window's length is the CPU record's, so the harness's share is
         divided by the same seconds as the host's busy time."""
@@ -236,6 +267,20 @@ class Watch:
                 bad += reasons
         if recs:
             extra["placement"] = recs
+        ends = {}
+        for label, e in (endpoints or {}).items():
+            seen = {tid: (comm, frozenset(allowed)) for tid, (comm, allowed) in obs.ns_seen.get(label, {}).items()}
+            ends[label] = {"netns": e.netns, "role": e.role, "requested": placement.cpulist(e.cpus) if e.cpus else None,
+                           "threads": [{"tid": tid, "comm": comm, "allowed": sorted(placement.cpulist(a) for a in al),
+                                        "ran_most_on": ran.get(tid)} for tid, (comm, al) in sorted(seen.items())],
+                           "window_samples": obs.samples}
+            if e.cpus:
+                # no tool seen (a window shorter than one observation): not verified, said so
+                reasons = placement.check_endpoint(label, e.role, e.cpus, seen, ran)
+                ends[label]["held"] = not reasons if seen else None
+                bad += reasons
+        if ends:
+            extra["endpoint_placement"] = ends
         return extra, ("; ".join(bad) or None), noisy
 
     def settle(self, qemu_pids: Mapping[str, int]) -> dict:

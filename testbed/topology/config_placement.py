@@ -11,7 +11,8 @@ Per guest (``guests[].placement``)::
       memory: {hugepages: 2M}
       cpu: {mode: host-passthrough}  # host-passthrough | host-model (KVM only) | maximum
 
-Host-wide: ``placement: {harness: [0], allow_overlap: false}`` and ``noise: {...}``
+Host-wide: ``placement: {harness: [0], allow_overlap: false, endpoints: {client: [0], server:
+[1]}}`` (endpoints: the namespace endpoints' tools) and ``noise: {...}``
 (testbed.topology.model.NoiseSpec). A CPU or NUMA node a local host does not have, an overlap the
 topology did not allow, a CPU mode the chosen accelerator cannot give: ConfigError naming
 the field (exit 2). Nodes are read from /sys/devices/system/node, CPUs from
@@ -29,6 +30,7 @@ import yaml
 from testbed.topology.model import (
     CpuMode,
     CpuSet,
+    EndpointPins,
     HopSpec,
     HostSpec,
     NoiseAction,
@@ -174,22 +176,42 @@ def _field(n: Node, key: str):
     return n.mapping({key})[key] if isinstance(n.node, yaml.MappingNode) else n
 
 
-def host_placement(n: Node) -> tuple[CpuSet, bool]:
-    """Host-wide ``placement: {harness: CPUS, allow_overlap: BOOL}``."""
-    m = n.mapping({"harness", "allow_overlap"})
+def host_placement(n: Node) -> tuple[CpuSet, bool, EndpointPins | None]:
+    """Host-wide ``placement: {harness: CPUS, allow_overlap: BOOL, endpoints: {client: CPUS,
+    server: CPUS}}``."""
+    m = n.mapping({"harness", "allow_overlap", "endpoints"})
+    from testbed.host import placement as pl
+    have = set(pl.host_cpus())
     harness: CpuSet = ()
     if "harness" in m:
-        harness = cpuset(m["harness"])
-        from testbed.host import placement as pl
-        have = set(pl.host_cpus())
-        missing = sorted(set(harness) - have)
-        if missing:
-            raise m["harness"].error(f"CPU {cpulist(set(missing))} is not on this host (it has CPUs "
-                                     f"{cpulist(have)})")
+        harness = _on_host(m["harness"], have)
         if set(harness) >= have:
             raise m["harness"].error(f"the harness would take every CPU of this host ({cpulist(have)}); "
                                      f"leave some for the guests")
-    return harness, m["allow_overlap"].bool() if "allow_overlap" in m else False
+    overlap = m["allow_overlap"].bool() if "allow_overlap" in m else False
+    pins = None
+    if "endpoints" in m:
+        e = m["endpoints"].mapping({"client", "server"}, required=("client", "server"))
+        pins = EndpointPins(client=_on_host(e["client"], have), server=_on_host(e["server"], have))
+        if not overlap:
+            for role in ("client", "server"):
+                if both := set(pins.of(role)) & set(harness):
+                    raise e[role].error(f"CPU {cpulist(both)} is also in placement.harness (kept for the "
+                                        f"testbed's own processes); set placement.allow_overlap: true to "
+                                        f"allow it")
+            if both := set(pins.client) & set(pins.server):
+                raise e["server"].error(f"CPU {cpulist(both)} is also the client's: tools that share a CPU "
+                                        f"measure a different path (no cross-CPU wakeups); set "
+                                        f"placement.allow_overlap: true to measure that on purpose")
+    return harness, overlap, pins
+
+
+def _on_host(n: Node, have: set[int]) -> CpuSet:
+    cpus = cpuset(n)
+    missing = sorted(set(cpus) - have)
+    if missing:
+        raise n.error(f"CPU {cpulist(set(missing))} is not on this host (it has CPUs {cpulist(have)})")
+    return cpus
 
 
 def _quiet(n: Node, default: QuietWait) -> QuietWait:

@@ -266,7 +266,7 @@ def definition_hash(defn: Mapping) -> str:
 def context_of(topology: Mapping, variant: str | None = None) -> tuple[tuple[str, str], ...]:
     """The run-wide settings of a topology (in its JSON dict form, as run.json holds it)
     that change a measurement: requested offloads, both guests' size and image, their
-    placement, and the variant the cell ran under. Only set values are listed, so a
+    placement, the namespace endpoints' pins, and the variant the cell ran under. Only set values are listed, so a
     topology that leaves them all at their defaults has an empty context."""
     out: dict[str, str] = {}
     off = topology.get("offloads")
@@ -284,6 +284,10 @@ def context_of(topology: Mapping, variant: str | None = None) -> tuple[tuple[str
             label = placement_label(g.get("placement"))
             if label:
                 out[f"{role}.placement"] = label
+    pins = topology.get("endpoint_pins")
+    if pins:
+        # a namespace cell's tools on one CPU or two measure different paths
+        out["endpoints.placement"] = EndpointPins(tuple(pins["client"]), tuple(pins["server"])).label()
     if variant:
         out["variant"] = variant
     return tuple(sorted(out.items()))
@@ -446,6 +450,24 @@ class Placement:
         if self.cpu_mode:
             parts.append(f"cpu={self.cpu_mode.value}")
         return ";".join(parts)
+
+
+@dataclass(frozen=True)
+class EndpointPins:
+    """Where a namespace endpoint pair's tools run (``placement.endpoints``): every process the
+    client namespace's endpoint starts (netperf, uperf, iperf3 clients) on ``client``, every
+    one the server's starts (netserver, servers) on ``server``. Without it the scheduler puts
+    them where it likes, and two tools that share a CPU one sample and not the next measure
+    two different paths (on a 2-core host, request/response rates three times apart)."""
+
+    client: CpuSet
+    server: CpuSet
+
+    def of(self, role: str) -> CpuSet:
+        return self.client if role == "client" else self.server
+
+    def label(self) -> str:
+        return f"client {cpulist(self.client)}, server {cpulist(self.server)}"
 
 
 @dataclass(frozen=True)
@@ -625,6 +647,8 @@ class Topology:
     #: host CPUs kept for the harness itself (this process and its children: agents,
     #: collectors, namespace tools; and ovs-vswitchd); empty: not restricted
     harness_cpus: CpuSet = ()
+    #: CPUs of the namespace endpoints' tools (placement.endpoints); None: not pinned
+    endpoint_pins: EndpointPins | None = None
     #: pins may share CPUs across roles (vCPUs with vCPUs or with other threads, guests with
     #: the harness); off: such an overlap is refused
     allow_overlap: bool = False

@@ -1,0 +1,118 @@
+"""placement.endpoints on real namespaces: a run's netperf and netserver are kept on the
+CPUs the topology gives them (taskset before the tool starts), every sample records the
+CPUs each tool thread was allowed and ran on, read from /proc during the window, and a pin
+that did not hold (the tools moved from outside mid-sample) fails the sample with both the
+asked and the seen CPUs in the reason."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import threading
+
+import pytest
+
+from testbed import cli
+from testbed.analysis import stats
+from testbed.host import placement
+from testbed.measure import sampling as measure
+from testbed.measure import testpaths, window
+from testbed.measure.session import claim_tag
+from testbed.records import results
+from testbed.topology import config
+from testbed.topology.model import Attachment, Backend, Cell, EndpointPins, Pattern, Profile, Repetitions
+
+pytestmark = [pytest.mark.netns, pytest.mark.attach("netns")]
+
+CPUS = sorted(os.sched_getaffinity(0))
+
+
+@pytest.fixture(autouse=True)
+def _needs():
+    if os.geteuid() != 0:
+        pytest.skip("needs root: creates namespaces")
+    if len(CPUS) < 2:
+        pytest.skip(f"needs two CPUs to pin the client and server apart; this process may use {CPUS}")
+    for tool in ("netperf", "netserver", "taskset"):
+        if not shutil.which(tool):
+            pytest.skip(f"{tool} missing")
+
+
+def test_a_run_keeps_each_endpoints_tools_on_its_cpus(tmp_path, capsys):
+    c, s = CPUS[0], CPUS[1]
+    topo = tmp_path / "pins.yaml"
+    topo.write_text(f"name: pins\nplacement:\n  endpoints: {{client: [{c}], server: [{s}]}}\n"
+                    "matrix:\n  attachments: [netns-veth]\n  profiles:\n"
+                    "    - {name: tcp_rr, pattern: rr, message_size: 1, response_size: 1, duration: 2}\n"
+                    "  repetitions: {warmup: 0, min: 2, max: 2}\n")
+    assert cli.main(["--results", str(tmp_path / "res"), "run", str(topo)]) == 0, capsys.readouterr().err
+    [run_dir] = [p for p in (tmp_path / "res").iterdir() if p.is_dir()]
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 2
+    for smp in samples:
+        assert smp["status"] == "ok", smp["reason"]
+        ends = smp["extra"]["endpoint_placement"]
+        by_role = {e["role"]: e for e in ends.values()}
+        assert set(by_role) == {"client", "server"}, ends
+        for role, cpu, comm in (("client", c, "netperf"), ("server", s, "netserver")):
+            e = by_role[role]
+            assert e["requested"] == str(cpu) and e["held"] is True, e
+            tools = [t for t in e["threads"] if t["comm"] == comm]
+            assert tools, e          # the tool was seen in its namespace during the window
+            for t in e["threads"]:
+                # what /proc said each thread was allowed and where it ran most
+                assert t["allowed"] == [str(cpu)] and t["ran_most_on"] == cpu, (role, t)
+
+
+def test_a_pin_moved_mid_sample_fails_the_sample_naming_both_cpus(tmp_path):
+    c, s = CPUS[0], CPUS[1]
+    cell = Cell(Attachment("netns-veth"), Backend.QEMU, 1500, 1,
+                Profile("tcp_rr", pattern=Pattern.RR, message_size=1, response_size=1, duration_s=3))
+    moved: dict = {}
+
+    @contextlib.contextmanager
+    def on_window(cell_id: str, rep: int, attempt: int):
+        if rep != 0:
+            yield
+            return
+        ino = placement.netns_inode(moved["netns"])
+        stop = threading.Event()
+
+        def move() -> None:
+            # an outside hand: every process in the client's namespace onto the server's CPU
+            stop.wait(1.0)
+            for pid in placement.processes_in({ino: "a"})["a"]:
+                for tid in os.listdir(f"/proc/{pid}/task"):
+                    with contextlib.suppress(OSError):
+                        os.sched_setaffinity(int(tid), {s})
+                        moved.setdefault("tids", []).append(int(tid))
+        th = threading.Thread(target=move)
+        th.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            th.join()
+
+    watch = window.Watch(on_window=on_window)
+    topo = config.parse("name: pins\nmatrix:\n  attachments: [netns-veth]\n  profiles:\n"
+                        "    - {name: tcp_rr, pattern: rr, message_size: 1, response_size: 1, duration: 3}\n",
+                        "<pins test>")
+    with results.RunWriter(tmp_path / "res", "20260101T000000Z-pins", topo, {"accelerator": "none"}) as w, \
+            testpaths.own_endpoints_path(Attachment("netns-veth"), claim_tag(), "198.18.252.0/30", 1500,
+                                         str(tmp_path / "ep")) as path:
+        testpaths.pin_endpoints([(path.client.guest, path.server.guest)], EndpointPins((c,), (s,)))
+        moved["netns"] = path.client.guest.agent.netns
+        measure.measure_cell(cell, path, w, stats.StoppingRule(Repetitions(min_samples=2, max_samples=2, rsd_target=0)), 0, {}, {},
+                             watch=watch)
+    first, second = results.read_run(w.dir).samples
+    assert moved.get("tids"), "nothing was moved: the client's tool was not found in its namespace"
+    assert first.status == "failed", (first.status, first.reason)
+    assert first.reason.startswith("placement did not hold: "), first.reason
+    assert f"placement.endpoints.client asked CPUs {c}," in first.reason and f"was allowed {s}" in first.reason, \
+        first.reason
+    assert first.data["endpoint_placement"][moved["netns"]]["held"] is False
+    # the next sample's tools start pinned again and hold
+    assert second.status == "ok" and all(e["held"] for e in second.data["endpoint_placement"].values()), \
+        (second.status, second.reason)
