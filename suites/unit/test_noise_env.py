@@ -164,3 +164,27 @@ def test_harness_cpus_set_and_put_back():
     assert os.sched_getaffinity(0) == before
     with runner.harness_cpus([]) as rec:
         assert rec == {} and os.sched_getaffinity(0) == before
+
+
+def test_switch_cpus_pin_the_daemon_alone_and_put_it_back(tmp_path):
+    """placement.switch: the daemon's threads (a real process under a name of its own, so
+    no other process of the host is touched) go to its CPUs, this process stays free."""
+    import os
+    import shutil
+    import subprocess
+
+    from testbed.measure import runner
+    cpus = sorted(os.sched_getaffinity(0))
+    exe = tmp_path / "tb-fakeswitch"
+    shutil.copy("/bin/sleep", exe)
+    proc = subprocess.Popen([str(exe), "30"])
+    try:
+        before_self, before_daemon = os.sched_getaffinity(0), os.sched_getaffinity(proc.pid)
+        with runner.harness_cpus([], daemons=("tb-fakeswitch",), daemon_cpus=[cpus[-1]]) as rec:
+            assert os.sched_getaffinity(proc.pid) == {cpus[-1]}, rec
+            assert os.sched_getaffinity(0) == before_self
+            assert rec["daemon_cpus"] == [cpus[-1]] and rec["daemon_threads"] == 1 and rec["cpus"] == []
+        assert os.sched_getaffinity(proc.pid) == before_daemon
+    finally:
+        proc.kill()
+        proc.wait()

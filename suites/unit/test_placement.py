@@ -159,6 +159,9 @@ def test_endpoint_pins_read_and_checked(tmp_path, capsys):
          f"placement.endpoints.server: CPU {a} is also the client's"),
         (f"harness: [{a}], endpoints: {{client: [{a}], server: [{b}]}}",
          f"placement.endpoints.client: CPU {a} is also in placement.harness"),
+        (f"switch: [{b}], endpoints: {{client: [{a}], server: [{b}]}}",
+         f"placement.endpoints.server: CPU {b} is also in placement.switch (ovs-vswitchd)"),
+        ("switch: [99], endpoints: {client: [0], server: [1]}", "placement.switch: CPU 99 is not on this host"),
     ]:
         rc, err = run_validate(tmp_path, netns_topo(text), capsys)
         assert rc == 2 and msg in err and err.count("\n") == 1, (text, err)
@@ -385,5 +388,7 @@ def test_endpoint_pins_are_part_of_each_cells_definition(tmp_path):
     f.write_text(netns_topo("allow_overlap: true, endpoints: {client: [0], server: [0]}"))
     pinned = context_of(results.topology_dict(config.load(f)))
     assert ("endpoints.placement", "client 0, server 0") in pinned
+    f.write_text(netns_topo("allow_overlap: true, switch: [0]"))
+    assert ("switch.placement", "0") in context_of(results.topology_dict(config.load(f)))
     f.write_text(netns_topo("allow_overlap: true"))
     assert not [k for k, _ in context_of(results.topology_dict(config.load(f))) if k.startswith("endpoints")]

@@ -16,11 +16,13 @@ from testbed.topology.model import Topology
 
 
 @contextlib.contextmanager
-def harness_cpus(cpus: Sequence[int], daemons: Sequence[str] = ("ovs-vswitchd",)) -> Iterator[dict]:
+def harness_cpus(cpus: Sequence[int], daemons: Sequence[str] = ("ovs-vswitchd",),
+                 daemon_cpus: Sequence[int] = ()) -> Iterator[dict]:
     """This process (and so every thread and child it starts from now on: agents, namespace
-    tools, collectors) and the ``daemons``' threads kept on ``cpus``; their affinity is put
-    back on the way out."""
-    if not cpus:
+    tools, collectors) kept on ``cpus``, and the ``daemons``' threads on ``daemon_cpus``
+    (placement.switch) or else on ``cpus``; their affinity is put back on the way out."""
+    daemon_cpus = tuple(daemon_cpus) or tuple(cpus)
+    if not cpus and not daemon_cpus:
         yield {}
         return
     import psutil
@@ -31,12 +33,14 @@ def harness_cpus(cpus: Sequence[int], daemons: Sequence[str] = ("ovs-vswitchd",)
             with contextlib.suppress(psutil.Error):
                 tids += [th.id for th in p.threads()]
     try:
-        os.sched_setaffinity(0, set(cpus))
+        if cpus:
+            os.sched_setaffinity(0, set(cpus))
         for tid in tids:
             with contextlib.suppress(OSError):
                 saved[tid] = os.sched_getaffinity(tid)
-                os.sched_setaffinity(tid, set(cpus))
-        yield {"cpus": list(cpus), "daemons": list(daemons), "daemon_threads": len(tids)}
+                os.sched_setaffinity(tid, set(daemon_cpus))
+        yield {"cpus": list(cpus), "daemons": list(daemons), "daemon_cpus": list(daemon_cpus),
+               "daemon_threads": len(tids)}
     finally:
         for tid, old in saved.items():
             with contextlib.suppress(OSError):

@@ -148,7 +148,7 @@ class Run:
                 self.writer.measure_again(again, second_stage={"cells": sorted(again), "at": results.now()})
             self.progress(f"resuming {self.writer.run_id}: {len(self.done_before)} cells finished before, "
                           f"{len(self.cells)} left")
-        harness = ses.stack.enter_context(harness_cpus(t.harness_cpus))
+        harness = ses.stack.enter_context(harness_cpus(t.harness_cpus, daemon_cpus=t.switch_cpus))
         self.writer.put(runparts.NoiseGuard(t.noise.threshold_cores, t.noise.run_queue,
                                             window.for_host(t.noise).action.value, t.noise.max_retries,
                                             self.quiet, harness or None))

@@ -22,6 +22,7 @@ from testbed import attachments, tools
 from testbed.errors import CapabilityError, CommandError, ConfigError, one_line
 from testbed.tools import pacing
 from testbed.topology.config_placement import (
+    HOST_KEYS,
     check_placements,
     guest_placement,
     hop_profiles,
@@ -867,14 +868,15 @@ def _parse(root: yaml.Node, file: str, base: Path | None) -> Topology:
     ready = m["ready_timeout"].int(5, 7200, "ready_timeout") if "ready_timeout" in m else 600
     own = {k: parse(m[k]) for k, parse in mode_fields.items() if k in m}
     off = _offloads(m["offloads"]) if "offloads" in m else None
-    harness, overlap, endpoint_pins = host_placement(m["placement"]) if "placement" in m else ((), False, None)
+    harness, overlap, endpoint_pins, switch = host_placement(m["placement"]) if "placement" in m \
+        else ((), False, None, ())
     if endpoint_pins is not None and not any(attachments.get(a).netns_kind for a in matrix.attachments):
-        raise m["placement"].mapping({"harness", "allow_overlap", "endpoints"})["endpoints"].error(
+        raise m["placement"].mapping(HOST_KEYS)["endpoints"].error(
             "pins the tools of namespace endpoints, and no attachment in the matrix has them (a guest's "
             "tools run on its vCPUs: pin those with guests[].placement)")
     t = Topology(name=name, source=file, hosts=hosts, guests=guests, client=client, server=server,
                  matrix=matrix, accelerator=accel, subnet=subnet, ready_timeout_s=ready,
-                 offloads=off, tunnel=tunnel, harness_cpus=harness, endpoint_pins=endpoint_pins,
+                 offloads=off, tunnel=tunnel, harness_cpus=harness, endpoint_pins=endpoint_pins, switch_cpus=switch,
                  allow_overlap=overlap,
                  **({"noise": noise(m["noise"])} if "noise" in m else {}),
                  **({"hops": hop_spec(m["hops"], matrix)} if "hops" in m else {}), **own)

@@ -12,7 +12,7 @@ Per guest (``guests[].placement``)::
       cpu: {mode: host-passthrough}  # host-passthrough | host-model (KVM only) | maximum
 
 Host-wide: ``placement: {harness: [0], allow_overlap: false, endpoints: {client: [0], server:
-[1]}}`` (endpoints: the namespace endpoints' tools) and ``noise: {...}``
+[1]}, switch: [1]}`` (endpoints: the namespace endpoints' tools; switch: ovs-vswitchd) and ``noise: {...}``
 (testbed.topology.model.NoiseSpec). A CPU or NUMA node a local host does not have, an overlap the
 topology did not allow, a CPU mode the chosen accelerator cannot give: ConfigError naming
 the field (exit 2). Nodes are read from /sys/devices/system/node, CPUs from
@@ -176,10 +176,10 @@ def _field(n: Node, key: str):
     return n.mapping({key})[key] if isinstance(n.node, yaml.MappingNode) else n
 
 
-def host_placement(n: Node) -> tuple[CpuSet, bool, EndpointPins | None]:
+def host_placement(n: Node) -> tuple[CpuSet, bool, EndpointPins | None, CpuSet]:
     """Host-wide ``placement: {harness: CPUS, allow_overlap: BOOL, endpoints: {client: CPUS,
-    server: CPUS}}``."""
-    m = n.mapping({"harness", "allow_overlap", "endpoints"})
+    server: CPUS}, switch: CPUS}``."""
+    m = n.mapping(HOST_KEYS)
     from testbed.host import placement as pl
     have = set(pl.host_cpus())
     harness: CpuSet = ()
@@ -189,21 +189,27 @@ def host_placement(n: Node) -> tuple[CpuSet, bool, EndpointPins | None]:
             raise m["harness"].error(f"the harness would take every CPU of this host ({cpulist(have)}); "
                                      f"leave some for the guests")
     overlap = m["allow_overlap"].bool() if "allow_overlap" in m else False
+    switch: CpuSet = _on_host(m["switch"], have) if "switch" in m else ()
     pins = None
     if "endpoints" in m:
         e = m["endpoints"].mapping({"client", "server"}, required=("client", "server"))
         pins = EndpointPins(client=_on_host(e["client"], have), server=_on_host(e["server"], have))
         if not overlap:
             for role in ("client", "server"):
-                if both := set(pins.of(role)) & set(harness):
-                    raise e[role].error(f"CPU {cpulist(both)} is also in placement.harness (kept for the "
-                                        f"testbed's own processes); set placement.allow_overlap: true to "
-                                        f"allow it")
+                for other, cpus in (("placement.harness (kept for the testbed's own processes)", harness),
+                                    ("placement.switch (ovs-vswitchd)", switch)):
+                    if both := set(pins.of(role)) & set(cpus):
+                        raise e[role].error(f"CPU {cpulist(both)} is also in {other}; set "
+                                            f"placement.allow_overlap: true to allow it")
             if both := set(pins.client) & set(pins.server):
                 raise e["server"].error(f"CPU {cpulist(both)} is also the client's: tools that share a CPU "
                                         f"measure a different path (no cross-CPU wakeups); set "
                                         f"placement.allow_overlap: true to measure that on purpose")
-    return harness, overlap, pins
+    return harness, overlap, pins, switch
+
+
+#: the keys of the host-wide placement mapping
+HOST_KEYS = frozenset({"harness", "allow_overlap", "endpoints", "switch"})
 
 
 def _on_host(n: Node, have: set[int]) -> CpuSet:
@@ -302,6 +308,10 @@ def check_placements(t: Topology, host_node, guest_nodes: list, pairs_node) -> N
             raise gfield(ia, *fa).error(
                 f"CPU {cpulist(set(sa) & set(t.harness_cpus))} is also in placement.harness (kept for the "
                 f"testbed's own processes); set placement.allow_overlap: true to allow it")
+        if ka == "vcpu" and set(sa) & set(t.switch_cpus):
+            raise gfield(ia, *fa).error(
+                f"CPU {cpulist(set(sa) & set(t.switch_cpus))} is also in placement.switch (ovs-vswitchd); "
+                f"vCPUs get CPUs of their own unless placement.allow_overlap: true")
         for b in range(a):
             ib, fb, wb, kb, sb = roles[b]
             if "vcpu" not in (ka, kb) or not set(sa) & set(sb):

@@ -266,7 +266,7 @@ def definition_hash(defn: Mapping) -> str:
 def context_of(topology: Mapping, variant: str | None = None) -> tuple[tuple[str, str], ...]:
     """The run-wide settings of a topology (in its JSON dict form, as run.json holds it)
     that change a measurement: requested offloads, both guests' size and image, their
-    placement, the namespace endpoints' pins, and the variant the cell ran under. Only set values are listed, so a
+    placement, the namespace endpoints' and ovs-vswitchd's pins, and the variant the cell ran under. Only set values are listed, so a
     topology that leaves them all at their defaults has an empty context."""
     out: dict[str, str] = {}
     off = topology.get("offloads")
@@ -284,6 +284,8 @@ def context_of(topology: Mapping, variant: str | None = None) -> tuple[tuple[str
             label = placement_label(g.get("placement"))
             if label:
                 out[f"{role}.placement"] = label
+    if topology.get("switch_cpus"):
+        out["switch.placement"] = cpulist(tuple(topology["switch_cpus"]))
     pins = topology.get("endpoint_pins")
     if pins:
         # a namespace cell's tools on one CPU or two measure different paths
@@ -647,6 +649,9 @@ class Topology:
     #: host CPUs kept for the harness itself (this process and its children: agents,
     #: collectors, namespace tools; and ovs-vswitchd); empty: not restricted
     harness_cpus: CpuSet = ()
+    #: CPUs of ovs-vswitchd's threads (placement.switch: Open vSwitch's userspace datapath
+    #: forwards every packet in them); empty: the harness's CPUs when it has some, else free
+    switch_cpus: CpuSet = ()
     #: CPUs of the namespace endpoints' tools (placement.endpoints); None: not pinned
     endpoint_pins: EndpointPins | None = None
     #: pins may share CPUs across roles (vCPUs with vCPUs or with other threads, guests with
