@@ -699,7 +699,7 @@ def render_text(rc: RunComparison) -> str:
                  f"is worse than -{rc.threshold:.0%}, regressed when adjusted below q; mdc: smallest change "
                  "the cell could detect at its noise and n (80 % power)")
     lines.append(f"{len(rc.cells)} cells: {summary or 'none'}; test {rc.test}, threshold "
-                 f"{rc.threshold:.0%}, alpha {rc.alpha}, Benjamini-Hochberg q {rc.q}, "
+                 f"{rc.threshold:.0%}, alpha {rc.alpha}, Benjamini-Hochberg q {rc.q:.4g}, "
                  f"at least {rc.min_samples} ok samples a side")
     lines.extend(f"p-values of {t}" for t in rc.tests_used)
     lines.extend(f"  {c.cell_id}: {c.verdict_text}" for c in rc.cells if c.verdict_text != c.verdict.value)
