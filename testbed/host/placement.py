@@ -164,18 +164,25 @@ def threads(pid: int, proc: str = "/proc") -> list[Thread]:
     out = []
     tasks = [(pid, t) for t in _tids(pid, proc)] + [(k, k) for k in (vhost_kthreads(pid) if proc == "/proc" else ())]
     for owner, tid in tasks:
-        base = f"{proc}/{owner}/task/{tid}"
-        try:
-            comm = _read(f"{base}/comm").strip()
-            allowed = parse_status_affinity(_read(f"{base}/status"))
-            last = parse_stat_cpu(_read(f"{base}/stat"))
-        except (OSError, ValueError, IndexError):
-            continue          # gone between listing and reading
+        read = _task(f"{proc}/{owner}/task/{tid}")
+        if read is None:
+            continue
+        comm, allowed, last = read
         role, idx = role_of(comm, tid, pid)
         if owner != pid:
             role = "vhost"
         out.append(Thread(tid, comm, role, idx, allowed, last))
     return out
+
+
+def _task(base: str) -> tuple[str, CpuSet, int] | None:
+    """A thread's name, allowed CPUs and last CPU from its /proc task folder ``base``; None
+    when it is gone between listing and reading."""
+    try:
+        return (_read(f"{base}/comm").strip(), parse_status_affinity(_read(f"{base}/status")),
+                parse_stat_cpu(_read(f"{base}/stat")))
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _tids(pid: int, proc: str = "/proc") -> list[int]:
@@ -357,14 +364,10 @@ def tool_threads(pid: int, proc: str = "/proc") -> list[Thread]:
     """Every thread of a tool process, with its allowed CPUs and last CPU."""
     out = []
     for tid in _tids(pid, proc):
-        base = f"{proc}/{pid}/task/{tid}"
-        try:
-            comm = _read(f"{base}/comm").strip()
-            allowed = parse_status_affinity(_read(f"{base}/status"))
-            last = parse_stat_cpu(_read(f"{base}/stat"))
-        except (OSError, ValueError, IndexError):
-            continue
-        out.append(Thread(tid, comm, "tool", None, allowed, last))
+        read = _task(f"{proc}/{pid}/task/{tid}")
+        if read is not None:
+            comm, allowed, last = read
+            out.append(Thread(tid, comm, "tool", None, allowed, last))
     return out
 
 

@@ -266,8 +266,9 @@ def definition_hash(defn: Mapping) -> str:
 def context_of(topology: Mapping, variant: str | None = None) -> tuple[tuple[str, str], ...]:
     """The run-wide settings of a topology (in its JSON dict form, as run.json holds it)
     that change a measurement: requested offloads, both guests' size and image, their
-    placement, the namespace endpoints' and ovs-vswitchd's pins, and the variant the cell ran under. Only set values are listed, so a
-    topology that leaves them all at their defaults has an empty context."""
+    placement, the namespace endpoints' and ovs-vswitchd's pins, and the variant the cell
+    ran under. Only set values are listed, so a topology that leaves them all at their
+    defaults has an empty context."""
     out: dict[str, str] = {}
     off = topology.get("offloads")
     if off:

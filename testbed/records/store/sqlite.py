@@ -39,7 +39,6 @@ class SqliteBackend:
         self._probing = readonly and not Path(self.where + "-wal").exists()
         try:
             self.conn = self._connect(immutable=self._probing)
-            self.conn.execute("PRAGMA foreign_keys = ON")
             if not readonly:
                 # WAL: a report can read the index while a nightly job is writing to it.
                 self.conn.execute("PRAGMA journal_mode = WAL")
@@ -50,11 +49,14 @@ class SqliteBackend:
     def _connect(self, immutable: bool) -> sqlite3.Connection:
         if not self.readonly:
             # isolation_level=None: no implicit transactions; `transaction()` says where.
-            return sqlite3.connect(self.where, timeout=30.0, isolation_level=None)
-        # mode=ro: a read never changes the database.
-        uri = ("file:" + urllib.parse.quote(str(Path(self.where).absolute())) + "?mode=ro"
-               + ("&immutable=1" if immutable else ""))
-        return sqlite3.connect(uri, uri=True, timeout=30.0, isolation_level=None)
+            conn = sqlite3.connect(self.where, timeout=30.0, isolation_level=None)
+        else:
+            # mode=ro: a read never changes the database.
+            uri = ("file:" + urllib.parse.quote(str(Path(self.where).absolute())) + "?mode=ro"
+                   + ("&immutable=1" if immutable else ""))
+            conn = sqlite3.connect(uri, uri=True, timeout=30.0, isolation_level=None)
+        conn.execute("PRAGMA foreign_keys = ON")
+        return conn
 
     def go_live(self) -> None:
         """The file is a store this testbed reads: read it live from here on, so rows a
@@ -63,7 +65,6 @@ class SqliteBackend:
             self.conn.close()
             try:
                 self.conn = self._connect(immutable=False)
-                self.conn.execute("PRAGMA foreign_keys = ON")
             except sqlite3.Error as e:
                 raise StoreError(f"{self.where}: not a usable SQLite index: {e}") from None
             self._probing = False
