@@ -125,9 +125,12 @@ class _Processes:
     def _netns(self) -> str | None:
         return None
 
+    def _cpus(self) -> tuple[int, ...]:
+        return ()
+
     def spawn(self, argv: Sequence[str]) -> int:
         bg = proc.start(self._argv(argv), out_dir=self._dir(), name=f"{self.name}-{next(self._seq)}",
-                        netns=self._netns())
+                        netns=self._netns(), cpus=self._cpus())
         self._procs[bg.popen.pid] = bg
         return bg.popen.pid
 
@@ -227,13 +230,24 @@ class Netns(_Processes):
     def __init__(self, netns: str, out_dir: str | None = None) -> None:
         super().__init__(out_dir)
         self.netns = self.name = netns
+        #: CPUs every process started in the namespace is kept on (placement.endpoints);
+        #: () leaves them to the scheduler (or to the harness's CPUs, which they inherit)
+        self.cpus: tuple[int, ...] = ()
+
+    def pin(self, cpus: Sequence[int]) -> None:
+        self.cpus = tuple(cpus)
 
     def _netns(self) -> str | None:
         return self.netns
 
+    def _cpus(self) -> tuple[int, ...]:
+        return self.cpus
+
     def run(self, argv: Sequence[str], *, timeout: float = 30, check: bool = True,
             input: str | None = None) -> proc.Completed:
-        res = proc.run(argv, timeout=timeout, check=False, netns=self.netns, input=input)
+        # Pinned too: the window fails a sample for any process in a pinned namespace that
+        # was allowed other CPUs, and a short helper (cat of a sysfs counter) is one.
+        res = proc.run(argv, timeout=timeout, check=False, netns=self.netns, input=input, cpus=self.cpus)
         if check and res.rc != 0:
             # Name the namespace, not the `ip netns exec` wrapper, as where it failed.
             raise CommandError([f"{self.netns}:", *argv], res.rc, res.stderr or res.stdout, stdout=res.stdout)

@@ -18,22 +18,6 @@ class NsAgent(Netns):
     def __init__(self, netns: str, out_dir: str) -> None:
         super().__init__(netns, out_dir)
         self.out_dir = out_dir
-        #: CPUs every process this endpoint starts is kept on (placement.endpoints); ()
-        #: leaves them to the scheduler (or to the harness's CPUs, which they inherit)
-        self.cpus: tuple[int, ...] = ()
-
-    def pin(self, cpus: tuple[int, ...]) -> None:
-        self.cpus = tuple(cpus)
-
-    def _argv(self, argv) -> list[str]:
-        # taskset sets the affinity and then execs the tool, so the tool and every child it
-        # forks (netserver's per-test children) start on these CPUs: none runs a moment
-        # elsewhere, as it would if the pin were set after the start.
-        out = super()._argv(argv)
-        if self.cpus:
-            from testbed.topology.model import cpulist
-            return ["taskset", "--cpu-list", cpulist(self.cpus), *out]
-        return out
 
     def ping(self) -> bool:
         return True

@@ -50,15 +50,22 @@ class Stop(threading.Event):
             self.set()
 
 
-def in_netns(netns: str | None, argv: Sequence[str]) -> list[str]:
-    """Prefix argv so it runs inside a named network namespace (None: the current one)."""
-    return ["ip", "netns", "exec", netns, *argv] if netns else list(argv)
+def in_netns(netns: str | None, argv: Sequence[str], cpus: Sequence[int] = ()) -> list[str]:
+    """Prefix argv so it runs inside a named network namespace (None: the current one) and,
+    with ``cpus``, on those CPUs only. taskset comes first: the process has its CPUs before
+    `ip netns exec` enters the namespace, so nothing in the namespace ever runs a moment
+    with the launcher's CPUs, and every child it forks (netserver's per-test children)
+    inherits them."""
+    out = ["ip", "netns", "exec", netns, *argv] if netns else list(argv)
+    if cpus:
+        return ["taskset", "--cpu-list", ",".join(str(c) for c in sorted(cpus)), *out]
+    return out
 
 
 def run(argv: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT, check: bool = True,
         netns: str | None = None, input: str | None = None,
-        env: Mapping[str, str] | None = None, cwd: str | None = None) -> Completed:
-    full = in_netns(netns, [str(a) for a in argv])
+        env: Mapping[str, str] | None = None, cwd: str | None = None, cpus: Sequence[int] = ()) -> Completed:
+    full = in_netns(netns, [str(a) for a in argv], cpus)
     log.debug("run %s", full)
     start = time.monotonic()
     merged_env = {**os.environ, **env} if env else None
@@ -126,9 +133,9 @@ class Background:
 
 
 def start(argv: Sequence[str], *, out_dir: str, name: str, netns: str | None = None,
-          env: Mapping[str, str] | None = None) -> Background:
+          env: Mapping[str, str] | None = None, cpus: Sequence[int] = ()) -> Background:
     """Start a long-running process; the caller must `stop()` it (see `background`)."""
-    full = in_netns(netns, [str(a) for a in argv])
+    full = in_netns(netns, [str(a) for a in argv], cpus)
     os.makedirs(out_dir, exist_ok=True)
     out_path, err_path = os.path.join(out_dir, f"{name}.out"), os.path.join(out_dir, f"{name}.err")
     log.debug("background %s", full)
