@@ -129,6 +129,27 @@ def test_the_cost_of_tracing_is_the_median_of_its_rounds_against_its_bound():
     assert "saturated" not in ok["note"] and "saturated_rounds" not in overhead.summary(pairs, 0.05, 2)
 
 
+def test_the_round_that_counted_bpf_run_time_is_left_out_of_the_cost():
+    # counting BPF's run time costs a clock read per program run: the round whose traced
+    # sample counted it is slower for that, and is not the tracer's cost
+    def traced(rep: int, tps: float, counted: bool) -> SampleRecord:
+        bpf = {"cores": 0.14, "ns_per_run": 69.0, "run_cnt": 10, "run_time_ns": 690} if counted else \
+            {"not_counted": "counted in the cell's first sample only"}
+        s = _sample(rep, tps, 31, 1.0)
+        return SampleRecord.new("r", {"id": "c", "attachment": "netns-bridge"}, rep, False, "ok", None,
+                                s.metrics, {"host": {"busy": 1.0}}, "t0", "t1",
+                                extra={"hops": {"tracers": {"host": {"bpf": bpf}}}})
+    pairs = [overhead.pair(i, _sample(i, 20000, 30, 1.0), traced(i, t, i == 0))
+             for i, t in enumerate((16000, 19000, 19200))]
+    assert [p["bpf_counted"] for p in pairs] == [True, False, False]
+    got = overhead.summary(pairs, 0.05)
+    assert got["tps_cost_pct"] == 4.5 and got["within_bound"], got        # rounds 1 and 2 only
+    assert got["bpf_ns_per_run"] == 69.0 and got["bpf_cores"] == 0.14     # from the round that counted
+    assert "BPF's run time not counted" in got["note"]
+    # without a round that did not count, every round is judged
+    assert overhead.summary(pairs[:1], 0.05)["tps_cost_pct"] == 20.0
+
+
 def test_a_cost_measured_on_a_saturated_host_says_so():
     # a 2-core host busy on both cores in two rounds (as on a shared CI machine)
     pairs = [overhead.pair(i, _sample(i, 10000, 30, b), _sample(i, 5000, 45, b))
@@ -244,3 +265,32 @@ def test_the_gate_names_the_hop_a_regression_is_in():
     assert "regressed in hop req.1.wire p50" in hopgate.attribution("c", metrics)
     quiet = hopgate.comparisons(_hop_samples(None), _hop_samples(None))
     assert not [k for k, c in quiet if c.verdict.value == "regressed"]
+
+
+def test_the_tracing_bench_floor_attaches_the_tracers_probes_with_empty_bodies():
+    from testbed.bench import tracing
+    from testbed.host.bpftrace import DEVICES_ONLY, TRACEPOINTS
+    text = tracing.floor_program(TRACEPOINTS)
+    probes = [ln.split(" {")[0] for ln in text.splitlines() if ln.endswith("{ }")]
+    assert probes == ["tracepoint:net:net_dev_queue", "tracepoint:net:netif_receive_skb",
+                      TRACEPOINTS.send_probe, TRACEPOINTS.ready_probe, TRACEPOINTS.recv_probe]
+    assert "tb-hops ready" in text and "tb-hops end" in text
+    assert tracing.floor_program(DEVICES_ONLY).count("{ }") == 2
+
+
+def test_the_tracing_bench_pairs_each_arm_with_its_rounds_untraced_sample():
+    from testbed.bench import tracing
+    rounds = [{"untraced": {"tps": 200.0}, "probes": {"tps": 180.0}, "hops": {"tps": 160.0},
+               "counted": {"tps": 150.0, "run_cnt": 1400, "run_time_ns": 70_000, "window_s": 0.001,
+                           "transactions": 100.0}},
+              {"untraced": {"tps": 100.0}, "probes": {"tps": 92.0}, "hops": {"tps": 84.0}},   # counted failed
+              {"untraced": {"tps": 210.0}, "probes": {"tps": 189.0}, "hops": {"tps": 168.0},
+               "counted": {"tps": 157.5, "run_cnt": 1500, "run_time_ns": 60_000, "window_s": 0.002,
+                           "transactions": 100.0}}]
+    s = tracing.summarize(rounds)
+    assert s["probes"]["cost_pct"] == 10.0 and s["hops"]["cost_pct"] == 20.0
+    assert s["counted"]["n"] == 2 and s["counted"]["cost_pct"] == 25.0
+    assert s["counted"]["bpf_ns_per_event"] == 45.0                  # median of 50 and 40
+    assert s["counted"]["hits_per_transaction"] == 14.5 and s["counted"]["bpf_cores"] == 0.05   # 0.07 and 0.03 cores
+    assert s["program_pct"] == 10.0 and s["counting_pct"] == 5.0
+    assert s["untraced"]["tps"] == 200.0 and "cost_pct" not in s["untraced"]

@@ -390,6 +390,9 @@ def main(what: str, args: argparse.Namespace) -> int:
     if what == "placement":
         from testbed.bench import placement as bench_placement
         return bench_placement.main(args.rounds)
+    if what == "tracing":
+        from testbed.bench import tracing as bench_tracing
+        return bench_tracing.main(args.rounds, args.duration)
     if what == "ndr":
         r = ndr()
         s = r["search"]

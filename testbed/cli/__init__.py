@@ -277,7 +277,7 @@ def _domain_xml_text() -> str:
 
 
 #: which benchmark takes which numeric option (an option it ignores is refused, not dropped)
-BENCH_OPTIONS = {"--rounds": ("boot", "fidelity", "placement", "gate", "harness", "cost"),
+BENCH_OPTIONS = {"--rounds": ("boot", "fidelity", "placement", "gate", "harness", "cost", "tracing"),
                  "--pairs": ("density",), "--cells": ("soak", "gate"), "--seed": ("gate",)}
 
 
@@ -384,10 +384,11 @@ def parser() -> argparse.ArgumentParser:
         Each benchmark measures in one run, on this host, the figures it compares, and
         prints them with their ratios. See the benchmarks page of the docs.""")
     b.add_argument("what", choices=("boot", "matrix", "chain", "fidelity", "harness", "placement", "ndr",
-                                    "density", "gate", "soak", "cost"), help="which benchmark")
+                                    "density", "gate", "soak", "cost", "tracing"), help="which benchmark")
     b.add_argument("--rounds", type=integer(1, 1000), metavar="N",
                    help="boot: rounds (default 1); fidelity: alternations (default 5); "
                         "placement: rounds of apart/together/unpinned (default 5); "
+                        "tracing: rounds of untraced/probes/hops (default 5); "
                         "gate: simulated nights per scenario (default 6); cost: samples a variant (default 80, or twice --gate-samples)")
     b.add_argument("--seed", type=integer(0, 2**31 - 1), default=None, metavar="N",
                    help="gate: the seed of the simulated nights (default 0)")
@@ -408,7 +409,7 @@ def parser() -> argparse.ArgumentParser:
     bc.add_argument("--threshold", type=fraction, default=0.05, metavar="F",
                     help="cost: the gate's threshold (default 0.05, as `testbed compare`)")
     bc.add_argument("--duration", type=integer(2, 600), default=5, metavar="S",
-                    help="cost: seconds a sample (default 5)")
+                    help="cost, tracing: seconds a sample (default 5)")
     b.set_defaults(func=cmd_bench)
     from testbed.cli import results as cli_results
     cli_results.add_commands(sub)

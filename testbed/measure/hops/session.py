@@ -146,9 +146,13 @@ class HopSession:
     # -- per sample ------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def window(self, out_dir: str) -> Iterator[SampleHops]:
+    def window(self, out_dir: str, count_bpf: bool = True) -> Iterator[SampleHops]:
         """The tracers started (attached before the block) and, when the block ends, stopped
-        and read; killed on any other way out."""
+        and read; killed on any other way out. ``count_bpf``: BPF's run-time statistics
+        counted over the window. Counting costs as much as a probe's own work (two clock
+        reads per program run: on a 5 us namespace transaction it took about 6 % of
+        transactions/s by itself, `testbed bench tracing`), so a cell counts them in one
+        sample, not in every one whose cost and hops it measures."""
         self.samples += 1
         running: dict[str, tracer.HostTracer | tracer.GuestTracer] = {}
         results: dict[str, closure.TracerResult] = {}
@@ -158,7 +162,7 @@ class HopSession:
                 continue
             text = program.render(self.plan.tracer(name), k.where, self._subnet(), k.flavour)
             running[name] = tracer.HostTracer(text, out_dir) if name == HOST else \
-                tracer.GuestTracer(self._agent(name), text, name)
+                tracer.GuestTracer(self._agent(name), text, name, count_bpf=count_bpf)
 
         def start(name: str) -> None:
             try:
@@ -171,8 +175,8 @@ class HopSession:
             with ThreadPoolExecutor(max_workers=max(1, len(running))) as pool:
                 list(pool.map(start, list(running)))
             live = {n: t for n, t in running.items() if n not in results}
-            stats_why = stack.enter_context(bpfstats.enabled()) if HOST in live else None
-            hops = SampleHops(self, results, live, stats_why)
+            stats_why = stack.enter_context(bpfstats.enabled()) if HOST in live and count_bpf else None
+            hops = SampleHops(self, results, live, stats_why, counted=count_bpf)
             hops.t0 = time.monotonic()
             yield hops
             hops.t1 = time.monotonic()
@@ -204,6 +208,11 @@ class HopSession:
         return "0.0.0.0/0"
 
 
+#: why a traced sample has no BPF run-time figures (HopSession.window's count_bpf)
+NOT_COUNTED = ("counted in the cell's first sample only: counting BPF's run time costs a clock read "
+               "at each program's start and end, which would be in every traced sample's figures")
+
+
 @dataclass
 class SampleHops:
     """A traced sample's tracers; once its tool's figures are known, :meth:`record` gives
@@ -213,6 +222,8 @@ class SampleHops:
     results: dict[str, closure.TracerResult]
     live: Mapping[str, object]
     stats_why: str | None
+    #: whether BPF's run time was counted in this sample (HopSession.window)
+    counted: bool = True
     t0: float = 0.0
     t1: float = 0.0
     #: each tracer's own output (kept beside the tool's raw output)
@@ -228,7 +239,9 @@ class SampleHops:
             if t is not None:
                 rec["attach_s"] = t.attach_s  # type: ignore[attr-defined]
                 st = t.stats  # type: ignore[attr-defined]
-                if name == HOST and self.stats_why:
+                if not self.counted:
+                    rec["bpf"] = {"not_counted": NOT_COUNTED}
+                elif name == HOST and self.stats_why:
                     rec["bpf"] = {"not_measured": self.stats_why}
                 elif st is not None and st.programs:
                     rec["bpf"] = {"programs": st.programs, "run_time_ns": st.run_time_ns, "run_cnt": st.run_cnt,

@@ -93,6 +93,8 @@ class GuestTracer:
     agent: object
     program: str
     guest: str
+    #: BPF's run time counted (HopSession.window): the guest's sysctl on for the window
+    count_bpf: bool = True
     pid: int | None = None
     attach_s: float | None = None
     stats: bpfstats.RunStats | None = None
@@ -108,7 +110,8 @@ class GuestTracer:
         try:
             a.write_file(self.PROGRAM, self.program)  # type: ignore[attr-defined]
             # the kernel counts BPF run time only when asked; the guest is the testbed's own
-            self._run(["/sbin/sysctl", "-q", "-w", "kernel.bpf_stats_enabled=1"])
+            if self.count_bpf:
+                self._run(["/sbin/sysctl", "-q", "-w", "kernel.bpf_stats_enabled=1"])
             t0 = time.monotonic()
             self.pid = a.spawn(["/bin/sh", "-c", f"exec env BPFTRACE_MAP_KEYS_MAX={ENV['BPFTRACE_MAP_KEYS_MAX']} "  # type: ignore[attr-defined]
                                 f"{BPFTRACE} {self.PROGRAM} > {self.OUTPUT} 2>&1"])
@@ -134,7 +137,7 @@ class GuestTracer:
         a, pid = self.agent, self.pid
         try:
             rc, fdinfo = self._run(["/bin/sh", "-c", f"cat /proc/{pid}/fdinfo/* 2>/dev/null; true"])
-            self.stats = bpfstats.parse_fdinfo(fdinfo.split("pos:")) if rc == 0 else None
+            self.stats = bpfstats.parse_fdinfo(fdinfo.split("pos:")) if rc == 0 and self.count_bpf else None
             a.kill(pid, "INT")  # type: ignore[attr-defined]
             t0 = time.monotonic()
             while a.alive(pid):  # type: ignore[attr-defined]

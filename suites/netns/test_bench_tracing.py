@@ -1,0 +1,46 @@
+"""`testbed bench tracing` for real: on a namespace bridge, the untraced cell, the hop
+tracer's probes with empty programs, the hop tracer, and the hop tracer counting BPF's run
+time, interleaved. The counted arm's probe hits per transaction are a second source for
+what the tracer saw: a 1-byte request/response over a bridge crosses seven points each way
+(the send, four device points, the socket's data-ready and the receive)."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from testbed.admin import capabilities
+from testbed.bench import tracing
+from testbed.host import bpftrace, tracefs
+
+pytestmark = [pytest.mark.netns, pytest.mark.attach("netns")]
+
+
+def test_the_bench_measures_each_arm_and_the_probes_see_every_point_of_a_transaction():
+    if os.geteuid() != 0:
+        pytest.skip("needs root: creates namespaces and loads BPF programs")
+    for tool in ("netperf", "netserver"):
+        if not shutil.which(tool):
+            pytest.skip(f"{tool} missing")
+    ok, why = capabilities.hop_tracing()
+    if not ok:
+        pytest.skip(f"hop tracing unavailable here: {why}")
+    flavour, _ = bpftrace.host_flavour()
+    mounted_before = tracefs.mounted()
+    r = tracing.run(rounds=1, duration=2)
+    assert not r["failures"], r["failures"]
+    s = r["summary"]
+    assert [s[a]["n"] for a in tracing.ARMS] == [1, 1, 1, 1]
+    assert all(s[a]["tps"] > 1000 for a in tracing.ARMS), s
+    counted = s["counted"]
+    points = 14 if flavour.send_probe else 8        # without socket probes: the device points only
+    assert points - 0.5 <= counted["hits_per_transaction"] <= points + 2, counted
+    assert counted["bpf_ns_per_event"] > 0 and counted["bpf_cores"] > 0, counted
+    # the arms that did not count BPF's run time have no such figures
+    assert s["hops"]["bpf_ns_per_event"] is None and s["probes"]["hits_per_transaction"] is None
+    # nothing left: no tracer running, tracefs as it was
+    left = subprocess.run(["pgrep", "-f", "tb-(hops|probes)-host.bt"], capture_output=True, text=True).stdout
+    assert not left.strip()
+    assert tracefs.mounted() == mounted_before
