@@ -2,7 +2,7 @@
 cost any program on the same probes would pay.
 
 One namespace pair over a Linux bridge, its request/response client and server pinned to
-one CPU (the steadiest placement: docs/placement.md), measured in three arms interleaved
+one CPU (the steadiest placement: docs/placement.md), measured in four arms interleaved
 round by round, the order rotated so drift hits them alike:
 
 - ``untraced``: nothing attached;
@@ -91,7 +91,7 @@ def summarize(rounds: Sequence[Mapping[str, Mapping[str, float]]]) -> dict:
 
 
 @contextlib.contextmanager
-def _floor(flavour: bpftrace.Flavour, out_dir: str, live: dict) -> Iterator[None]:
+def _floor(flavour: bpftrace.Flavour, out_dir: str) -> Iterator[None]:
     t = tracer.HostTracer(floor_program(flavour), out_dir, name="tb-probes-host")
     try:
         t.start()
@@ -149,7 +149,7 @@ def run(rounds: int = 5, duration: int = 5, progress: Callable[[str], None] = la
                 got: dict = {}
                 live: dict = {}
                 out_dir = tempfile.mkdtemp(prefix=f"tb-{arm}-", dir=tmp)
-                ctx = _floor(flavour, out_dir, live) if arm == "probes" else \
+                ctx = _floor(flavour, out_dir) if arm == "probes" else \
                     _hops(session, out_dir, live, arm == "counted") if arm in ("hops", "counted") else \
                     contextlib.nullcontext()
                 watch = window.Watch(NoiseSpec(action=NoiseAction.KEEP),
