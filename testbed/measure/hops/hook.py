@@ -37,6 +37,9 @@ class HopsHook(SampleHook):
         #: the run's writer, when a schedule gives it (testbed.measure.hops.interleave): the
         #: tracers' own output is then kept beside the tool's raw output
         self.writer: Any = None
+        #: per traced cell (by hash), the tracers' record of the sample that counted BPF's
+        #: run time: its warm-up when it has one, else its first repetition
+        self.counted: dict[str, dict] = {}
 
     def applies(self, window: SampleWindow) -> bool:
         # one pair: a traced cell is measured on one path (the topology refuses pairs > 1)
@@ -55,9 +58,10 @@ class HopsHook(SampleHook):
         with tracefs.available() as why, tempfile.TemporaryDirectory(prefix="tb-hops-") as tmp:
             session = self.session(window)
             session.prepare(why)
-            # BPF's run time is counted in the cell's first counted sample only (its cost is
-            # a probe's own: HopSession.window); the cost of tracing is judged without it
-            with session.window(tmp, count_bpf=not window.warmup and window.rep == 0) as hops:
+            # BPF's run time is counted in the cell's first traced sample only, its warm-up
+            # when it has one (counting costs as much as a probe's own work:
+            # HopSession.window); the cost of tracing is judged on samples that did not count
+            with session.window(tmp, count_bpf=session.samples == 0) as hops:
                 self.open[key] = hops
                 yield
 
@@ -66,6 +70,8 @@ class HopsHook(SampleHook):
         if hops is None:
             return Finding()
         record = hops.record(sample.metrics)
+        if hops.counted:
+            self.counted[window.cell.hash] = record["tracers"]
         if self.writer is not None:
             tag = f"{'warmup' if window.warmup else 'rep'}{window.rep}" + (f"-try{window.attempt}" if window.attempt else "")
             record["raw"] = [str(self.writer.write_raw(window.cell.id, f"{tag}-hops-{name}.out", text)

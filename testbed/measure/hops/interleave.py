@@ -39,7 +39,15 @@ def measure(ctx: Context, cells: Sequence[Cell], paths: Sequence[object]) -> dic
     elif spec is None:
         rec["note"] = "no hop tracer in this run: the traced twin was measured untraced"
     traced_ok = [s for s in got[twin] if s.ok and isinstance(s.data.get("hops"), dict)]
-    if traced_ok:
+    hook = next((h for h in ctx.hooks if isinstance(h, HopsHook)), None)
+    counted = hook.counted.get(twin.hash) if hook is not None else None
+    if counted is not None:
+        # the sample that counted BPF's run time (a warm-up's is in no round's pair)
+        rec["tracers"] = counted
+        bpf = (counted.get("host") or {}).get("bpf") or {}
+        if "bpf_cores" not in rec and isinstance(bpf.get("cores"), (int, float)):
+            rec["bpf_cores"], rec["bpf_ns_per_run"] = bpf["cores"], bpf.get("ns_per_run")
+    elif traced_ok:
         rec["tracers"] = traced_ok[-1].data["hops"].get("tracers", {})
     ctx.writer.put(overhead.Costs({**(ctx.writer.record.get("hops") or {}),
                                    twin.id: {"untraced": plain.id if plain else None, **rec}}))

@@ -86,7 +86,7 @@ def summary(pairs: Sequence[Mapping], bound: float, cores: int | None = None) ->
             out[key] = round(statistics.median(vals), 4)
     out.update(tps_cost_pct=med, within_bound=med <= bound * 100,
                note=(f"tracing cost {med:g} % of transactions/s (median of {len(costs)} interleaved rounds"
-                     + (", BPF's run time not counted" if plain else "") + "), "
+                     + (" whose samples did not count BPF's run time" if plain else "") + "), "
                      + ("within" if med <= bound * 100 else "beyond") + f" the {bound:.0%} bound"))
     busy = saturated(pairs, cores) if cores else 0
     if busy:

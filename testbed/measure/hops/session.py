@@ -160,7 +160,8 @@ class HopSession:
             if k.why or k.flavour is None or k.where is None:
                 results[name] = closure.TracerResult(name, None, k.why or f"{name} cannot trace")
                 continue
-            text = program.render(self.plan.tracer(name), k.where, self._subnet(), k.flavour)
+            text = program.render(self.plan.tracer(name), k.where, self._subnet(), k.flavour,
+                                  program.sample_for(self.plan))
             running[name] = tracer.HostTracer(text, out_dir) if name == HOST else \
                 tracer.GuestTracer(self._agent(name), text, name, count_bpf=count_bpf)
 
@@ -209,7 +210,8 @@ class HopSession:
 
 
 #: why a traced sample has no BPF run-time figures (HopSession.window's count_bpf)
-NOT_COUNTED = ("counted in the cell's first sample only: counting BPF's run time costs a clock read "
+NOT_COUNTED = ("counted in the cell's first traced sample only (its warm-up when it has one): counting "
+               "BPF's run time costs a clock read "
                "at each program's start and end, which would be in every traced sample's figures")
 
 
@@ -235,7 +237,8 @@ class SampleHops:
         for name, k in self.session.kernels.items():
             t = self.live.get(name)
             rec: dict = {"tracer": f"bpftrace {k.version}" if k.version else None,
-                         "probes": k.flavour.name if k.flavour else None}
+                         "probes": k.flavour.name if k.flavour else None,
+                         "follows_one_in": program.sample_for(self.session.plan)}
             if t is not None:
                 rec["attach_s"] = t.attach_s  # type: ignore[attr-defined]
                 st = t.stats  # type: ignore[attr-defined]
