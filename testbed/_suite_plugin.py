@@ -536,38 +536,14 @@ def sshd_privsep_dir(path: Path = SSHD_PRIVSEP) -> Iterator[Path]:
     stays. Tests on other workers use it at the same time: one removed it under the other's
     restarting sshd. A shared lock on a users file marks each user, and a mutex makes the
     "made" and "last one out" decisions one at a time."""
-    import fcntl
     import hashlib
     import shutil
 
-    from testbed.host import paths
-    d = paths.state_dir()
-    d.mkdir(parents=True, exist_ok=True)
+    from testbed.host import shareduse
     key = hashlib.sha256(str(path).encode()).hexdigest()[:12]
-    made = d / f"pytest-privsep-{key}.made"      # the folder is the tests' to remove
-    mutex = os.open(d / f"pytest-privsep-{key}.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    users = os.open(d / f"pytest-privsep-{key}.users", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(mutex, fcntl.LOCK_EX)
-        if not path.is_dir():
-            path.mkdir(mode=0o755)
-            made.touch()
-        fcntl.flock(users, fcntl.LOCK_SH)
-        fcntl.flock(mutex, fcntl.LOCK_UN)
+    with shareduse.held(f"pytest-privsep-{key}", path.is_dir, lambda: path.mkdir(mode=0o755),
+                        lambda: shutil.rmtree(path, ignore_errors=True)):
         yield path
-    finally:
-        fcntl.flock(mutex, fcntl.LOCK_EX)
-        fcntl.flock(users, fcntl.LOCK_UN)
-        try:
-            fcntl.flock(users, fcntl.LOCK_EX | fcntl.LOCK_NB)    # no other user left
-        except BlockingIOError:
-            pass
-        else:
-            if made.exists():
-                shutil.rmtree(path, ignore_errors=True)
-                made.unlink()
-        os.close(users)
-        os.close(mutex)
 
 
 def run_cli(args: list[str], *, env: dict[str, str] | None = None, timeout: float = 900):

@@ -29,7 +29,7 @@ from testbed import PREFIX
 from testbed.errors import CommandError, LeftoversError, TestbedError
 from testbed.guests import guestcache, images
 from testbed.guests.lazy import libvirt
-from testbed.host import paths, proc
+from testbed.host import paths, proc, shareduse
 from testbed.host.net import links, ops
 
 log = logging.getLogger(__name__)
@@ -454,22 +454,7 @@ def _shared_holders() -> str:
 
 
 def _lock_pids(p: Path) -> set[int] | None:
-    """The processes holding a flock on ``p``, from /proc/locks (read without taking the
-    lock); None when that cannot be read."""
-    try:
-        ino = os.stat(p).st_ino
-        text = Path("/proc/locks").read_text()
-    except FileNotFoundError:
-        return set()
-    except OSError:
-        return None
-    pids = set()
-    for line in text.splitlines():
-        f = line.split()
-        # "1: FLOCK ADVISORY WRITE 1234 08:01:5678 0 EOF"; a blocked waiter's line has "->" first
-        if len(f) >= 6 and f[1] == "FLOCK" and f[5].rsplit(":", 1)[-1] == str(ino) and f[4].isdigit():
-            pids.add(int(f[4]))
-    return pids
+    return shareduse.holders(p)
 
 
 def wait_host_free(timeout: float, poll_s: float = 0.05) -> bool:

@@ -1,19 +1,15 @@
 """tracefs, which bpftrace reads tracepoints' formats from: mounted for as long as a tracer
-needs it, and unmounted again only if this process mounted it (a host that had it mounted
-keeps it so)."""
+needs it, and unmounted again by the last testbed process that used it, only if one of them
+mounted it (a host that had it mounted keeps it so; testbed.host.shareduse)."""
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator
 
 from testbed.errors import CommandError
-from testbed.host import proc
+from testbed.host import proc, shareduse
 
 TRACEFS = "/sys/kernel/tracing"
-_lock = threading.Lock()
-_users = 0
-_mounted_here = False
 
 
 def mounted(mounts: str | None = None) -> bool:
@@ -28,30 +24,25 @@ def mounted(mounts: str | None = None) -> bool:
     return False
 
 
+def _mount() -> None:
+    proc.run(["mount", "-t", "tracefs", "nodev", TRACEFS], timeout=10)
+
+
+def _unmount() -> None:
+    with contextlib.suppress(CommandError):
+        proc.run(["umount", TRACEFS], timeout=10)
+
+
 @contextlib.contextmanager
 def available() -> Iterator[str | None]:
     """tracefs mounted for the block; yields None, or why it could not be."""
-    global _users, _mounted_here
-    with _lock:
-        why = None
-        if _users == 0 and not mounted():
-            try:
-                proc.run(["mount", "-t", "tracefs", "nodev", TRACEFS], timeout=10)
-                _mounted_here = True
-            except CommandError as e:
-                why = f"tracefs is not mounted and could not be: {e.stderr_tail or e}"
-        if why is None:
-            _users += 1
-    try:
-        yield why
-    finally:
-        if why is None:
-            with _lock:
-                _users -= 1
-                if _users == 0 and _mounted_here:
-                    with contextlib.suppress(CommandError):
-                        proc.run(["umount", TRACEFS], timeout=10)
-                    _mounted_here = False
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(shareduse.held("tracefs", mounted, _mount, _unmount))
+        except CommandError as e:
+            yield f"tracefs is not mounted and could not be: {e.stderr_tail or e}"
+            return
+        yield None
 
 
 __all__ = ["TRACEFS", "available", "mounted"]

@@ -6,8 +6,8 @@ Registered in ``hooks.FACTORIES`` when this module is imported (the run's schedu
 testbed.measure.run, imports it through testbed.measure.hops.interleave): a topology whose profiles ask for hops gets one
 :class:`HopsHook` for its run. What a cell's tracing needs once (its plan, the probes each
 kernel attaches, where the devices are) is found at its first traced sample and kept for
-the rest; tracefs is mounted for each window that needs it and unmounted after, when this
-process mounted it.
+the rest; tracefs is mounted for each window that needs it and unmounted by the last
+testbed process using it, when one of them mounted it (testbed.host.tracefs).
 """
 from __future__ import annotations
 
