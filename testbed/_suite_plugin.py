@@ -546,6 +546,23 @@ def sshd_privsep_dir(path: Path = SSHD_PRIVSEP) -> Iterator[Path]:
         yield path
 
 
+def leftover_tracers(pattern: str = "tb-(hops|probes)-host.bt") -> list[int]:
+    """bpftrace processes of this test left running: children of this process, or orphans
+    (a `testbed` child that exited without stopping them). Another worker's live tracer
+    (its parent alive and not this process) is not one."""
+    import subprocess
+    out = []
+    for pid in subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue            # gone meanwhile
+        if ppid in (1, os.getpid()):
+            out.append(int(pid))
+    return out
+
+
 def run_cli(args: list[str], *, env: dict[str, str] | None = None, timeout: float = 900):
     """`testbed ARGS` in a child process. On timeout the child gets SIGTERM, like a user's
     Ctrl-C, and is given two minutes to tear down before the test fails: a SIGKILL would

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 
 import pytest
 
+from testbed._suite_plugin import leftover_tracers
 from testbed.admin import capabilities
 from testbed.bench import tracing
 from testbed.host import bpftrace, shareduse
@@ -40,8 +40,7 @@ def test_the_bench_measures_each_arm_and_the_probes_see_every_point_of_a_transac
     # the arms that did not count BPF's run time have no such figures
     assert s["hops"]["bpf_ns_per_event"] is None and s["probes"]["hits_per_transaction"] is None
     # nothing left: no tracer running, tracefs as it was
-    left = subprocess.run(["pgrep", "-f", "tb-(hops|probes)-host.bt"], capture_output=True, text=True).stdout
-    assert not left.strip()
+    assert not leftover_tracers()
     # tracefs as the host had it: mounted by a testbed process only while one still uses it
     # (tests on other workers may), never left mounted by the last one out
     assert not shareduse.left("tracefs")
