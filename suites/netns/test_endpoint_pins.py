@@ -96,6 +96,14 @@ def test_every_process_a_pinned_namespace_starts_has_its_cpus_from_the_start(tmp
             agent.kill(pid)
 
 
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def test_a_pin_moved_mid_sample_fails_the_sample_naming_both_cpus(tmp_path):
     c, s = CPUS[0], CPUS[1]
     cell = Cell(Attachment("netns-veth"), Backend.QEMU, 1500, 1,
@@ -111,8 +119,13 @@ def test_a_pin_moved_mid_sample_fails_the_sample_naming_both_cpus(tmp_path):
         stop = threading.Event()
 
         def move() -> None:
-            # an outside hand: every process in the client's namespace onto the server's CPU
-            stop.wait(1.0)
+            # an outside hand: once netperf runs in the client's namespace (its start may
+            # lag on a busy host), every process there onto the server's CPU
+            stop.wait(0.5)
+            while not stop.is_set() and not any(
+                    _comm(pid) == "netperf" for pid in placement.processes_in({ino: "a"})["a"]):
+                stop.wait(0.05)
+            stop.wait(0.3)
             for pid in placement.processes_in({ino: "a"})["a"]:
                 for tid in os.listdir(f"/proc/{pid}/task"):
                     with contextlib.suppress(OSError):
