@@ -35,7 +35,9 @@ def test_the_bench_measures_each_arm_and_the_probes_see_every_point_of_a_transac
     assert all(s[a]["tps"] > 1000 for a in tracing.ARMS), s
     counted = s["counted"]
     points = 14 if flavour.send_probe else 8        # without socket probes: the device points only
-    assert points - 0.5 <= counted["hits_per_transaction"] <= points + 2, counted
+    # at least every point of every transaction; more on a host with other traffic (the
+    # probes fire for every packet of the host: CI's other workers read 23 a transaction)
+    assert counted["hits_per_transaction"] >= points - 0.5, counted
     assert counted["bpf_ns_per_event"] > 0 and counted["bpf_cores"] > 0, counted
     # the arms that did not count BPF's run time have no such figures
     assert s["hops"]["bpf_ns_per_event"] is None and s["probes"]["hits_per_transaction"] is None

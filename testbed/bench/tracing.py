@@ -17,7 +17,8 @@ Each arm's cost is paired with the untraced sample of the same round. The counte
 statistics, read as the sample's window opens and closes, give BPF's nanoseconds per event
 and its cores, and its probe hits set against the transactions the tool counted give the
 hits per transaction: a second source for what the tracer saw (a probe that missed the
-test's packets would show fewer hits than the path has points).
+test's packets would show fewer hits than the path has points; other traffic on the host
+shows as more, since every probe fires for every packet).
 """
 from __future__ import annotations
 
