@@ -96,14 +96,6 @@ def test_every_process_a_pinned_namespace_starts_has_its_cpus_from_the_start(tmp
             agent.kill(pid)
 
 
-def _comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
-
-
 def test_a_pin_moved_mid_sample_fails_the_sample_naming_both_cpus(tmp_path):
     c, s = CPUS[0], CPUS[1]
     cell = Cell(Attachment("netns-veth"), Backend.QEMU, 1500, 1,
@@ -123,7 +115,8 @@ def test_a_pin_moved_mid_sample_fails_the_sample_naming_both_cpus(tmp_path):
             # lag on a busy host), every process there onto the server's CPU
             stop.wait(0.5)
             while not stop.is_set() and not any(
-                    _comm(pid) == "netperf" for pid in placement.processes_in({ino: "a"})["a"]):
+                    t.comm == "netperf" for pid in placement.processes_in({ino: "a"})["a"]
+                    for t in placement.tool_threads(pid)):
                 stop.wait(0.05)
             stop.wait(0.3)
             for pid in placement.processes_in({ino: "a"})["a"]:
