@@ -546,6 +546,22 @@ def sshd_privsep_dir(path: Path = SSHD_PRIVSEP) -> Iterator[Path]:
         yield path
 
 
+def skip_unless_namespace_tracing() -> None:
+    """Skip a test that traces netperf between namespaces where it cannot, naming what is
+    missing: root, the tools, or hop tracing (bpftrace, tracefs, a probe that attaches)."""
+    import shutil
+
+    from testbed.admin import capabilities
+    if os.geteuid() != 0:
+        pytest.skip("needs root: creates namespaces and loads BPF programs")
+    for tool in ("netperf", "netserver"):
+        if not shutil.which(tool):
+            pytest.skip(f"{tool} missing")
+    ok, why = capabilities.hop_tracing()
+    if not ok:
+        pytest.skip(f"hop tracing unavailable here: {why}")
+
+
 def leftover_tracers(pattern: str = "tb-(hops|probes)-host.bt") -> list[int]:
     """bpftrace processes of this test left running: children of this process, or orphans
     (a `testbed` child that exited without stopping them). Another worker's live tracer

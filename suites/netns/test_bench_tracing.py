@@ -5,13 +5,10 @@ what the tracer saw: a 1-byte request/response over a bridge crosses seven point
 (the send, four device points, the socket's data-ready and the receive)."""
 from __future__ import annotations
 
-import os
-import shutil
 
 import pytest
 
-from testbed._suite_plugin import leftover_tracers
-from testbed.admin import capabilities
+from testbed._suite_plugin import leftover_tracers, skip_unless_namespace_tracing
 from testbed.bench import tracing
 from testbed.host import bpftrace, shareduse
 
@@ -19,14 +16,7 @@ pytestmark = [pytest.mark.netns, pytest.mark.attach("netns")]
 
 
 def test_the_bench_measures_each_arm_and_the_probes_see_every_point_of_a_transaction():
-    if os.geteuid() != 0:
-        pytest.skip("needs root: creates namespaces and loads BPF programs")
-    for tool in ("netperf", "netserver"):
-        if not shutil.which(tool):
-            pytest.skip(f"{tool} missing")
-    ok, why = capabilities.hop_tracing()
-    if not ok:
-        pytest.skip(f"hop tracing unavailable here: {why}")
+    skip_unless_namespace_tracing()
     flavour, _ = bpftrace.host_flavour()
     r = tracing.run(rounds=1, duration=2)
     assert not r["failures"], r["failures"]

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 
-from testbed._suite_plugin import leftover_tracers
-from testbed.admin import capabilities
+from testbed._suite_plugin import leftover_tracers, skip_unless_namespace_tracing
 from testbed.host import shareduse
 
 pytestmark = [pytest.mark.netns, pytest.mark.attach("netns")]
@@ -31,14 +29,7 @@ matrix:
 
 @pytest.mark.parametrize("mode", ["netns-bridge", "netns-ovs-veth"])
 def test_a_traced_namespace_cell_gives_every_hop_closure_and_its_cost(tmp_path, mode):
-    if os.geteuid() != 0:
-        pytest.skip("needs root: creates namespaces and loads BPF programs")
-    for tool in ("netperf", "netserver"):
-        if not shutil.which(tool):
-            pytest.skip(f"{tool} missing")
-    ok, why = capabilities.hop_tracing()
-    if not ok:
-        pytest.skip(f"hop tracing unavailable here: {why}")
+    skip_unless_namespace_tracing()
     from testbed import attachments
     from testbed.topology.model import Attachment
     if (missing := attachments.unavailable(Attachment(mode))):
