@@ -51,9 +51,31 @@ def test_bad_source_tools_name_the_field(tmp_path, tools, field, words) -> None:
 
 def test_a_derived_recipe_cannot_change_what_the_base_installs(tmp_path) -> None:
     folder = recipe_dir(tmp_path, "  - {name: tbhello, source: tbhello, build: autotools}\n",
-                        extra="packages: [gcc]\n")
-    with pytest.raises(ConfigError, match="packages: comes from the base recipe"):
+                        extra="kernel_package: linux-image-amd64\n")
+    with pytest.raises(ConfigError, match="kernel_package: comes from the base recipe"):
         images.load_recipe(folder)
+
+
+def test_a_derived_recipe_adds_packages_to_the_bases(tmp_path) -> None:
+    folder = recipe_dir(tmp_path, "  - {name: tbhello, source: tbhello, build: autotools}\n",
+                        extra="packages: [bpftrace, netperf]\n")
+    r = images.load_recipe(folder)
+    assert r.base is not None and "netperf" in r.base.packages
+    # netperf is the base's already: only bpftrace is added, and the image lists both
+    assert r.added_packages == ("bpftrace",)
+    assert r.packages == (*r.base.packages, "bpftrace")
+    first = r.digest()
+    (folder / "recipe.yaml").write_text((folder / "recipe.yaml").read_text().replace("bpftrace", "strace"))
+    assert images.load_recipe(folder).digest() != first
+    (folder / "recipe.yaml").write_text((folder / "recipe.yaml").read_text().replace("strace", "Bad Name"))
+    with pytest.raises(ConfigError) as e:
+        images.load_recipe(folder)
+    assert e.value.field.startswith("packages") and "Debian package name" in e.value.message
+
+
+def test_the_bpftrace_image_recipe_adds_bpftrace_to_debian12() -> None:
+    r = images.load_recipe("debian12-bpftrace")
+    assert r.base is not None and r.base.name == "debian12" and r.added_packages == ("bpftrace",)
 
 
 def test_source_bytes_are_part_of_the_cache_key(tmp_path) -> None:

@@ -50,8 +50,12 @@ class Recipe:
     #: tools built from source (or copied as static binaries) into /usr/local/bin
     source_tools: tuple[srctools.SourceTool, ...] = ()
     #: derive from this recipe's cached image root instead of running mmdebstrap: only the
-    #: source tools are added, which costs seconds plus the build, not a whole bootstrap
+    #: source tools and the added packages go in, which costs seconds plus the build and the
+    #: download, not a whole bootstrap
     base: Recipe | None = None
+    #: a derived recipe's own Debian packages, installed into the base's root (``packages``
+    #: holds the base's and these)
+    added_packages: tuple[str, ...] = ()
 
     def digest(self) -> str:
         h = hashlib.sha256(BUILDER_VERSION.encode())
@@ -166,7 +170,7 @@ def load_recipe(name: str | Path | None = None, _depth: int = 0) -> Recipe:
         if len(cmd) > 1024 or not cmd.isprintable():
             raise m["kernel_cmdline"].error("at most 1024 printable characters")
         data["kernel_cmdline"] = cmd
-    base = None
+    base, added = None, ()
     if "base" in data:
         if data["base"] == data.get("name") or _depth > 4:
             raise m["base"].error("must name another recipe")
@@ -175,11 +179,12 @@ def load_recipe(name: str | Path | None = None, _depth: int = 0) -> Recipe:
                          variant=base.variant, kernel_package=base.kernel_package,
                          packages=base.packages, disk_size=base.disk_size,
                          kernel_cmdline=base.kernel_cmdline)
-        extra = set(data) & (set(inherited) - {"disk_size"})
+        extra = set(data) & (set(inherited) - {"disk_size", "packages"})
         if extra:
             raise ConfigError(fname, sorted(extra)[0], "comes from the base recipe; a derived "
-                              "recipe adds source_tools (and may set disk_size) only")
-        data = {**inherited, **data}
+                              "recipe adds packages and source_tools (and may set disk_size) only")
+        added = tuple(p for p in data.pop("packages", []) if p not in base.packages)
+        data = {**inherited, **data, "packages": [*base.packages, *added]}
     else:
         hook = folder / "customize.sh"
         if not hook.is_file():
@@ -198,7 +203,7 @@ def load_recipe(name: str | Path | None = None, _depth: int = 0) -> Recipe:
                   components=tuple(data["components"]), variant=data["variant"],
                   kernel_package=data["kernel_package"], packages=tuple(data["packages"]),
                   disk_size=str(data["disk_size"]), kernel_cmdline=data["kernel_cmdline"],
-                  source_tools=tools, base=base)
+                  source_tools=tools, base=base, added_packages=added)
 
 
 def check_space(recipe: Recipe) -> None:
@@ -252,6 +257,7 @@ def build(recipe: Recipe) -> None:
         root = work / "root"
         if recipe.base is not None:
             _unpack_base(ensure(recipe.base), work, root)
+            srctools.add_packages(root, recipe.added_packages)
         else:
             log.info("building image %s (mmdebstrap %s)", recipe.name, recipe.suite)
             proc.run(["mmdebstrap", f"--variant={recipe.variant}",

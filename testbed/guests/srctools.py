@@ -9,6 +9,7 @@ of the image cache key, so a new tarball builds a new image.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import re
@@ -16,6 +17,7 @@ import shlex
 import shutil
 import tarfile
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -166,6 +168,44 @@ def _chroot(root: Path, script: str, step: str, tool: str, timeout: float = 1800
         raise BuildError(f"source tool {tool}: {step} {what}; last lines:\n{tail}") from None
 
 
+@contextlib.contextmanager
+def _apt_root(root: Path) -> Iterator[None]:
+    """An unpacked image root that apt can install into: the host's resolver and the device
+    nodes apt opens, for the duration; the root's own resolv.conf, no package lists and no
+    added nodes after (at boot devtmpfs covers /dev)."""
+    resolv = root / "etc/resolv.conf"
+    saved = resolv.read_bytes() if resolv.is_file() and not resolv.is_symlink() else None
+    made = _device_nodes(root)
+    try:
+        if resolv.is_symlink():
+            resolv.unlink()
+        shutil.copy2("/etc/resolv.conf", resolv)
+        yield
+    finally:
+        shutil.rmtree(root / "var/lib/apt/lists", ignore_errors=True)
+        (root / "var/lib/apt/lists/partial").mkdir(parents=True, exist_ok=True)
+        if saved is not None:
+            resolv.write_bytes(saved)
+        for node in made:
+            node.unlink(missing_ok=True)
+
+
+def _apt_install(root: Path, packages: set[str] | tuple[str, ...], step: str, tool: str) -> None:
+    _chroot(root, "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+            "--no-install-recommends " + " ".join(sorted(packages)) + " && apt-get clean",
+            step, tool)
+
+
+def add_packages(root: Path, packages: tuple[str, ...]) -> None:
+    """Install a derived recipe's own Debian packages into its base's unpacked root; they
+    stay in the image (a tracer, a debugging tool), unlike a source tool's build packages."""
+    if not packages:
+        return
+    log.info("installing packages %s", " ".join(packages))
+    with _apt_root(root):
+        _apt_install(root, packages, "installing packages", packages[0])
+
+
 def install(root: Path, tools: tuple[SourceTool, ...]) -> None:
     """Build (or copy) every tool into ``root``; build-only packages are purged after."""
     if not tools:
@@ -185,17 +225,9 @@ def install(root: Path, tools: tuple[SourceTool, ...]) -> None:
         packages.update(t.packages)
         if t.build == "autotools" and not _has_configure(t):
             packages.update(_AUTORECONF_PACKAGES)
-    resolv = root / "etc/resolv.conf"
-    saved = resolv.read_bytes() if resolv.is_file() and not resolv.is_symlink() else None
-    made = _device_nodes(root)
-    try:
-        if resolv.is_symlink():
-            resolv.unlink()
-        shutil.copy2("/etc/resolv.conf", resolv)
+    with _apt_root(root):
         log.info("installing build packages %s", " ".join(sorted(packages)))
-        _chroot(root, "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
-                "--no-install-recommends " + " ".join(sorted(packages)), "installing build packages",
-                built[0].name)
+        _apt_install(root, packages, "installing build packages", built[0].name)
         for t in built:
             _build(root, t)
         added = set(_chroot(root, "dpkg-query -W -f '${Package}\\n'", "listing packages",
@@ -206,13 +238,6 @@ def install(root: Path, tools: tuple[SourceTool, ...]) -> None:
         if added:
             _chroot(root, "DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq "
                     + " ".join(sorted(added)) + " && apt-get clean", "removing build packages", built[0].name)
-    finally:
-        shutil.rmtree(root / "var/lib/apt/lists", ignore_errors=True)
-        (root / "var/lib/apt/lists/partial").mkdir(parents=True, exist_ok=True)
-        if saved is not None:
-            resolv.write_bytes(saved)
-        for node in made:
-            node.unlink(missing_ok=True)
 
 
 #: The nodes apt, dpkg and compilers open. An unpacked image root (debugfs rdump) has none;

@@ -24,6 +24,12 @@ def mounted(mounts: str | None = None) -> bool:
     return False
 
 
+#: tracefs mounted in one of the testbed's own guests (its image's systemd does not mount it
+#: at boot), left mounted: the guest is thrown away or restored from its snapshot after the run
+GUEST_MOUNT = ["/bin/sh", "-c", f"grep -qs ' {TRACEFS} tracefs ' /proc/mounts || "
+               f"mount -t tracefs nodev {TRACEFS}"]
+
+
 def _mount() -> None:
     proc.run(["mount", "-t", "tracefs", "nodev", TRACEFS], timeout=10)
 

@@ -16,8 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from testbed.errors import CommandError, GuestError
-from testbed.host import proc
-from testbed.host import bpftrace
+from testbed.host import bpftrace, proc, tracefs
 from testbed.measure.hops import bpfstats, closure, parse, program, tracer
 from testbed.measure.hops.plan import HOST, Device, Plan, guest_plan, namespace_plan
 from testbed.topology.model import Cell, HopSpec
@@ -101,7 +100,9 @@ class HopSession:
                     return 127, str(e)
                 return res.rc, res.stdout + res.stderr
             k = Kernel(name)
-            flavour, k.detail = bpftrace.probe(run)
+            rc, out = run(tracefs.GUEST_MOUNT)
+            flavour, k.detail = bpftrace.probe(run) if rc == 0 else \
+                (None, f"tracefs could not be mounted: {bpftrace.last_error(out)}")
         if flavour is None:
             k.why = f"{name} cannot trace: {k.detail}"
             return k

@@ -111,6 +111,11 @@ class GuestTracer:
         a = self.agent
         try:
             a.write_file(self.PROGRAM, self.program)  # type: ignore[attr-defined]
+            # Emptied before the spawn, not by its redirection: read before the shell ran, a
+            # missing file failed the start, and the last sample's output (its "attached"
+            # line) was taken for this tracer's, whose window then opened while its program
+            # was still compiling.
+            a.write_file(self.OUTPUT, "")  # type: ignore[attr-defined]
             # the kernel counts BPF run time only when asked; the guest is the testbed's own
             if self.count_bpf:
                 self._run(["/sbin/sysctl", "-q", "-w", "kernel.bpf_stats_enabled=1"])
