@@ -2,9 +2,9 @@
 tracing uses (testbed.measure.hops) attach there, found by attaching them.
 
 A kernel offers the device tracepoints (``net:net_dev_queue``,
-``net:netif_receive_skb``) and, for the socket ends, either tracepoints (recent kernels:
-``tcp:tcp_sendmsg_locked``, ``sock:sock_recv_length``) or kprobes (Debian 12's 6.1), or
-neither; each combination is a :class:`Flavour`, tried best first.
+``net:netif_receive_skb``) and, for the socket ends, tracepoints (recent kernels:
+``tcp:tcp_sendmsg_locked``, ``sock:sock_recv_length``), fentry or kprobes (Debian 12's
+6.1), or none; each combination is a :class:`Flavour`, tried best first.
 """
 from __future__ import annotations
 
@@ -25,8 +25,9 @@ VERSION_RE = re.compile(r"bpftrace v?(\d+(?:\.\d+)+)")
 @dataclass(frozen=True)
 class Flavour:
     """The probes a kernel offers for the socket ends. Tracepoints where the kernel has
-    them (this host's 6.x kernels: tcp_sendmsg_locked, sock_recv_length); kprobes where it
-    has those instead (Debian 12's 6.1 guests); none: the stack hops are not observed."""
+    them (recent 6.x kernels: tcp_sendmsg_locked, sock_recv_length); else fentry (kfuncs:
+    Debian 12's 6.1 guests), else kprobes on the same functions; none: the stack hops are
+    not observed."""
 
     name: str
     send_probe: str | None
