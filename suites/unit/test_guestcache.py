@@ -268,3 +268,21 @@ def test_shared_runs_hold_the_host_together_and_a_run_alone_is_refused(tmp_path,
         with pytest.raises(LeftoversError, match="run 20990101T000000Z-cafe pid"):
             with cleanup.host_lock("20990101T000000Z-beef", shared=True):
                 pass
+
+
+def test_a_rebuilt_image_of_the_same_recipe_is_another_build(tmp_path):
+    """A cached image removed and built again from the same recipe keeps the recipe's digest
+    but not its blocks: a guest state saved on the old build and restored on the new one
+    failed its first command ("Bad message"). The build is part of the snapshot key."""
+    from testbed.guests import images
+    disk = tmp_path / "root.qcow2"
+    disk.write_bytes(b"first build")
+    first = images.build_of(disk)
+    assert first and images.build_of(disk) == first
+    fresh = tmp_path / "new.qcow2"
+    fresh.write_bytes(b"second build")
+    os.replace(fresh, disk)                 # how a build lands: a new file put in place
+    assert images.build_of(disk) not in ("", first)
+    assert dataclasses.replace(KEY, image_build=first).digest != dataclasses.replace(
+        KEY, image_build=images.build_of(disk)).digest
+    assert images.build_of(tmp_path / "missing") == ""

@@ -64,6 +64,8 @@ class Key:
     host_cpu: str
     templates: str             # hash of the domain and cloud-init templates
     kernel_cmdline: str
+    #: the image's build (images.Image.build): a rebuilt image of the same recipe boots cold
+    image_build: str = ""
     format: str = FORMAT
 
     @property
@@ -101,14 +103,14 @@ def machine_type(conn: libvirt.virConnect, domain_type: str) -> str:
 
 
 def key_for(conn: libvirt.virConnect, slot: str, *, image_digest: str, memory_mib: int, vcpus: int,
-            accelerator: str, domain_type: str, kernel_cmdline: str,
+            accelerator: str, domain_type: str, kernel_cmdline: str, image_build: str = "",
             hotplug_slots: int = render.DomainParams.hotplug_slots) -> Key:
     from testbed.host import environment
     return Key(slot=slot, image_digest=image_digest, memory_mib=memory_mib, vcpus=vcpus,
                hotplug_slots=hotplug_slots, accelerator=accelerator,
                machine=machine_type(conn, domain_type), qemu_version=conn.getVersion(),
                libvirt_version=conn.getLibVersion(), host_cpu=environment.cpu_model()[0],
-               templates=templates_digest(), kernel_cmdline=kernel_cmdline)
+               templates=templates_digest(), kernel_cmdline=kernel_cmdline, image_build=image_build)
 
 
 def root() -> Path:

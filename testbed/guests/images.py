@@ -84,6 +84,11 @@ class Image:
     #: traffic tools in the image and their versions as the image's own binaries report
     #: them; None: not recorded (a user image, or one built before tools were recorded)
     tools: dict[str, str | None] | None = None
+    #: this build of the disk (its file's inode and modification time): an image rebuilt
+    #: from the same recipe has the recipe's digest but other blocks, and a guest state saved
+    #: on the old one, restored on the new, reads a file system that is no longer there
+    #: (exec failed "Bad message")
+    build: str = ""
 
     def missing(self, tool: str) -> bool | None:
         """True/False when the image records its tools; None when only the guest can tell."""
@@ -228,7 +233,16 @@ def cached(recipe: Recipe) -> Image | None:
     m = json.loads(manifest.read_text())
     return Image(name=recipe.name, digest=recipe.digest(), disk=out / "root.qcow2",
                  kernel=out / "vmlinuz", initrd=out / "initrd.img", cmdline=recipe.kernel_cmdline,
-                 kernel_version=m.get("kernel_version"), tools=m.get("tools"))
+                 kernel_version=m.get("kernel_version"), tools=m.get("tools"), build=build_of(out / "root.qcow2"))
+
+
+def build_of(disk: Path) -> str:
+    """Which build of an image a disk file is (Image.build)."""
+    try:
+        st = disk.stat()
+    except OSError:
+        return ""
+    return f"{st.st_ino:x}-{st.st_mtime_ns:x}"
 
 
 def ensure(recipe: Recipe | None = None) -> Image:
@@ -355,7 +369,7 @@ def partial_builds() -> list[Path]:
 def user_image(path: str) -> Image:
     """A user-supplied qcow2 cloud image with cloud-init; it boots through its own bootloader."""
     p = Path(path)
-    return Image(name=p.name, digest="user", disk=p, kernel=None, initrd=None, cmdline="")
+    return Image(name=p.name, digest="user", disk=p, kernel=None, initrd=None, cmdline="", build=build_of(p))
 
 
 @contextlib.contextmanager

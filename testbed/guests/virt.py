@@ -564,7 +564,7 @@ def snapshot_key(conn: libvirt.virConnect, spec: GuestSpec, image: images.Image,
     restores its original's snapshot; only its hostname inside differs from its name)."""
     return guestcache.key_for(conn, slot or spec.name, image_digest=image.digest, memory_mib=spec.memory_mib,
                               vcpus=spec.vcpus, accelerator=accel.value, domain_type=accel.domain_type,
-                              kernel_cmdline=image.cmdline)
+                              kernel_cmdline=image.cmdline, image_build=image.build)
 
 
 @contextlib.contextmanager
