@@ -85,9 +85,7 @@ def test_guests_with_bpftrace_time_every_hop_and_the_hops_add_up(tmp_path):
     hand-offs over virtio and the tap are derived from spans on both clocks, and the ten
     medians add up to netperf's median round trip (within the 10 % tolerance, or the
     unexplained hop says by how much). Each kernel follows the same one request in eight."""
-    recipe = images.load_recipe("debian12-bpftrace")
-    if images.cached(recipe) is None:
-        images.ensure(recipe)                   # `./tb setup --with-test-deps` builds it first
+    images.ensure(images.load_recipe("debian12-bpftrace"))   # `./tb setup --with-test-deps` built it
     # One round: each traced sample has bpftrace compile its program in both guests first
     # (20-30 s under TCG, minutes on a loaded host), and the counting sample has every figure.
     traced, run = traced_run(tmp_path, "debian12-bpftrace", reps=1)

@@ -157,7 +157,8 @@ def digest(tool: SourceTool) -> str:
     return h.hexdigest()
 
 
-def _chroot(root: Path, script: str, step: str, tool: str, timeout: float = 1800) -> str:
+def _chroot(root: Path, script: str, step: str, subject: str, timeout: float = 1800) -> str:
+    """``subject``: what the step is for, as its error names it ("source tool uperf")."""
     # stderr into stdout: a compiler's error and the make line around it stay in order
     try:
         return proc.run(["chroot", str(root), "/bin/sh", "-ec", "exec 2>&1\n" + script],
@@ -165,7 +166,7 @@ def _chroot(root: Path, script: str, step: str, tool: str, timeout: float = 1800
     except CommandError as e:
         what = "timed out" if e.timed_out else f"exited {e.rc}"
         tail = "\n".join((e.stdout or e.stderr_tail).strip().splitlines()[-15:])
-        raise BuildError(f"source tool {tool}: {step} {what}; last lines:\n{tail}") from None
+        raise BuildError(f"{subject}: {step} {what}; last lines:\n{tail}") from None
 
 
 @contextlib.contextmanager
@@ -190,10 +191,10 @@ def _apt_root(root: Path) -> Iterator[None]:
             node.unlink(missing_ok=True)
 
 
-def _apt_install(root: Path, packages: set[str] | tuple[str, ...], step: str, tool: str) -> None:
+def _apt_install(root: Path, packages: set[str] | tuple[str, ...], step: str, subject: str) -> None:
     _chroot(root, "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
             "--no-install-recommends " + " ".join(sorted(packages)) + " && apt-get clean",
-            step, tool)
+            step, subject)
 
 
 def add_packages(root: Path, packages: tuple[str, ...]) -> None:
@@ -203,7 +204,7 @@ def add_packages(root: Path, packages: tuple[str, ...]) -> None:
         return
     log.info("installing packages %s", " ".join(packages))
     with _apt_root(root):
-        _apt_install(root, packages, "installing packages", packages[0])
+        _apt_install(root, packages, "installing packages", "the recipe's packages")
 
 
 def install(root: Path, tools: tuple[SourceTool, ...]) -> None:
@@ -219,7 +220,8 @@ def install(root: Path, tools: tuple[SourceTool, ...]) -> None:
     built = [t for t in tools if t.source]
     if not built:
         return
-    before = set(_chroot(root, "dpkg-query -W -f '${Package}\\n'", "listing packages", built[0].name).split())
+    subject = f"source tool {built[0].name}"
+    before = set(_chroot(root, "dpkg-query -W -f '${Package}\\n'", "listing packages", subject).split())
     packages = set(_BASE_PACKAGES)
     for t in built:
         packages.update(t.packages)
@@ -227,17 +229,17 @@ def install(root: Path, tools: tuple[SourceTool, ...]) -> None:
             packages.update(_AUTORECONF_PACKAGES)
     with _apt_root(root):
         log.info("installing build packages %s", " ".join(sorted(packages)))
-        _apt_install(root, packages, "installing build packages", built[0].name)
+        _apt_install(root, packages, "installing build packages", subject)
         for t in built:
             _build(root, t)
         added = set(_chroot(root, "dpkg-query -W -f '${Package}\\n'", "listing packages",
-                            built[0].name).split()) - before
+                            subject).split()) - before
         # A -dev package pulled in its runtime library (libssl-dev: libssl3): the tools now
         # link against it, so it stays; only what the build alone needed goes.
         added -= _runtime_packages(root, built)
         if added:
             _chroot(root, "DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq "
-                    + " ".join(sorted(added)) + " && apt-get clean", "removing build packages", built[0].name)
+                    + " ".join(sorted(added)) + " && apt-get clean", "removing build packages", subject)
 
 
 #: The nodes apt, dpkg and compilers open. An unpacked image root (debugfs rdump) has none;
@@ -309,7 +311,7 @@ def _build(root: Path, t: SourceTool) -> None:
                      ("make install", f"{cd} && make install PREFIX=/usr/local")]
         for step, script in steps:
             log.info("source tool %s: %s", t.name, step)
-            _chroot(root, script, step, t.name)
+            _chroot(root, script, step, f"source tool {t.name}")
         if not (root / "usr/local/bin" / t.name).is_file():
             raise BuildError(f"source tool {t.name}: the build installed no /usr/local/bin/{t.name}")
     finally:
