@@ -17,19 +17,26 @@ S = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, STREAM)
 R = Cell(Attachment("bridge"), Backend.QEMU, 1500, 1, RR)
 
 
-def nightly(root, n_runs: int, *, step_at: int | None, factor: float = 0.85, env: dict | None = None,
-            start: int = 0) -> list[str]:
-    """n_runs runs of two cells; the stream cell drops by ``factor`` from run ``step_at`` on."""
+def indexed_nights(root, cs: list[Cell], drops: list[dict[str, float]], *, seed0: int = 0,
+                   start: int = 0) -> list[str]:
+    """One run a night of the cells ``cs`` from night ``start``, each cell's level times its
+    factor in that night's ``drops``; indexed."""
     ids = []
-    for i in range(start, start + n_runs):
+    for i, drop in enumerate(drops, start=start):
         run_id = f"2026110{i // 10}T{i % 10:02d}0000Z-{i:04x}"
-        drop = {S.id: factor} if step_at is not None and i >= step_at else {}
-        synthetic(root, run_id, [S], seed=i, noise=0.02, drop=drop)
+        synthetic(root, run_id, cs, seed=seed0 + i, noise=0.02, drop=drop)
         ids.append(run_id)
     with store.open(root / "index.sqlite") as st:
         for r in ids:
             st.index_run(root / r)
     return ids
+
+
+def nightly(root, n_runs: int, *, step_at: int | None, factor: float = 0.85, env: dict | None = None,
+            start: int = 0) -> list[str]:
+    """n_runs runs of the stream cell, which drops by ``factor`` from run ``step_at`` on."""
+    return indexed_nights(root, [S], [{S.id: factor} if step_at is not None and i >= step_at else {}
+                                      for i in range(start, start + n_runs)], start=start)
 
 
 def test_a_step_in_one_cell_of_twelve_runs_is_found_at_its_run(tmp_path, capsys):
@@ -173,3 +180,72 @@ def test_a_five_percent_step_is_found_after_twenty_nights_and_held_to_more_evide
     # a large step early in a series is still found at its night
     v, se = _nights(7, -0.15, 1, noise=0.02)
     assert [i for i, _, _ in history.change_points(v, stderr=se, counts=[5] * len(v))] == [7]
+
+
+def test_each_nights_shared_shift_is_recovered_and_a_stepped_cell_does_not_move_it():
+    from testbed.analysis import history_shift
+    rng = np.random.default_rng(5)
+    night = {f"r{i:02d}": float(rng.normal(0, 0.03)) for i in range(20)}
+    values = {f"c{c}": {r: 1000.0 * (1 + c) * np.exp(s + rng.normal(0, 0.005)) * (0.8 if c == 0 and i >= 10 else 1)
+                        for i, (r, s) in enumerate(night.items())} for c in range(6)}
+    got = history_shift.take_out(values)
+    centre = float(np.median(list(night.values())))
+    # each night's shift within 1 % of the drawn one, although one cell of six fell 20 %;
+    # the fallen cell's own shifts leave it out
+    assert set(got.nights) == set(night) and max(abs(got.nights[r] - (night[r] - centre)) for r in night) < 0.01
+    assert max(abs(got.cells["c0"][r] - (night[r] - centre)) for r in night) < 0.01
+    # four cells: no shift (one stepped cell would move it)
+    assert history_shift.take_out({c: v for c, v in values.items() if c in ("c0", "c1", "c2", "c3")}) is None
+    # nights that differ no more than their cells' noise explains: nothing taken out
+    flat = {f"c{c}": {r: 1000.0 * np.exp(rng.normal(0, 0.02)) for r in night} for c in range(8)}
+    assert history_shift.take_out(flat) is None
+
+
+def drifting_nights(root, cs, factors, drops=None) -> list[str]:
+    """One run a night of the cells ``cs``, every cell times the night's shared factor (a
+    host's drift), a cell's ``drops`` (cell id -> (first night, factor)) on top; indexed."""
+    drops = drops or {}
+    return indexed_nights(root, cs, [{c.id: f * (drops[c.id][1] if c.id in drops and i >= drops[c.id][0] else 1.0)
+                                      for c in cs} for i, f in enumerate(factors)], seed0=100)
+
+
+def test_a_lasting_shift_of_every_cell_is_one_finding_not_a_regression_per_cell(tmp_path, capsys):
+    from test_gate import cells
+    cs = cells(8)
+    rng = np.random.default_rng(11)
+    # 30 nights of a host drifting 1 % night to night, every cell 7 % slower from night 23
+    factors = [(0.93 if i >= 23 else 1.0) * (1 + 0.01 * rng.standard_normal()) for i in range(30)]
+    ids = drifting_nights(tmp_path, cs, factors)
+    code, out, _ = run_cli(["history", "--results", str(tmp_path)], capsys)
+    regressions = [ln for ln in out.splitlines() if ln.startswith("REGRESSION")]
+    # judged cell by cell, the host's step was eight regressions; it is one, of the shared series
+    assert code == 1 and len(regressions) == 1, out
+    assert regressions[0].startswith(f"REGRESSION {history.SHARED} throughput_mbps -")
+    assert "every cell together, 8 cells" in regressions[0] and f"first bad {ids[23]}" in regressions[0]
+    # each cell's points show what was measured and the night's shift taken out of it
+    assert "(measured " in out and "the night's shared shift" in out
+    html = tmp_path / "history.html"
+    assert run_cli(["history", "--results", str(tmp_path), "-o", str(html)], capsys)[0] == 1
+    assert "the nights' shift shared by 8 cells" in html.read_text()
+    with store.open(tmp_path / "index.sqlite") as st:
+        found = history.series(st)
+    (shared,) = [s for s in found if s.cell_id == history.SHARED]
+    assert shared.cells == tuple(sorted(c.id for c in cs)) and len(shared.points) == 30
+    assert shared.recent_regressions()[0].delta_pct == pytest.approx(-7, abs=1.5)
+
+
+def test_a_cell_that_fell_is_found_while_the_host_got_faster(tmp_path, capsys):
+    from test_gate import cells
+    cs = cells(8)
+    rng = np.random.default_rng(12)
+    # the host 6 % faster from night 23 on (a neighbour left) and one cell 8 % slower: as
+    # measured, that cell moved -2.5 %, below what a step must be; its own change is -8 %
+    factors = [(1.06 if i >= 23 else 1.0) * (1 + 0.005 * rng.standard_normal()) for i in range(30)]
+    drifting_nights(tmp_path, cs, factors, drops={cs[3].id: (23, 0.92)})
+    code, out, _ = run_cli(["history", "--results", str(tmp_path)], capsys)
+    regressions = [ln for ln in out.splitlines() if ln.startswith("REGRESSION")]
+    assert code == 1 and len(regressions) == 1 and regressions[0].startswith(f"REGRESSION {cs[3].id} "), out
+    assert float(regressions[0].split()[3].rstrip("%:")) == pytest.approx(-8, abs=1.5)
+    # one cell asked for is judged as in the whole store: after the shift of every cell
+    code, one, _ = run_cli(["history", "--results", str(tmp_path), "--cell", cs[3].id], capsys)
+    assert code == 1 and [ln for ln in one.splitlines() if ln.startswith("REGRESSION")] == regressions

@@ -26,6 +26,7 @@ MIN_BEFORE runs precede it); it fails the job once CONFIRM runs bear it out.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from testbed.analysis import costs, hopgate, stats
+from testbed.analysis import costs, history_shift, hopgate, stats
 from testbed.analysis.compare import LATENCY_METRICS
 from testbed.records.records import CellRecord, RunRecord
 from testbed.records.store.schema import MAIN_METRICS
@@ -72,6 +73,14 @@ class Point:
     environment: tuple[tuple[str, str], ...] = ()
     #: a cost series' points: (role, mean ns per packet) of the run's samples
     roles: tuple[tuple[str, float], ...] = ()
+    #: the night's shift shared by the host's cells, taken out of ``value`` and ``spread``
+    #: (testbed.analysis.history_shift; 1.0 when none was estimated): measured = value x shared
+    shared: float = 1.0
+
+    @property
+    def measured(self) -> float:
+        """The run's mean as measured, before the night's shared shift was taken out."""
+        return self.value * self.shared
 
     @property
     def stderr(self) -> float | None:
@@ -104,6 +113,8 @@ class Series:
     change_points: tuple[ChangePoint, ...]
     #: first bad runs of this cell's acknowledged changes (`testbed history --ack`)
     acked: tuple[str, ...] = ()
+    #: the series of the nights' shared shift (cell id SHARED): the cells it was estimated from
+    cells: tuple[str, ...] = ()
 
     def recent_regressions(self, window: int = WINDOW) -> tuple[ChangePoint, ...]:
         """Confirmed recent regressions not acknowledged: what fails the job."""
@@ -229,7 +240,8 @@ def _with_newest_split(y: np.ndarray, bounds: Sequence[int]) -> list[int]:
 def change_points(values: Sequence[float], *, higher_is_better: bool = True,
                   threshold: float = 0.05,
                   stderr: Sequence[float | None] = (),
-                  counts: Sequence[int] = ()) -> list[tuple[int, float, float]]:
+                  counts: Sequence[int] = (),
+                  step_fraction: float = STEP_FRACTION) -> list[tuple[int, float, float]]:
     """(index, level before, level after) of each change in ``values`` (ruptures PELT on
     the logs, where a night's noise is relative and a heavy upper tail is tamed; levels
     are geometric means).
@@ -239,7 +251,7 @@ def change_points(values: Sequence[float], *, higher_is_better: bool = True,
     every night's samples, plus what the nights add beyond it (from the robust spread of
     the points about their segments). A change counts when its step is significant at
     STEP_ALPHA (one-sided t on that noise, with the sum's Satterthwaite degrees of freedom)
-    and at least STEP_FRACTION of the threshold. Without counts, the between-run spread
+    and at least ``step_fraction`` of the threshold. Without counts, the between-run spread
     alone, floored by the points' median relative standard error."""
     import ruptures
     v = np.asarray(values, dtype=float)
@@ -303,7 +315,7 @@ def change_points(values: Sequence[float], *, higher_is_better: bool = True,
         before = math.exp(float(np.mean(a))) if log else float(np.mean(a))
         after = math.exp(float(np.mean(b))) if log else float(np.mean(b))
         rel_step = abs(math.expm1(step)) if log else (abs(step) / abs(before) if before else 0.0)
-        if rel_step >= STEP_FRACTION * threshold and abs(step) >= (crit if bounds[k] >= MIN_BEFORE else early) * se:
+        if rel_step >= step_fraction * threshold and abs(step) >= (crit if bounds[k] >= MIN_BEFORE else early) * se:
             out.append((bounds[k], before, after))
     return out
 
@@ -358,7 +370,8 @@ def series(store: object, *, cell: str | None = None, metric: str | None = None,
         rec = RunRecord.from_dict({"run_id": run.run_id, "topology": json.loads(run.topology)})
         by_cell: dict[str, list] = defaultdict(list)
         for s in store.samples(run.run_id):  # type: ignore[attr-defined]
-            if s.ok and (cell is None or s.cell_id == cell):
+            # every cell, also under ``cell``: the nights' shared shift is the cells' together
+            if s.ok:
                 by_cell[s.cell_id].append(s)
         try:
             env_d = json.loads(run.environment or "{}")
@@ -387,16 +400,84 @@ def series(store: object, *, cell: str | None = None, metric: str | None = None,
                         run.run_id, run.started or "", float(np.mean(vals)), len(vals),
                         float(np.std(vals, ddof=1)) if len(vals) > 1 else None, env_t,
                         costs.role_means([s.metric_dict() for s in samples]) if m in costs.DECIDING else ()))
-    return [judge(cid, h, m, env, pts, threshold)
-            for (cid, h, m, env), pts in sorted(points.items())]
+    return judge_all(points, threshold, only=cell)
+
+
+#: the cell id of a series of the nights' shift shared by a host's cells (one per metric and
+#: environment); `testbed history --ack shared@RUN` acknowledges a step of it
+SHARED = "shared"
+#: a step of the shared series counts from the threshold itself, not STEP_FRACTION of it: a
+#: host drifts by a few percent for days at a time (a warm week, a neighbour), which is not
+#: the build, and is what the shared series is made of (with 0.6, unchanged hosts whose 2 %
+#: drift lasts, AR(1) at 0.7 night to night, had their shift alarm in 5 of 30 sequences)
+SHARED_STEP_FRACTION = 1.0
+
+Key = tuple[str, str, str, str]         # cell id, definition hash, metric, environment
+
+
+def judge_all(points: dict[Key, list[Point]], threshold: float = 0.05, only: str | None = None) -> list[Series]:
+    """Every cell's series judged after the nights' shared shift is taken out (where a night
+    has enough comparable cells: testbed.analysis.history_shift), then the series of that
+    shift per metric and environment, judged like a cell: a lasting step there is every
+    cell slower together, one finding rather than one regression per cell. ``only``: that
+    cell's series alone (the shift still estimated from every cell), or SHARED's."""
+    judged, shared = take_out_shared(points)
+    if only is not None:
+        judged = {k: v for k, v in judged.items() if k[0] == only}
+        shared = shared if only == SHARED else {}
+    return ([judge(cid, h, m, env, pts, threshold) for (cid, h, m, env), pts in sorted(judged.items())]
+            + [dataclasses.replace(judge(SHARED, "shared", m, env, pts, threshold, SHARED_STEP_FRACTION),
+                                   cells=cells)
+               for (m, env), (pts, cells) in sorted(shared.items())])
+
+
+def take_out_shared(points: dict[Key, list[Point]]
+                    ) -> tuple[dict[Key, list[Point]], dict[tuple[str, str], tuple[list[Point], tuple[str, ...]]]]:
+    """Each series' points divided by its night's shared shift (Point.shared records it), and
+    per (metric, environment) with a shift the points of that shift (its factor as the
+    value, the number of cells as the count) and the cells it was estimated from."""
+    groups: dict[tuple[str, str], list[Key]] = defaultdict(list)
+    for key in points:
+        groups[(key[2], key[3])].append(key)
+    out = dict(points)
+    shared: dict[tuple[str, str], tuple[list[Point], tuple[str, ...]]] = {}
+    for (m, env), keys in groups.items():
+        found = history_shift.take_out({f"{k[0]}[{k[1]}]": {p.run_id: p.value for p in points[k]}
+                                        for k in keys})
+        if found is None:
+            continue
+        shifts = found.nights
+        by_run: dict[str, list[Point]] = defaultdict(list)
+        for k in keys:
+            adjusted, own = [], found.cells.get(f"{k[0]}[{k[1]}]", {})
+            for p in points[k]:
+                f = math.exp(own.get(p.run_id, 0.0))
+                # the shift is estimated: its noise is the point's now, beside the samples'
+                # (else only the between-run spread would carry it, and with little weight)
+                v = found.noise.get(p.run_id, 0.0) if p.run_id in own else 0.0
+                spread = (None if p.spread is None
+                          else math.sqrt(p.spread ** 2 + p.n * v * p.value ** 2) / f)
+                adjusted.append(dataclasses.replace(p, value=p.value / f, spread=spread, shared=f))
+                if p.run_id in shifts:
+                    by_run[p.run_id].append(p)
+            out[k] = adjusted
+        # in the store's run order (testbed.records.store.Store.runs); no spread: the shift's
+        # noise from night to night is the drift itself, which only the series shows (taking
+        # the cells' own spreads as its within-run part, unchanged hosts' shifts alarmed in 4
+        # of 100 series against 1 without)
+        pts = [Point(run_id, ps[0].started, math.exp(shifts[run_id]), len(ps), None, ps[0].environment)
+               for run_id, ps in sorted(by_run.items(), key=lambda kv: (kv[1][0].started, kv[0]))]
+        shared[(m, env)] = (pts, tuple(sorted({k[0] for k in keys})))
+    return out, shared
 
 
 def judge(cell_id: str, h: str, metric: str, env: str, pts: Sequence[Point],
-          threshold: float = 0.05) -> Series:
+          threshold: float = 0.05, step_fraction: float = STEP_FRACTION) -> Series:
     """A series of points with its change points (each with its bisect range)."""
     higher = metric not in LOWER_IS_BETTER and not metric.startswith(hopgate.PREFIXES)
     found = change_points([p.value for p in pts], higher_is_better=higher, threshold=threshold,
-                          stderr=[p.stderr for p in pts], counts=[p.n for p in pts])
+                          stderr=[p.stderr for p in pts], counts=[p.n for p in pts],
+                          step_fraction=step_fraction)
     bounds = [0, *(i for i, _, _ in found), len(pts)]
     cps = tuple(
         ChangePoint(i, pts[i].run_id, b, a, (a - b) / abs(b) * 100,
@@ -411,7 +492,8 @@ def judge(cell_id: str, h: str, metric: str, env: str, pts: Sequence[Point],
 def render_text(all_series: Sequence[Series]) -> str:
     lines = []
     for s in all_series:
-        lines.append(f"{s.cell_id} [{s.hash}] {s.metric} on {s.environment}: "
+        what = (f"the nights' shift shared by {len(s.cells)} cells" if s.cells else f"[{s.hash}]")
+        lines.append(f"{s.cell_id} {what} {s.metric} on {s.environment}: "
                      f"{len(s.points)} runs, {len(s.change_points)} change point(s)")
         cps = {c.index: c for c in s.change_points}
         for i, p in enumerate(s.points):
@@ -422,11 +504,15 @@ def render_text(all_series: Sequence[Series]) -> str:
                         f"{' REGRESSION' if c.regression else ''}"
                         f"{'' if s.confirmed(c) else ' (unconfirmed)'}" + (f": {c.role}" if c.role else ""))
             sd = "" if p.spread is None else f" sd={p.spread:.3g}"
-            lines.append(f"  {p.run_id}  {p.value:12.4g}  n={p.n}{sd}{mark}")
+            night = (f" (measured {p.measured:.4g}, the night's shared shift {p.shared - 1:+.1%} "
+                     f"taken out)" if p.shared != 1.0 else "")
+            lines.append(f"  {p.run_id}  {p.value:12.4g}  n={p.n}{sd}{night}{mark}")
     for s in all_series:
         for c in s.recent_regressions():
             diff = "; ".join(f"{k} {g} -> {b}" for k, g, b in c.bisect) or "no environment difference"
-            lines.append(f"REGRESSION {s.cell_id} {s.metric} {c.delta_pct:+.1f}%"
+            every = (f" (every cell together, {len(s.cells)} cells: the host, or the whole build?)"
+                     if s.cells else "")
+            lines.append(f"REGRESSION {s.cell_id} {s.metric} {c.delta_pct:+.1f}%{every}"
                          + (f" ({c.role})" if c.role else "") + f": last good "
                          f"{c.last_good}, first bad {c.run_id} ({diff})")
         for c in s.acknowledged():
@@ -506,7 +592,6 @@ def read_acks(root: object) -> list[dict]:
 
 
 def with_acks(found: Sequence[Series], acks: Sequence[dict]) -> list[Series]:
-    import dataclasses
     by_cell: dict[str, set[str]] = defaultdict(set)
     for a in acks:
         by_cell[str(a.get("cell"))].add(str(a.get("run")))

@@ -482,7 +482,9 @@ def history_plot(series: Sequence[Any]) -> Plot | None:
         rules = tuple(figures.Rule("x", c.index - 0.5, f"{c.delta_pct:+.1f}% at {c.run_id}",
                                    colour="#d62728" if c.regression else "#2ca02c")
                       for c in s.change_points)
-        panels.append(Panel(f"{s.cell_id} [{s.hash}] {s.environment}", "run", s.metric,
+        title = (f"the nights' shift shared by {len(s.cells)} cells, {s.environment}" if s.cells
+                 else f"{s.cell_id} [{s.hash}] {s.environment}")
+        panels.append(Panel(title, "run", s.metric,
                             (go.Scatter(x=xs, y=[p.value for p in s.points], mode="lines+markers",
                                         name=s.metric, line={"color": figures.colour(0)},
                                         hovertemplate="run %{x}: %{y:.4g}<extra></extra>"),),
@@ -491,7 +493,9 @@ def history_plot(series: Sequence[Any]) -> Plot | None:
                     + (" (regression)" if c.regression else "")
                     for s in series for c in s.change_points)
     return figures.figure(panels, "History and change points",
-                          "Mean of each run's ok samples, in run order; dashed lines mark change points "
+                          "Mean of each run's ok samples, in run order, divided by the night's shift "
+                          "shared by the host's cells where one was taken out (a 'shared' panel shows "
+                          "those shifts); dashed lines mark change points "
                           "(ruptures PELT, beyond the threshold). Change points: " + (cps or "none") + ".")
 
 

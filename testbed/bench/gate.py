@@ -176,6 +176,35 @@ def history_replay(values: list[float], start: int, spreads: list[float | None] 
     return None
 
 
+def history_group_replay(nights: dict[str, list[tuple[float, float]]], start: int = 0,
+                         n: int = 5) -> dict[str, int]:
+    """Replay the nightly runs of several cells on one host (cell id -> each night's mean and
+    sample standard deviation over ``n`` samples) night by night from ``start``, as `testbed
+    history` judges them (the nights' shared shift taken out): per series that would exit 1
+    (a cell id, or history.SHARED), the first night it does."""
+    from testbed.analysis import history
+    first: dict[str, int] = {}
+    count = min(len(v) for v in nights.values())
+    for t in range(max(start, history.MIN_POINTS - 1), count):
+        pts = {(c, "h", "throughput_mbps", "e"): [history.Point(f"n{i:03d}", "", m, n, sd)
+                                                  for i, (m, sd) in enumerate(vs[:t + 1])]
+               for c, vs in nights.items()}
+        for s in history.judge_all(pts):
+            if s.cell_id not in first and s.recent_regressions():
+                first[s.cell_id] = t
+    return first
+
+
+def ar_drift(rng: np.random.Generator, nights: int, size: float, phi: float = 0.7) -> np.ndarray:
+    """A host's drift shared by a night's cells: AR(1) on the log scale with stationary
+    standard deviation ``size`` and night-to-night correlation ``phi`` (a warm week lasts)."""
+    x = np.empty(nights)
+    x[0] = size * rng.standard_normal()
+    for i in range(1, nights):
+        x[i] = phi * x[i - 1] + math.sqrt(1 - phi ** 2) * size * rng.standard_normal()
+    return np.exp(x)
+
+
 @dataclass(frozen=True)
 class HistoryOutcome:
     sequences: int
@@ -185,14 +214,27 @@ class HistoryOutcome:
     heavy_sequences: int
     step: float
     within: int
+    #: hosts of ``cells`` cells a night sharing an AR(1) drift (``host_sequences`` of each):
+    #: unchanged at 10 % lognormal samples, cells alarming and shared series alarming
+    host_cells: int = 0
+    host_sequences: int = 0
+    host_alarms: int = 0
+    host_shared_alarms: int = 0
+    #: ... and one cell of each host stepping by ``step`` at 2.4 % nightly noise: found in time
+    host_step_found: int = 0
 
 
 def history_sim(sequences: int = 6, seed: int = 0, noise_: float = 0.024, step: float = 0.05,
                 nights: int = 30, step_at: int = 20, within: int = 7,
-                heavy_sequences: int | None = None) -> HistoryOutcome:
+                heavy_sequences: int | None = None, host_sequences: int = 0,
+                host_cells: int = 8) -> HistoryOutcome:
     """Each night is the mean of 5 samples whose spread makes the nightly noise ``noise_``
     (per-sample noise times sqrt 5), so points carry a count and a spread as indexed runs
-    do; the heavy-tailed series draw 10 % lognormal samples on a 2 % nightly drift."""
+    do; the heavy-tailed series draw 10 % lognormal samples on a 2 % nightly drift. Each of
+    ``host_sequences`` hosts runs ``host_cells`` cells a night on a drift they share (AR(1),
+    ar_drift): unchanged, then with one cell stepping; their series are judged together, as
+    `testbed history` judges a store's (the nights' shift taken out)."""
+    from testbed.analysis import history
     found = alarms = heavy = 0
     per_sample = noise_ * math.sqrt(5)
 
@@ -213,7 +255,20 @@ def history_sim(sequences: int = 6, seed: int = 0, noise_: float = 0.024, step: 
         if k < heavy_sequences:
             noisy = [one(rng, 1000.0, "lognormal", 0.10, 0.02) for _ in range(nights)]
             heavy += history_replay([v for v, _ in noisy], 0, [sd for _, sd in noisy]) is not None
-    return HistoryOutcome(sequences, found, alarms, heavy, heavy_sequences, step, within)
+    host_alarms = host_shared = host_found = 0
+    for k in range(host_sequences):
+        rng = np.random.default_rng([seed, 5000 + k])
+        drift = ar_drift(rng, nights, 0.02)
+        quiet = history_group_replay({f"c{c}": [one(rng, 1000.0 * drift[i], "lognormal", 0.10)
+                                                for i in range(nights)] for c in range(host_cells)})
+        host_alarms += sum(c != history.SHARED for c in quiet)
+        host_shared += history.SHARED in quiet
+        stepped = history_group_replay({f"c{c}": [one(rng, 1000.0 * drift[i] * (1 - step if c == 0 and i >= step_at else 1),
+                                                      "normal", per_sample) for i in range(step_at + within)]
+                                        for c in range(host_cells)})
+        host_found += step_at <= stepped.get("c0", -1) < step_at + within
+    return HistoryOutcome(sequences, found, alarms, heavy, heavy_sequences, step, within,
+                          host_cells if host_sequences else 0, host_sequences, host_alarms, host_shared, host_found)
 
 
 def format_history(h: HistoryOutcome) -> str:
@@ -224,4 +279,10 @@ def format_history(h: HistoryOutcome) -> str:
             f"confirm, window {history.WINDOW}): lasting {-h.step:+.0%} step at 2.4% nightly noise found "
             f"within {h.within} nights in {h.step_found}/{h.sequences} sequences; unchanged 30-night "
             f"series replayed nightly alarmed in {h.unchanged_alarms}/{h.sequences}; at 10% lognormal "
-            f"noise with 2% drift in {h.heavy_alarms}/{h.heavy_sequences}")
+            f"noise with 2% drift in {h.heavy_alarms}/{h.heavy_sequences}"
+            + (f"\nhistory on hosts of {h.host_cells} cells a night sharing an AR(1) drift (2%, 0.7 night to "
+               f"night), the nights' shift taken out: unchanged at 10% lognormal noise, cells alarmed in "
+               f"{h.host_alarms}/{h.host_sequences * h.host_cells} series and the shared shift in "
+               f"{h.host_shared_alarms}/{h.host_sequences}; a lasting {-h.step:+.0%} step in one cell at 2.4% "
+               f"nightly noise found within {h.within} nights in {h.host_step_found}/{h.host_sequences}"
+               if h.host_sequences else ""))

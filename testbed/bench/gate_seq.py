@@ -340,5 +340,5 @@ def main(nights: int = NIGHTS, cells: int = CELLS, seed: int = 0, sequences: int
         print(line)
     print(format_chain(chain(sequences=sequences, seed=seed, design=design, step=0.0)))
     print(format_chain(chain(sequences=sequences, seed=seed, design=design)))
-    print(gate.format_history(gate.history_sim(sequences=50, seed=seed, heavy_sequences=200)))
+    print(gate.format_history(gate.history_sim(sequences=50, seed=seed, heavy_sequences=200, host_sequences=25)))
     return 0
