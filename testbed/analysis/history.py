@@ -240,8 +240,7 @@ def _with_newest_split(y: np.ndarray, bounds: Sequence[int]) -> list[int]:
 def change_points(values: Sequence[float], *, higher_is_better: bool = True,
                   threshold: float = 0.05,
                   stderr: Sequence[float | None] = (),
-                  counts: Sequence[int] = (),
-                  step_fraction: float = STEP_FRACTION) -> list[tuple[int, float, float]]:
+                  counts: Sequence[int] = ()) -> list[tuple[int, float, float]]:
     """(index, level before, level after) of each change in ``values`` (ruptures PELT on
     the logs, where a night's noise is relative and a heavy upper tail is tamed; levels
     are geometric means).
@@ -251,7 +250,7 @@ def change_points(values: Sequence[float], *, higher_is_better: bool = True,
     every night's samples, plus what the nights add beyond it (from the robust spread of
     the points about their segments). A change counts when its step is significant at
     STEP_ALPHA (one-sided t on that noise, with the sum's Satterthwaite degrees of freedom)
-    and at least ``step_fraction`` of the threshold. Without counts, the between-run spread
+    and at least STEP_FRACTION of the threshold. Without counts, the between-run spread
     alone, floored by the points' median relative standard error."""
     import ruptures
     v = np.asarray(values, dtype=float)
@@ -315,7 +314,7 @@ def change_points(values: Sequence[float], *, higher_is_better: bool = True,
         before = math.exp(float(np.mean(a))) if log else float(np.mean(a))
         after = math.exp(float(np.mean(b))) if log else float(np.mean(b))
         rel_step = abs(math.expm1(step)) if log else (abs(step) / abs(before) if before else 0.0)
-        if rel_step >= step_fraction * threshold and abs(step) >= (crit if bounds[k] >= MIN_BEFORE else early) * se:
+        if rel_step >= STEP_FRACTION * threshold and abs(step) >= (crit if bounds[k] >= MIN_BEFORE else early) * se:
             out.append((bounds[k], before, after))
     return out
 
@@ -406,11 +405,6 @@ def series(store: object, *, cell: str | None = None, metric: str | None = None,
 #: the cell id of a series of the nights' shift shared by a host's cells (one per metric and
 #: environment); `testbed history --ack shared@RUN` acknowledges a step of it
 SHARED = "shared"
-#: a step of the shared series counts from the threshold itself, not STEP_FRACTION of it: a
-#: host drifts by a few percent for days at a time (a warm week, a neighbour), which is not
-#: the build, and is what the shared series is made of (with 0.6, unchanged hosts whose 2 %
-#: drift lasts, AR(1) at 0.7 night to night, had their shift alarm in 5 of 30 sequences)
-SHARED_STEP_FRACTION = 1.0
 
 Key = tuple[str, str, str, str]         # cell id, definition hash, metric, environment
 
@@ -426,8 +420,7 @@ def judge_all(points: dict[Key, list[Point]], threshold: float = 0.05, only: str
         judged = {k: v for k, v in judged.items() if k[0] == only}
         shared = shared if only == SHARED else {}
     return ([judge(cid, h, m, env, pts, threshold) for (cid, h, m, env), pts in sorted(judged.items())]
-            + [dataclasses.replace(judge(SHARED, "shared", m, env, pts, threshold, SHARED_STEP_FRACTION),
-                                   cells=cells)
+            + [dataclasses.replace(judge(SHARED, "shared", m, env, pts, threshold), cells=cells)
                for (m, env), (pts, cells) in sorted(shared.items())])
 
 
@@ -472,12 +465,11 @@ def take_out_shared(points: dict[Key, list[Point]]
 
 
 def judge(cell_id: str, h: str, metric: str, env: str, pts: Sequence[Point],
-          threshold: float = 0.05, step_fraction: float = STEP_FRACTION) -> Series:
+          threshold: float = 0.05) -> Series:
     """A series of points with its change points (each with its bisect range)."""
     higher = metric not in LOWER_IS_BETTER and not metric.startswith(hopgate.PREFIXES)
     found = change_points([p.value for p in pts], higher_is_better=higher, threshold=threshold,
-                          stderr=[p.stderr for p in pts], counts=[p.n for p in pts],
-                          step_fraction=step_fraction)
+                          stderr=[p.stderr for p in pts], counts=[p.n for p in pts])
     bounds = [0, *(i for i, _, _ in found), len(pts)]
     cps = tuple(
         ChangePoint(i, pts[i].run_id, b, a, (a - b) / abs(b) * 100,

@@ -222,6 +222,8 @@ class HistoryOutcome:
     host_shared_alarms: int = 0
     #: ... and one cell of each host stepping by ``step`` at 2.4 % nightly noise: found in time
     host_step_found: int = 0
+    #: ... and every cell stepping (the whole build): the shared series found in time
+    host_build_found: int = 0
 
 
 def history_sim(sequences: int = 6, seed: int = 0, noise_: float = 0.024, step: float = 0.05,
@@ -232,8 +234,9 @@ def history_sim(sequences: int = 6, seed: int = 0, noise_: float = 0.024, step: 
     (per-sample noise times sqrt 5), so points carry a count and a spread as indexed runs
     do; the heavy-tailed series draw 10 % lognormal samples on a 2 % nightly drift. Each of
     ``host_sequences`` hosts runs ``host_cells`` cells a night on a drift they share (AR(1),
-    ar_drift): unchanged, then with one cell stepping; their series are judged together, as
-    `testbed history` judges a store's (the nights' shift taken out)."""
+    ar_drift), their series judged together as `testbed history` judges a store's (the
+    nights' shift taken out): unchanged, then with one cell stepping, then with every cell
+    stepping (the whole build)."""
     from testbed.analysis import history
     found = alarms = heavy = 0
     per_sample = noise_ * math.sqrt(5)
@@ -255,7 +258,7 @@ def history_sim(sequences: int = 6, seed: int = 0, noise_: float = 0.024, step: 
         if k < heavy_sequences:
             noisy = [one(rng, 1000.0, "lognormal", 0.10, 0.02) for _ in range(nights)]
             heavy += history_replay([v for v, _ in noisy], 0, [sd for _, sd in noisy]) is not None
-    host_alarms = host_shared = host_found = 0
+    host_alarms = host_shared = host_found = host_build = 0
     for k in range(host_sequences):
         rng = np.random.default_rng([seed, 5000 + k])
         drift = ar_drift(rng, nights, 0.02)
@@ -267,8 +270,13 @@ def history_sim(sequences: int = 6, seed: int = 0, noise_: float = 0.024, step: 
                                                       "normal", per_sample) for i in range(step_at + within)]
                                         for c in range(host_cells)})
         host_found += step_at <= stepped.get("c0", -1) < step_at + within
+        build = history_group_replay({f"c{c}": [one(rng, 1000.0 * drift[i] * (1 - step if i >= step_at else 1),
+                                                    "normal", per_sample) for i in range(step_at + within)]
+                                      for c in range(host_cells)})
+        host_build += step_at <= build.get(history.SHARED, -1) < step_at + within
     return HistoryOutcome(sequences, found, alarms, heavy, heavy_sequences, step, within,
-                          host_cells if host_sequences else 0, host_sequences, host_alarms, host_shared, host_found)
+                          host_cells if host_sequences else 0, host_sequences, host_alarms, host_shared, host_found,
+                          host_build)
 
 
 def format_history(h: HistoryOutcome) -> str:
@@ -284,5 +292,6 @@ def format_history(h: HistoryOutcome) -> str:
                f"night), the nights' shift taken out: unchanged at 10% lognormal noise, cells alarmed in "
                f"{h.host_alarms}/{h.host_sequences * h.host_cells} series and the shared shift in "
                f"{h.host_shared_alarms}/{h.host_sequences}; a lasting {-h.step:+.0%} step in one cell at 2.4% "
-               f"nightly noise found within {h.within} nights in {h.host_step_found}/{h.host_sequences}"
+               f"nightly noise found within {h.within} nights in {h.host_step_found}/{h.host_sequences}, and in "
+               f"every cell (the whole build) by the shared shift in {h.host_build_found}/{h.host_sequences}"
                if h.host_sequences else ""))
