@@ -6,7 +6,9 @@ order; runs whose environments cannot be compared split a series instead of join
 TCG night never sits between two KVM nights, and two hosts writing to one store never make
 one series (a change point would be one host's fault read as a regression). ``by="class"``
 pools the hosts of one host class instead; a run without a class stays in its host's series.
-Each point is the mean of the run's ok, non-warmup samples of the cell.
+Each point is the mean of the run's ok, non-warmup samples of the cell, divided by the night's
+shift shared by the host's cells where one is taken out (judge_all, testbed.analysis.history_shift);
+those shifts are a series of their own (cell id SHARED).
 
 Change points come from ruptures' PELT search (Killick et al. 2012), not from a detector of
 our own. Apache Otava (e-divisive) was the first choice, but its 0.8.0 wheel pins
