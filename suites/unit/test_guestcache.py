@@ -176,6 +176,31 @@ def test_cache_list_and_prune(tmp_path, monkeypatch, capsys):
     assert foreign.exists(), "an image of a recipe this checkout does not have was pruned"
 
 
+def test_prune_stale_removes_snapshots_of_an_earlier_build_of_the_current_image(tmp_path, monkeypatch, capsys):
+    from testbed import cli
+    from testbed.guests import images
+    monkeypatch.setenv("TESTBED_CACHE", str(tmp_path))
+    recipe = images.load_recipe()
+    folder = tmp_path / "images" / f"{recipe.name}-{recipe.digest()}"
+    folder.mkdir(parents=True)
+    (folder / images.DISK).write_bytes(b"disk")
+    build = images.build_of(folder / images.DISK)
+    this = _commit(dataclasses.replace(KEY, slot="a", image_digest=recipe.digest(), image_build=build))
+    earlier = _commit(dataclasses.replace(KEY, slot="b", image_digest=recipe.digest(), image_build="1-2"))
+    unnamed = _commit(dataclasses.replace(KEY, slot="c", image_digest=recipe.digest()))     # saved before keys named builds
+    gone = _commit(dataclasses.replace(KEY, slot="d", image_build=build))                   # another image's digest
+    assert cli.main(["cache", "list"]) == 0
+    out = capsys.readouterr().out
+    line = {s.folder.name: next(ln for ln in out.splitlines() if s.folder.name in ln)
+            for s in (this, earlier, unnamed, gone)}
+    assert "stale" not in line[this.folder.name]
+    assert "an earlier build of its image" in line[earlier.folder.name] and "earlier build" in line[unnamed.folder.name]
+    assert "no longer current" in line[gone.folder.name]
+    assert cli.main(["cache", "prune", "--stale"]) == 0
+    assert this.folder.exists() and not earlier.folder.exists() and not unnamed.folder.exists()
+    assert not gone.folder.exists() and folder.exists()
+
+
 BUILD_CHILD = """
 import sys, time
 from testbed.guests import images

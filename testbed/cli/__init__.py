@@ -200,8 +200,9 @@ def _clean(label: str, find, remove) -> int:
 
 def cmd_cache(args: argparse.Namespace) -> int:
     """Images and guest snapshots under the cache folder. prune removes snapshots (all, or
-    those not matching this host and recipe with --stale), images other than the current
-    recipe's, and partial snapshots whose writer died."""
+    with --stale those that can no longer be restored: of an image no longer current, or of
+    an earlier build of one), images other than the current recipe's, and partial snapshots
+    whose writer died."""
     import shutil
     import time
 
@@ -209,6 +210,14 @@ def cmd_cache(args: argparse.Namespace) -> int:
     from testbed.host import paths
     snaps = guestcache.all_snapshots()
     imgs = images.cached_images()
+    # each current image's build: a snapshot saved on another build of it (or before the
+    # snapshot key named builds) is never restored again (the key differs), so it is stale
+    builds = {p.name.rsplit("-", 1)[-1]: images.build_of(p / images.DISK) for p, st in imgs if st == "current"}
+
+    def stale(s: guestcache.Snapshot) -> str:
+        if s.key.image_digest not in builds:
+            return "stale: its image is no longer current"
+        return "" if s.key.image_build == builds[s.key.image_digest] else "stale: an earlier build of its image"
     if args.action == "list":
         print(f"cache: {paths.cache_dir()}")
         for p, current in imgs:
@@ -217,11 +226,11 @@ def cmd_cache(args: argparse.Namespace) -> int:
         for s in snaps:
             age = time.strftime("%Y-%m-%d %H:%M", time.gmtime(s.created))
             print(f"snapshot  {s.folder.name:<40} {s.size_bytes() / 2**20:8.0f} MiB  "
-                  f"{s.key.memory_mib} MiB x {s.key.vcpus} vCPU, {s.key.accelerator}, image {s.key.image_digest}, {age}")
+                  f"{s.key.memory_mib} MiB x {s.key.vcpus} vCPU, {s.key.accelerator}, image {s.key.image_digest}, {age}"
+                  + (f"  ({why})" if (why := stale(s)) else ""))
         for p in guestcache.partial():
             print(f"partial   {p.name}")
         return 0
-    current = {p.name.rsplit("-", 1)[-1] for p, st in imgs if st == "current"}
     # The cache is shared by every checkout and run on this host: what a domain runs on now
     # (its disk's backing chain names the folder) stays.
     in_use = _domain_xml_text()
@@ -230,7 +239,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
         if str(s.folder) in in_use:
             print(f"kept snapshot {s.folder.name}: in use by a running domain")
             continue
-        if not args.stale or s.key.image_digest not in current:
+        if not args.stale or stale(s):
             guestcache.remove(s)
             print(f"removed snapshot {s.folder.name}")
             removed += 1
@@ -374,10 +383,12 @@ def parser() -> argparse.ArgumentParser:
                    help="a recipe name under images/ or a recipe folder (default: $TESTBED_IMAGE, else debian12)")
     i.set_defaults(func=cmd_image)
     k = cv.command(sub, "cache", "show or remove cached images and guest snapshots", """
-        `prune` removes snapshots (all, or with --stale those of images no longer current)
+        `prune` removes snapshots (all, or with --stale those that can no longer be restored: of
+        an image no longer current, or of an earlier build of one)
         and partial ones whose writer died; never what a running guest uses.""")
     k.add_argument("action", choices=("list", "prune"), help="list the cache, or remove from it")
-    k.add_argument("--stale", action="store_true", help="prune: only snapshots of images no longer current")
+    k.add_argument("--stale", action="store_true", help="prune: only snapshots that can no longer be restored "
+                                                          "(of an image no longer current, or of an earlier build of one)")
     k.add_argument("--images", action="store_true", help="prune: also images other than the current recipe's")
     k.set_defaults(func=cmd_cache)
     b = cv.command(sub, "bench", "benchmarks that print figures", """

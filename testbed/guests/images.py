@@ -231,9 +231,13 @@ def cached(recipe: Recipe) -> Image | None:
     if not manifest.is_file():
         return None
     m = json.loads(manifest.read_text())
-    return Image(name=recipe.name, digest=recipe.digest(), disk=out / "root.qcow2",
+    return Image(name=recipe.name, digest=recipe.digest(), disk=out / DISK,
                  kernel=out / "vmlinuz", initrd=out / "initrd.img", cmdline=recipe.kernel_cmdline,
-                 kernel_version=m.get("kernel_version"), tools=m.get("tools"), build=build_of(out / "root.qcow2"))
+                 kernel_version=m.get("kernel_version"), tools=m.get("tools"), build=build_of(out / DISK))
+
+
+#: the disk file of a cached image's folder
+DISK = "root.qcow2"
 
 
 def build_of(disk: Path) -> str:
