@@ -262,17 +262,17 @@ def history_sim(sequences: int = 6, seed: int = 0, noise_: float = 0.024, step: 
     for k in range(host_sequences):
         rng = np.random.default_rng([seed, 5000 + k])
         drift = ar_drift(rng, nights, 0.02)
-        quiet = history_group_replay({f"c{c}": [one(rng, 1000.0 * drift[i], "lognormal", 0.10)
-                                                for i in range(nights)] for c in range(host_cells)})
+
+        def host(kind: str, lev: float, count: int, steps: int) -> dict[str, int]:
+            """A host's first ``steps`` cells stepping by ``step`` from ``step_at``, replayed."""
+            return history_group_replay({f"c{c}": [one(rng, 1000.0 * drift[i] * (1 - step if c < steps and i >= step_at else 1),
+                                                       kind, lev) for i in range(count)]
+                                         for c in range(host_cells)})
+        quiet = host("lognormal", 0.10, nights, 0)
         host_alarms += sum(c != history.SHARED for c in quiet)
         host_shared += history.SHARED in quiet
-        stepped = history_group_replay({f"c{c}": [one(rng, 1000.0 * drift[i] * (1 - step if c == 0 and i >= step_at else 1),
-                                                      "normal", per_sample) for i in range(step_at + within)]
-                                        for c in range(host_cells)})
-        host_found += step_at <= stepped.get("c0", -1) < step_at + within
-        build = history_group_replay({f"c{c}": [one(rng, 1000.0 * drift[i] * (1 - step if i >= step_at else 1),
-                                                    "normal", per_sample) for i in range(step_at + within)]
-                                      for c in range(host_cells)})
+        host_found += step_at <= host("normal", per_sample, step_at + within, 1).get("c0", -1) < step_at + within
+        build = host("normal", per_sample, step_at + within, host_cells)
         host_build += step_at <= build.get(history.SHARED, -1) < step_at + within
     return HistoryOutcome(sequences, found, alarms, heavy, heavy_sequences, step, within,
                           host_cells if host_sequences else 0, host_sequences, host_alarms, host_shared, host_found,
