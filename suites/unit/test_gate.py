@@ -102,6 +102,24 @@ def test_a_shared_drift_is_taken_out_and_a_cell_of_its_own_is_still_found(tmp_pa
     assert regressed(flat) >= {cs[3].id}
 
 
+def test_a_third_of_the_cells_slower_together_is_found_not_taken_for_the_nights_shift(tmp_path):
+    """A build that slows one attachment mode: its 20 cells of 60 12 % slower, the other 40
+    as they were. A Hodges-Lehmann shift follows such a group about a third of the way (here to
+    about -3 %), which left its cells 9 % worse, too close to the threshold to call; the
+    night's shift is the majority's, and the line says how many cells share it."""
+    cs = [Cell(Attachment("ovs"), Backend.QEMU, 1500, k, STREAM) for k in range(1, 21)] + cells(40)
+    group = {c.id for c in cs[:20]}
+    synthetic(tmp_path, "base", cs, seed=31)
+    synthetic(tmp_path, "new", cs, seed=32, drop={c: 0.88 for c in group})
+    rc = gate(tmp_path)
+    (sh,) = rc.shifts
+    assert abs(sh.change) < 0.01, sh.describe()
+    assert sh.shared == 40, sh.describe()
+    assert regressed(rc) == group and rc.exit_status == 1
+    # the cells apart from the shift are named by what they share: the mode that changed
+    assert "biweight over 60 cells, 40 sharing it; apart: ovs 20" in compare.render_text(rc)
+
+
 def regressed(rc: compare.RunComparison) -> set[str]:
     return {c.cell_id for c in rc.cells if c.verdict is compare.CellVerdict.REGRESSED}
 

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections import defaultdict
-from collections.abc import Iterable
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -393,6 +393,13 @@ def _failure_verdicts(cells: list[CellResult], adjusted: list[float]) -> None:
         cells[i] = dataclasses.replace(c, failure_p_adjusted=pa)
 
 
+def _apart_by(cells: Sequence[CellResult]) -> str:
+    """What the cells that moved apart from the night's shift have in common, most first
+    ("ovs 28, bridge 2"): a group of one attachment mode is a build that changed it."""
+    counts = Counter(c.attachment for c in cells)
+    return ", ".join(f"{a} {n}" for a, n in counts.most_common())
+
+
 def _finish(cells: list[CellResult], q: float, moderated: bool = True, *, shifts: bool = True
             ) -> tuple[tuple[CellResult, ...], tuple[str, ...], tuple[shift_mod.Shift, ...]]:
     """Benjamini-Hochberg across every cell's deciding metrics, then each cell's verdict:
@@ -425,7 +432,8 @@ def _finish(cells: list[CellResult], q: float, moderated: bool = True, *, shifts
                 for k, c in zip(at, moved):
                     comps[k] = c
                 if sh is not None:
-                    found.append(sh)
+                    found.append(dataclasses.replace(sh, apart_by=_apart_by(
+                        [cells[slots[at[k]][0]] for k in sh.apart])))
         extra = [c.failure_p for c in cells if c.failure_p is not None] if decides else []
         n_cells = len(comps)
         adjusted, fail_adj = stats.adjust_family(comps + ([s.comparison for s in found] if decides else []), extra, q)
