@@ -114,7 +114,7 @@ def test_a_third_of_the_cells_slower_together_is_found_not_taken_for_the_nights_
     rc = gate(tmp_path)
     (sh,) = rc.shifts
     assert abs(sh.change) < 0.01, sh.describe()
-    assert sh.shared == 40, sh.describe()
+    assert sh.shared == 40 and set(sh.apart) == group, sh.describe()
     assert regressed(rc) == group and rc.exit_status == 1
     # the cells apart from the shift are named by what they share: the mode that changed
     assert "biweight over 60 cells, 40 sharing it; apart: ovs 20" in compare.render_text(rc)

@@ -428,12 +428,12 @@ def _finish(cells: list[CellResult], q: float, moderated: bool = True, *, shifts
             if decides and shifts and at:
                 c0 = comps[at[0]]
                 moved, sh = shift_mod.take_out(metric, [comps[k] for k in at], threshold=c0.threshold,
-                                               alpha=c0.alpha)
+                                               alpha=c0.alpha, ids=[cells[slots[k][0]].cell_id for k in at])
                 for k, c in zip(at, moved):
                     comps[k] = c
                 if sh is not None:
                     found.append(dataclasses.replace(sh, apart_by=_apart_by(
-                        [cells[slots[at[k]][0]] for k in sh.apart])))
+                        [c for c in cells if c.cell_id in set(sh.apart)])))
         extra = [c.failure_p for c in cells if c.failure_p is not None] if decides else []
         n_cells = len(comps)
         adjusted, fail_adj = stats.adjust_family(comps + ([s.comparison for s in found] if decides else []), extra, q)

@@ -71,10 +71,10 @@ class Shift:
     #: the cells that share the shift (the biweight kept them): fewer than ``cells`` when a
     #: group of cells moved apart from the rest, which the shift does not follow
     shared: int = 0
-    #: the positions (in the comparisons given to take_out) of the cells that moved apart
-    #: from the shift, and in words what they have in common (filled by the caller, which
-    #: knows the cells: "ovs 28, bridge 2")
-    apart: tuple[int, ...] = ()
+    #: the cells that moved apart from the shift (their ids as given to take_out), and in
+    #: words what they have in common (filled by the caller, which knows the cells: "ovs 28,
+    #: bridge 2")
+    apart: tuple[str, ...] = ()
     apart_by: str = ""
 
     @property
@@ -180,9 +180,10 @@ def between_run_tau(resid: np.ndarray, se: np.ndarray, df: float) -> float:
 
 
 def take_out(metric: str, comps: Sequence[stats.Comparison], *, threshold: float,
-             alpha: float) -> tuple[list[stats.Comparison], Shift | None]:
+             alpha: float, ids: Sequence[str] | None = None) -> tuple[list[stats.Comparison], Shift | None]:
     """The comparisons of one deciding metric with the night's shift taken out (decided
-    again, raw), and the Shift; unchanged and None with fewer than MIN_CELLS comparable."""
+    again, raw), and the Shift; unchanged and None with fewer than MIN_CELLS comparable.
+    ``ids`` name the comparisons' cells (Shift.apart); their positions by default."""
     idx = [k for k, c in enumerate(comps) if c.evidence is not None and c.verdict is not stats.Verdict.INSUFFICIENT]
     out = list(comps)
     if len(idx) < MIN_CELLS:
@@ -210,8 +211,9 @@ def take_out(metric: str, comps: Sequence[stats.Comparison], *, threshold: float
         p_value=None, test="hodges-lehmann" if len(idx) < MIN_TAU_CELLS else "biweight", verdict=stats.Verdict.INCONCLUSIVE,
         higher_is_better=first.higher_is_better, threshold=threshold, alpha=alpha)
     night = stats.with_evidence(night, stats.Evidence(est, se_shift, float(max(len(idx) - 1, 1))))
+    names = list(ids) if ids is not None else [str(k) for k in range(len(comps))]
     return out, Shift(metric, len(idx), night, tau, int(kept.sum()),
-                      tuple(idx[k] for k in np.flatnonzero(~kept)))
+                      tuple(names[idx[k]] for k in np.flatnonzero(~kept)))
 
 
 def _majority(d: np.ndarray, se: np.ndarray, df: float, hl: float, hl_se: float
