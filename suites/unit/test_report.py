@@ -149,6 +149,19 @@ def test_baseline_comparison_on_the_page(tmp_path):
     assert "not compared" in html and "NEVER COMPARABLE" in html
 
 
+def test_an_undecided_comparison_is_not_shown_as_a_pass(tmp_path):
+    """Two 2-sample runs of the same levels: every cell could not be told from the threshold
+    (exit 5). The section under the table said "Gate passes." for that; it says undecided."""
+    base = compare.load(write_run(tmp_path, "base", seed=1, reps=2))
+    new = compare.load(write_run(tmp_path, "new", seed=2, reps=2))
+    rep = report.build([base, new], generated="now", baseline=base)
+    (rc,) = rep.comparisons
+    assert rc.exit_status == compare.UNDECIDED_STATUS
+    section = report.render(rep).split('id="comparison"')[1].split('id="environment"')[0]
+    assert "Gate passes." not in section
+    assert f"Gate undecided (exit 5): {len(rc.undecided)} cell" in section and "not a pass" in section
+
+
 def test_runs_with_different_tools_and_a_dead_run_line_up(tmp_path):
     full = compare.load(write_run(tmp_path, "full", attachments=("bridge",), conns=(1,),
                                   versions={"qemu": "8.2.0", "uperf": "1.0.8"}))
