@@ -11,9 +11,10 @@ series of runs:
 - each cell's level is the median of its logs over the runs, and each night's **shift** is
   the location that the majority of the cells' residuals share that night, in a median
   polish (Tukey's robust two-way fit: cell levels, then night shifts, then the levels
-  again): first the Hodges-Lehmann location, then Tukey's biweight with each cell on its
-  own nightly noise (testbed.analysis.shift.majority_location), which a group of cells that
-  fell together (one attachment mode) does not move;
+  again): first the Hodges-Lehmann location, then, on nights of MAJORITY_CELLS cells or
+  more, Tukey's biweight with each cell on its own nightly noise
+  (testbed.analysis.shift.majority_location), which a group of cells that fell together
+  (one attachment mode) does not move;
 - a night with fewer than MIN_CELLS comparable cells has no shift estimated (0: with four,
   one stepped cell would move it);
 - the shifts are centred on their median night, so the cells' judged values stay near what
@@ -89,7 +90,8 @@ def _scales(logs: Mapping[str, Mapping[str, float]], level: Mapping[str, float],
 
 def _mad_noise(e: list[float]) -> float:
     """A night's shift variance from its cells' residual spread, as a Hodges-Lehmann's
-    (efficiency 0.955): where the biweight kept too few cells to give its own."""
+    (efficiency 0.955): the noise of a night whose shift is the Hodges-Lehmann, or whose
+    biweight gave no standard error of its own."""
     a = np.asarray(e)
     return (1.4826 * float(np.median(np.abs(a)))) ** 2 / (0.955 * a.size)
 

@@ -299,11 +299,12 @@ def report(got: dict, env: Environment | dict, quick: bool, run_id: str, flows, 
             rows.append((cond, *(f"not run: {vx_why}" if i == 0 else "-" for i in range(5)),
                          *map(str, pub)))
         elif cond in ("default", "offloads off"):
-            if ("vxlan", cond) not in got:
+            measured = got.get(("vxlan", cond), None)
+            if measured is None:            # --quick: the default condition only
                 rows.append((cond, *("not run: --quick measures the default only" if i == 0 else "-"
                                      for i in range(5)), *map(str, pub)))
                 continue
-            vx = got[("vxlan", cond)] or {}
+            vx = measured or {}
             vals = []
             for col in VXLAN_COLS:
                 rec = vx.get(col.lower()) or {}
