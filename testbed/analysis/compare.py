@@ -432,8 +432,9 @@ def _finish(cells: list[CellResult], q: float, moderated: bool = True, *, shifts
                 for k, c in zip(at, moved):
                     comps[k] = c
                 if sh is not None:
+                    apart = set(sh.apart)
                     found.append(dataclasses.replace(sh, apart_by=_apart_by(
-                        [c for c in cells if c.cell_id in set(sh.apart)])))
+                        [c for c in cells if c.cell_id in apart])))
         extra = [c.failure_p for c in cells if c.failure_p is not None] if decides else []
         n_cells = len(comps)
         adjusted, fail_adj = stats.adjust_family(comps + ([s.comparison for s in found] if decides else []), extra, q)

@@ -128,10 +128,9 @@ def take_out(values: Mapping[str, Mapping[str, float]], min_cells: int = MIN_CEL
     # (from MAJORITY_CELLS a night, as in the nightly gate; with fewer, the Hodges-Lehmann's)
     scale = _scales(logs, level, nights)
     noise = {r: _mad_noise([logs[c][r] - level[c] - nights[r] for c in cs]) for r, cs in runs.items()}
-    for _ in range(ROUNDS if any(len(cs) >= MAJORITY_CELLS for cs in runs.values()) else 0):
-        for r, cs in runs.items():
-            if len(cs) < MAJORITY_CELLS:
-                continue
+    big = {r: cs for r, cs in runs.items() if len(cs) >= MAJORITY_CELLS}
+    for _ in range(ROUNDS if big else 0):
+        for r, cs in big.items():
             nights[r], se, _ = shift.majority_location([logs[c][r] - level[c] for c in cs],
                                                        [scale[c] for c in cs])
             noise[r] = se ** 2 if math.isfinite(se) else _mad_noise([logs[c][r] - level[c] - nights[r] for c in cs])

@@ -76,6 +76,9 @@ class Shift:
     #: bridge 2")
     apart: tuple[str, ...] = ()
     apart_by: str = ""
+    #: what estimated the shift: "biweight" (majority_location), or "hodges-lehmann" (below
+    #: MIN_TAU_CELLS cells, or where the biweight kept too few of them)
+    estimator: str = "hodges-lehmann"
 
     @property
     def undecided(self) -> bool:
@@ -102,7 +105,7 @@ class Shift:
                                  "history` follows it over the nights" if self.undecided
                       else "not credibly beyond the threshold: taken out of each cell's verdict")
         tau = f"; between-run noise {self.tau:.1%} a cell added" if self.tau > 0 else ""
-        how = (f"Hodges-Lehmann over {self.cells} cells" if self.cells < MIN_TAU_CELLS
+        how = (f"Hodges-Lehmann over {self.cells} cells" if self.estimator != "biweight"
                else f"biweight over {self.cells} cells, {self.shared} sharing it"
                + (f"; apart: {self.apart_by}" if self.apart_by and self.shared < self.cells else ""))
         return (f"night shift {self.metric}: every cell {self.change:+.1%} "
@@ -147,10 +150,9 @@ def majority_location(x: Sequence[float], scale: Sequence[float], start: float |
         if not np.any(w > 0):
             break
         nxt = float(np.sum(w * a) / np.sum(w))
-        if abs(nxt - m) < 1e-10:
-            m = nxt
+        done, m = abs(nxt - m) < 1e-10, nxt
+        if done:
             break
-        m = nxt
     u = (a - m) / (c * s)
     kept = np.abs(u) < 1.0
     r = a - m
@@ -194,9 +196,13 @@ def take_out(metric: str, comps: Sequence[stats.Comparison], *, threshold: float
     est, lo, hi = walsh_interval(d, alpha)
     z = stats.t_ppf(1.0 - alpha, max(len(idx) - 1, 1))
     se_shift = (hi - lo) / (2.0 * z) if hi > lo else 0.0
-    tau, kept = 0.0, np.ones(len(idx), dtype=bool)
+    tau, kept, estimator = 0.0, np.ones(len(idx), dtype=bool), "hodges-lehmann"
     if len(idx) >= MIN_TAU_CELLS:
-        est, se_shift, tau, kept = _majority(d, se, df, est, se_shift)
+        majority = _majority(d, se, df)
+        if majority is None:
+            tau = between_run_tau(d - est, se, df)
+        else:
+            (est, se_shift, tau, kept), estimator = majority, "biweight"
     for k in idx:
         c = comps[k]
         ev = stats.Evidence(c.evidence.d - est, math.sqrt(c.evidence.se ** 2 + se_shift ** 2 + tau ** 2),
@@ -208,22 +214,22 @@ def take_out(metric: str, comps: Sequence[stats.Comparison], *, threshold: float
     night = stats.Comparison(
         base=one, new=dataclasses.replace(one, mean=math.exp(est), median=math.exp(est)),
         delta=math.expm1(est), delta_rel=math.expm1(est), delta_pct=math.expm1(est) * 100,
-        p_value=None, test="hodges-lehmann" if len(idx) < MIN_TAU_CELLS else "biweight", verdict=stats.Verdict.INCONCLUSIVE,
+        p_value=None, test=estimator, verdict=stats.Verdict.INCONCLUSIVE,
         higher_is_better=first.higher_is_better, threshold=threshold, alpha=alpha)
     night = stats.with_evidence(night, stats.Evidence(est, se_shift, float(max(len(idx) - 1, 1))))
     names = list(ids) if ids is not None else [str(k) for k in range(len(comps))]
     return out, Shift(metric, len(idx), night, tau, int(kept.sum()),
-                      tuple(names[idx[k]] for k in np.flatnonzero(~kept)))
+                      tuple(names[idx[k]] for k in np.flatnonzero(~kept)), estimator=estimator)
 
 
-def _majority(d: np.ndarray, se: np.ndarray, df: float, hl: float, hl_se: float
-              ) -> tuple[float, float, float, np.ndarray]:
+def _majority(d: np.ndarray, se: np.ndarray, df: float) -> tuple[float, float, float, np.ndarray] | None:
     """(shift, its standard error, tau, which cells share it) from the cells' log ratios ``d``:
     the biweight location of the majority (majority_location), each cell on its standard
     error with the between-run noise tau. tau is estimated again from the cells the shift
     kept, until they stay the same: a group of cells that moved apart would otherwise widen
-    it, and with it every cell's interval and the biweight's own cut-off. Falls back to the
-    Hodges-Lehmann (``hl``, ``hl_se``) when fewer than MIN_CELLS cells are kept."""
+    it, and with it every cell's interval and the biweight's own cut-off. None when fewer
+    than MIN_CELLS cells are kept or it has no standard error: the caller keeps the
+    Hodges-Lehmann."""
     kept = np.ones(d.size, dtype=bool)
     m = float(np.median(d))
     tau, est_se = 0.0, math.nan
@@ -231,7 +237,7 @@ def _majority(d: np.ndarray, se: np.ndarray, df: float, hl: float, hl_se: float
         tau = between_run_tau((d - m)[kept], se[kept], df)
         m, est_se, now = majority_location(d, np.sqrt(se ** 2 + tau ** 2), start=m)
         if int(now.sum()) < MIN_CELLS or not math.isfinite(est_se):
-            return hl, hl_se, between_run_tau(d - hl, se, df), np.ones(d.size, dtype=bool)
+            return None
         if np.array_equal(now, kept):
             break
         kept = now

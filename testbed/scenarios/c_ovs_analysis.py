@@ -295,25 +295,24 @@ def report(got: dict, env: Environment | dict, quick: bool, run_id: str, flows, 
     rows = []
     for cond, pub in {"default": PUB_VXLAN["default"], "offloads off": ("-",) * 5,
                       "VXLAN offload": PUB_VXLAN["VXLAN offload"]}.items():
-        if vx_why is not None:
-            rows.append((cond, *(f"not run: {vx_why}" if i == 0 else "-" for i in range(5)),
-                         *map(str, pub)))
-        elif cond in ("default", "offloads off"):
-            measured = got.get(("vxlan", cond), None)
-            if measured is None:            # --quick: the default condition only
-                rows.append((cond, *("not run: --quick measures the default only" if i == 0 else "-"
-                                     for i in range(5)), *map(str, pub)))
-                continue
-            vx = measured or {}
-            vals = []
-            for col in VXLAN_COLS:
-                rec = vx.get(col.lower()) or {}
-                m = primary_metric(pattern_from_name(col))
-                vals.append(fmt(ses.summary_mean(rec, m)) if rec else "not run")
-            rows.append((cond, *vals, *map(str, pub)))
-        else:
-            rows.append((cond, *(f"not run: {NO_NIC_OFFLOAD}" if i == 0 else "-"
-                                 for i in range(5)), *map(str, pub)))
+        # one "not run" row with its reason: no OVS+VXLAN here, no NIC to offload VXLAN to,
+        # or --quick (which measures the default condition only)
+        ours = cond in ("default", "offloads off")
+        vx = got.get(("vxlan", cond)) if ours else None
+        why = vx_why
+        if why is None and not ours:
+            why = NO_NIC_OFFLOAD
+        elif why is None and vx is None:
+            why = "--quick measures the default only"
+        if why is not None:
+            rows.append((cond, f"not run: {why}", *("-",) * 4, *map(str, pub)))
+            continue
+        vals = []
+        for col in VXLAN_COLS:
+            rec = vx.get(col.lower()) or {}
+            m = primary_metric(pattern_from_name(col))
+            vals.append(fmt(ses.summary_mean(rec, m)) if rec else "not run")
+        rows.append((cond, *vals, *map(str, pub)))
     tables.append(Table("VM-OVS-VXLAN-OVS-VM (Mbit/s; RR in transactions/s), MTU 1600",
                         ("condition", *(f"{c} measured" for c in VXLAN_COLS), *(f"{c} published" for c in VXLAN_COLS)),
                         tuple(rows), "" if vx_run is None else f"measured in run {vx_run}"))
