@@ -150,7 +150,7 @@ def test_baseline_comparison_on_the_page(tmp_path):
 
 
 def test_an_undecided_comparison_is_not_shown_as_a_pass(tmp_path):
-    """Two 2-sample runs of the same levels: every cell could not be told from the threshold
+    """Two 2-sample runs of the same levels: every cell has too few samples to be decided
     (exit 5). The section under the table said "Gate passes." for that; it says undecided."""
     base = compare.load(write_run(tmp_path, "base", seed=1, reps=2))
     new = compare.load(write_run(tmp_path, "new", seed=2, reps=2))
