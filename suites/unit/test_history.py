@@ -182,6 +182,24 @@ def test_a_five_percent_step_is_found_after_twenty_nights_and_held_to_more_evide
     assert [i for i, _, _ in history.change_points(v, stderr=se, counts=[5] * len(v))] == [7]
 
 
+def test_a_step_spends_its_level_over_the_three_nights_that_first_look_at_it():
+    """A step is judged again every night until a week has passed, and each look was a fresh
+    chance of a false alarm at the full level. Twenty nights at 1000, then nights 3.3 % lower,
+    each night's mean known to 2 % over 5 samples (so the noise is exactly 2 % on 100 degrees
+    of freedom): the step's t is 3.30 with 5 runs after it, past the full level's 3.17 but not
+    the third spent there (3.48); with 6 runs it is 3.54, past the two thirds spent by then."""
+    assert [history.step_alpha(k) for k in (5, 6, 7, 12)] == pytest.approx(
+        [history.STEP_ALPHA / 3, 2 * history.STEP_ALPHA / 3, history.STEP_ALPHA, history.STEP_ALPHA])
+
+    def cps(after: int) -> list[int]:
+        v = [1000.0] * 20 + [1000.0 * np.exp(-0.033)] * after
+        return [i for i, _, _ in history.change_points(v, stderr=[0.02 * x for x in v], counts=[5] * len(v))]
+
+    assert cps(5) == []
+    assert cps(6) == [20]
+    assert cps(7) == [20]
+
+
 def test_each_nights_shared_shift_is_recovered_and_a_stepped_cell_does_not_move_it():
     from testbed.analysis import history_shift
     rng = np.random.default_rng(5)

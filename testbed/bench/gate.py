@@ -282,7 +282,8 @@ def history_sim(sequences: int = 6, seed: int = 0, noise_: float = 0.024, step: 
 def format_history(h: HistoryOutcome) -> str:
     from testbed.analysis import history
     return (f"history (PELT on logs, penalty {history.PENALTY} sigma^2 ln n, step significant at "
-            f"{history.STEP_ALPHA} ({history.EARLY_ALPHA:g} before run {history.MIN_BEFORE}) and >= "
+            f"{history.STEP_ALPHA} spent over {history.SPEND_LOOKS} looks ({history.EARLY_ALPHA:g} before run "
+            f"{history.MIN_BEFORE}) and >= "
             f"{history.STEP_FRACTION:g} x threshold, {history.CONFIRM} runs "
             f"confirm, window {history.WINDOW}): lasting {-h.step:+.0%} step at 2.4% nightly noise found "
             f"within {h.within} nights in {h.step_found}/{h.sequences} sequences; unchanged 30-night "
