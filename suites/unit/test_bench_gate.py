@@ -137,6 +137,15 @@ def test_history_finds_a_lasting_five_percent_step_within_a_week_and_rarely_alar
     assert h.step_found >= 17 and h.heavy_alarms <= 1 and h.unchanged_alarms <= 1, h
 
 
+def test_the_history_targets_say_not_met_past_their_bars():
+    """The bench prints the history bars as the gate's: met at 45 of 50 steps and 2 of 200
+    alarms, NOT met one below and one above."""
+    def h(found: int, alarms: int):
+        return bench_gate.HistoryOutcome(50, found, 0, alarms, 200, 0.05, 7)
+    assert [x.endswith(" met") and "NOT" not in x for x in bench_gate.history_targets(h(45, 2))] == [True, True]
+    assert [x.endswith("NOT met") for x in bench_gate.history_targets(h(44, 3))] == [True, True]
+
+
 def test_history_judges_a_hosts_cells_after_the_drift_they_share():
     """Hosts of 8 cells a night on a lasting shared drift (AR(1), 2 %): unchanged cells at
     10 % lognormal samples alarm in at most 2 of 48 series and the shared shift in at most

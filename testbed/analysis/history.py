@@ -326,7 +326,9 @@ def change_points(values: Sequence[float], *, higher_is_better: bool = True,
     out = []
     for k in range(1, len(bounds) - 1):
         a, b = y[bounds[k - 1]:bounds[k]], y[bounds[k]:bounds[k + 1]]
-        crit = float(stats.t_ppf(1.0 - step_alpha(b.size), max(df, 1.0)))
+        # spent by the nights since the change point (a step followed by another one is
+        # old: its looks are long past)
+        crit = float(stats.t_ppf(1.0 - step_alpha(n - bounds[k]), max(df, 1.0)))
         step = float(np.mean(b) - np.mean(a))
         se = sigma * math.sqrt(1.0 / a.size + 1.0 / b.size)
         before = math.exp(float(np.mean(a))) if log else float(np.mean(a))

@@ -279,6 +279,28 @@ def history_sim(sequences: int = 6, seed: int = 0, noise_: float = 0.024, step: 
                           host_build)
 
 
+#: the history targets: a lasting step found within ``within`` nights in at least this share
+#: of the sequences, and unchanged heavy-tailed series alarming in at most this share
+HISTORY_FOUND = 0.90
+HISTORY_ALARMS = 0.01
+
+
+def history_targets(h: HistoryOutcome) -> list[str]:
+    """The history targets, each with its figure and whether it is met (as the gate's)."""
+    def line(what: str, a: int, b: int, ok: bool) -> str:
+        return f"target {what}: {a}/{b} {'met' if ok else 'NOT met'}"
+    out = []
+    if h.sequences:
+        out.append(line(f"history: a lasting {-h.step:+.0%} step found within {h.within} nights in at least "
+                        f"{HISTORY_FOUND:.0%} of the sequences", h.step_found, h.sequences,
+                        h.step_found >= HISTORY_FOUND * h.sequences))
+    if h.heavy_sequences:
+        out.append(line(f"history: unchanged at 10% lognormal noise with 2% drift alarm in at most "
+                        f"{HISTORY_ALARMS:.0%} of the series", h.heavy_alarms, h.heavy_sequences,
+                        h.heavy_alarms <= HISTORY_ALARMS * h.heavy_sequences))
+    return out
+
+
 def format_history(h: HistoryOutcome) -> str:
     from testbed.analysis import history
     return (f"history (PELT on logs, penalty {history.PENALTY} sigma^2 ln n, step significant at "

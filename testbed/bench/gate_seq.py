@@ -345,5 +345,8 @@ def main(nights: int = NIGHTS, cells: int = CELLS, seed: int = 0, sequences: int
         print(line)
     print(format_chain(chain(sequences=sequences, seed=seed, design=design, step=0.0)))
     print(format_chain(chain(sequences=sequences, seed=seed, design=design)))
-    print(gate.format_history(gate.history_sim(sequences=50, seed=seed, heavy_sequences=200, host_sequences=25)))
+    h = gate.history_sim(sequences=50, seed=seed, heavy_sequences=200, host_sequences=25)
+    print(gate.format_history(h))
+    for line in gate.history_targets(h):
+        print(line)
     return 0
