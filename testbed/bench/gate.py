@@ -285,10 +285,14 @@ HISTORY_FOUND = 0.90
 HISTORY_ALARMS = 0.01
 
 
+def target_line(what: str, a: int, b: int, ok: bool) -> str:
+    """One target of a bench's printout: its figure and whether it is met."""
+    return f"target {what}: {a}/{b} {'met' if ok else 'NOT met'}"
+
+
 def history_targets(h: HistoryOutcome) -> list[str]:
     """The history targets, each with its figure and whether it is met (as the gate's)."""
-    def line(what: str, a: int, b: int, ok: bool) -> str:
-        return f"target {what}: {a}/{b} {'met' if ok else 'NOT met'}"
+    line = target_line
     out = []
     if h.sequences:
         out.append(line(f"history: a lasting {-h.step:+.0%} step found within {h.within} nights in at least "

@@ -231,7 +231,7 @@ def targets(rows: list[SeqOutcome]) -> list[str]:
     out = []
 
     def line(what: str, a: int, b: int, ok: bool) -> None:
-        out.append(f"target {what}: {a}/{b} {'met' if ok else 'NOT met'}")
+        out.append(gate.target_line(what, a, b, ok))
     if (d := by.get("2% shared drift")) is not None:
         line("2% drift, unchanged: exit 1 on at most 1 night in 20", d.exit_counts.get(1, 0), d.nights,
              d.exit_counts.get(1, 0) / d.nights <= 1 / 20)
