@@ -80,7 +80,18 @@ def _terminate(signum, frame) -> None:
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
         return
+    if _TERM_STATE.get("worker"):
+        if _TERM_STATE.get("stopped"):
+            # the group's SIGTERM and the controller's forwarded one both reach an xdist
+            # worker: the second must not cut its teardown short (testbed.pytest_workers)
+            return
+        _TERM_STATE["stopped"] = True
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+#: the handler's view of this session: an xdist worker, and whether it was stopped already
+#: (testbed.pytest_workers)
+_TERM_STATE: dict = {}
 
 
 MARKERS = (
@@ -108,6 +119,13 @@ def pytest_configure(config: pytest.Config) -> None:
             signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         _TERM_PID.append(os.getpid())
         signal.signal(signal.SIGTERM, _terminate)
+    from testbed import pytest_workers
+    pytest_workers.register(config)
+    if _TERM_PID and hasattr(config, "workerinput"):
+        _TERM_STATE["worker"] = True
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            # Ctrl-C reaches a worker from the terminal and again from the controller's wait
+            signal.signal(signal.SIGINT, _terminate)
     for line in MARKERS:
         config.addinivalue_line("markers", line)
     if (config.getoption("--attach", "all") or "all") != "all":

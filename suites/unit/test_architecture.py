@@ -180,7 +180,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("measure",),
     ("fleet", "scenarios", "bench"),
     ("api",),
-    ("cli", "pytest_plugin", "__main__"),
+    ("cli", "pytest_plugin", "pytest_workers", "__main__"),
     ("_suite_plugin",),             # this project's own test machinery, on the public plugin
 )
 

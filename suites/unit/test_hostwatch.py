@@ -162,3 +162,37 @@ def test_a_missing_object_is_named():
     with guard.sample() as sw:
         pass
     assert "tb-x-b went missing" in sw.reason and guard.fault
+
+
+def test_a_device_gone_before_its_guest_reads_stopped_blames_the_guest(tmp_path):
+    """A destroyed guest's QEMU closes its tap a moment before libvirt marks the domain
+    stopped. A look that lands in that moment must still blame the guest, not the device.
+    Here the guest is a real process and its device a real file: the file goes first and
+    the process dies 1 s later."""
+    proc = subprocess.Popen(["sleep", "60"])
+    tap = tmp_path / "tb-x-t0"
+    tap.write_text("")
+
+    def guest() -> str | None:
+        return None if proc.poll() is None else "guest g1 stopped from outside"
+
+    guard = Guard(objects=(("device tb-x-t0", tap.exists),), guests=(("g1", guest),))
+    try:
+        tap.unlink()
+        threading.Timer(1.0, proc.kill).start()
+        assert guard.missing() == ["guest g1 stopped from outside"]
+        assert guard.lost == {"g1": "guest g1 stopped from outside"}
+    finally:
+        proc.kill()
+        proc.wait()
+    # with the guest still running past the settling time, the device is what is named
+    alive = subprocess.Popen(["sleep", "60"])
+    try:
+        guard = Guard(objects=(("device tb-x-t0", tap.exists),),
+                      guests=(("g1", lambda: None if alive.poll() is None else "gone"),))
+        t0 = time.monotonic()
+        assert guard.missing() == ["device tb-x-t0 went missing (removed from outside the run)"]
+        assert time.monotonic() - t0 >= hostwatch.GUEST_SETTLE_S
+    finally:
+        alive.kill()
+        alive.wait()

@@ -295,6 +295,9 @@ class SampleWatch:
 #: an answer "it is not there") is taken again this many times, this far apart
 LOOK_TRIES = 3
 LOOK_PAUSE_S = 0.6
+#: how long a missing device waits for a watched guest's domain to read as stopped (libvirt
+#: marks it a moment after QEMU has closed the guest's taps)
+GUEST_SETTLE_S = 3.0
 
 
 class LookFailed(TestbedError):
@@ -363,9 +366,20 @@ class Guard:
             why = _look_for(what, exists)
             if why:
                 out.append(why)
-        if out:
+        if out and self.guests:
             # A guest destroyed between the two looks took its NIC: the guest is the cause.
-            return self._lost_guests() or out
+            # QEMU closes its taps as it dies, before libvirt has read the monitor's EOF and
+            # marked the domain stopped, so the device can be gone while the domain still
+            # reads as running: give the domain's state a moment to settle before blaming
+            # the device.
+            deadline = time.monotonic() + GUEST_SETTLE_S
+            while True:
+                lost = self._lost_guests()
+                if lost:
+                    return lost
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(LOOK_PAUSE_S / 3)
         return out
 
     @contextlib.contextmanager
