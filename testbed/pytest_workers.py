@@ -28,24 +28,12 @@ from pathlib import Path
 
 import pytest
 
+from testbed.host import proc
+
 #: how long the interrupted controller waits for its workers' teardown
 TEARDOWN_WAIT_S = 300.0
 POLL_S = 0.2
 _KEY = "tb_teardown_marks"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a worker that exited but was not reaped yet is gone for this purpose
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 class Controller:
@@ -68,7 +56,7 @@ class Controller:
 
     def unfinished(self) -> list[int]:
         return [pid for pid in self.started()
-                if not (self.marks / f"done-{pid}").exists() and _alive(pid)]      # type: ignore[operator]
+                if not (self.marks / f"done-{pid}").exists() and proc.running(pid)]      # type: ignore[operator]
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:

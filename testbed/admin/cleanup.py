@@ -367,14 +367,6 @@ def _remove_tree(path: str) -> None:
     proc.run(["rm", "-rf", "--one-file-system", "--", root], check=False, timeout=300)
 
 
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (a zombie has exited; only its parent can reap it)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
 def _stop_processes_in(ns: str) -> None:
     if not ns.startswith(PREFIX):
         return
@@ -385,7 +377,7 @@ def _stop_processes_in(ns: str) -> None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
         deadline = time.monotonic() + 3
-        while any(_running(p) for p in pids) and time.monotonic() < deadline:
+        while any(proc.running(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.1)
 
 

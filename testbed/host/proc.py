@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from testbed.errors import CommandError
 
@@ -48,6 +49,15 @@ class Stop(threading.Event):
         if not self.is_set():
             self.why = why
             self.set()
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` runs: it exists and is not a zombie (a zombie has exited;
+    only its parent can reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def in_netns(netns: str | None, argv: Sequence[str], cpus: Sequence[int] = ()) -> list[str]:
