@@ -146,7 +146,7 @@ def test_cleanup_stops_a_dead_runs_private_switches(tmp_path):
         assert len(pids) >= 2 and ovsd.vswitchd_pids(sw.db)
         # As a dead run leaves it: nobody will exit the context; cleanup gets the namespace.
         cleanup.remove(cleanup.Leftovers(netns=[ns]))
-        assert not any(cleanup._running(p) for p in pids)
+        assert not any(proc.running(p) for p in pids)
         assert ns not in _ip("netns", "list").stdout.split()
     finally:
         with contextlib.suppress(Exception):
