@@ -49,14 +49,13 @@ class Controller:
             self.marks = Path(tempfile.mkdtemp(prefix="tb-pytest-"))
         node.workerinput[_KEY] = str(self.marks)
 
-    def started(self) -> list[int]:
-        if self.marks is None:
-            return []
-        return sorted(int(p.name.split("-", 1)[1]) for p in self.marks.glob("started-*"))
-
     def unfinished(self) -> list[int]:
-        return [pid for pid in self.started()
-                if not (self.marks / f"done-{pid}").exists() and proc.running(pid)]      # type: ignore[operator]
+        """The workers that said they started, run still, and have not said they are done."""
+        marks = self.marks
+        if marks is None:
+            return []
+        started = sorted(int(p.name.split("-", 1)[1]) for p in marks.glob("started-*"))
+        return [pid for pid in started if not (marks / f"done-{pid}").exists() and proc.running(pid)]
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:

@@ -295,12 +295,12 @@ def history_targets(h: HistoryOutcome) -> list[str]:
     out = []
     if h.sequences:
         out.append(target_line(f"history: a lasting {-h.step:+.0%} step found within {h.within} nights in at least "
-                        f"{HISTORY_FOUND:.0%} of the sequences", h.step_found, h.sequences,
-                        h.step_found >= HISTORY_FOUND * h.sequences))
+                               f"{HISTORY_FOUND:.0%} of the sequences", h.step_found, h.sequences,
+                               h.step_found >= HISTORY_FOUND * h.sequences))
     if h.heavy_sequences:
         out.append(target_line(f"history: unchanged at 10% lognormal noise with 2% drift alarm in at most "
-                        f"{HISTORY_ALARMS:.0%} of the series", h.heavy_alarms, h.heavy_sequences,
-                        h.heavy_alarms <= HISTORY_ALARMS * h.heavy_sequences))
+                               f"{HISTORY_ALARMS:.0%} of the series", h.heavy_alarms, h.heavy_sequences,
+                               h.heavy_alarms <= HISTORY_ALARMS * h.heavy_sequences))
     return out
 
 
