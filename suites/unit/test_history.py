@@ -8,6 +8,7 @@ from test_compare import RR, STREAM, run_cli
 from test_gate import synthetic
 
 from testbed.analysis import history
+from testbed.bench import gate
 from testbed.records import store
 from testbed.topology.model import Attachment, Backend, Cell
 
@@ -286,3 +287,34 @@ def test_a_group_of_cells_that_fell_together_is_found_not_taken_for_the_hosts_sh
     assert code == 1 and {ln.split()[1] for ln in regressions} == group, out
     for ln in regressions:
         assert float(ln.split()[3].rstrip("%:")) == pytest.approx(-7, abs=1.5), ln
+
+
+def test_a_series_too_noisy_for_a_threshold_step_is_held_to_a_level_weighted_by_its_power():
+    """The step test's level is weighted by the series' power to see a threshold-sized step
+    within a week: a quiet series keeps it, a noisy one is held to less. Thirty unchanged
+    nights of 5 samples at 10 % lognormal noise with a 2 % drift, one whose chance pattern
+    (the nights after the 12th lower) alarmed on night 17 at the full level: no alarm now.
+    The same noise with a lasting -15 % step is still found within a week."""
+    quiet = history.power_weight(0.02, 20, 0.05, True)
+    noisy = history.power_weight(0.049, 20, 0.05, True)
+    assert quiet > 0.99 and 0.1 < noisy < 0.4, (quiet, noisy)
+
+    def nights(seed: list[int], step: float = 0.0, at: int = 30) -> tuple[list[float], list[float]]:
+        rng = np.random.default_rng(seed)
+        out = []
+        for i in range(30):
+            s = 1000.0 * (1 + step * (i >= at)) * (1 + 0.02 * rng.standard_normal()) * np.exp(0.1 * rng.standard_normal(5))
+            out.append((float(s.mean()), float(s.std(ddof=1))))
+        return [m for m, _ in out], [sd for _, sd in out]
+
+    v, sd = nights([7, 9219])
+    assert gate.history_replay(v, 0, sd) is None
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(history, "power_weight", lambda *a: 1.0)
+        assert gate.history_replay(v, 0, sd) == 17
+    found = 0
+    for k in range(20):
+        v, sd = nights([8, k], -0.15, 18)
+        t = gate.history_replay(v, 0, sd)
+        found += t is not None and 18 <= t < 25
+    assert found >= 17, found

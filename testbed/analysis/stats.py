@@ -208,6 +208,14 @@ def t_cdf(x: float, df: float) -> float:
     return float(spx.stdtr(df, x))
 
 
+def norm_cdf(x: float) -> float:
+    return float(spx.ndtr(x))
+
+
+def norm_ppf(p: float) -> float:
+    return float(spx.ndtri(p))
+
+
 @dataclass(frozen=True)
 class Evidence:
     """A change on the log scale, what every verdict is decided on: ``d`` = log(NEW / BASE)

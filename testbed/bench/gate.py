@@ -307,7 +307,8 @@ def history_targets(h: HistoryOutcome) -> list[str]:
 def format_history(h: HistoryOutcome) -> str:
     from testbed.analysis import history
     return (f"history (PELT on logs, penalty {history.PENALTY} sigma^2 ln n, step significant at "
-            f"{history.STEP_ALPHA} spent over {history.SPEND_LOOKS} looks ({history.EARLY_ALPHA:g} before run "
+            f"{history.STEP_ALPHA} spent over {history.SPEND_LOOKS} looks, weighted by the series' power for a "
+            f"threshold-sized step ({history.EARLY_ALPHA:g} before run "
             f"{history.MIN_BEFORE}) and >= "
             f"{history.STEP_FRACTION:g} x threshold, {history.CONFIRM} runs "
             f"confirm, window {history.WINDOW}): lasting {-h.step:+.0%} step at 2.4% nightly noise found "
