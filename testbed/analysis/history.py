@@ -21,8 +21,9 @@ is tamed). Its noise is the run-to-run noise the series itself shows, not only t
 within-run spread: the points' own variance pooled over the series (many degrees of
 freedom) plus what the nights add beyond it, from the robust spread (Tukey's biweight)
 about a first pass's segments. A change point counts when its step is significant
-(one-sided t at STEP_ALPHA, spent over the three nights that first look at it, on that
-noise and the segments' lengths) and at least
+(one-sided t at STEP_ALPHA, spent over the three nights that first look at it and
+weighted by the series' power to see a threshold-sized step, on that noise and the
+segments' lengths) and at least
 STEP_FRACTION of ``threshold``, so a lasting step of the threshold's size is found although
 its estimate lands below the threshold half the time (at EARLY_ALPHA when fewer than
 MIN_BEFORE runs precede it); it fails the job once CONFIRM runs bear it out.
