@@ -317,3 +317,21 @@ def test_a_percentile_netperf_printed_as_int_min_is_left_out_not_read() -> None:
     assert "latency_p50_us" not in m
     assert "netperf printed P50_LATENCY=-2147483648: not a figure; left out" in res.warnings
     assert m["latency_p99_us"] == 7 and m["throughput_mbps"] == 43137.51
+
+
+@pytest.mark.parametrize("printed", ["inf", "nan", "-nan"])
+def test_a_service_demand_netperf_printed_as_inf_or_nan_is_left_out_not_a_crash(printed: str) -> None:
+    """On a busy host netperf can print a service demand of inf or nan (CPU time over a
+    figure it read as 0). A scenario run crashed on it ("non-finite values for
+    local_sd_us_per_kb"). The sample is kept, without that figure, and the warning names it.
+    A throughput printed as inf is no result: the sample fails with a reason."""
+    stdout, _ = load(FIXTURES / "netperf" / "netperf_real_TCP_STREAM_-c-C_-k_p50_int_min.txt")
+    odd = stdout.replace("LOCAL_SD=0.380", f"LOCAL_SD={printed}").replace("REMOTE_SD=0.380", f"REMOTE_SD={printed}")
+    assert odd != stdout
+    res = NETPERF.parse(odd, "", 0)
+    assert res.ok and res.metrics["throughput_mbps"] == 43137.51
+    assert "local_sd_us_per_kb" not in res.metrics and "remote_sd_us_per_kb" not in res.metrics
+    assert f"netperf printed LOCAL_SD={printed}: not a figure; left out" in res.warnings
+    assert res.metrics["local_cpu_pct"] == 100.0
+    none = NETPERF.parse(odd.replace("THROUGHPUT=43137.51", "THROUGHPUT=inf"), "", 0)
+    assert not none.ok and "netperf printed no result" in (none.reason or "")

@@ -211,6 +211,9 @@ def parse(stdout: str, stderr: str = "", rc: int = 0) -> ToolResult:
         _omni(fields, proto, pattern, metrics, warnings)
     else:
         _classic(lines, proto, pattern, metrics, intervals, warnings)
+    for k in sorted(k for k, v in metrics.items() if not math.isfinite(v)):
+        # the classic and CSV outputs too can hold an inf or nan (see _not_a_figure)
+        warnings.append(f"netperf printed {k} = {metrics.pop(k)}: not a figure; left out")
     if "throughput_mbps" not in metrics and "transactions_per_s" not in metrics:
         line = error_line((stderr, stdout), _ERR_RE) or "no output"
         return ToolResult.failed(f"netperf printed no result: {line}")
@@ -244,12 +247,23 @@ def _noise(stderr: str, stdout: str) -> list[str]:
 
 
 def _num(fields: dict[str, str], key: str, lowest: float = 0.0) -> float | None:
-    """A measured value; netperf prints -1 for "not measured" (below ``lowest``: None)."""
+    """A measured value; netperf prints -1 for "not measured" (below ``lowest``: None), and
+    inf or nan for a ratio whose divisor it measured as 0 (None)."""
     try:
         value = float(fields[key])
     except (KeyError, ValueError):
         return None
-    return value if value >= lowest else None
+    return value if math.isfinite(value) and value >= lowest else None
+
+
+def _not_a_figure(fields: dict[str, str], key: str) -> bool:
+    """Printed, but neither a figure nor netperf's -1 for "not measured": -2147483648, inf,
+    nan (a service demand on a busy host: CPU time over a throughput it read as 0)."""
+    try:
+        value = float(fields[key])
+    except (KeyError, ValueError):
+        return False
+    return not math.isfinite(value) or (value < 0 and value != -1.0)
 
 
 def _mbps(value: float, unit: str) -> float | None:
@@ -343,7 +357,7 @@ def _omni(fields: dict[str, str], proto: Protocol | None, pattern: Pattern | Non
                       ("ELAPSED_TIME", "duration_s")):
         if (v := _num(fields, key)) is not None:
             m[name] = v
-        elif _num(fields, key, lowest=-math.inf) not in (None, -1.0):
+        elif _not_a_figure(fields, key):
             # netperf 2.7.0 prints P50_LATENCY=-2147483648 when most sends of a stream took
             # under a microsecond: no figure, and said so
             warnings.append(f"netperf printed {key}={fields[key]}: not a figure; left out")
@@ -354,6 +368,8 @@ def _omni(fields: dict[str, str], proto: Protocol | None, pattern: Pattern | Non
         for key, name in (("LOCAL_SD", "local_sd_us_per_kb"), ("REMOTE_SD", "remote_sd_us_per_kb")):
             if (v := _num(fields, key)) is not None:
                 m[name] = v
+            elif _not_a_figure(fields, key):
+                warnings.append(f"netperf printed {key}={fields[key]}: not a figure; left out")
     retrans = [v for k in ("LOCAL_TRANSPORT_RETRANS", "REMOTE_TRANSPORT_RETRANS")
                if (v := _num(fields, k)) is not None]
     if retrans and proto is not Protocol.UDP:
