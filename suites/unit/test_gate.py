@@ -102,6 +102,29 @@ def test_a_shared_drift_is_taken_out_and_a_cell_of_its_own_is_still_found(tmp_pa
     assert regressed(flat) >= {cs[3].id}
 
 
+@pytest.mark.parametrize("n_cells", [4, 6, 8])
+def test_one_of_a_few_cells_that_moved_is_judged_against_the_others_not_its_own_move(tmp_path, n_cells):
+    """A small gate (the nightly example has 4 cells a metric): every cell 2 % slower (the
+    host), one 15 % slower (the build), at 1 % noise. Below shift.MIN_TAU_CELLS the night's
+    shift is a Hodges-Lehmann one whose signed-rank interval reaches out to the outermost
+    cells, so the changed cell widened its own yardstick by as much as it moved and stayed
+    undecided, night after night. Each cell is judged with the shift's uncertainty as the
+    other cells give it: the changed cell regresses, the others do not."""
+    cs = cells(n_cells)
+    victim = cs[1]
+    synthetic(tmp_path, "base", cs, seed=41, n=10, noise=0.01)
+    synthetic(tmp_path, "new", cs, seed=42, n=10, noise=0.01,
+              drop={c.id: 0.98 * (0.85 if c is victim else 1.0) for c in cs})
+    rc = gate(tmp_path)
+    (sh,) = rc.shifts
+    assert sh.estimator == "hodges-lehmann" and -0.04 < sh.change < 0.0, sh.describe()
+    assert regressed(rc) == {victim.id} and rc.exit_status == 1
+    ev = next(c for c in rc.cells if c.cell_id == victim.id).metrics[0].comparison.evidence
+    assert ev is not None and ev.d < -0.12 and ev.se < 0.02, ev
+    assert all(c.verdict in (compare.CellVerdict.UNCHANGED, compare.CellVerdict.NOT_WORSE)
+               for c in rc.cells if c.cell_id != victim.id), [c.verdict for c in rc.cells]
+
+
 def test_a_third_of_the_cells_slower_together_is_found_not_taken_for_the_nights_shift(tmp_path):
     """A build that slows one attachment mode: its 20 cells of 60 12 % slower, the other 40
     as they were. A Hodges-Lehmann shift follows such a group about a third of the way (here to
