@@ -44,7 +44,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from testbed.analysis import stats
-from testbed.analysis.stats import spx
 
 #: fewer comparable cells than this in a metric: no shift is estimated (with three, one
 #: changed cell would move it)
@@ -125,17 +124,17 @@ def walsh_interval(x: Sequence[float], alpha: float) -> tuple[float, float, floa
     m = w.size
     est = float(np.median(w))
     sd = math.sqrt(n * (n + 1) * (2 * n + 1) / 24.0)
-    k = int(math.floor(m / 2.0 - float(spx.ndtri(1.0 - alpha)) * sd))
+    k = int(math.floor(m / 2.0 - stats.norm_ppf(1.0 - alpha) * sd))
     k = min(max(k, 0), (m - 1) // 2)
     return est, float(w[k]), float(w[m - 1 - k])
 
 
-def walsh_se(x: Sequence[float] | np.ndarray, alpha: float) -> float:
-    """The standard error of the Hodges-Lehmann location of ``x``, from its (1 - 2 alpha)
-    signed-rank interval read as Student's t at len(x) - 1 degrees of freedom."""
-    _, lo, hi = walsh_interval(x, alpha)
+def walsh_location(x: Sequence[float] | np.ndarray, alpha: float) -> tuple[float, float]:
+    """(estimate, standard error): the Hodges-Lehmann location of ``x``, and its (1 - 2
+    alpha) signed-rank interval read as Student's t at len(x) - 1 degrees of freedom."""
+    est, lo, hi = walsh_interval(x, alpha)
     z = stats.t_ppf(1.0 - alpha, max(len(x) - 1, 1))
-    return (hi - lo) / (2.0 * z) if hi > lo else 0.0
+    return est, ((hi - lo) / (2.0 * z) if hi > lo else 0.0)
 
 
 def majority_location(x: Sequence[float], scale: Sequence[float], start: float | None = None,
@@ -203,22 +202,20 @@ def take_out(metric: str, comps: Sequence[stats.Comparison], *, threshold: float
     d = np.array([comps[k].evidence.d for k in idx])
     se = np.array([comps[k].evidence.se for k in idx])
     df = float(np.median([comps[k].evidence.df for k in idx]))
-    est = walsh_interval(d, alpha)[0]
-    se_shift = walsh_se(d, alpha)
+    est, se_shift = walsh_location(d, alpha)
     tau, kept, estimator = 0.0, np.ones(len(idx), dtype=bool), "hodges-lehmann"
-    # Below MIN_TAU_CELLS each cell is judged with the shift's uncertainty as the *other*
-    # cells give it: over four to eleven cells the signed-rank interval reaches out to the
-    # outermost cells, so a cell that changed would widen its own yardstick by as much as it
-    # moved (at 4 cells a metric, -15 % in one cell at 1 % noise stayed undecided every night)
-    spreads = ([walsh_se(np.delete(d, i), alpha) for i in range(len(idx))] if len(idx) < MIN_TAU_CELLS
-               else [se_shift] * len(idx))
     if len(idx) >= MIN_TAU_CELLS:
         majority = _majority(d, se, df)
         if majority is None:
             tau = between_run_tau(d - est, se, df)
         else:
             (est, se_shift, tau, kept), estimator = majority, "biweight"
-            spreads = [se_shift] * len(idx)
+    # Below MIN_TAU_CELLS each cell is judged with the shift's uncertainty as the *other*
+    # cells give it: over four to eleven cells the signed-rank interval reaches out to the
+    # outermost cells, so a cell that changed would widen its own yardstick by as much as it
+    # moved (at 4 cells a metric, -15 % in one cell at 1 % noise stayed undecided every night)
+    spreads = ([walsh_location(np.delete(d, i), alpha)[1] for i in range(len(idx))]
+               if len(idx) < MIN_TAU_CELLS else [se_shift] * len(idx))
     for k, spread in zip(idx, spreads):
         c = comps[k]
         ev = stats.Evidence(c.evidence.d - est, math.sqrt(c.evidence.se ** 2 + spread ** 2 + tau ** 2),

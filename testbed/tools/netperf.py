@@ -266,6 +266,16 @@ def _not_a_figure(fields: dict[str, str], key: str) -> bool:
     return not math.isfinite(value) or (value < 0 and value != -1.0)
 
 
+def _figure(fields: dict[str, str], key: str, name: str, m: dict[str, float], warnings: list[str]) -> None:
+    """``key``'s value into ``m[name]`` when it is a figure; said so when netperf printed
+    something that is not one (netperf 2.7.0 prints P50_LATENCY=-2147483648 when most sends
+    of a stream took under a microsecond, and a service demand of inf on a busy host)."""
+    if (v := _num(fields, key)) is not None:
+        m[name] = v
+    elif _not_a_figure(fields, key):
+        warnings.append(f"netperf printed {key}={fields[key]}: not a figure; left out")
+
+
 def _mbps(value: float, unit: str) -> float | None:
     m = _UNIT_RE.fullmatch(unit)
     if not m or not (m.group(1) or m.group(2)):
@@ -355,21 +365,13 @@ def _omni(fields: dict[str, str], proto: Protocol | None, pattern: Pattern | Non
                       ("P90_LATENCY", "latency_p90_us"), ("P99_LATENCY", "latency_p99_us"),
                       ("LOCAL_CPU_UTIL", "local_cpu_pct"), ("REMOTE_CPU_UTIL", "remote_cpu_pct"),
                       ("ELAPSED_TIME", "duration_s")):
-        if (v := _num(fields, key)) is not None:
-            m[name] = v
-        elif _not_a_figure(fields, key):
-            # netperf 2.7.0 prints P50_LATENCY=-2147483648 when most sends of a stream took
-            # under a microsecond: no figure, and said so
-            warnings.append(f"netperf printed {key}={fields[key]}: not a figure; left out")
+        _figure(fields, key, name, m, warnings)
     if (v := mean if mean is not None else _num(fields, "RT_LATENCY")) is not None:
         m["latency_mean_us"] = v
     sd_units = fields.get("SD_UNITS") or ("usec/KB" if pattern and not rr else None)
     if sd_units == "usec/KB":       # RR tests report usec/Tran, which has no canonical name
         for key, name in (("LOCAL_SD", "local_sd_us_per_kb"), ("REMOTE_SD", "remote_sd_us_per_kb")):
-            if (v := _num(fields, key)) is not None:
-                m[name] = v
-            elif _not_a_figure(fields, key):
-                warnings.append(f"netperf printed {key}={fields[key]}: not a figure; left out")
+            _figure(fields, key, name, m, warnings)
     retrans = [v for k in ("LOCAL_TRANSPORT_RETRANS", "REMOTE_TRANSPORT_RETRANS")
                if (v := _num(fields, k)) is not None]
     if retrans and proto is not Protocol.UDP:
