@@ -126,6 +126,85 @@ def test_a_transient_failure_among_200_unchanged_cells_is_measured_again_not_red
     assert "interval" in text and "mdc" in text and "]%" in text
 
 
+def test_a_look_one_regression_fails_the_night_only_when_the_samples_measured_again_confirm_it(tmp_path):
+    """A spell of a slow host (one cell's first samples at half speed, then at BASE's) is
+    not a regression: measured again, it is undecided, never red. A real -15 % cell is
+    measured again too, and stays regressed."""
+    tpl = bench_gate.template(40, tmp_path)
+    tpl_samples = {s.cell.id: s for s in tpl.samples}
+    ids = list(tpl_samples)
+    spell, real = ids[0], ids[1]
+    rng = np.random.default_rng(21)
+    base = bench_gate.night(tpl, "base", rng, noise=0.01, reps="5")
+    lv = {i: 1.0 for i in ids}
+    new = bench_gate.night(tpl, "new", rng, noise=0.01, reps="5", levels={**lv, spell: 0.5, real: 0.85})
+    design = sequential.Design()
+    rc1, *_ = sequential.look1(base, new, design)
+    at1 = {c.cell_id: c.verdict for c in rc1.cells}
+    assert at1[spell] is at1[real] is compare.CellVerdict.REGRESSED
+    plan, _ = sequential.plan_remeasure(rc1, design)
+    by = {r.cell_id: r for r in plan}
+    assert by[spell].why == by[real].why == sequential.CONFIRM and plan[0].why == sequential.CONFIRM
+    sc = gate_seq.SeqScenario("x", 1, noise=0.01)
+    combined = gate_seq.more(tpl_samples, new, plan, rng, sc, {**lv, real: 0.85})
+    sq = sequential.decide(base, new, combined, design, remeasured=plan)
+    final = {c.cell_id: c for c in sq.final.cells}
+    assert final[real].verdict is compare.CellVerdict.REGRESSED and "confirmed" in final[real].note
+    assert final[spell].verdict is compare.CellVerdict.INCONCLUSIVE
+    assert "not confirmed by the 10 samples measured again" in final[spell].note
+    assert sq.exit_status == 1 and [c.cell_id for c in sq.final.failing] == [real]
+    # a regression that was not measured again (over the budget) stands as look 1 said
+    sq = sequential.decide(base, new, combined, design, remeasured=[by[spell]])
+    assert {c.cell_id for c in sq.final.failing} == {real}
+    # the spell alone leaves the night undecided, not red
+    new_only_spell = bench_gate.night(tpl, "new2", rng, noise=0.01, reps="5", levels={**lv, spell: 0.5})
+    rc1, *_ = sequential.look1(base, new_only_spell, design)
+    plan, _ = sequential.plan_remeasure(rc1, design)
+    sq = sequential.decide(base, new_only_spell, gate_seq.more(tpl_samples, new_only_spell, plan, rng, sc, lv),
+                           design, remeasured=plan)
+    assert sq.exit_status == compare.UNDECIDED_STATUS and not sq.final.failing
+    assert "not confirmed" in sequential.render_text(sq)
+    # the old rule, for contrast: look 1's verdict was final
+    off = dataclasses.replace(design, confirm=False)
+    rc1, *_ = sequential.look1(base, new_only_spell, off)
+    assert spell not in {r.cell_id for r in sequential.plan_remeasure(rc1, off)[0]}
+
+
+def _variant(samples, v):
+    return [dataclasses.replace(s, cell=dataclasses.replace(
+        s.cell, id=f"{s.cell.id}-v{v}", context={**s.cell.context, "variant": v}, hash=f"{s.cell.hash}{v}",
+        hash_without_variant=s.cell.hash)) for s in samples]
+
+
+def test_an_ab_run_confirms_a_regression_on_both_variants_measured_again(tmp_path):
+    """A/B in one run: a cell regressed at look 1 is measured again on both variants and
+    judged on the new samples of both alone; a spell at look 1 on b is not confirmed."""
+    tpl = bench_gate.template(40, tmp_path)
+    tpl_samples = {s.cell.id: s for s in tpl.samples}
+    ids = list(tpl_samples)
+    spell, real = ids[0], ids[1]
+    rng = np.random.default_rng(22)
+    lv = {i: 1.0 for i in ids}
+    b_lv = {**lv, real: 0.85}
+    a1 = bench_gate.night(tpl, "ab", rng, noise=0.01, reps="5", levels=lv)
+    b1 = bench_gate.night(tpl, "ab", rng, noise=0.01, reps="5", levels={**b_lv, spell: 0.5})
+    run = dataclasses.replace(a1, samples=tuple(_variant(a1.samples, "a") + _variant(b1.samples, "b")))
+    design = sequential.Design()
+    rc1, *_ = sequential.look1(run, run, design, variants=("a", "b"))
+    plan, _ = sequential.plan_remeasure(rc1, design, base_grows=True)
+    assert {r.cell_id for r in plan if r.why == sequential.CONFIRM} == {spell, real}
+    sc = gate_seq.SeqScenario("x", 1, noise=0.01)
+    more_a = gate_seq.more(tpl_samples, a1, plan, rng, sc, lv).samples[len(a1.samples):]
+    more_b = gate_seq.more(tpl_samples, b1, plan, rng, sc, b_lv).samples[len(b1.samples):]
+    combined = dataclasses.replace(run, samples=run.samples + tuple(_variant(more_a, "a") + _variant(more_b, "b")))
+    sq = sequential.decide_ab(run, combined, design, ("a", "b"), remeasured=plan)
+    final = {c.cell_id: c for c in sq.final.cells}
+    assert final[real].verdict is compare.CellVerdict.REGRESSED and "confirmed" in final[real].note
+    assert final[spell].verdict is compare.CellVerdict.INCONCLUSIVE and "not confirmed" in final[spell].note
+    # each side judged on its 10 new samples alone
+    assert {m.comparison.base.n for m in final[spell].metrics} == {m.comparison.new.n for m in final[spell].metrics} == {10}
+
+
 def test_a_base_short_of_samples_is_filled_from_the_nights_before_it(tmp_path):
     """One old failure in BASE (4 ok samples) no longer leaves its cell undecided for good:
     the night before BASE fills it, scaled by the nights' shared drift."""

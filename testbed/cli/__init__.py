@@ -92,7 +92,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_decided(args: argparse.Namespace, topo, resume) -> int:
     """`testbed run --decide-against BASE`: the run, then the sequential gate (look 1, the
-    undecided cells measured again, look 2); the exit status is the gate's."""
+    undecided and regressed cells measured again, look 2); the exit status is the gate's."""
     from testbed.analysis import compare
     from testbed.measure import decide
     from testbed.records import results, store
@@ -339,13 +339,13 @@ def parser() -> argparse.ArgumentParser:
     g = r.add_argument_group("nightly gate (sequential design; see the gate's statistics in the docs)")
     g.add_argument("--decide-against", metavar="BASE", help="compare the run with BASE (a run "
                    "directory or id; pooled with the nights before it that the gate accepted), measure "
-                   "the cells left undecided again, and exit with the gate's status (0 pass, 1 fail, 5 "
+                   "the cells left undecided again (and a regressed cell, to confirm it), and exit with the gate's status (0 pass, 1 fail, 5 "
                    "undecided); for a topology with two matrix.variants, BASE names the baseline variant "
                    "(A/B in one run: the night's drift falls on both)")
     g.add_argument("--budget", dest="seq_budget", type=integer(0, 1_000_000), metavar="N",
                    help="most extra samples over all cells (default: --extra x half the cells)")
     g.add_argument("--extra", dest="seq_extra", type=integer(1, 1000), metavar="N",
-                   help="extra NEW samples per undecided cell (default 5)")
+                   help="extra NEW samples per cell measured again (default 10)")
     g.add_argument("--junit", metavar="FILE", help="with --decide-against: write the final verdicts "
                    "as JUnit XML (one testcase per cell and per night shift)")
     g.add_argument("--fdr", dest="seq_fdr", type=number(0.0, 0.5, low_open=True), metavar="Q",

@@ -8,7 +8,9 @@
    measured again in the same run directory, through the runner's resume machinery
    (cells matched by definition hash), each for a fixed count of further samples within
    the budget.
-4. Look 2 decides them on the combined samples at the spent level.
+   A cell look 1 regressed is measured again first, to confirm it.
+4. Look 2 decides them on the combined samples at the spent level; a regression to confirm
+   on its new samples alone (it stands only when they show it too).
 
 BASE is pooled with the last nights beside it that the gate decided (their decision.json),
 each lending the cells it passed: five samples of one night bound the precision however
@@ -118,7 +120,9 @@ def run(t: Topology, base_ref: Path | str, design: sequential.Design,
     plan = tuple(r for r in plan if r.cell_id in hashes)
     combined = None
     if plan:
-        progress(f"look 1 (q1 {q1:.4f}): {len(plan)} undecided cells measured again, "
+        confirm = sum(r.why == sequential.CONFIRM for r in plan)
+        progress(f"look 1 (q1 {q1:.4f}): {len(plan)} cells measured again"
+                 + (f" ({confirm} to confirm a regression)" if confirm else "") + ", "
                  f"{sum(r.extra for r in plan)} samples" + (" a variant" if pair else "") + ": "
                  + ", ".join(f"{r.cell_id} +{r.extra}" for r in plan))
         runner.execute(t, progress=progress, resume=out.run_dir,

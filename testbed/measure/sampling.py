@@ -63,7 +63,7 @@ from testbed.measure.figures import (
 from testbed.records import results
 from testbed.records.records import Cpu, SampleRecord
 from testbed.tools import get_tool
-from testbed.tools.base import ToolResult, vet
+from testbed.tools.base import ToolResult, read_sample
 from testbed.topology.model import Cell, Pattern
 
 log = logging.getLogger(__name__)
@@ -389,8 +389,8 @@ class _Sample:
                 p_out = writer.write_raw(cell.id, f"{who}-client{j}.out", o.stdout)
                 writer.write_raw(cell.id, f"{who}-client{j}.err", o.stderr)
                 self.raw.append(str(p_out.relative_to(writer.dir)))
-                parsed.append(vet(driver.parse_sample(o.stdout, o.stderr, o.rc, profile=profile,
-                                                      server_output=server_out[i]), profile))
+                parsed.append(read_sample(driver, o.stdout, o.stderr, o.rc, profile=profile,
+                                          server_output=server_out[i]))
             if server_out[i] and not self.by_pair:
                 p_srv = writer.write_raw(cell.id, f"{who}-server.out", server_out[i])
                 self.raw.append(str(p_srv.relative_to(writer.dir)))

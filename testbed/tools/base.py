@@ -283,6 +283,24 @@ def no_confidence(tool: str, confidence: object, iterations: object) -> None:
 MIN_INTERVAL_SHARE = 0.9
 
 
+#: what a parser raises on output it was not written for (a tool version that prints a
+#: field differently): the sample fails with it, the run goes on
+PARSE_ERRORS = (ValueError, KeyError, IndexError, TypeError, ArithmeticError, AttributeError)
+
+
+def read_sample(driver: ToolDriver, stdout: str, stderr: str, rc: int, *, profile: Profile,
+                server_output: str = "") -> ToolResult:
+    """The driver's parse of one client's output, vetted (:func:`vet`). A parser that
+    raises on output it does not know fails that sample with the error in its reason (the
+    raw output is kept in the run), never the run."""
+    try:
+        res = driver.parse_sample(stdout, stderr, rc, profile=profile, server_output=server_output)
+    except PARSE_ERRORS as e:
+        return ToolResult.failed(f"{driver.name.value} output could not be read ({type(e).__name__}: {e}); "
+                                 f"its raw output is kept in the run")
+    return vet(res, profile)
+
+
 def vet(result: ToolResult, profile: Profile) -> ToolResult:
     """A run that exited 0 but moved nothing, or measured over a much shorter interval than
     asked for (a peer that went away, a test cut short), fails with its figures."""
