@@ -1,11 +1,12 @@
 """`testbed run TOPOLOGY --decide-against BASE` on a real namespace topology: look 1 against
-BASE, only the undecided cell measured again (in the same run directory, through the
-runner's resume path), look 2, and the run records it all.
+BASE, the undecided cell and the regressed one measured again (in the same run directory,
+through the runner's resume path), look 2, and the run records it all.
 
 BASE is a real run of the same topology whose samples are then edited on disk so that one
 cell's verdict is known in advance: conn1's BASE transactions are ten times the median (NEW
-regresses, decided at look 1: not measured again) and each of conn2's figures is spread
-tenfold either way about itself (NEW cannot be told from it: undecided, measured again)."""
+regresses at look 1, is measured again to confirm it, and its new samples regress too) and
+each of conn2's figures is spread tenfold either way about itself (NEW cannot be told from
+it: undecided, measured again)."""
 from __future__ import annotations
 
 import collections
@@ -72,25 +73,28 @@ def test_decide_against_measures_only_the_undecided_cell_again(tmp_path):
     base = res / r.stdout.strip().splitlines()[-1].split("/")[-1]
     _edit_base(base)
 
-    r = run_cli(["run", str(topo), "--decide-against", str(base), "--extra", "2"], env=env)
+    r = run_cli(["run", str(topo), "--decide-against", str(base), "--extra", "2", "--budget", "20"], env=env)
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]          # conn1 regressed
     run_dir = res / r.stdout.strip().splitlines()[-1].split("/")[-1]
     assert run_dir != base
     decision = json.loads((run_dir / "decision.json").read_text())
-    again = {x["cell_id"]: x["extra"] for x in decision["remeasured"]}
-    (cid,) = again
-    assert "conn2" in cid and again[cid] == 2
+    again = {x["cell_id"]: x for x in decision["remeasured"]}
+    by_conn = {("conn1" if "conn1" in c else "conn2"): c for c in again}
+    assert set(by_conn) == {"conn1", "conn2"}, r.stdout[-3000:]
+    # the regression is confirmed on at least five new samples; the undecided cell gets --extra
+    assert again[by_conn["conn1"]]["extra"] >= 5 and "regressed at look 1" in again[by_conn["conn1"]]["why"]
+    assert again[by_conn["conn2"]]["extra"] >= 2
     verdicts = {c["id"]: c["verdict"] for c in decision["cells"]}
     assert {v for k, v in verdicts.items() if "conn1" in k} == {"regressed"}
+    assert f"{by_conn['conn1']}: " in r.stdout and "confirmed: regressed at look 1" in r.stdout
     assert decision["q1"] + decision["q2"] == pytest.approx(decision["design"]["q"])
     samples = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
     measured = collections.Counter(s["cell"]["id"] for s in samples if not s.get("warmup"))
-    assert measured[cid] == 5 + 2
-    assert all(n == 5 for c, n in measured.items() if c != cid)
+    assert {c: measured[c] for c in again} == {c: 5 + x["extra"] for c, x in again.items()}
     run = json.loads((run_dir / "run.json").read_text())
-    assert run["second_stage"]["cells"] == [cid]
+    assert run["second_stage"]["cells"] == sorted(again)
     ids = [c["id"] for c in run["cells"]]
     assert sorted(ids) == sorted(set(ids)) and len(ids) == 2       # each cell once
     assert run["status"] == "complete"
-    assert f"again: {cid} +2" in r.stdout and "look 1" in r.stdout
+    assert f"again: {by_conn['conn2']} +{again[by_conn['conn2']]['extra']}" in r.stdout and "look 1" in r.stdout
     assert (run_dir / "decision.txt").read_text().startswith("BASE ")

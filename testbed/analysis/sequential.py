@@ -227,8 +227,9 @@ def plan_remeasure(rc: RunComparison, design: Design,
     for c in wanted:
         # A cell short of ok NEW samples gets what it lacks on top of the stage's extra;
         # a regression is confirmed on at least min_samples new ones.
-        n = max(design.extra + max(0, design.min_samples - min(c.new_ok, c.base_ok if base_grows else c.new_ok)),
-                design.min_samples)
+        n = design.extra + max(0, design.min_samples - min(c.new_ok, c.base_ok if base_grows else c.new_ok))
+        if why(c) == CONFIRM:
+            n = max(n, design.min_samples)
         if n > left:
             skipped.append(f"{c.cell_id}: over the budget ({left} samples left of "
                            f"{design.total_budget(len(rc.cells))})"
