@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The nightly hypervisor gate: measure tonight's build and decide it against the last good
 # run with the sequential gate (`testbed run --decide-against`: the cells one comparison
-# cannot decide are measured again, the night's shared shift is taken out and reported), or,
+# cannot decide are measured again, and a regressed cell too, to confirm it; the night's
+# shared shift is taken out and reported), or,
 # in A/B mode, decide variant b against variant a measured interleaved in the same run (the
 # night's drift falls on both alike); index the run into the results store, look at the
 # history with its change points, and exit as the gate says:

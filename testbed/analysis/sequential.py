@@ -42,11 +42,10 @@ threshold on them at ``alpha``, one-sided (not scaled by the family: look 1 chos
 at the family's level). Otherwise it is undecided, never passed. A false regression then
 needs two independent tests to reject: under the complete null a night still fails
 falsely with probability at most q (a confirmed regression is one look 1 made at q1), and
-far less in practice. A spell of a slow host during a cell's
-first samples (seen on real nights: one cell at half its rate for ten samples, then at
-BASE's) is not a red night. The price is power near the threshold: a true -8 % has to
-pass the second test too (found in 22 % of cells instead of 27 %; -10 % unchanged, 93 %).
-FD.io CSIT re-tests a failing test the same way before it reports a regression.
+far less in practice. A spell of a slow host during a cell's first samples (seen on real
+nights: one cell at half its rate for ten samples, then at BASE's) is not a red night. The
+price is power near the threshold: a true -8 % has to pass the second test too (found in
+22 % of cells instead of 27 %; -10 % unchanged, 93 %).
 
 The spending function (Lan and DeMets 1983) gives q1 from the information fraction
 t = I1 / I2 of the planned looks; the variance of the relative change with b BASE and n
