@@ -106,7 +106,7 @@ def measured(rec: RunRecord, variant: str | None = None) -> dict[str, list[Sampl
         if variant is None:
             out[s.cell.id].append(s)
         elif s.cell.variant == variant:
-            out[s.cell.id.removesuffix(f"-v{variant}")].append(s)
+            out[s.cell.plain_id].append(s)
     return out
 
 

@@ -67,7 +67,7 @@ from dataclasses import dataclass
 from testbed.analysis import compare, stats
 from testbed.analysis.compare import CellResult, CellVerdict, RunComparison
 from testbed.analysis.stats import sps
-from testbed.records.records import RunRecord
+from testbed.records.records import RunRecord, SampleRecord
 
 SPENDING = ("obrien-fleming", "pocock")
 #: more NEW samples a cell gets at most in the second stage (tuned on `testbed bench gate`)
@@ -217,27 +217,26 @@ def plan_remeasure(rc: RunComparison, design: Design,
     """The cells to measure again, with their extra NEW samples (and, with ``base_grows``,
     as many of BASE's), within the total budget; and the undecided cells left out (BASE
     short of samples, or over the budget), with why."""
-    def why(c: CellResult) -> str | None:
-        return _why_more(c, design.min_samples, base_grows, design.confirm)
-
-    wanted = sorted((c for c in rc.cells if why(c)), key=_priority)
+    why = {c.cell_id: _why_more(c, design.min_samples, base_grows, design.confirm) for c in rc.cells}
+    wanted = sorted((c for c in rc.cells if why[c.cell_id]), key=_priority)
     left = design.total_budget(len(rc.cells))
     out, skipped = [], []
     for c in wanted:
+        reason = why[c.cell_id] or ""
         # A cell short of ok NEW samples gets what it lacks on top of the stage's extra;
         # a regression is confirmed on at least min_samples new ones.
         n = design.extra + max(0, design.min_samples - min(c.new_ok, c.base_ok if base_grows else c.new_ok))
-        if why(c) == CONFIRM:
+        if reason == CONFIRM:
             n = max(n, design.min_samples)
         if n > left:
             skipped.append(f"{c.cell_id}: over the budget ({left} samples left of "
                            f"{design.total_budget(len(rc.cells))})"
-                           + ("; look 1's regression stands unconfirmed" if why(c) == CONFIRM else ""))
+                           + ("; look 1's regression stands unconfirmed" if reason == CONFIRM else ""))
             continue
         left -= n
-        out.append(Remeasure(c.cell_id, n, why(c) or ""))
+        out.append(Remeasure(c.cell_id, n, reason))
     skipped += [f"{c.cell_id}: BASE has {c.base_ok} ok samples; more NEW samples cannot decide it"
-                for c in rc.cells if c.verdict.undecided and why(c) is None]
+                for c in rc.cells if c.verdict.undecided and why[c.cell_id] is None]
     return tuple(out), tuple(skipped)
 
 
@@ -302,21 +301,11 @@ def finish_cell(c: CellResult, margin: float) -> CellResult:
 
 def after_look1(rec: RunRecord, counts: Mapping[str, int], ids: Iterable[str]) -> RunRecord:
     """``rec`` with the cells ``ids`` (ids without a variant's suffix) holding only the
-    measured samples taken after look 1 (each cell's first ``counts[cell]``, its warm-ups
-    and its noisy samples dropped): the samples that confirm a look-1 regression, alone."""
+    measured samples taken after look 1 (the complement of :func:`first_stage`, warm-ups and
+    noisy samples dropped too): the samples that confirm a look-1 regression, alone."""
     ids = set(ids)
-    seen: dict[str, int] = {}
-    keep = []
-    for s in rec.samples:
-        if s.cell.id.removesuffix(f"-v{s.cell.variant}" if s.cell.variant else "") not in ids:
-            keep.append(s)
-            continue
-        if s.warmup or s.status == "noisy":
-            continue
-        k = seen.get(s.cell.id, 0)
-        seen[s.cell.id] = k + 1
-        if k >= counts.get(s.cell.id, 0):
-            keep.append(s)
+    keep = [s for s, k in _in_order(rec)
+            if s.cell.plain_id not in ids or (k is not None and k >= counts.get(s.cell.id, 0))]
     return dataclasses.replace(rec, samples=tuple(keep))
 
 
@@ -441,26 +430,31 @@ def render_text(sq: Sequential) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _in_order(rec: RunRecord) -> Iterable[tuple[SampleRecord, int | None]]:
+    """Each sample with its place among its cell's measured samples (ok or failed, in the
+    order taken), None for a warm-up or a noisy one: the one count that says where look 1's
+    samples end (:func:`stage_counts`, :func:`first_stage`, :func:`after_look1`)."""
+    seen: dict[str, int] = {}
+    for s in rec.samples:
+        if s.warmup or s.status == "noisy":
+            yield s, None
+            continue
+        k = seen.get(s.cell.id, 0)
+        seen[s.cell.id] = k + 1
+        yield s, k
+
+
 def stage_counts(rec: RunRecord) -> Mapping[str, int]:
     """Measured (non-warm-up) samples per cell, ok or not: where look 1's samples end."""
     out: dict[str, int] = {}
-    for s in rec.samples:
-        if not s.warmup and s.status != "noisy":
-            out[s.cell.id] = out.get(s.cell.id, 0) + 1
+    for s, k in _in_order(rec):
+        if k is not None:
+            out[s.cell.id] = k + 1
     return out
 
 
 def first_stage(rec: RunRecord, counts: Mapping[str, int]) -> RunRecord:
     """``rec`` as it was at look 1: each cell's first ``counts[cell]`` measured samples (in
     the order taken) and its warm-ups."""
-    seen: dict[str, int] = {}
-    keep = []
-    for s in rec.samples:
-        if s.warmup or s.status == "noisy":
-            keep.append(s)
-            continue
-        k = seen.get(s.cell.id, 0)
-        if k < counts.get(s.cell.id, 0):
-            keep.append(s)
-        seen[s.cell.id] = k + 1
+    keep = [s for s, k in _in_order(rec) if k is None or k < counts.get(s.cell.id, 0)]
     return dataclasses.replace(rec, samples=tuple(keep))

@@ -15,10 +15,10 @@ directions drift apart), with at least MIN_CELLS comparable cells:
 - each cell is judged on its change **after the shift**, its standard error widened by the
   shift's (the shift is estimated, not known; below MIN_TAU_CELLS, as the *other* cells
   give it, so that a cell's own change does not widen its yardstick) and by the
-  **between-run noise** the cells
-  show beyond their samples' spread (a random effect tau, found so that the cells'
-  standardised residuals have the robust spread the t distribution gives them: a cell
-  whose level moves from run to run is not a change of the build);
+  **between-run noise** the cells show beyond their samples' spread (a random effect tau,
+  found so that the cells' standardised residuals have the robust spread the t
+  distribution gives them: a cell whose level moves from run to run is not a change of
+  the build);
 - the shift itself is judged against the threshold like a cell (a one-sided test against
   the threshold, in the same Benjamini-Hochberg family): beyond it, credibly, it is a
   finding of its own, "every cell 6 % slower: the host, or the whole build?", which fails

@@ -395,11 +395,16 @@ class CellRecord(Part):
         v = self.context.get("variant")
         return None if v is None else str(v)
 
+    @property
+    def plain_id(self) -> str:
+        """The id without its variant's suffix (``-v<name>``): the cell both variants share."""
+        return self.id.removesuffix(f"-v{self.variant}") if self.variant else self.id
+
     def without_variant(self) -> CellRecord:
         """The cell as if its variant's run were a run of its own: the variant leaves the
         id and the definition, so A's and B's cells hash alike when nothing else differs."""
         ctx = {k: v for k, v in self.context.items() if not k.startswith("variant")}
-        return replace(self, id=self.id.removesuffix(f"-v{self.variant}"), context=ctx,
+        return replace(self, id=self.plain_id, context=ctx,
                        hash=str(self.hash_without_variant or self.hash),
                        present=self.present | {"context", "hash"})
 
