@@ -17,6 +17,7 @@ import shutil
 import pytest
 
 from testbed._suite_plugin import run_cli
+from testbed.tools import netperf
 
 # Not alone: its verdicts hold on a busy host. conn1's BASE is edited to ten times the median
 # with almost no spread, decided at look 1 whatever NEW measures; conn2's figures are spread
@@ -91,6 +92,15 @@ def test_decide_against_measures_only_the_undecided_cell_again(tmp_path):
     samples = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
     measured = collections.Counter(s["cell"]["id"] for s in samples if not s.get("warmup"))
     assert {c: measured[c] for c in again} == {c: 5 + x["extra"] for c, x in again.items()}
+    # the second stage numbers its repetitions from 0 again: every sample keeps its own raw
+    # output, and the one its record names is the one that gives its figure
+    raw = [r for s in samples for r in s["raw"]]
+    assert len(raw) == len(set(raw)) and all(s["raw"] for s in samples)
+    for s in samples:
+        if s["status"] == "ok" and not s.get("warmup"):
+            # one netperf per connection: the sample's rate is their sum
+            read = sum(netperf.parse((run_dir / r).read_text()).metrics["transactions_per_s"] for r in s["raw"])
+            assert read == pytest.approx(s["metrics"]["transactions_per_s"]), s["raw"]
     run = json.loads((run_dir / "run.json").read_text())
     assert run["second_stage"]["cells"] == sorted(again)
     ids = [c["id"] for c in run["cells"]]

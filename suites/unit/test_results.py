@@ -96,3 +96,18 @@ def test_the_definition_hash_follows_everything_that_changes_a_measurement():
     assert len(hashes) == 1 + len(changed)
     assert c.as_dict()["id"] == dataclasses.replace(c, profile=dataclasses.replace(
         c.profile, duration_s=30)).as_dict()["id"]        # the readable id stays the same
+
+
+def test_raw_output_written_again_under_the_same_name_keeps_the_earlier_one(tmp_path):
+    """The gate's second stage measures a cell again with its repetitions numbered from 0:
+    each sample's raw output stays the one its record names, .out and .err as a pair."""
+    with results.RunWriter(tmp_path, "r5", default(), {}) as w:
+        first = [w.write_raw("c", "rep0-client0.out", "first\n"), w.write_raw("c", "rep0-client0.err", "e1\n")]
+        again = [w.write_raw("c", "rep0-client0.out", "again\n"), w.write_raw("c", "rep0-client0.err", "e2\n")]
+        third = w.write_raw("c", "rep0-client0.out", "third\n")
+        plain = w.write_raw("c", "README", "x")
+        assert w.write_raw("c", "README", "y").name == "README.2"
+    assert [p.name for p in first] == ["rep0-client0.out", "rep0-client0.err"]
+    assert [p.name for p in again] == ["rep0-client0.2.out", "rep0-client0.2.err"]
+    assert third.name == "rep0-client0.3.out" and plain.name == "README"
+    assert [p.read_text() for p in (*first, *again, third)] == ["first\n", "e1\n", "again\n", "e2\n", "third\n"]

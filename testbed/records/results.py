@@ -233,8 +233,16 @@ class RunWriter:
 
     def write_raw(self, cell_id: str, name: str, text: str) -> Path:
         """A tool's raw output, complete or not at all (a full disk leaves no truncated
-        file); returns its path."""
+        file); returns its path. A name already written in this run gets ``.2``, ``.3``...
+        before its extension: a cell measured again under the same repetition numbers (the
+        gate's second stage, a resumed run) must not overwrite the output an earlier
+        sample's record names (a client's .out and .err collide alike, so they stay a pair)."""
         p = self.raw_path(cell_id, name)
+        stem, dot, ext = name.rpartition(".") if "." in name else (name, "", "")
+        n = 1
+        while p.exists():
+            n += 1
+            p = p.with_name(f"{stem}.{n}{dot}{ext}")
         diskspace.write_file(p, text, self.dir)
         return p
 
