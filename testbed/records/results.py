@@ -234,8 +234,8 @@ class RunWriter:
     def write_raw(self, cell_id: str, name: str, text: str) -> Path:
         """A tool's raw output, complete or not at all (a full disk leaves no truncated
         file); returns its path. A name already written in this run gets ``.2``, ``.3``...
-        before its extension: a cell measured again under the same repetition numbers (the
-        gate's second stage, a resumed run) must not overwrite the output an earlier
+        before its extension: a sample measured again under the same repetition number (a
+        noise-guard retry, the gate's second stage) must not overwrite the output an earlier
         sample's record names (a client's .out and .err collide alike, so they stay a pair)."""
         p = self.raw_path(cell_id, name)
         stem, dot, ext = name.rpartition(".") if "." in name else (name, "", "")
