@@ -318,3 +318,20 @@ def test_a_series_too_noisy_for_a_threshold_step_is_held_to_a_level_weighted_by_
         t = gate.history_replay(v, 0, sd)
         found += t is not None and 18 <= t < 25
     assert found >= 17, found
+
+
+def test_a_step_fails_the_job_for_a_week_from_the_first_night_its_runs_could_confirm_it():
+    """A step's change point can land a few nights before the step (chance low nights just
+    before it pull it back) and is first confirmed CONFIRM runs after that. It fails the job
+    while that first confirmable night lies within the newest WINDOW runs; counted from the
+    change point itself, a step placed three nights early was already out of the window on
+    the night it was first confirmed, and never failed the job (3 of 200 replayed -5 %
+    steps)."""
+    def series(n: int, at: int) -> history.Series:
+        pts = tuple(history.Point(f"r{i:03d}", "", 1000.0 if i < at else 900.0, 5, 10.0) for i in range(n))
+        cp = history.ChangePoint(at, f"r{at:03d}", 1000.0, 900.0, -10.0, True)
+        return history.Series("c", "h", "throughput_mbps", "e", pts, (cp,))
+
+    at, first = 16, 16 + history.CONFIRM - 1           # confirmable from run 20 (21 runs)
+    assert [series(n, at).newest_regresses for n in range(first, first + 2 + history.WINDOW)] == \
+        [False] + [True] * history.WINDOW + [False]

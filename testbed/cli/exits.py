@@ -44,8 +44,8 @@ COMMANDS: dict[str, tuple[tuple[E, str | None], ...]] = {
                 (E.UNDECIDED, None),
                 (E.INTERRUPTED, None)),
     "history": ((E.OK, "no unacknowledged regression"),
-                (E.FAILED, "a confirmed regression starts within the newest 7 runs of a series "
-                           "and is not acknowledged (--ack)"),
+                (E.FAILED, "a confirmed regression of a series, first confirmable within its newest "
+                           "7 runs, is not acknowledged (--ack)"),
                 *_ALWAYS),
     "report": ((E.OK, "the report was written"), *_ALWAYS),
     "capacity": ((E.OK, "the plan was printed"), *_ALWAYS),
