@@ -101,7 +101,12 @@ def test_tbf_that_drops_on_the_sender(tmp_path, profile):
         assert m["udp_recv_msgs"] <= m["udp_sent_msgs"]
     c = check(profile, m, wire)
     assert c.verdict == "ok", c
-    assert abs(c.ratio - c.expected_ratio) / c.expected_ratio < crosscheck.TOLERANCE, c
+    # Below the expected ratio by no more than the tolerance and what the tool's own counts
+    # explain: TCP's retransmissions, or UDP datagrams that reached the receiving device but
+    # not netperf (its socket full while the host was busy: seen once, 3.6 % of the bytes).
+    room = 1 - c.explained_extra_bytes / c.wire_bytes
+    assert c.expected_ratio * room * (1 - crosscheck.TOLERANCE) <= c.ratio \
+        <= c.expected_ratio * (1 + crosscheck.TOLERANCE), c
     # ~50 Mbit/s through the shaper: the payload is what arrived, not what was offered
     assert m["throughput_mbps"] < 60
 
