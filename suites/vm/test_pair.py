@@ -62,7 +62,9 @@ def test_cell_measures(guest_pair, writer, cell):
         # The wire cross-check on the receiving guest's tap: the ratio headers explain.
         c = s.crosscheck
         assert c.verdict == "ok" and c.device == path.server.tap, c
-        assert abs(c.ratio - c.expected_ratio) <= 0.03 * c.expected_ratio, c
+        # below it by no more than 3 % and what TCP's retransmissions explain
+        room = 1 - c.explained_extra_bytes / c.wire_bytes
+        assert c.expected_ratio * room * 0.97 <= c.ratio <= c.expected_ratio * 1.03, c
     else:
         m = s.metrics
         assert m["latency_p50_us"] > 0

@@ -56,7 +56,9 @@ def test_veth_cable_runs_end_to_end(tmp_path, accelerator):
     # ratio of bytes on the device to bytes netperf counted is the one headers explain.
     c = s["crosscheck"]
     assert c["verdict"] == "ok" and c["ratio"] > 0, c
-    assert abs(c["ratio"] - c["expected_ratio"]) <= 0.03 * c["expected_ratio"], c
+    # below it by no more than 3 % and what TCP's retransmissions explain
+    room = 1 - c["explained_extra_bytes"] / c["wire_bytes"]
+    assert c["expected_ratio"] * room * 0.97 <= c["ratio"] <= c["expected_ratio"] * 1.03, c
     # Both taps carried the stream: it crossed the cable rather than some other path.
     dev = s["extra"]["device_mbps"]
     assert len(dev) == 2 and all(0.6 * tput < max(d.values()) < 1.2 * tput for d in dev.values()), dev
