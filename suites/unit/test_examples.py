@@ -93,6 +93,19 @@ def test_pytest_example_uses_the_public_surface_only():
     assert len(text.splitlines()) <= 30
 
 
+def test_the_readme_and_the_pytest_page_show_the_example_as_it_is_shipped():
+    """The snippet a newcomer reads is the file they copy: every line of it, in order, is a
+    line of examples/pytest-per-mode/test_modes.py (so ids and cell counts said beside it hold)."""
+    shipped = (EXAMPLES / "pytest-per-mode" / "test_modes.py").read_text().splitlines()
+    for page in (ROOT / "README.md", ROOT / "docs" / "tests.md"):
+        blocks = re.findall(r"```python\n(.*?)```", page.read_text(), re.S)
+        [block] = [b for b in blocks if "@pytest.mark.testbed(" in b]
+        lines = block.splitlines()
+        lines = lines[next(i for i, x in enumerate(lines) if x.startswith("@pytest.mark.testbed(")):]
+        start = shipped.index(lines[0])
+        assert lines == shipped[start:start + len(lines)], (page.name, lines)
+
+
 def test_pytest_describes_every_testbed_option_fixture_and_marker(tmp_path):
     """What a team sees: --help groups the options under the testbed's name, --fixtures and
     --markers describe each of the plugin's fixtures and markers."""
