@@ -22,6 +22,8 @@ pytest.importorskip("ansible_runner", reason="ansible-runner not installed (extr
 from test_fleet_units import TOPOLOGY  # noqa: E402  (the fleet's one-cell namespace topology)
 
 RUN = Path(__file__).resolve().parent / "fixtures" / "runs" / "format2"
+#: a well-formed ed25519 public key (the known_hosts lines' good key)
+KEY = "AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
 
 
 @pytest.fixture
@@ -123,6 +125,28 @@ HOST_CASES = {
     "identity_fifo": ({"group_vars/all.yml": "ansible_ssh_common_args: -i /dev/stdin\n"}, "h1\n", "regular file"),
     "identity_in_config": ({"cfg": "Host *\n  IdentityFile /dev/zero\n"}, "h1 testbed_ssh_config=cfg\n",
                            "character device"),
+    # a known_hosts line's fields reach the run as values Ansible renders on the controller
+    "known_hosts_template": ({"kh": f"198.18.0.1 ssh-ed25519 {KEY}\n198.18.0.1 ssh-ed25519 "
+                                    "{{lookup('pipe','id>/tmp/x')}}\n"},
+                             "h1 ansible_host=198.18.0.1 testbed_known_hosts=kh\n", "line 2: holds control"),
+    "known_hosts_not_a_key": ({"kh": "198.18.0.1 ssh-ed25519 $(id)\n"},
+                              "h1 ansible_host=198.18.0.1 testbed_known_hosts=kh\n", "not base64"),
+    "known_hosts_odd_marker": ({"kh": f"@trusted 198.18.0.1 ssh-ed25519 {KEY}\n"},
+                               "h1 ansible_host=198.18.0.1 testbed_known_hosts=kh\n", "not a known_hosts marker"),
+    # ssh splits UserKnownHostsFile on blanks and unquotes '...' and backslashes: the file
+    # checked would not be the file read
+    "known_hosts_path_with_blank": ({"kh a": f"198.18.0.1 ssh-ed25519 {KEY}\n"},
+                                    'h1 ansible_host=198.18.0.1 testbed_known_hosts="kh a"\n', "blanks, quotes"),
+    "identity_backslash_in_config": ({"cfg": "Host *\n  IdentityFile k\\ 1\n", "k\\ 1": "key\n"},
+                                     "h1 testbed_ssh_config=cfg\n", "IdentityFile: value"),
+    "identity_single_quotes_in_config": ({"cfg": "Host *\n  IdentityFile 'k 1'\n"},
+                                         "h1 testbed_ssh_config=cfg\n", "IdentityFile: value"),
+    # stat() calls it a regular file of 0 bytes; it is no key
+    "identity_in_proc": ({}, "h1 ansible_ssh_private_key_file=/proc/self/status\n", "kernel interface file"),
+    "identity_empty": ({"k": ""}, "h1 ansible_ssh_private_key_file=k\n", "is empty"),
+    "package_with_newline": ({}, 'all:\n  hosts:\n    h1: {testbed_packages: ["vim\\n"]}\n',
+                             "not a Debian package name"),
+    "scope_with_shell": ({}, "h1 ansible_host=fe80::1%$(id)\n", "not a host name or an IP address"),
 }
 
 
@@ -139,8 +163,53 @@ def test_hostile_hosts_are_refused_naming_host_and_variable(capsys, env, case):
     nothing_made(env)
 
 
+@pytest.mark.parametrize("name,text,words", [
+    ("inv.yml", "all:\n  hosts:\n    h1: !!python/object/apply:os.system [id]\n", "line 3: a YAML tag that builds"),
+    ("inv.yml", "plugin: amazon.aws.aws_ec2\nregions: [x]\n", "plugin: names an inventory plugin"),
+])
+def test_inventories_ansible_cannot_read_are_refused_saying_why(capsys, env, name, text, words):
+    (env / name).write_text(text)
+    refused(capsys, ["fleet", "run", str(env / name), str(env / "topology.yaml")], words)
+    nothing_made(env)
+
+
+PAIR = ("ha ansible_host=198.18.0.1 testbed_peer=hb testbed_data_address=198.19.0.1 testbed_data_interface=eth1 "
+        "testbed_known_hosts=kh\n"
+        "hb ansible_host=198.18.0.2 testbed_data_address=198.19.0.2 testbed_data_interface=eth1 testbed_known_hosts=kh\n")
+
+
+@pytest.mark.parametrize("override,words", [
+    ('{hosts: "ab"}', "hosts: a pair runs a topology of two hosts"),
+    ("{hosts: [1, 2]}", "hosts[0]: expected a mapping with a name"),
+    ("{hosts: [{}, {}]}", "hosts[0]: expected a mapping with a name"),
+    ("{tunnel: 5}", "tunnel: must be a mapping"),
+])
+def test_a_pairs_overrides_that_break_its_topology_are_refused(capsys, env, override, words):
+    (env / "kh").write_text(f"198.18.0.1 ssh-ed25519 {KEY}\n198.18.0.2 ssh-ed25519 {KEY}\n")
+    (env / "host_vars").mkdir()
+    (env / "host_vars" / "ha.yml").write_text(f"testbed_topology_overrides: {override}\n")
+    (env / "inv.ini").write_text(PAIR)
+    two = Path(__file__).resolve().parents[2] / "examples" / "two-hosts" / "emulated.yaml"
+    err = refused(capsys, ["fleet", "run", str(env / "inv.ini"), str(two)], words)
+    assert "ha's testbed_topology_overrides" in err, err
+    nothing_made(env)
+
+
 @pytest.mark.parametrize("var,value,words", [
     ("ANSIBLE_HOST_KEY_CHECKING", "False", "HOST_KEY_CHECKING"),
+    # a password or vault "file" that is executable is run; these name programs to run
+    ("ANSIBLE_VAULT_PASSWORD_FILE", "/tmp/vault.sh", "runs a program"),
+    ("ANSIBLE_CONNECTION_PASSWORD_FILE", "/tmp/pw.sh", "runs a program"),
+    ("ANSIBLE_BECOME_EXE", "/tmp/evil", "runs a program"),
+    ("ANSIBLE_SUDO_EXE", "/tmp/evil", "runs a program"),
+    ("ANSIBLE_BECOME_FLAGS", "-H -S; id", "runs a program"),
+    ("ANSIBLE_SSH_CONTROL_PATH_DIR", "/tmp/other", "control_path_dir"),
+    ("ANSIBLE_PYTHON_INTERPRETER", "/bin/sh -c id", "INTERPRETER_PYTHON"),
+    # code from folders the fleet does not check
+    ("ANSIBLE_COLLECTIONS_PATH", "/tmp/coll", "loads plugins"),
+    ("ANSIBLE_JINJA2_EXTENSIONS", "os.system", "loads plugins"),
+    ("ANSIBLE_STRATEGY", "ev.il.x", "Ansible's own"),
+    ("ANSIBLE_STRATEGY", "debug", "Ansible's own"),
     ("ANSIBLE_SSH_EXTRA_ARGS", "-o UserKnownHostsFile=/dev/null", "UserKnownHostsFile"),
     ("ANSIBLE_SSH_EXECUTABLE", "/tmp/ssh", "another program"),
     ("ANSIBLE_SSH_ARGS", "-oStrictHostKeyChecking=no", "StrictHostKeyChecking"),

@@ -20,12 +20,28 @@ from testbed.host import safeio
 #: an ansible.cfg larger than this is refused unread
 MAX_CFG_BYTES = 1 << 20
 
-#: the ssh connection's own settings that name a program or library to run on the controller
-_PROGRAMS = {"ssh_executable", "scp_executable", "sftp_executable", "pkcs11_provider", "control_path"}
+#: the ssh connection's own settings that name a program or library to run on the controller,
+#: or another connection's sockets (as the host variables ansible_control_path* are refused)
+_PROGRAMS = {"ssh_executable", "scp_executable", "sftp_executable", "pkcs11_provider", "control_path",
+             "control_path_dir"}
+#: settings (core, or of the become plugins) that run a program on the controller or on the
+#: target in place of the usual one, or read a secret through a script: a vault or password
+#: "file" that is executable is run
+_RUNS = {"DEFAULT_BECOME_EXE", "DEFAULT_BECOME_FLAGS", "DEFAULT_EXECUTABLE", "SSH_AGENT_EXECUTABLE",
+         "DEFAULT_VAULT_PASSWORD_FILE", "DEFAULT_VAULT_IDENTITY_LIST", "CONNECTION_PASSWORD_FILE",
+         "BECOME_PASSWORD_FILE", "PERSISTENT_CONTROL_PATH_DIR", "NETCONF_SSH_CONFIG",
+         "become_exe", "become_flags"}
 _ARGS = {"ssh_args", "ssh_common_args", "ssh_extra_args", "scp_extra_args", "sftp_extra_args"}
 #: settings that load code from the user's folders into the run (besides every *_PLUGIN_PATH)
 _PLUGIN_CODE = {"DEFAULT_MODULE_PATH", "DEFAULT_MODULE_UTILS_PATH", "CALLBACKS_ENABLED",
-                "ANSIBLE_CONNECTION_PATH", "PLUGIN_FILTERS_CFG"}
+                "ANSIBLE_CONNECTION_PATH", "_ANSIBLE_CONNECTION_PATH", "PLUGIN_FILTERS_CFG",
+                "COLLECTIONS_PATHS", "DEFAULT_JINJA2_EXTENSIONS", "_ANSIBALLZ_COVERAGE_CONFIG",
+                "_ANSIBALLZ_DEBUGPY_CONFIG", "_ANSIBALLZ_PYDEVD_CONFIG"}
+#: settings that name a plugin: Ansible's own ones only (a collection's is code from a folder
+#: the fleet does not check; the debug strategy stops for a person at the keyboard)
+_BUILTIN_PLUGINS = {"DEFAULT_STRATEGY": ("linear", "free", "host_pinned"),
+                    "DEFAULT_STDOUT_CALLBACK": ("default", "minimal", "oneline", "tree", "junit"),
+                    "CACHE_PLUGIN": ("memory", "jsonfile")}
 
 
 def reader_env() -> dict[str, str]:
@@ -67,6 +83,13 @@ def check_settings(settings: list[list[Any]]) -> dict[str, str]:
 
         def refuse(why: str) -> None:
             raise safeio.UserFileError(where, f"{name}: {why}")
+        if name in _RUNS and value:
+            refuse("runs a program (or a script for a secret) the fleet does not check; a fleet "
+                   "uses key logins, Ansible's own become and no vault")
+        if plugin in ("sudo", "su"):
+            if name == "become_user" and value:
+                _checked(refuse, lambda: hostvars.user(value))
+            continue
         if plugin == "":
             if name == "HOST_KEY_CHECKING" and not _on(value):
                 refuse("turns host key checking off; a fleet verifies host keys")
@@ -74,6 +97,18 @@ def check_settings(settings: list[list[Any]]) -> dict[str, str]:
                 refuse(f"{str(value)[:40]!r}: a fleet connects over ssh only")
             elif name in ("VARIABLE_PLUGINS_ENABLED", "DEFAULT_VARS_PLUGIN_PATH"):
                 refuse("adds variables from plugins the fleet does not check")
+            elif name in _BUILTIN_PLUGINS and str(value).removeprefix("ansible.builtin.") not in _BUILTIN_PLUGINS[name]:
+                refuse(f"{str(value)[:40]!r}: a fleet runs Ansible's own "
+                       f"({', '.join(_BUILTIN_PLUGINS[name])})")
+            elif name == "INTERPRETER_PYTHON" and value:
+                _checked(refuse, lambda: hostvars.ANSIBLE_VARS["ansible_python_interpreter"](value))
+            elif name == "INTERPRETER_PYTHON_FALLBACK" and value:
+                _checked(refuse, lambda: [hostvars.ANSIBLE_VARS["ansible_python_interpreter"](v)
+                                          for v in (value if isinstance(value, list) else [value])])
+            elif name == "DEFAULT_BECOME_METHOD" and value:
+                _checked(refuse, lambda: hostvars.ANSIBLE_VARS["ansible_become_method"](value))
+            elif name == "DEFAULT_BECOME_USER" and value:
+                _checked(refuse, lambda: hostvars.user(value))
             elif name in _PLUGIN_CODE or name.endswith("_PLUGIN_PATH"):
                 refuse("loads plugins from a folder the fleet does not check (code that runs on the "
                        "controller, or a connection in place of ssh); a fleet runs Ansible's own")

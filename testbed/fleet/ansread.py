@@ -51,17 +51,27 @@ def plain(v, depth=0):
 
 def _settings(out: list) -> None:
     from ansible import constants as C
-    from ansible.plugins.loader import connection_loader, init_plugin_loader
+    from ansible.plugins.loader import become_loader, connection_loader, init_plugin_loader
     init_plugin_loader()
     for name in C.config.get_configuration_definitions():
         value, origin = C.config.get_config_value_and_origin(name)
         if origin not in ("default", "") and name not in OURS:
             out.append(["", name, str(origin), plain(value)])
+    # the plugins a fleet runs with: ssh, and the become methods it allows (sudo, su)
     connection_loader.get("ssh", class_only=True)
-    for name in C.config.get_configuration_definitions("connection", "ssh"):
-        value, origin = C.config.get_config_value_and_origin(name, plugin_type="connection", plugin_name="ssh")
-        if origin not in ("default", ""):
-            out.append(["ssh", name, str(origin), plain(value)])
+    for kind, plugin in (("connection", "ssh"), ("become", "sudo"), ("become", "su")):
+        if kind == "become":
+            become_loader.get(plugin, class_only=True)
+        for name in C.config.get_configuration_definitions(kind, plugin):
+            value, origin = C.config.get_config_value_and_origin(name, plugin_type=kind, plugin_name=plugin)
+            if origin not in ("default", ""):
+                out.append([plugin, name, str(origin), plain(value)])
+
+
+def fail(out: dict, why: str) -> None:
+    """The reader's one refusal, with the settings read so far: a setting that broke the
+    reader is named before the failure it caused."""
+    print(json.dumps({"error": why, "settings": out["settings"]}))
 
 
 def main() -> int:
@@ -72,7 +82,7 @@ def main() -> int:
     try:
         _settings(out["settings"])
     except Exception as e:
-        print(json.dumps({"error": f"Ansible's settings cannot be read: {type(e).__name__}: {e}"}))
+        fail(out, f"Ansible's settings cannot be read: {type(e).__name__}: {e}")
         return 0
     try:
         from ansible import constants as C
@@ -85,7 +95,7 @@ def main() -> int:
             inv.subset(req["limit"])
         hosts = inv.get_hosts()
         if len(hosts) > MAX_HOSTS:
-            print(json.dumps({"error": f"holds {len(hosts)} hosts; a fleet takes at most {MAX_HOSTS}"}))
+            fail(out, f"holds {len(hosts)} hosts; a fleet takes at most {MAX_HOSTS}")
             return 0
         vm = VariableManager(loader=loader, inventory=inv)
         total = 0
@@ -98,23 +108,22 @@ def main() -> int:
                 hv.pop(magic, None)
             text = json.dumps(plain(hv))
             if len(text) > MAX_HOST_BYTES:
-                print(json.dumps({"error": f"host {h.name}'s variables take {len(text)} bytes; "
-                                           f"at most {MAX_HOST_BYTES} are read"}))
+                fail(out, f"host {h.name}'s variables take {len(text)} bytes; at most {MAX_HOST_BYTES} are read")
                 return 0
             total += len(text)
             if total > MAX_TOTAL_BYTES:
-                print(json.dumps({"error": f"its hosts' variables take more than {MAX_TOTAL_BYTES} bytes"}))
+                fail(out, f"its hosts' variables take more than {MAX_TOTAL_BYTES} bytes")
                 return 0
             out["hosts"].append([plain(h.name), json.loads(text)])
     except MemoryError:
-        print(json.dumps({"error": f"reading it took more than {MEMORY_BYTES >> 20} MiB"}))
+        fail(out, f"reading it took more than {MEMORY_BYTES >> 20} MiB")
         return 0
     except RecursionError:
-        print(json.dumps({"error": "nested too deeply"}))
+        fail(out, "nested too deeply")
         return 0
     except Exception as e:
         msg = " ".join(str(e).split())
-        print(json.dumps({"error": f"Ansible cannot read it: {type(e).__name__}: {msg[:400]}"}))
+        fail(out, f"Ansible cannot read it: {type(e).__name__}: {msg[:400]}")
         return 0
     print(json.dumps(out))
     return 0

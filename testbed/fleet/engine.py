@@ -27,7 +27,7 @@ from typing import Any
 
 from testbed import __version__
 from testbed.errors import CommandError, one_line
-from testbed.fleet import ansenv, fetched, pairs, record
+from testbed.fleet import ansenv, fetched, hostvars, pairs, record
 from testbed.fleet import inventory as inv
 from testbed.fleet.record import DONE, FAILED, FleetRun, HostOutcome
 from testbed.host import proc, safeio
@@ -110,7 +110,6 @@ def _guests(data: dict[str, Any]) -> bool:
 def plan(inventory: str, topology: str | Path, hosts: list[inv.Host]) -> Plan:
     """Every check that needs the topology and the hosts together: the topology itself, each
     host's (or pair's) topology, the pairs, the peers' host keys, the image shipment."""
-    from testbed.fleet import hostvars
     from testbed.topology import config
     from testbed.errors import ConfigError
     try:
@@ -155,6 +154,9 @@ def peer_keys(inventory: str, host: inv.Host) -> list[str]:
             parts = line.split()
             if not parts or parts[0].startswith("#"):
                 continue
+            # the key reaches the run as a value Ansible renders: a key and nothing else
+            if (why := hostvars.host_key_line(line.strip())) is not None:
+                raise UserFileError(str(f), f"the host key for {name}: {why}")
             marker = [parts.pop(0)] if parts[0].startswith("@") else []
             if len(parts) >= 3:
                 out.append(" ".join([*marker, *parts[1:3]]))

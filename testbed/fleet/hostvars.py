@@ -37,7 +37,7 @@ SECRET = re.compile(r"pass|secret|token|private_key_passphrase|vault", re.I)
 _TEMPLATE = re.compile(r"\{\{|\{%|\{#")
 _ABS_PATH = re.compile(r"^/[A-Za-z0-9._/+@:-]{0,1023}$")
 _IFNAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,14}$")
-_DEB = re.compile(r"^[a-z0-9][a-z0-9+.-]{1,100}$")
+_DEB = re.compile(r"[a-z0-9][a-z0-9+.-]{1,100}")       # fullmatch: `$` would pass a newline
 _MACHINE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _TRUE, _FALSE = ("true", "yes", "on", "1", "y", "t"), ("false", "no", "off", "0", "n", "f")
 #: bytes of a controller file a host names (a key, known_hosts, ssh_config)
@@ -167,32 +167,67 @@ def controller_file(v: Any, *, what: str, base: Path | None = None, read: bool =
     if _key_material(v):
         raise ValueError(f"holds key material itself, not the path of {what}: a key given inline "
                          f"ends up on ssh's command line, readable by every user of the controller")
-    if not v or not v.isprintable() or v.startswith("-") or '"' in v or len(v) > 4096:
+    if not v or not v.isprintable() or v.startswith("-") or len(v) > 4096:
         raise ValueError(f"{v[:60]!r} is not a plain file name")
+    if not sshopts.plain_path(v):
+        raise ValueError(f"{v[:60]!r}: a path with blanks, quotes or backslashes, which ssh splits or "
+                         f"unquotes into other files than the one checked; give {what} a plain path")
     p = Path(os.path.expanduser(v))
     if not p.is_absolute():
         p = (base or Path.cwd()) / p
     p = Path(os.path.abspath(p))
     try:
-        if read:
-            safeio.read_regular(p, MAX_SIDE_FILE, str(p))
-        else:
-            safeio.check_regular(p, MAX_SIDE_FILE, str(p))
+        size = (len(safeio.read_regular(p, MAX_SIDE_FILE, str(p))) if read
+                else safeio.check_regular(p, MAX_SIDE_FILE, str(p)))
     except safeio.UserFileError as e:
         raise ValueError(f"{what}: {e}") from None
+    if any(Path(os.path.realpath(p)).is_relative_to(k) for k in _KERNEL_FILES):
+        raise ValueError(f"{what}: {p} is a kernel interface file (/proc, /sys, /dev), not {what}")
+    if size == 0:
+        raise ValueError(f"{what}: {p} is empty")
     return p
+
+
+#: pseudo file systems whose files stat() calls regular (and empty) but that block or change
+#: when read: never a key, known_hosts or ssh_config
+_KERNEL_FILES = (Path("/proc"), Path("/sys"), Path("/dev"))
+#: a known_hosts line: an optional marker, host patterns (names, addresses, [host]:port,
+#: wildcards, negations, or a hashed |1|salt|hash), a key type, the key in base64, a comment
+_KH_MARKER = ("@cert-authority", "@revoked")
+_KH_HOSTS = re.compile(r"[A-Za-z0-9_.:*?!,\[\]|=+/%-]{1,4096}")
+_KH_TYPE = re.compile(r"(ssh|ecdsa|sk|rsa)-[A-Za-z0-9@.-]{1,60}")
+_KH_KEY = re.compile(r"[A-Za-z0-9+/]{16,16384}={0,3}")
+
+
+def host_key_line(line: str) -> str | None:
+    """Why ``line`` (not blank, not a comment) is no known_hosts line, or None. The fields
+    reach the run (a pair's first host checks its peer with them), so nothing in one may be
+    read as anything but a host key: no template, no blank inside a field."""
+    if not line.isprintable() or _TEMPLATE.search(line):
+        return "holds control characters or a Jinja2 template"
+    parts = line.split()
+    if parts and parts[0].startswith("@"):
+        if parts[0] not in _KH_MARKER:
+            return f"{parts[0][:30]!r} is not a known_hosts marker (@cert-authority, @revoked)"
+        parts = parts[1:]
+    if len(parts) < 3:
+        return "is not a known_hosts line (hosts key-type key)"
+    if not _KH_HOSTS.fullmatch(parts[0]):
+        return f"{parts[0][:40]!r} is not a list of host patterns"
+    if not _KH_TYPE.fullmatch(parts[1]):
+        return f"{parts[1][:40]!r} is not an ssh key type"
+    if not _KH_KEY.fullmatch(parts[2]):
+        return "its key is not base64"
+    return None
 
 
 def _known_hosts(v: Any) -> Path:
     p = controller_file(v, what="a known_hosts file")
     text = safeio.read_regular(p, MAX_SIDE_FILE).decode("utf-8", "replace")
     lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
-    for n, ln in enumerate(lines, 1):
-        parts = ln.split()
-        if parts and parts[0].startswith("@"):
-            parts = parts[1:]
-        if len(parts) < 3 or not ln.isprintable():
-            raise ValueError(f"{p}: line {n} is not a known_hosts line (hosts key-type key)")
+    for n, ln in enumerate(text.splitlines(), 1):
+        if ln.strip() and not ln.lstrip().startswith("#") and (why := host_key_line(ln.strip())):
+            raise ValueError(f"{p}: line {n}: {why}")
     if not lines:
         raise ValueError(f"{p}: holds no host key")
     return p
@@ -283,7 +318,7 @@ def _packages(v: Any) -> list[str]:
     if not isinstance(v, list) or len(v) > 500:
         raise ValueError("expected a list of Debian package names")
     for p in v:
-        if not isinstance(p, str) or not _DEB.match(p):
+        if not isinstance(p, str) or not _DEB.fullmatch(p):
             raise ValueError(f"{_show(p)} is not a Debian package name")
     return list(v)
 

@@ -136,6 +136,7 @@ def check_sources(inventory: str | os.PathLike) -> None:
     roots = [inv] if stat.S_ISDIR(st.st_mode) else []
     if not stat.S_ISDIR(st.st_mode):
         _check_file(inv, str(inventory))
+        _not_a_plugin(inv, str(inventory))
         roots += [inv.parent / d for d in ("group_vars", "host_vars") if os.path.lexists(inv.parent / d)]
     total, count = 0, 0
     for root in roots:
@@ -185,11 +186,31 @@ def _check_file(path: Path, where: str) -> int:
         raise UserFileError(where, f"holds a NUL byte (byte {data.index(bytes(1))})")
     if (n := _range_hosts(data.decode("utf-8"))) > MAX_HOSTS:
         raise UserFileError(where, f"its host ranges ([0:99]) expand to {n} hosts; a fleet takes at most {MAX_HOSTS}")
+    if (m := _PYTHON_TAG.search(data.decode("utf-8"))) is not None:
+        raise UserFileError(where, f"line {data[:m.start()].count(bytes([10])) + 1}: a YAML tag that builds a "
+                                   f"Python object ({m.group(0)}); a fleet takes plain values")
     if b"&" in data and b"*" in data:
         n = _yaml_values(data)
         if n > MAX_YAML_VALUES:
             raise UserFileError(where, f"its YAML aliases expand to more than {MAX_YAML_VALUES} values")
     return len(data)
+
+
+#: YAML tags that build Python objects (Ansible's loader refuses them too, without saying where)
+_PYTHON_TAG = re.compile(r"!!?python/[A-Za-z_/:.]*|tag:yaml\.org,2002:python/[A-Za-z_/:.]*")
+
+
+def _not_a_plugin(path: Path, where: str) -> None:
+    """An inventory source that configures an inventory plugin (``plugin: aws_ec2``) is no
+    list of hosts: Ansible's reader here takes INI and YAML host lists only, and would say
+    no more than that it failed to parse the file."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, OSError, UnicodeDecodeError):
+        return                      # INI, or not YAML: Ansible's reader says what is wrong
+    if isinstance(data, dict) and "plugin" in data:
+        raise UserFileError(where, f"plugin: names an inventory plugin ({str(data['plugin'])[:40]}); a fleet "
+                                   f"reads a list of hosts and groups (INI or YAML), never a plugin's source")
 
 
 _RANGE = re.compile(r"\[([0-9]+|[a-z]):([0-9]+|[a-z])(?::([0-9]+))?\]")
@@ -264,6 +285,9 @@ def read(inventory: str | os.PathLike, limit: str | None = None) -> tuple[list[l
     except ValueError:
         raise UserFileError(inventory, f"Ansible's reader said: {one_line(out, 300)}") from None
     if data.get("error"):
+        # a setting of the user's that broke the reader (a Jinja2 extension that is no
+        # module) is what to name, not the reader's failure it caused
+        ansenv.check_settings(data.get("settings") or [])
         raise UserFileError(inventory, data["error"])
     return data["settings"], [(str(n), v if isinstance(v, dict) else {}) for n, v in data["hosts"]]
 
@@ -368,7 +392,12 @@ def checked_inventory(hosts: list[Host], extra: dict[str, dict[str, Any]] | None
 
 
 def write_checked(path: Path, inv: dict[str, Any]) -> None:
-    """Written private (0600): a host's become password may be in it."""
+    """Written private (0600): a host's become password may be in it. Ansible renders every
+    value of it on the controller, so none may be a template, whatever the check that let it
+    through (the fleet's own values too: a host key, a topology)."""
+    from testbed.fleet.hostvars import find_template
+    if (where := find_template(inv)) is not None:
+        raise UserFileError(str(path), f"{where}: a Jinja2 template; Ansible would render it on the controller")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(json.dumps(inv, indent=1))       # JSON is YAML; plain values only

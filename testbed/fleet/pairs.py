@@ -109,15 +109,21 @@ def find(inventory: str, hosts: list, two: bool) -> list[Pair]:
 
 
 def topology(data: dict[str, Any], first: Any, second: Any, *, known_hosts: str, key: str,
-             overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+             overrides: dict[str, Any] | None = None, where: str = "topology") -> dict[str, Any]:
     """The pair's topology from the user's two-host one: its hosts become ``first`` (this
     host, local) and ``second`` (over ssh at its data address, its keys in ``known_hosts``,
     logged in with ``key``), each with its data interface as the underlay."""
     from testbed.fleet.inventory import merge
     d = copy.deepcopy(merge(data, overrides or {}))
     hosts = d.get("hosts") or []
-    if len(hosts) != 2:
-        raise UserFileError("topology", "hosts: a pair runs a topology of two hosts")
+    # the shape config.parse would check, looked at first: overrides merged in may break it
+    if not isinstance(hosts, list) or len(hosts) != 2:
+        raise UserFileError(where, "hosts: a pair runs a topology of two hosts")
+    for i, h in enumerate(hosts):
+        if not isinstance(h, dict) or not isinstance(h.get("name"), str) or not h["name"]:
+            raise UserFileError(where, f"hosts[{i}]: expected a mapping with a name")
+    if d.get("tunnel") is not None and not isinstance(d["tunnel"], dict):
+        raise UserFileError(where, f"tunnel: must be a mapping, found {type(d['tunnel']).__name__}")
     a, b = (dict(h) for h in hosts)
     addr = second.vars["testbed_data_address"]
     port = second.port
@@ -141,6 +147,7 @@ def check(topology_file: str | Path, data: dict[str, Any], first: Any, second: A
     for f in (kh, key):
         if not f.exists():
             f.write_text("")
-    d = topology(data, first, second, known_hosts=str(kh), key=str(key), overrides=first.overrides)
-    config.parse(yaml.safe_dump(d), f"{topology_file} (on pair {first.name}+{second.name})",
-                 base=Path(topology_file).absolute().parent)
+    where = (f"{topology_file} (on pair {first.name}+{second.name}"
+             + (f", with host {first.name}'s testbed_topology_overrides)" if first.overrides else ")"))
+    d = topology(data, first, second, known_hosts=str(kh), key=str(key), overrides=first.overrides, where=where)
+    config.parse(yaml.safe_dump(d), where, base=Path(topology_file).absolute().parent)

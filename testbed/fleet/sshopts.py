@@ -79,8 +79,12 @@ def is_host(text: str) -> bool:
     """A host name or an IP address that ssh can only read as one (never as an option)."""
     if not text or text[0] == "-" or not text.isprintable() or any(c.isspace() for c in text):
         return False
+    addr = text.strip("[]")
+    # Python takes nearly anything as an IPv6 scope (fe80::1%$(id)): an interface name only
+    if "%" in addr and not re.fullmatch(r"[0-9A-Fa-f:.]+%[A-Za-z0-9_.-]{1,15}", addr):
+        return False
     try:
-        ipaddress.ip_address(text.strip("[]"))
+        ipaddress.ip_address(addr)
         return True
     except ValueError:
         return bool(_HOST.match(text))
@@ -94,9 +98,20 @@ def _one_of(*values: str) -> Callable[[str], bool]:
     return lambda v: v.lower() in values
 
 
+#: a path ssh reads as written: ssh splits a value on blanks (UserKnownHostsFile takes a list)
+#: and unquotes '...', "..." and backslashes, so a path holding any of them would make ssh
+#: read another file than the one checked
+_PLAIN_PATH = re.compile(r"[^\s'\"\\]{1,4096}")
+
+
+def plain_path(v: str) -> bool:
+    """A file path ssh reads as exactly this one file."""
+    return bool(_PLAIN_PATH.fullmatch(v)) and v.isprintable()
+
+
 def _path(v: str) -> bool:
     # a file ssh reads on the controller: one plain path (ssh expands ~ and %-tokens)
-    return bool(v) and v[0] != "-" and v.isprintable() and len(v) <= 4096 and '"' not in v
+    return plain_path(v) and v[0] != "-"
 
 
 def _jump(v: str) -> bool:
