@@ -63,7 +63,7 @@ def test_cell_measures(guest_pair, writer, cell):
         c = s.crosscheck
         assert c.verdict == "ok" and c.device == path.server.tap, c
         # below it by no more than 3 % and what TCP's retransmissions explain
-        room = 1 - c.explained_extra_bytes / c.wire_bytes
+        room = 1 - c.to_dict()["explained_extra_bytes"] / c.wire_bytes
         assert c.expected_ratio * room * 0.97 <= c.ratio <= c.expected_ratio * 1.03, c
     else:
         m = s.metrics
