@@ -80,14 +80,18 @@ def default_topology(attachments: Sequence[str] | None = None) -> Topology:
     ``attachments`` (default: every single-host mode this host supports)."""
     from testbed import attachments as modes
     from testbed.topology import config
+    if isinstance(attachments, str):
+        attachments = [attachments]         # one mode named alone, not its letters
     chosen = [Attachment(a) for a in attachments] if attachments is not None else modes.supported_single_host()
     return config.default(chosen)
 
 
-def plan(topology: Topology) -> list[Cell]:
-    """The cells a run of ``topology`` measures, in order (each cell's ``id`` reads like
-    ``bridge-qemu-mtu1500-conn1-tcp_stream``)."""
+def plan(topology: Topology | PathLike) -> list[Cell]:
+    """The cells a run of ``topology`` (a Topology, or a topology file's path) measures, in
+    order (each cell's ``id`` reads like ``bridge-qemu-mtu1500-conn1-tcp_stream``)."""
     from testbed.measure import plan as plan_mod
+    if isinstance(topology, (str, os.PathLike)):
+        topology = load_topology(topology)
     return plan_mod.plan(topology)
 
 
@@ -137,7 +141,9 @@ def open_run(ref: PathLike, results_dir: PathLike | None = None) -> RunRecord:
     ``run.environment``, ``run.status``.
 
     Raises:
-        ConfigError: not a run folder this testbed can read (naming the file and line).
+        TestbedError: no such run (``ref`` is neither a run folder nor a run id of the
+            results folder), or a run folder this testbed cannot read (a ConfigError naming
+            the file and line).
     """
     from testbed.records import results
     return results.read_run(find_run(ref, results_dir))
@@ -172,7 +178,10 @@ def compare(base: PathLike | RunRecord, new: PathLike | RunRecord | None = None,
     are those of `testbed compare` (``test``, ``q``, ``min_samples``, ``across_hosts``).
 
     Returns:
-        The comparison: ``exit_status`` (0 no regression, 1 regression, 2 refused),
+        The comparison: ``exit_status`` (0 no cell regressed and every cell was decided;
+        1 a cell regressed, broke, was redefined or is missing; 5 none failed but some could
+        not be decided: too few samples a side, 5 by default, or an interval too wide; 2
+        refused; read 5 as "could not tell", never as "fine"),
         ``refused`` (why, or None), ``differences``; :func:`render_comparison` prints it.
     """
     from testbed.analysis import compare as cmp
@@ -198,6 +207,8 @@ def render_comparison(comparison: RunComparison, *, fmt: str = "text") -> str:
     import json
 
     from testbed.analysis import compare as cmp
+    if fmt not in ("text", "json", "junit"):
+        raise ConfigError("render_comparison", "fmt", f"{fmt!r}: expected text, json or junit")
     if fmt == "json":
         return json.dumps(cmp.to_dict(comparison), indent=2, default=str)
     if fmt == "junit":

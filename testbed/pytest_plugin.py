@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
+import re
 import signal
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -150,10 +152,14 @@ def mode_selected(config: pytest.Config, mode: str) -> bool:
     return "all" in wanted or mode in wanted or (netns and "netns" in wanted)
 
 
+#: the skip reason of a test that creates host objects, run by another user than root
+NOT_ROOT = "needs root (creates host network objects)"
+
+
 def require_root() -> None:
     """Skip the calling test unless it runs as root (it creates host network objects)."""
     if os.geteuid() != 0:
-        pytest.skip("needs root (creates host network objects)")
+        pytest.skip(NOT_ROOT)
 
 
 # --------------------------------------------------------------------------- the marker
@@ -169,7 +175,7 @@ class _Param:
         return self.cell.id
 
 
-def marker_topology(mark: pytest.Mark, test_file: Path) -> Any:
+def marker_topology(mark: Any, test_file: Path) -> Any:
     """The topology a ``testbed`` marker names: its ``topology`` file (relative to the
     test's folder) with the marker's axes replacing the file's, or the marker's axes alone.
     Validated like any topology file: a bad marker is a collection error naming the field."""
@@ -199,36 +205,111 @@ def marker_topology(mark: pytest.Mark, test_file: Path) -> Any:
         if key in kw:
             matrix[key] = list(kw[key]) if isinstance(kw[key], (list, tuple)) else kw[key]
     extra = {k: kw[k] for k in PROFILE_KEYS if k in kw}
-    matrix["profiles"] = [_profile(p, extra) for p in matrix.get("profiles") or ["tcp_stream"]]
+    profiles = matrix.get("profiles") or ["tcp_stream"]
+    if isinstance(profiles, list):
+        # the marker's duration and tool replace a file's (its keywords replace the file's
+        # axes); a profile mapping given in the marker itself keeps its own
+        mine = "profiles" in kw or "topology" not in mark.kwargs
+        matrix["profiles"] = [_profile(p, extra, mine, source) for p in profiles]
     matrix.setdefault("attachments", ["bridge"])
     doc["matrix"] = matrix
     return api.parse_topology(yaml.safe_dump(doc, sort_keys=False), source, base)
 
 
-def _profile(p: Any, extra: Mapping[str, Any]) -> Any:
+def _profile(p: Any, extra: Mapping[str, Any], mine: bool, source: str) -> Any:
     if isinstance(p, str) and p in PROFILES:
         return {"name": p, **PROFILES[p], **extra}
+    if isinstance(p, str):
+        raise pytest.UsageError(f"{source}: profiles: {p[:40]!r} is no built-in profile "
+                                f"({', '.join(PROFILES)}); give another as a mapping (docs: topology)")
     if isinstance(p, Mapping):
-        return {**extra, **p}
+        return {**extra, **p} if mine else {**p, **extra}
     return p            # refused by validation, naming matrix.profiles[i]
 
 
+@dataclass(frozen=True)
+class MergedMark:
+    """A marker's arguments over the levels it is given at (:func:`merged_marker`)."""
+
+    args: tuple
+    kwargs: Mapping[str, Any]
+
+
+def merged_marker(item: Any, name: str) -> MergedMark | None:
+    """A marker's keywords over every level it is given at (module, class, function), the
+    closest level's winning key by key: a module's ``duration`` stays when a test names only
+    its ``attachments``. pytest's own closest-marker rule would drop the module's keywords."""
+    marks = list(item.iter_markers(name))
+    if not marks:
+        return None
+    kwargs: dict[str, Any] = {}
+    for m in reversed(marks):
+        kwargs.update(m.kwargs)
+    return MergedMark(tuple(a for m in marks for a in m.args), kwargs)
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "testbed_cell" not in metafunc.fixturenames:
+    if "testbed_cell" not in metafunc.fixturenames or not _ours(metafunc, "testbed_cell"):
         return
     from testbed import api
-    mark = metafunc.definition.get_closest_marker("testbed")
+    try:
+        _generate(metafunc)
+        return
+    except (pytest.UsageError, api.TestbedError) as e:
+        why = str(e)
+    # The test file's collection error in one line (the plugin's stack is no help), at the
+    # test's line: a marker's topology is text made here, whose own lines mean nothing.
+    line = (metafunc.definition.location[1] or 0) + 1
+    why = re.sub(r" \(@pytest\.mark\.testbed\)(:\d+)?:", f":{line} (@pytest.mark.testbed):", why, count=1)
+    pytest.fail(why, pytrace=False)
+
+
+def _ours(metafunc: pytest.Metafunc, name: str) -> bool:
+    """Whether ``name`` is this plugin's fixture for the test, not a team's fixture of the
+    same name (a conftest's own ``testbed_cell`` is theirs to parametrize)."""
+    defs = getattr(metafunc, "_arg2fixturedefs", {}).get(name) or ()
+    return not defs or getattr(defs[-1].func, "__module__", __name__) == __name__
+
+
+def _generate(metafunc: pytest.Metafunc) -> None:
+    from testbed import api
+    mark = merged_marker(metafunc.definition, "testbed")
     where = Path(str(metafunc.definition.fspath))
     if mark is None:
         raise pytest.UsageError(f"{where}::{metafunc.definition.name}: testbed_cell needs "
                                 f"@pytest.mark.testbed(...) naming the matrix (pytest --markers)")
-    try:
-        t = marker_topology(mark, where)
-    except api.TestbedError as e:
-        raise pytest.UsageError(str(e)) from None
+    t = marker_topology(mark, where)
+    check_floor(merged_marker(metafunc.definition, "testbed_floor"), t, f"{where}::{metafunc.definition.name}")
     params = [pytest.param(_Param(t, c), id=c.id, marks=pytest.mark.attach(c.attachment.value))
               for c in api.plan(t)]
     metafunc.parametrize("testbed_cell", params, indirect=True)
+
+
+def check_floor(mark: MergedMark | None, topology: Any, where: str) -> None:
+    """A ``testbed_floor`` names profiles of the test's matrix, each with a positive number: a
+    misspelt profile would leave the floor unchecked for ever, and a text would fail only
+    after the cell was measured."""
+    if mark is None:
+        return
+    names = sorted({c.profile.name for c in _plan(topology)})
+    if mark.args:
+        raise pytest.UsageError(f"{where}: @pytest.mark.testbed_floor takes PROFILE=MINIMUM keywords, "
+                                f"not {mark.args[0]!r}")
+    for key, v in mark.kwargs.items():
+        if key == "namespaces":
+            if not isinstance(v, bool):
+                raise pytest.UsageError(f"{where}: @pytest.mark.testbed_floor: namespaces: expected True or False")
+        elif key not in names:
+            raise pytest.UsageError(f"{where}: @pytest.mark.testbed_floor: {key!r} is no profile of the "
+                                    f"test's matrix ({', '.join(names)})")
+        elif isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise pytest.UsageError(f"{where}: @pytest.mark.testbed_floor: {key}: expected a positive "
+                                    f"number (Mbit/s or transactions/s), not {v!r}")
+
+
+def _plan(topology: Any) -> list:
+    from testbed import api
+    return list(api.plan(topology))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -242,8 +323,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+    from testbed import attachments
+    modes = {*attachments.names(), "netns"}         # netns: every namespace mode
     for item in items:
         m = item.get_closest_marker("attach")
+        if m and (len(m.args) != 1 or m.args[0] not in modes):
+            # a misspelt mode would run under --attach all and be skipped under any other
+            raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.attach{m.args!r}: expected one mode of "
+                                    f"{', '.join(sorted(modes))}")
         if m and m.args and not mode_selected(config, m.args[0]) and "testbed_cell" not in item.fixturenames:
             item.add_marker(pytest.mark.skip(reason=f"attachment {m.args[0]} not selected (--attach)"))
 
@@ -410,6 +497,15 @@ def testbed_run(request: pytest.FixtureRequest) -> Iterator[object]:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    # A session that was not root skips every cell and still exits 0: say so where a CI
+    # log's reader looks, not only under -rs.
+    not_root = [r for r in terminalreporter.stats.get("skipped", ())
+                if isinstance(r.longrepr, tuple) and NOT_ROOT in str(r.longrepr[-1])]
+    if not_root:
+        terminalreporter.write_sep("-", "testbed: nothing measured", yellow=True)
+        terminalreporter.write_line(f"{len(not_root)} test(s) skipped: not run as root, and a cell creates "
+                                    f"host network objects. Run pytest as root on the host under test.",
+                                    yellow=True)
     run_dir = config.stash.get(RUN_KEY, None)
     if run_dir is not None:
         terminalreporter.write_sep("-", "testbed run record")
@@ -542,7 +638,7 @@ def testbed_cell(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cel
             pytest.skip(f"{cell.id}: the plugin's session boots one guest pair (pairs {cell.pairs}: use testbed run)")
         guests = request.getfixturevalue("testbed_guests")
     run = request.getfixturevalue("testbed_run")
-    fm = request.node.get_closest_marker("testbed_floor")
+    fm = merged_marker(request.node, "testbed_floor")
     floors = {k: v for k, v in (fm.kwargs if fm else {}).items() if k != "namespaces"}
     cut = CellUnderTest(param.topology, cell, run, guests, floors, bool(fm and fm.kwargs.get("namespaces")),
                         tmp_path)

@@ -2,7 +2,7 @@
 and edit the matrix. The testbed's pytest plugin comes with the package (nothing to import,
 no conftest.py); docs/tests.md describes every option, marker and fixture.
 
-    pytest tests/ --attach bridge          # one mode (or -k bridge)
+    pytest tests/ --attach bridge          # one mode (-k bridge would take netns-bridge too)
     pytest tests/ --attach bridge,ovs      # two
     pytest tests/ --attach netns           # no VMs: the host's namespace datapath, a reference
 """

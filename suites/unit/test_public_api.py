@@ -21,7 +21,7 @@ SIGNATURES = {
     "load_topology": "(path: 'PathLike') -> 'Topology'",
     "parse_topology": "(text: 'str', source: 'str' = '<string>', base: 'PathLike | None' = None) -> 'Topology'",
     "default_topology": "(attachments: 'Sequence[str] | None' = None) -> 'Topology'",
-    "plan": "(topology: 'Topology') -> 'list[Cell]'",
+    "plan": "(topology: 'Topology | PathLike') -> 'list[Cell]'",
     "run": "(topology: 'Topology | PathLike', *, progress: 'Callable[[str], None] | None' = None, "
            "resume: 'PathLike | None' = None, hooks: 'Sequence[SampleHook]' = (), index: 'bool' = True) "
            "-> 'Outcome'",
@@ -92,6 +92,14 @@ def test_the_api_reads_validates_and_plans_a_topology(tmp_path):
     bad.write_text("name: x\nmatrix:\n  attachments: [brigde]\n  profiles: [{name: tcp_rr, pattern: rr}]\n")
     with pytest.raises(api.ConfigError, match=r"bad\.yaml.*matrix\.attachments\[0\]"):
         api.load_topology(bad)
+    # a path plans as its topology does; one mode named alone is that mode, not its letters
+    assert [c.id for c in api.plan(EXAMPLES / "variants" / "nic-rings.yaml")] == [c.id for c in cells]
+    assert {c.attachment.value for c in api.plan(api.default_topology("bridge"))} == {"bridge"}
+
+
+def test_every_public_name_is_on_the_reference_page():
+    page = (Path(__file__).resolve().parents[2] / "docs" / "reference" / "api.md").read_text()
+    assert [n for n in api.__all__ if f"::: testbed.api.{n}\n" not in page] == []
 
 
 def test_the_api_opens_compares_and_reports_recorded_runs(tmp_path):
@@ -105,6 +113,10 @@ def test_the_api_opens_compares_and_reports_recorded_runs(tmp_path):
     verdict = api.compare("run-a", "run-b", results_dir=root)
     assert verdict.refused is None and verdict.exit_status in (0, 5)
     assert "cells" in api.render_comparison(verdict) and api.render_comparison(verdict, fmt="json").startswith("{")
+    with pytest.raises(api.ConfigError, match="fmt: 'xml': expected text, json or junit"):
+        api.render_comparison(verdict, fmt="xml")
+    with pytest.raises(api.TestbedError):          # as its docstring says: no such run
+        api.open_run("run-c", results_dir=root)
     out = api.write_report([run], tmp_path / "report.html")
     assert run.run_id in out.read_text()
     api.index_run(root / "run-a")

@@ -47,6 +47,9 @@ class Backend(StrEnum):
 
 
 class Accelerator(StrEnum):
+    """What guests run on: KVM, or QEMU's TCG emulator. Every result records it; TCG figures
+    are functional checks, never compared with KVM figures."""
+
     KVM = "kvm"
     TCG = "tcg"
 
