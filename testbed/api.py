@@ -193,13 +193,25 @@ def compare(base: PathLike | RunRecord, new: PathLike | RunRecord | None = None,
         if new is not None:
             raise ConfigError("compare", "new", "variants compare one run: pass BASE only")
         cmp.require_variants(b, list(variants))
+        if len(set(variants)) != len(variants):
+            raise ConfigError("compare", "variants", f"{variants[0]!r} twice: a variant compared with itself "
+                                                     f"shows nothing")
         n = b
     elif new is None:
         raise ConfigError("compare", "new", "compare needs BASE and NEW (or one run and variants)")
     else:
         n = rec(new)
+        if not isinstance(base, RunRecord) and not isinstance(new, RunRecord) and _same_run(base, new, results_dir):
+            raise ConfigError("compare", "new", f"{new} is BASE itself: a run compared with itself shows "
+                                                f"nothing (the gate would pass whatever it holds)")
     return cmp.compare_runs(b, n, threshold=threshold, alpha=alpha, force=force,
                             variants=tuple(variants) if variants else None, **options)
+
+
+def _same_run(a: PathLike, b: PathLike, results_dir: PathLike | None) -> bool:
+    from testbed.analysis import compare as cmp
+    root = Path(results_dir) if results_dir is not None else None
+    return os.path.samefile(cmp.resolve(a, root), cmp.resolve(b, root))
 
 
 def render_comparison(comparison: RunComparison, *, fmt: str = "text") -> str:

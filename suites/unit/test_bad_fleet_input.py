@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tarfile
 import time
 from pathlib import Path
@@ -469,3 +470,67 @@ def test_the_gate_threshold_given_is_the_designs():
     design = decide.design_from_args(argparse.Namespace(seq_threshold=0.12, seq_extra=None, seq_fdr=None))
     assert design.threshold == 0.12 and "unchanged only within +-12%" in design.describe(0.75, 0.01, 0.02)
     assert decide.design_from_args(argparse.Namespace()).threshold == 0.05
+
+
+# --------------------------------------------------------------------------- results commands
+
+def _runs(d: Path) -> Path:
+    root = d / "results"
+    for name in ("run-a", "run-b"):
+        shutil.copytree(RUN, root / name)
+    return root
+
+
+@pytest.mark.parametrize("argv,words", [
+    # a path part longer than a file name may be: one line, not the file system's traceback
+    (["compare", "run-a", "r" * 300], "not a run directory"),
+    (["report", "r" * 300], "not a run directory"),
+    (["export-csv", "r" * 300], "not a run directory"),
+    (["index", "r" * 300], "not a run directory"),
+    # the statistics take levels in (0, 1): 0 passed the parser and failed in them
+    (["compare", "run-a", "run-b", "--fdr", "0"], "--fdr"),
+    (["compare", "run-a", "run-b", "--alpha", "-0"], "--alpha"),
+    # a run compared with itself passes whatever it holds
+    (["compare", "run-a", "run-a"], "BASE itself"),
+    # ASCII digits only: float() reads '٣' as 3
+    (["capacity", "run-a", "--profile", "rr:٣tps"], "--profile"),
+])
+def test_results_commands_refuse_in_one_line(capsys, env, argv, words):
+    _runs(env)
+    refused(capsys, argv, words)
+
+
+@pytest.mark.parametrize("db", ["mysql://db/x", "SQLITE:///tmp/x.sqlite", "file:x.sqlite?mode=rwc", "-"])
+def test_index_refuses_a_store_it_cannot_use_and_creates_nothing(capsys, env, db):
+    _runs(env)
+    before = sorted(p.name for p in env.iterdir())
+    refused(capsys, ["index", "run-a", "--db", db], "--db")
+    assert sorted(p.name for p in env.iterdir()) == before
+
+
+def test_an_acknowledgement_is_not_glued_to_a_torn_last_line(capsys, env):
+    root = env / "results"
+    root.mkdir()
+    torn = '{"cell": "c1", "run": "r1", "by": "a", "why": "b"}\n{"cell": "c2", "ru'
+    (root / "history-acks.jsonl").write_text(torn)
+    refused(capsys, ["history", "--ack", "c3@r3", "--who", "ann", "--why", "known"], "last line is torn")
+    assert (root / "history-acks.jsonl").read_text() == torn
+
+
+def test_cleanup_reads_its_hosts_file_before_removing_anything(capsys, env, monkeypatch):
+    from testbed.admin import cleanup
+    monkeypatch.setattr(cleanup, "find", lambda *a, **k: pytest.fail("looked for objects before the file was read"))
+    refused(capsys, ["cleanup", "--hosts", str(env / "nope.yaml")], "nope.yaml")
+
+
+def test_compare_prints_no_terminal_escape_or_forged_line_from_a_runs_files(capsys, env):
+    root = _runs(env)
+    for name in ("run-a", "run-b"):
+        p = root / name / "run.json"
+        raw = json.loads(p.read_text())
+        raw["environment"]["cpu_model"] = "AMD EPYC\x1b]0;pwned\x07\nFAKE LINE: 0 regressed"
+        p.write_text(json.dumps(raw))
+    cli.main(["compare", "run-a", "run-b"])
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    assert not any(line.startswith("FAKE LINE") for line in out.splitlines()), out

@@ -52,7 +52,8 @@ class Demand:
         return "Gbit/s" if self.kind == "stream" else "tps"
 
 
-_DEMAND = re.compile(r"^(stream|rr):(\d+(?:\.\d+)?)(gbit|gbps|mbit|mbps|kbit|kbps|tps|ktps)?$")
+_DEMAND = re.compile(r"^(stream|rr):(\d+(?:\.\d+)?)(gbit|gbps|mbit|mbps|kbit|kbps|tps|ktps)?$",
+                     re.ASCII)   # ASCII digits: float() would read '٣' as 3
 _SCALE = {"gbit": 1.0, "gbps": 1.0, "mbit": 1e-3, "mbps": 1e-3, "kbit": 1e-6, "kbps": 1e-6,
           "tps": 1.0, "ktps": 1e3}
 

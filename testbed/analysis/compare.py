@@ -41,7 +41,7 @@ from typing import Any
 
 from testbed.analysis import costs, hopgate, stats, tailgate
 from testbed.analysis import shift as shift_mod
-from testbed.errors import ExitStatus, TestbedError
+from testbed.errors import ExitStatus, TestbedError, one_line
 from testbed.host import paths
 from testbed.records import results
 from testbed.records.percentiles import METRIC_RE
@@ -67,11 +67,14 @@ UNDECIDED_STATUS = ExitStatus.UNDECIDED
 def resolve(ref: str | Path, results_root: Path | None = None) -> Path:
     """A run directory, or a run id under the results directory."""
     p = Path(ref)
-    if (p / "run.json").is_file():
-        return p
     root = results_root if results_root is not None else paths.results_dir()
-    if (root / str(ref) / "run.json").is_file():
-        return root / str(ref)
+    try:
+        if (p / "run.json").is_file():
+            return p
+        if (root / str(ref) / "run.json").is_file():
+            return root / str(ref)
+    except OSError as e:             # a name too long, a path through a file
+        raise RunNotFound(f"{str(ref)[:80]}: not a run directory ({e.strerror})") from None
     raise RunNotFound(f"{ref}: not a run directory, and no run {ref!r} under {root}")
 
 
@@ -651,7 +654,7 @@ def render_text(rc: RunComparison) -> str:
         lines.append(f"{d.severity.value:>9}: {d.what}: {d.base} -> {d.new}")
     if rc.refused:
         lines.append(f"REFUSED: {rc.refused}")
-        return "\n".join(lines) + "\n"
+        return "\n".join(one_line(x, 100_000) for x in lines) + "\n"
     if rc.across_hosts:
         lines.append("!! --across-hosts: BASE and NEW were measured on different hosts; every "
                      "difference below may be the hosts', not the build's")
@@ -724,7 +727,9 @@ def render_text(rc: RunComparison) -> str:
         lines.append("WATCH (no effect on the exit status): " + ", ".join(
             f"night shift {s.metric} {s.change:+.1%}, near the threshold" for s in rc.undecided_shifts)
             + "; `testbed history` tells a host's drift from a lasting change of the build")
-    return "\n".join(lines) + "\n"
+    # run ids, CPU models and cell ids come from the runs' files: a newline or a terminal
+    # escape in one must not forge a line ("0 regressed") or drive the terminal
+    return "\n".join(one_line(x, 100_000) for x in lines) + "\n"
 
 
 def resolution(rc: RunComparison) -> str | None:

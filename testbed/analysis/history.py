@@ -604,6 +604,11 @@ def acknowledge(root: object, spec: str, by: str | None, why: str | None) -> int
             raise UserFileError(arg, f"{v[:40]!r}: one printable line of at most 1000 characters")
     path = Path(str(root)) / ACKS
     read_acks(root)             # a file that cannot be read is refused, not appended to
+    if path.is_file() and path.stat().st_size and not _ends_a_line(path):
+        # a writer killed mid-line: appended to, the new line would be glued to the torn one
+        # and lost, and the file unreadable from then on
+        raise UserFileError(path, "its last line is torn (a writer stopped mid-line): remove that line, "
+                                  "then acknowledge again")
     path.parent.mkdir(parents=True, exist_ok=True)
     line = json.dumps({"cell": cell, "run": run, "by": by, "why": why, "when": results.now()}) + "\n"
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
@@ -611,6 +616,12 @@ def acknowledge(root: object, spec: str, by: str | None, why: str | None) -> int
         f.write(line)
     print(f"acknowledged {cell} change at {run} by {by}: {why}")
     return 0
+
+
+def _ends_a_line(path: object) -> bool:
+    with open(str(path), "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) == b"\n"
 
 
 def read_acks(root: object) -> list[dict]:

@@ -35,7 +35,8 @@ from testbed.records.records import RunRecord
 from testbed.tools import pacing
 
 _SLO_RE = re.compile(r"^(?P<fig>p\d{1,2}(?:\.\d{1,3})?|mean|loss)\s*(?P<op><=|<)\s*"
-                     r"(?P<num>\d+(?:\.\d+)?)\s*(?P<unit>us|ms|s|%)\s*@\s*(?P<load>\S+)$")
+                     r"(?P<num>\d+(?:\.\d+)?)\s*(?P<unit>us|ms|s|%)\s*@\s*(?P<load>\S+)$",
+                     re.ASCII)   # ASCII digits: float() would read '٣' as 3
 _TIME = {"us": 1.0, "ms": 1e3, "s": 1e6}
 #: the host's CPU binds when busy within this share of its cores
 CPU_BINDS = 0.9

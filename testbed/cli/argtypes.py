@@ -51,6 +51,14 @@ def number(low: float, high: float, *, low_open: bool = False) -> Callable[[str]
     return parse
 
 
+def level(text: str) -> float:
+    """A test's level or a false discovery rate: in (0, 1), as the statistics take it."""
+    v = _float(text)
+    if not (math.isfinite(v) and 0 < v < 1):
+        raise argparse.ArgumentTypeError(f"{one_line(text, 40)!r}: expected a level above 0 and below 1")
+    return v
+
+
 def fraction(text: str) -> float:
     """A fraction in [0, 1): thresholds, rates, headroom."""
     v = _float(text)

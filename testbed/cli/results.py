@@ -9,11 +9,12 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from testbed.errors import one_line
+from testbed.errors import ConfigError, one_line
 from testbed.host import paths
 from testbed.records import results
 
@@ -26,6 +27,7 @@ def _results_root(args: argparse.Namespace) -> Path:
 
 from testbed.cli import conventions as cv
 from testbed.cli.argtypes import fraction as _fraction
+from testbed.cli.argtypes import level as _level
 from testbed.cli.argtypes import integer, number, path_ref, text
 
 
@@ -48,6 +50,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     from testbed.records import store
     root = _results_root(args)
     dirs = [resolve(r, root) for r in args.runs] or list(results.iter_runs(root))
+    store.check_target(args.db or str(root / "index.sqlite"))
     # Every run is read and validated before the store is opened: a bad run creates nothing.
     for d in dirs:
         results.read_run(d)
@@ -75,6 +78,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     else:
         if args.new is None:
             raise compare.RunNotFound("compare needs BASE and NEW (or RUN --variants A B)")
+        if os.path.samefile(compare.resolve(args.base, root), compare.resolve(args.new, root)):
+            raise ConfigError("NEW", "run", f"{args.new} is BASE itself: a run compared with itself shows "
+                                            f"nothing (the gate would pass whatever it holds)")
         base, new = compare.load(args.base, root), compare.load(args.new, root)
     rc = api.compare(base, new, threshold=args.threshold, alpha=args.alpha, test=args.test, force=args.force,
                      q=args.fdr, min_samples=args.min_samples,
@@ -265,7 +271,7 @@ def add_commands(subparsers: Any) -> None:
     c.add_argument("--variants", nargs=2, metavar=("A", "B"),
                    help="compare variant B against variant A within one run")
     c.add_argument("--junit", metavar=cv.FILE, help="also write JUnit XML, one testcase per cell")
-    c.add_argument("--fdr", type=_fraction, default=0.05, metavar="Q",
+    c.add_argument("--fdr", type=_level, default=0.05, metavar="Q",
                    help="Benjamini-Hochberg false-discovery rate across all cells and deciding "
                         "metrics (default 0.05)")
     c.add_argument("--min-samples", type=integer(2, 10_000), default=5, metavar="N",
@@ -278,7 +284,7 @@ def add_commands(subparsers: Any) -> None:
                         "without it, and said in the output with it")
     c.add_argument("--threshold", type=_fraction, default=0.05, metavar="F",
                    help="relative change that counts (default 0.05)")
-    c.add_argument("--alpha", type=_fraction, default=0.05, metavar="F",
+    c.add_argument("--alpha", type=_level, default=0.05, metavar="F",
                    help="per-test significance level (default 0.05); the gate decides at --fdr")
     c.add_argument("--test", choices=TESTS, default="auto",
                    help="auto: Welch, or the permutation test where normality is doubtful (default)")

@@ -10,6 +10,7 @@ time, which is why re-indexing a run replaces its rows instead of adding to them
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -72,9 +73,9 @@ def check_target(target: str | Path | None, arg: str = "--db") -> None:
     target = str(target) if target is not None else default_target()
     if is_postgres(target):
         return
-    if not target.strip() or "\0" in target:
+    if not target.strip() or "\0" in target or target == "-":
         raise StoreError(f"{arg} {target!r}: not a store")
-    if "://" in target and not target.startswith("sqlite://"):
+    if ("://" in target or re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", target)) and not target.startswith("sqlite://"):
         # mysql://..., postgres:/x...: a URL of a store this testbed does not speak, not a file name
         raise StoreError(f"{arg} {target[:80]!r}: not a store this testbed can use (a SQLite file, "
                          f"sqlite://FILE or a postgresql:// URL)")
