@@ -93,6 +93,15 @@ RUN_CASES = {
     "status neither ok nor failed": lambda r: edit_sample(r, 0, lambda d: d.update(status="maybe")),
     "a metric as text": lambda r: edit_sample(r, 0, lambda d: d["metrics"].update(throughput_mbps="fast")),
     "not UTF-8": lambda r: (r / "samples.jsonl").write_bytes(b"\xff\xfe" + b"{}\n"),
+    # finite, yet no figure a sample holds: the statistics and the report overflowed on them
+    "a metric near the float maximum": lambda r: edit_sample(r, 0, lambda d: d["metrics"].update(throughput_mbps=1.7e308)),
+    "a denormal metric": lambda r: edit_sample(r, 0, lambda d: d["metrics"].update(throughput_mbps=5e-324)),
+    "a negative metric": lambda r: edit_sample(r, 0, lambda d: d["metrics"].update(throughput_mbps=-1)),
+    "negative host cores": lambda r: edit_sample(r, 0, lambda d: d.setdefault("cpu", {}).setdefault(
+        "host", {}).update(busy=-3)),
+    # a store's integer column holds 64 bits
+    "a 30-digit count": lambda r: edit_line(r / "samples.jsonl", 1,
+                                            lambda l: re.sub(r'"rep": \d+', '"rep": ' + "9" * 30, l)),
 }
 
 

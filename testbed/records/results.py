@@ -302,6 +302,11 @@ def _hints(cls: type) -> dict[str, Any]:
     return {f.name: f.type for f in dataclasses.fields(cls)}
 
 
+#: the range of a sample's metric that is not 0: no recorded figure (bytes, Mbit/s,
+#: transactions/s, microseconds, cores, percent) is below or above it
+METRIC_RANGE = (1e-12, 1e15)
+
+
 def check_shape(cls: type, d: Any, where: str, path: str = "") -> None:
     """Refuse a record whose known fields hold the wrong JSON types (``metrics`` as a list, a
     count as text), naming the field: the typed records would otherwise carry them into the
@@ -331,6 +336,16 @@ def check_shape(cls: type, d: Any, where: str, path: str = "") -> None:
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
                 raise safeio.UserFileError(where, f"metrics.{k}: expected a number, "
                                                   f"found {type(v).__name__}")
+            if v is not None and not (v == 0 or METRIC_RANGE[0] <= v <= METRIC_RANGE[1]):
+                # every figure a tool or the testbed records is a count, a rate, a time or a
+                # share; one outside these bounds is no measurement, and the statistics
+                # would overflow on it
+                raise safeio.UserFileError(where, f"metrics.{k}: {v!r} is not a figure a sample "
+                                                  f"holds (0, or {METRIC_RANGE[0]:g} to {METRIC_RANGE[1]:g})")
+        host = (d.get("cpu") or {}).get("host") if isinstance(d.get("cpu"), dict) else None
+        for k, v in (host.items() if isinstance(host, dict) else ()):
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
+                raise safeio.UserFileError(where, f"cpu.host.{k}: {v!r}: cores are never negative")
     if cls is CellOutcome:
         for k, v in (d.get("summary") or {}).items():
             if not isinstance(v, dict):
