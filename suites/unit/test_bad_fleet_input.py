@@ -534,3 +534,21 @@ def test_compare_prints_no_terminal_escape_or_forged_line_from_a_runs_files(caps
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out
     assert not any(line.startswith("FAKE LINE") for line in out.splitlines()), out
+
+
+@pytest.mark.parametrize("argv,arg", [
+    (["export-csv", "run-a", "-o", "results/run-a/samples.jsonl"], "--output"),
+    (["compare", "run-a", "run-b", "--junit", "results/run-a/run.json"], "--junit"),
+    (["report", "run-b", "--baseline", "run-a", "-o", "results/run-a/run.json"], "--output"),
+    (["history", "-o", "results/index.sqlite"], "--output"),
+    (["history", "-o", "results/history-acks.jsonl"], "--output"),
+])
+def test_an_output_never_replaces_an_input(capsys, env, argv, arg):
+    """Written over, the run, the store or the acknowledgements were lost at exit 0."""
+    root = _runs(env)
+    assert cli.main(["index", "run-a", "run-b"]) == 0
+    (root / "history-acks.jsonl").write_text('{"cell": "c1", "run": "r1", "by": "a", "why": "b"}\n')
+    capsys.readouterr()
+    before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    refused(capsys, argv, f"{arg}: ")
+    assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before

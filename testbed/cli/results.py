@@ -38,6 +38,20 @@ def _outputs(*named: tuple[str | None, str]) -> dict[str, Path | None]:
     return safeio.check_outputs(named)
 
 
+def _not_inputs(out: dict[str, Path | None], runs: list[Path] = (), files: list[Path | str | None] = ()) -> None:
+    """No output may replace what the command reads: a run's own files (its report.html
+    aside, which is an output), the store, the acknowledgements. Written over, the run or
+    the store would be lost at the command's exit 0."""
+    from testbed.host.safeio import UserFileError
+    real = {arg: Path(os.path.realpath(p)) for arg, p in out.items() if p is not None}
+    keep = {Path(os.path.realpath(f)) for f in files if f and os.path.exists(f)}
+    for arg, p in real.items():
+        inside = [d for d in runs if p.is_relative_to(os.path.realpath(d)) and p.exists() and p.name != "report.html"]
+        if p in keep or inside:
+            raise UserFileError(arg, f"{p} is one of this command's inputs; writing it would destroy "
+                                     f"{'the run ' + str(inside[0]) if inside else 'it'}")
+
+
 def _write(path: Path | None, text: str, arg: str) -> None:
     from testbed.host import safeio
     safeio.write_output(path, text, arg)      # 0644: a report is for sharing
@@ -82,6 +96,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             raise ConfigError("NEW", "run", f"{args.new} is BASE itself: a run compared with itself shows "
                                             f"nothing (the gate would pass whatever it holds)")
         base, new = compare.load(args.base, root), compare.load(args.new, root)
+    _not_inputs(out, [compare.resolve(r, root) for r in (args.base, args.new) if r is not None])
     rc = api.compare(base, new, threshold=args.threshold, alpha=args.alpha, test=args.test, force=args.force,
                      q=args.fdr, min_samples=args.min_samples,
                      variants=tuple(args.variants) if args.variants else None, across_hosts=args.across_hosts)
@@ -123,6 +138,7 @@ def cmd_history(args: argparse.Namespace) -> int:
         from testbed.host.safeio import UserFileError
         raise UserFileError("--by", f"{by!r}: expected one of {', '.join(history.BY)}")
     out = _outputs((args.output, "--output"))
+    _not_inputs(out, files=[args.db, root / "index.sqlite", root / history.ACKS])
     from testbed.analysis.sample_cost import METRICS as COST_METRICS
     if args.metric is not None and args.metric not in (*metric_columns(), *COST_METRICS) \
             and args.metric != history.HOPS and not args.metric.startswith(hopgate.PREFIXES):
@@ -158,6 +174,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         args.output = str(compare.resolve(args.runs[0], root) / "report.html"
                           if len(args.runs) == 1 else Path("report.html"))
     out = _outputs((args.output, "--output"), (args.csv, "--csv"))
+    _not_inputs(out, [compare.resolve(r, root) for r in [*args.runs, *([args.baseline] if args.baseline else [])]])
     records = [compare.load(r, root) for r in args.runs]
     baseline = compare.load(args.baseline, root) if args.baseline else None
     if baseline is not None and all(r.run_id != baseline.run_id for r in records):
@@ -180,6 +197,7 @@ def cmd_export_csv(args: argparse.Namespace) -> int:
     from testbed.analysis import compare, report
     root = _results_root(args)
     out = _outputs((args.output, "--output"))
+    _not_inputs(out, [compare.resolve(r, root) for r in args.runs])
     buf = io.StringIO()
     n = report.write_csv([compare.load(r, root) for r in args.runs], buf)
     _write(out["--output"], buf.getvalue(), "--output")
