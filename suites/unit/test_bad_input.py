@@ -11,6 +11,7 @@ import contextlib
 import io
 import os
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -359,6 +360,28 @@ def test_qcow2_images_pass_and_backing_files_do_not(tmp_path):
                    check=True, timeout=60)
     with pytest.raises(ConfigError, match="data file"):
         config.parse(f"guests: [{{name: g1, image: {ext}}}, {{name: g2}}]\n" + M, str(tmp_path / "t.yaml"))
+
+
+def test_aliases_that_multiply_work_are_refused_within_seconds(tmp_path):
+    """A few KB of YAML aliases: a profile of 1,000 rates named 1,000 times made a million
+    profiles before the duplicate names were seen (49 s), and one guest with an image
+    aliased 1,000 times ran qemu-img 1,000 times (15 s)."""
+    rates = ", ".join(f"{i + 1}tps" for i in range(1000))
+    f = tmp_path / "t.yaml"
+    f.write_text("name: x\nguests: [{name: g1}, {name: g2}]\nmatrix:\n  attachments: [bridge]\n  profiles:\n"
+                 f"    - &p {{name: tcp_rr, pattern: rr, rates: [{rates}]}}\n" + "    - *p\n" * 999)
+    t0 = time.monotonic()
+    _assert_one_line(*_cli(["validate", str(f)]), f, "matrix.profiles", "expands to more than 4096 profiles")
+    assert time.monotonic() - t0 < 10
+    img = tmp_path / "disk.qcow2"
+    try:
+        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(img), "1M"], check=True, timeout=60)
+    except FileNotFoundError:
+        pytest.skip("qemu-img missing (package qemu-utils)")
+    f.write_text(f"guests: [&g {{name: g1, image: {img}}}" + ", *g" * 999 + "]\n" + M)
+    t0 = time.monotonic()
+    _assert_one_line(*_cli(["validate", str(f)]), f, "guests[1]", "duplicate guest name 'g1'")
+    assert time.monotonic() - t0 < 10
 
 
 def test_run_refuses_bad_input_while_another_run_holds_the_host(tmp_path):

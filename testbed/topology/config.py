@@ -7,6 +7,7 @@ wonder whether a name can inject markup or shell syntax.
 """
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import ipaddress
 import json
@@ -262,8 +263,25 @@ def _image_path(n: Node, base: Path) -> str:
         resolved = str(p.resolve())
     except (OSError, RuntimeError) as e:
         raise n.error(f"cannot read image {show(str(p))}: {oserror(e)}") from None
-    _check_qcow2(n, resolved)
+    try:
+        st = os.stat(resolved)
+        key = (resolved, st.st_ino, st.st_size, st.st_mtime_ns)
+    except OSError:
+        key = None
+    # one qemu-img per image file and parse: a topology that names one image for many
+    # guests (or aliases one guest a thousand times) is read once, not once per guest
+    seen = _QCOW2_SEEN.get(None)
+    if key is None or seen is None or key not in seen:
+        _check_qcow2(n, resolved)
+        if key is not None and seen is not None:
+            seen.add(key)
     return resolved
+
+
+#: profiles a matrix may expand to (each of a profile's ``rates`` is one)
+MAX_PROFILES = 4096
+#: images found to be standalone qcow2 during the current parse (reset per parse)
+_QCOW2_SEEN: contextvars.ContextVar[set] = contextvars.ContextVar("qcow2_seen")
 
 
 def _check_qcow2(n: Node, path: str) -> None:
@@ -630,6 +648,16 @@ def _variant(n: Node, base: Path) -> Variant:
 def _matrix(n: Node, base: Path | None = None) -> Matrix:
     m = n.mapping(MATRIX_KEYS, required=("profiles",))
     profiles_nodes = m["profiles"].seq(1)
+    # counted before they are made: aliases of one profile with many rates would make
+    # millions of them before the duplicate names were seen
+    count = 0
+    for node in profiles_nodes:
+        rates = None
+        if isinstance(node.node, yaml.MappingNode):
+            rates = next((v for k, v in node.node.value if getattr(k, "value", None) == "rates"), None)
+        count += len(rates.value) + 1 if isinstance(rates, yaml.SequenceNode) else 1
+        if count > MAX_PROFILES:
+            raise m["profiles"].error(f"expands to more than {MAX_PROFILES} profiles (each rate a profile of its own)")
     expanded = [(node, p) for node in profiles_nodes for p in _with_rates(node, _profile(node))]
     profiles_nodes = [node for node, _ in expanded]
     profiles = tuple(p for _, p in expanded)
@@ -787,10 +815,13 @@ def _node_at(m: dict[str, Node], path: str) -> Node:
 
 def parse(text: str, file: str = "<string>", base: Path | None = None) -> Topology:
     root = compose(text, file)
+    token = _QCOW2_SEEN.set(set())
     try:
         return _parse(root, file, base)
     except RecursionError:
         raise ConfigError(file, "(top level)", "nested too deeply") from None
+    finally:
+        _QCOW2_SEEN.reset(token)
 
 
 def _parse(root: yaml.Node, file: str, base: Path | None) -> Topology:
