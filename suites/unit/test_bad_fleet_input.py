@@ -552,3 +552,17 @@ def test_an_output_never_replaces_an_input(capsys, env, argv, arg):
     before = {p: p.read_bytes() for p in root.rglob("*") if p.is_file()}
     refused(capsys, argv, f"{arg}: ")
     assert {p: p.read_bytes() for p in root.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("argv,arg", [
+    # an option its command would drop without a word
+    (["bench", "boot", "--threshold", "0.3"], "--threshold"),
+    (["bench", "boot", "--added", "0.5"], "--added"),
+    (["bench", "gate", "--duration", "100"], "--duration"),
+    (["bench", "density", "--gate-samples", "3"], "--gate-samples"),
+    (["history", "--ack", "c1@r1", "--who", "a", "--why", "b", "--metric", "nope"], "--metric"),
+    (["history", "--ack", "c1@r1", "--who", "a", "--why", "b", "-o", "f.html"], "--output"),
+])
+def test_an_option_the_command_would_drop_is_refused(capsys, env, argv, arg):
+    refused(capsys, argv, f"{arg}: ")
+    nothing_made(env)

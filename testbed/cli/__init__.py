@@ -289,15 +289,22 @@ def _domain_xml_text() -> str:
 
 #: which benchmark takes which numeric option (an option it ignores is refused, not dropped)
 BENCH_OPTIONS = {"--rounds": ("boot", "fidelity", "placement", "gate", "harness", "cost", "tracing"),
-                 "--pairs": ("density",), "--cells": ("soak", "gate"), "--seed": ("gate",)}
+                 "--pairs": ("density",), "--cells": ("soak", "gate"), "--seed": ("gate",),
+                 "--added": ("cost",), "--rules": ("cost",), "--gate-samples": ("cost",),
+                 "--threshold": ("cost",), "--duration": ("cost", "tracing")}
+#: the defaults of the options only some benchmarks take, set once none was refused
+BENCH_DEFAULTS = {"added": 0.05, "gate_samples": 40, "threshold": 0.05, "duration": 5}
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from testbed import bench
     from testbed.host.safeio import UserFileError
     for opt, takers in BENCH_OPTIONS.items():
-        if getattr(args, opt[2:]) is not None and args.what not in takers:
+        if getattr(args, opt[2:].replace("-", "_")) is not None and args.what not in takers:
             raise UserFileError(opt, f"bench {args.what} takes no {opt} (it is for: {', '.join(takers)})")
+    for name, value in BENCH_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     args.pairs = "1,2,4,8" if args.pairs is None else args.pairs
     args.seed = 0 if args.seed is None else args.seed
     return bench.main(args.what, args)
@@ -412,16 +419,16 @@ def parser() -> argparse.ArgumentParser:
                         "night (default 100, at least 20)")
     from testbed.cli.argtypes import fraction
     bc = b.add_argument_group("cost (a known per-packet cost added on B; see the cost page of the docs)")
-    bc.add_argument("--added", type=number(0.0, 1.0, low_open=True), default=0.05, metavar="F",
+    bc.add_argument("--added", type=number(0.0, 1.0, low_open=True), default=None, metavar="F",
                     help="cost: the per-packet cost added on B, as a fraction of A's (default 0.05)")
     bc.add_argument("--rules", type=integer(1, 100_000), default=None, metavar="N",
                     help="cost: nftables rules on B's taps instead of as many as make --added")
-    bc.add_argument("--gate-samples", type=integer(2, 100), default=40, metavar="N",
+    bc.add_argument("--gate-samples", type=integer(2, 100), default=None, metavar="N",
                     help="cost: samples a side of each gate (default 40: what a 5 %% cost needs on a "
                          "TCG guest; the bench also prints what smaller gates reach)")
-    bc.add_argument("--threshold", type=fraction, default=0.05, metavar="F",
+    bc.add_argument("--threshold", type=fraction, default=None, metavar="F",
                     help="cost: the gate's threshold (default 0.05, as `testbed compare`)")
-    bc.add_argument("--duration", type=integer(2, 600), default=5, metavar="S",
+    bc.add_argument("--duration", type=integer(2, 600), default=None, metavar="S",
                     help="cost, tracing: seconds a sample (default 5)")
     b.set_defaults(func=cmd_bench)
     from testbed.cli import results as cli_results

@@ -127,6 +127,14 @@ def cmd_history(args: argparse.Namespace) -> int:
     from testbed.records.store.schema import metric_columns
     root = _results_root(args)
     if args.ack is not None:
+        # an acknowledgement reads no store and prints no series: an option for those would
+        # be dropped without a word (and --cell/--metric would not narrow the ack)
+        given = [opt for opt, v in (("--by", args.by != "host"), ("--db", args.db), ("--cell", args.cell),
+                                    ("--metric", args.metric), ("--threshold", args.threshold != 0.05),
+                                    ("--output", args.output), ("--json", args.json)) if v]
+        if given:
+            from testbed.host.safeio import UserFileError
+            raise UserFileError(given[0], "is not for --ack (an acknowledgement is CELL@RUN with --who and --why)")
         return history.acknowledge(root, args.ack, args.who, args.why)
     for arg, v in (("--who", args.who), ("--why", args.why)):
         if v is not None:
