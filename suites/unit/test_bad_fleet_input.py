@@ -566,3 +566,10 @@ def test_an_output_never_replaces_an_input(capsys, env, argv, arg):
 def test_an_option_the_command_would_drop_is_refused(capsys, env, argv, arg):
     refused(capsys, argv, f"{arg}: ")
     nothing_made(env)
+
+
+def test_a_base_with_no_sample_left_decides_nothing(capsys, env):
+    """Its every cell is new to BASE: nothing was compared, so the gate cannot say "fine"."""
+    root = _runs(env)
+    (root / "run-a" / "samples.jsonl").write_text("")
+    assert cli.main(["compare", "run-a", "run-b"]) == 5, capsys.readouterr()

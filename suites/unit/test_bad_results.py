@@ -99,6 +99,8 @@ RUN_CASES = {
     "a negative metric": lambda r: edit_sample(r, 0, lambda d: d["metrics"].update(throughput_mbps=-1)),
     "negative host cores": lambda r: edit_sample(r, 0, lambda d: d.setdefault("cpu", {}).setdefault(
         "host", {}).update(busy=-3)),
+    "negative counts": lambda r: (r / "run.json").write_text(json.dumps(
+        {**json.loads((r / "run.json").read_text()), "counts": {"samples": -8, "failed": 0, "boots": 0}})),
     # a store's integer column holds 64 bits
     "a 30-digit count": lambda r: edit_line(r / "samples.jsonl", 1,
                                             lambda l: re.sub(r'"rep": \d+', '"rep": ' + "9" * 30, l)),

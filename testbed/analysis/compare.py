@@ -25,7 +25,8 @@ failure is listed, not a red night.
 
 Exit statuses (``RunComparison.exit_status``): 2 refused; 1 a cell regressed, broke, was
 redefined or is missing from NEW; 5 no cell failed but some could not be decided
-(insufficient, inconclusive, no baseline): a gate must not read "could not tell" as "fine";
+(insufficient, inconclusive, no baseline), or every cell is new to BASE (nothing was
+compared): a gate must not read "could not tell" as "fine";
 0 otherwise. Failed samples are left out of the statistics and listed.
 """
 from __future__ import annotations
@@ -533,7 +534,9 @@ class RunComparison:
             return 2
         if self.failing or self.failing_shifts:
             return 1
-        return UNDECIDED_STATUS if self.undecided or not self.cells else 0
+        # a night whose every cell is new to BASE compared nothing: "could not tell"
+        nothing = all(c.verdict is CellVerdict.NEW_ONLY for c in self.cells)
+        return UNDECIDED_STATUS if self.undecided or nothing else 0
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -406,6 +406,10 @@ def read_run(path: Path) -> RunRecord:
         except ValueError as e:
             raise safeio.UserFileError(where, str(e)) from None
         samples.append(s)
+    counts = run.get("counts") if isinstance(run.get("counts"), dict) else {}
+    for k, v in counts.items():
+        if isinstance(v, int) and not isinstance(v, bool) and v < 0:
+            raise safeio.UserFileError(run_file, f"counts.{k}: {v} is negative")
     try:
         return RunRecord.read(path, run, samples)
     except (TypeError, ValueError, AttributeError) as e:
