@@ -302,9 +302,14 @@ def _hints(cls: type) -> dict[str, Any]:
     return {f.name: f.type for f in dataclasses.fields(cls)}
 
 
-#: the range of a sample's metric that is not 0: no recorded figure (bytes, Mbit/s,
-#: transactions/s, microseconds, cores, percent) is below or above it
+#: the range of a sample's metric that is not 0, either side of it: no recorded figure
+#: (bytes, Mbit/s, transactions/s, microseconds, cores, percent, or a difference of them:
+#: a hop's unexplained time, a cost against an idle baseline) is smaller or larger
 METRIC_RANGE = (1e-12, 1e15)
+#: the tools' own figures, never negative (differences the testbed derives may be)
+NON_NEGATIVE = frozenset({"throughput_mbps", "transactions_per_s", "bytes", "duration_s", "retransmits",
+                          "msgs_sent", "msgs_replied", "udp_sent_msgs", "udp_recv_msgs", "loss_pct",
+                          "offered_per_s"})
 
 
 def check_shape(cls: type, d: Any, where: str, path: str = "") -> None:
@@ -336,12 +341,16 @@ def check_shape(cls: type, d: Any, where: str, path: str = "") -> None:
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
                 raise safeio.UserFileError(where, f"metrics.{k}: expected a number, "
                                                   f"found {type(v).__name__}")
-            if v is not None and not (v == 0 or METRIC_RANGE[0] <= v <= METRIC_RANGE[1]):
-                # every figure a tool or the testbed records is a count, a rate, a time or a
-                # share; one outside these bounds is no measurement, and the statistics
-                # would overflow on it
+            if v is not None and not (v == 0 or METRIC_RANGE[0] <= abs(v) <= METRIC_RANGE[1]):
+                # every figure a tool or the testbed records is a count, a rate, a time, a
+                # share or a difference of them; one of another size is no measurement, and
+                # the statistics would overflow on it
                 raise safeio.UserFileError(where, f"metrics.{k}: {v!r} is not a figure a sample "
-                                                  f"holds (0, or {METRIC_RANGE[0]:g} to {METRIC_RANGE[1]:g})")
+                                                  f"holds (0, or {METRIC_RANGE[0]:g} to {METRIC_RANGE[1]:g} "
+                                                  f"either side of it)")
+            if v is not None and v < 0 and (k in NON_NEGATIVE or k.startswith("latency_")):
+                raise safeio.UserFileError(where, f"metrics.{k}: {v!r}: a tool's count, rate or "
+                                                  f"time is never negative")
         host = (d.get("cpu") or {}).get("host") if isinstance(d.get("cpu"), dict) else None
         for k, v in (host.items() if isinstance(host, dict) else ()):
             if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
