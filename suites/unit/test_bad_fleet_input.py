@@ -573,3 +573,19 @@ def test_a_base_with_no_sample_left_decides_nothing(capsys, env):
     root = _runs(env)
     (root / "run-a" / "samples.jsonl").write_text("")
     assert cli.main(["compare", "run-a", "run-b"]) == 5, capsys.readouterr()
+
+
+def test_cleanup_with_a_hosts_file_cleans_its_remote_hosts_too(capsys, env, monkeypatch):
+    """The local clean-up first, then each remote host of the file over its own shell."""
+    from testbed.admin import cleanup
+    from testbed.host import remote
+    seen = []
+    monkeypatch.setattr(cleanup, "find", lambda uri: seen.append(("local", uri)))
+    monkeypatch.setattr(cleanup, "remove", lambda found, uri: None)
+    monkeypatch.setattr(remote, "shell", lambda h: f"shell-of-{h.name}")
+    monkeypatch.setattr(cleanup, "find_on", lambda sh, uri: seen.append((sh, uri)))
+    monkeypatch.setattr(cleanup, "remove_on", lambda sh, found, uri: None)
+    monkeypatch.setattr("testbed.cli._clean", lambda label, find, remove: find() or 0)
+    two = Path(__file__).resolve().parents[2] / "examples" / "two-hosts" / "ssh.yaml"
+    assert cli.main(["cleanup", "--hosts", str(two)]) == 0, capsys.readouterr().err
+    assert seen[0][0] == "local" and [s for s, _ in seen[1:]] == ["shell-of-hb"], seen

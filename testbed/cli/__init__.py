@@ -175,10 +175,10 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     from testbed.host import remote
     from testbed.topology import config
     # The topology naming remote hosts is read first: a bad file removes nothing anywhere.
-    remote = [h for h in config.load(args.hosts).hosts if h.remote] if args.hosts else []
+    remotes = [h for h in config.load(args.hosts).hosts if h.remote] if args.hosts else []
     rc = _clean("this host", lambda: cleanup.find(args.uri), lambda f: cleanup.remove(f, args.uri))
     # The remote hosts of a topology are cleaned too (over ssh and their libvirt).
-    for h in remote:
+    for h in remotes:
         sh = remote.shell(h)
         rc |= _clean(f"host {h.name}", lambda: cleanup.find_on(sh, h.uri),
                      lambda f: cleanup.remove_on(sh, f, h.uri))
