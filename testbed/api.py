@@ -201,17 +201,19 @@ def compare(base: PathLike | RunRecord, new: PathLike | RunRecord | None = None,
         raise ConfigError("compare", "new", "compare needs BASE and NEW (or one run and variants)")
     else:
         n = rec(new)
-        if not isinstance(base, RunRecord) and not isinstance(new, RunRecord) and _same_run(base, new, results_dir):
-            raise ConfigError("compare", "new", f"{new} is BASE itself: a run compared with itself shows "
+        if _same_run(b, n):
+            raise ConfigError("compare", "new", f"{n.dir} is BASE itself: a run compared with itself shows "
                                                 f"nothing (the gate would pass whatever it holds)")
     return cmp.compare_runs(b, n, threshold=threshold, alpha=alpha, force=force,
                             variants=tuple(variants) if variants else None, **options)
 
 
-def _same_run(a: PathLike, b: PathLike, results_dir: PathLike | None) -> bool:
-    from testbed.analysis import compare as cmp
-    root = Path(results_dir) if results_dir is not None else None
-    return os.path.samefile(cmp.resolve(a, root), cmp.resolve(b, root))
+def _same_run(a: RunRecord, b: RunRecord) -> bool:
+    """Both records read from one run folder (records made in memory have none)."""
+    try:
+        return (a.dir / "run.json").is_file() and os.path.samefile(a.dir, b.dir)
+    except OSError:
+        return False
 
 
 def render_comparison(comparison: RunComparison, *, fmt: str = "text") -> str:

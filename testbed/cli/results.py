@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from testbed.errors import ConfigError, one_line
+from testbed.errors import one_line
 from testbed.host import paths
 from testbed.records import results
 
@@ -92,9 +92,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     else:
         if args.new is None:
             raise compare.RunNotFound("compare needs BASE and NEW (or RUN --variants A B)")
-        if os.path.samefile(compare.resolve(args.base, root), compare.resolve(args.new, root)):
-            raise ConfigError("NEW", "run", f"{args.new} is BASE itself: a run compared with itself shows "
-                                            f"nothing (the gate would pass whatever it holds)")
         base, new = compare.load(args.base, root), compare.load(args.new, root)
     _not_inputs(out, [compare.resolve(r, root) for r in (args.base, args.new) if r is not None])
     rc = api.compare(base, new, threshold=args.threshold, alpha=args.alpha, test=args.test, force=args.force,
