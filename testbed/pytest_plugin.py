@@ -279,19 +279,21 @@ def _generate(metafunc: pytest.Metafunc) -> None:
         raise pytest.UsageError(f"{where}::{metafunc.definition.name}: testbed_cell needs "
                                 f"@pytest.mark.testbed(...) naming the matrix (pytest --markers)")
     t = marker_topology(mark, where)
-    check_floor(merged_marker(metafunc.definition, "testbed_floor"), t, f"{where}::{metafunc.definition.name}")
+    cells = api.plan(t)
+    check_floor(merged_marker(metafunc.definition, "testbed_floor"), {c.profile.name for c in cells},
+                f"{where}::{metafunc.definition.name}")
     params = [pytest.param(_Param(t, c), id=c.id, marks=pytest.mark.attach(c.attachment.value))
-              for c in api.plan(t)]
+              for c in cells]
     metafunc.parametrize("testbed_cell", params, indirect=True)
 
 
-def check_floor(mark: MergedMark | None, topology: Any, where: str) -> None:
-    """A ``testbed_floor`` names profiles of the test's matrix, each with a positive number: a
-    misspelt profile would leave the floor unchecked for ever, and a text would fail only
-    after the cell was measured."""
+def check_floor(mark: MergedMark | None, profiles: set[str], where: str) -> None:
+    """A ``testbed_floor`` names ``profiles`` of the test's matrix, each with a positive
+    number: a misspelt profile would leave the floor unchecked for ever, and a text would
+    fail only after the cell was measured."""
     if mark is None:
         return
-    names = sorted({c.profile.name for c in _plan(topology)})
+    names = sorted(profiles)
     if mark.args:
         raise pytest.UsageError(f"{where}: @pytest.mark.testbed_floor takes PROFILE=MINIMUM keywords, "
                                 f"not {mark.args[0]!r}")
@@ -305,11 +307,6 @@ def check_floor(mark: MergedMark | None, topology: Any, where: str) -> None:
         elif isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
             raise pytest.UsageError(f"{where}: @pytest.mark.testbed_floor: {key}: expected a positive "
                                     f"number (Mbit/s or transactions/s), not {v!r}")
-
-
-def _plan(topology: Any) -> list:
-    from testbed import api
-    return list(api.plan(topology))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
