@@ -135,8 +135,7 @@ def check_sources(inventory: str | os.PathLike) -> None:
         raise UserFileError(inventory, f"cannot be read: {e.strerror}") from None
     roots = [inv] if stat.S_ISDIR(st.st_mode) else []
     if not stat.S_ISDIR(st.st_mode):
-        _check_file(inv, str(inventory))
-        _not_a_plugin(inv, str(inventory))
+        _not_a_plugin(_check_file(inv, str(inventory))[1], str(inventory))
         roots += [inv.parent / d for d in ("group_vars", "host_vars") if os.path.lexists(inv.parent / d)]
     total, count = 0, 0
     for root in roots:
@@ -148,7 +147,7 @@ def check_sources(inventory: str | os.PathLike) -> None:
                 raise UserFileError(path, f"more than {MAX_DEPTH} folders deep")
             if path.is_dir():
                 continue
-            total += _check_file(path, str(path))
+            total += _check_file(path, str(path))[0]
             if total > MAX_TOTAL_BYTES:
                 raise UserFileError(inventory, f"its files take more than {MAX_TOTAL_BYTES} bytes")
 
@@ -176,37 +175,38 @@ def _walk(root: Path):
         stack.extend((d / n, depth + 1) for n in reversed(names))
 
 
-def _check_file(path: Path, where: str) -> int:
+def _check_file(path: Path, where: str) -> tuple[int, str]:
+    """One file Ansible reads, read once: its size in bytes and its text."""
     data = safeio.read_regular(path, MAX_FILE_BYTES, where)
     try:
-        data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise UserFileError(where, f"not UTF-8 text (byte {e.start})") from None
     if b"\0" in data:
         raise UserFileError(where, f"holds a NUL byte (byte {data.index(bytes(1))})")
-    if (n := _range_hosts(data.decode("utf-8"))) > MAX_HOSTS:
+    if (n := _range_hosts(text)) > MAX_HOSTS:
         raise UserFileError(where, f"its host ranges ([0:99]) expand to {n} hosts; a fleet takes at most {MAX_HOSTS}")
-    if (m := _PYTHON_TAG.search(data.decode("utf-8"))) is not None:
-        raise UserFileError(where, f"line {data[:m.start()].count(bytes([10])) + 1}: a YAML tag that builds a "
+    if (m := _PYTHON_TAG.search(text)) is not None:
+        raise UserFileError(where, f"line {text.count(chr(10), 0, m.start()) + 1}: a YAML tag that builds a "
                                    f"Python object ({m.group(0)}); a fleet takes plain values")
     if b"&" in data and b"*" in data:
         n = _yaml_values(data)
         if n > MAX_YAML_VALUES:
             raise UserFileError(where, f"its YAML aliases expand to more than {MAX_YAML_VALUES} values")
-    return len(data)
+    return len(data), text
 
 
 #: YAML tags that build Python objects (Ansible's loader refuses them too, without saying where)
 _PYTHON_TAG = re.compile(r"!!?python/[A-Za-z_/:.]*|tag:yaml\.org,2002:python/[A-Za-z_/:.]*")
 
 
-def _not_a_plugin(path: Path, where: str) -> None:
-    """An inventory source that configures an inventory plugin (``plugin: aws_ec2``) is no
-    list of hosts: Ansible's reader here takes INI and YAML host lists only, and would say
-    no more than that it failed to parse the file."""
+def _not_a_plugin(text: str, where: str) -> None:
+    """An inventory source (``text``, as read and checked) that configures an inventory
+    plugin (``plugin: aws_ec2``) is no list of hosts: Ansible's reader here takes INI and
+    YAML host lists only, and would say no more than that it failed to parse the file."""
     try:
-        data = yaml.safe_load(path.read_text())
-    except (yaml.YAMLError, OSError, UnicodeDecodeError):
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
         return                      # INI, or not YAML: Ansible's reader says what is wrong
     if isinstance(data, dict) and "plugin" in data:
         raise UserFileError(where, f"plugin: names an inventory plugin ({str(data['plugin'])[:40]}); a fleet "
