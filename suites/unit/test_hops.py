@@ -4,6 +4,7 @@ topology option, and the gate naming the hop a regression is in."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -306,3 +307,39 @@ def test_the_tracing_bench_pairs_each_arm_with_its_rounds_untraced_sample():
     assert s["counted"]["hits_per_transaction"] == 14.5 and s["counted"]["bpf_cores"] == 0.05   # 0.07 and 0.03 cores
     assert s["program_pct"] == 10.0 and s["counting_pct"] == 5.0
     assert s["untraced"]["tps"] == 200.0 and "cost_pct" not in s["untraced"]
+
+
+def test_a_tracer_that_will_not_exit_is_described_then_killed(tmp_path):
+    # a real process that ignores SIGINT, in the tracer's place: the reason says where it
+    # waited and how much CPU it used meanwhile, and nothing is left running
+    from testbed.host import proc
+    from testbed.measure.hops import tracer
+    t = tracer.HostTracer(program="", out_dir=str(tmp_path), name="tb-hops-test")
+    t.bg = proc.start(["/bin/sh", "-c", "trap '' INT; exec sleep 60"], out_dir=str(tmp_path), name="tb-hops-test")
+    pid = t.bg.popen.pid
+    import time
+    deadline = time.monotonic() + 10
+    while open(f"/proc/{pid}/comm").read().strip() != "sleep" and time.monotonic() < deadline:
+        time.sleep(0.02)
+    with pytest.raises(tracer.TracerError) as e:
+        t.stop(timeout=1)
+    reason = str(e.value)
+    assert reason.startswith("bpftrace did not exit within 1 s of SIGINT (state S; 0.0 s of CPU in 1 s;"), reason
+    assert "nanosleep" in reason, reason                 # the kernel function its thread sleeps in
+    assert t.bg is None and t.stop_s is None
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_a_tracer_that_exits_on_sigint_gives_its_output_and_how_long_it_took(tmp_path):
+    from testbed.host import proc
+    from testbed.measure.hops import tracer
+    t = tracer.HostTracer(program="", out_dir=str(tmp_path), name="tb-hops-test")
+    t.bg = proc.start(["/bin/sh", "-c", "trap 'echo bye; exit 0' INT; echo hi; while :; do sleep 0.05; done"],
+                      out_dir=str(tmp_path), name="tb-hops-test")
+    import time
+    deadline = time.monotonic() + 10
+    while "hi" not in t.bg.stdout() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert t.stop(timeout=30) == "hi\nbye\n"
+    assert 0 <= t.stop_s < 30

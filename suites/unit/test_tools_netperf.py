@@ -61,6 +61,8 @@ EXPECTED: dict[str, dict[str, float]] = {
         transactions_per_s=10081.76, latency_mean_us=99.10, latency_p99_us=229,
         local_cpu_pct=54.30, remote_cpu_pct=53.27),
     "netperf_real_TCP_MAERTS_classic.txt": dict(throughput_mbps=5489.56, duration_s=3.0),
+    "netperf_real_TCP_MAERTS_-c-C-j_-D0.3_-k.txt": dict(throughput_mbps=6008.22, duration_s=1.0,
+                                                       latency_p99_us=74),
     "netperf_real_TCP_RR_-o_latency_cpu.txt": dict(
         transactions_per_s=12984.78, latency_mean_us=76.95, latency_p50_us=75, latency_p90_us=90,
         latency_p99_us=127),
@@ -173,6 +175,38 @@ def test_interim_lines_become_intervals() -> None:
     assert dict(intervals[0]) == {"throughput_mbps": 25425.52, "duration_s": 1.25,
                                   "timestamp_ms": pytest.approx(1327962078405.0)}
     assert intervals[4]["duration_s"] == 1.27
+
+
+DEMO = FIXTURES / "netperf" / "netperf_real_TCP_MAERTS_-c-C-j_-D0.3_-k.txt"
+CATCHER = "catcher: timer popped with times_up != 0\n"
+
+
+def test_keyval_interim_lines_become_intervals() -> None:
+    stdout, _ = load(DEMO)
+    result = NETPERF.parse(stdout)
+    assert [iv["throughput_mbps"] for iv in result.intervals] == [6496.19, 5837.50, 5840.20, 4748.56]
+    assert result.intervals[3]["duration_s"] == 0.040 and not result.warnings
+
+
+def test_netperfs_timer_message_inside_an_interim_line_is_taken_out_and_the_line_read_whole() -> None:
+    # a starved client: netperf's SIGALRM handler printed this on the same stream while
+    # the interim line was half printed, so the figure went to the line after it
+    stdout, _ = load(DEMO)
+    garbled = stdout.replace("NETPERF_INTERIM_RESULT[3]=", "NETPERF_INTERIM_RESULT[3]=" + CATCHER)
+    assert garbled != stdout
+    assert NETPERF.parse(garbled) == NETPERF.parse(stdout)
+    # at a line's start (where it is printed when it does not interrupt a line) too
+    assert NETPERF.parse(stdout.replace("THROUGHPUT=", CATCHER + "THROUGHPUT=")) == NETPERF.parse(stdout)
+
+
+def test_an_interim_result_that_is_not_a_figure_is_left_out_with_a_warning() -> None:
+    stdout, _ = load(DEMO)
+    result = NETPERF.parse(stdout.replace("NETPERF_INTERVAL[1]=0.334", "NETPERF_INTERVAL[1]=0.3#4"))
+    assert result.ok and result.metrics == NETPERF.parse(stdout).metrics
+    assert [iv["throughput_mbps"] for iv in result.intervals] == [6496.19, 5840.20, 4748.56]
+    (warning,) = result.warnings
+    assert warning.startswith("netperf interim result 1 is not figures (") and "0.3#4" in warning
+    assert warning.endswith("left out")
 
 
 def test_csv_with_more_values_than_headers_warns() -> None:

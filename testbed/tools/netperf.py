@@ -11,6 +11,7 @@ import math
 import re
 from collections.abc import Sequence
 
+from testbed.errors import one_line
 from testbed.tools.base import ToolDriver, ToolResult, UnsupportedProfile, check_addr, check_port, error_line, sizes
 from testbed.topology.model import Pattern, Profile, Protocol, Tool
 
@@ -75,6 +76,10 @@ _CONFID_RE = re.compile(r"(Throughput|Local CPU util|Remote CPU util)\s*:\s*([\d
 _ERR_RE = re.compile(r"\b(error|errno|could not|are you sure|unknown|failed|refused|unreachable|"
                      r"timed out|no response|reset by peer|not found|invalid|cannot)\b", re.I)
 _NUM_RE = re.compile(r"^-?\d+(?:\.\d+)?$")
+#: netperf prints this from its SIGALRM handler when the timer pops again after the test's
+#: end (a starved client); on the same stdio stream, so it can land inside a line being
+#: printed ("NETPERF_INTERIM_RESULT[3]=" + it + "10125.91"). Taken out, the line is whole.
+_CATCHER_RE = re.compile(r"catcher: timer popped with times_up != 0\n?")
 
 
 #: the interval when pacing (ms): bursts every 10 ms, fine enough for 1 s reporting
@@ -190,7 +195,8 @@ class NetperfDriver(ToolDriver):
 
 
 def parse(stdout: str, stderr: str = "", rc: int = 0) -> ToolResult:
-    lines = [ln.rstrip() for ln in (stdout or "").splitlines()]
+    stdout = _CATCHER_RE.sub("", stdout or "")
+    lines = [ln.rstrip() for ln in stdout.splitlines()]
     if rc != 0:
         line = error_line((stderr, stdout), _ERR_RE) or "no output"
         return ToolResult.failed(f"netperf exited {rc}: {line}")
@@ -201,7 +207,7 @@ def parse(stdout: str, stderr: str = "", rc: int = 0) -> ToolResult:
     metrics: dict[str, float] = {}
     intervals: list[dict[str, float]] = []
 
-    fields = _keyval(lines, intervals)
+    fields = _keyval(lines, intervals, warnings)
     if not fields and not any(ln.split()[:1] == ["bytes"] for ln in body):
         fields = _csv(body, warnings) or _columns(body)
     if fields:
@@ -285,7 +291,7 @@ def _mbps(value: float, unit: str) -> float | None:
     return value * 1024 ** ("KMG".index(m.group(2)) + 1) * 8 / 1e6   # netperf's K/M/G are binary
 
 
-def _keyval(lines: Sequence[str], intervals: list[dict[str, float]]) -> dict[str, str]:
+def _keyval(lines: Sequence[str], intervals: list[dict[str, float]], warnings: list[str]) -> dict[str, str]:
     fields: dict[str, str] = {}
     interim: dict[int, dict[str, str]] = {}
     for ln in lines:
@@ -294,9 +300,14 @@ def _keyval(lines: Sequence[str], intervals: list[dict[str, float]]) -> dict[str
             interim.setdefault(int(m.group(2)), {})[m.group(1)] = m.group(3)
         elif m:
             fields[m.group(1)] = m.group(3)
-    for _, iv in sorted(interim.items()):
-        _interim(iv.get("NETPERF_INTERIM_RESULT"), iv.get("NETPERF_UNITS"),
-                 iv.get("NETPERF_INTERVAL"), iv.get("NETPERF_ENDING"), intervals)
+    for i, iv in sorted(interim.items()):
+        try:
+            _interim(iv.get("NETPERF_INTERIM_RESULT"), iv.get("NETPERF_UNITS"),
+                     iv.get("NETPERF_INTERVAL"), iv.get("NETPERF_ENDING"), intervals)
+        except ValueError:
+            # one garbled interval is left out; the test's own result may still be whole
+            warnings.append(f"netperf interim result {i} is not figures "
+                            f"({one_line(repr(iv), 200)}); left out")
     return fields if set(fields) & set(SELECTORS) else {}
 
 

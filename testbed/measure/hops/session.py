@@ -242,6 +242,8 @@ class SampleHops:
                          "follows_one_in": program.sample_for(self.session.plan)}
             if t is not None:
                 rec["attach_s"] = t.attach_s  # type: ignore[attr-defined]
+                if getattr(t, "stop_s", None) is not None:
+                    rec["stop_s"] = t.stop_s  # type: ignore[attr-defined]
                 st = t.stats  # type: ignore[attr-defined]
                 if not self.counted:
                     rec["bpf"] = {"not_counted": NOT_COUNTED}

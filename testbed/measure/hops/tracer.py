@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
 import time
 from dataclasses import dataclass
 
@@ -24,15 +25,54 @@ log = logging.getLogger(__name__)
 
 ATTACH_TIMEOUT_S = 90.0
 GUEST_ATTACH_TIMEOUT_S = 600.0       # LLVM compiling under TCG
-#: bpftrace prints its maps after SIGINT; on a host saturated by other work that took more
-#: than 30 s once (a CI machine running two tracers and guests beside each other). One
-#: SIGINT only: bpftrace 0.17 given a second one while it reads its maps (0.1 s after the
-#: first, 40 000 keys) exits without printing any, where waiting gets them all
-STOP_TIMEOUT_S = 90.0
+#: bpftrace detaches its probes, runs END and prints its maps after SIGINT: under a second
+#: here, but more than 30 s once and more than 90 s once on a CI machine saturated by tests
+#: beside it (two tracers and TCG guests). One SIGINT only: bpftrace 0.17 given a second
+#: one while it reads its maps (0.1 s after the first, 40 000 keys) exits without printing
+#: any, where waiting gets them all. One that still has not exited is described (where its
+#: threads wait in the kernel, the CPU it used meanwhile) before it is killed, so the
+#: sample's reason says whether it was starved, spinning or stuck.
+STOP_TIMEOUT_S = 180.0
+GUEST_STOP_TIMEOUT_S = 360.0         # its maps read under TCG
 
 
 class TracerError(Exception):
     """A tracer that could not start or stop; the sample's hops say why."""
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """The user and system CPU time a process has used (/proc/PID/stat), or None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    # after the command's ")": state is field 3, utime and stime are fields 14 and 15
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def describe(pid: int, cpu0: float | None, waited_s: float) -> str:
+    """Where a process that would not exit is: its state, the CPU it used while it was
+    waited for, and the distinct kernel functions its threads wait in (their stacks' top)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "it exited as it was killed"
+    parts = [f"state {state}"]
+    if cpu0 is not None and (cpu1 := cpu_seconds(pid)) is not None:
+        parts.append(f"{cpu1 - cpu0:.1f} s of CPU in {waited_s:.0f} s")
+    waits: list[str] = []
+    with contextlib.suppress(OSError):
+        for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{pid}/task/{tid}/stack") as f:
+                    frames = [ln.split("] ", 1)[-1].split("+", 1)[0] for ln in f.read().splitlines()]
+                if frames and frames[0] not in waits:
+                    waits.append(frames[0])
+    if waits:
+        parts.append("threads waiting in " + ", ".join(waits[:4]))
+    return "; ".join(parts)
 
 
 @dataclass
@@ -44,6 +84,8 @@ class HostTracer:
     name: str = "tb-hops-host"
     bg: proc.Background | None = None
     attach_s: float | None = None
+    #: seconds from SIGINT to its exit
+    stop_s: float | None = None
     stats: bpfstats.RunStats | None = None
 
     def start(self, timeout: float = ATTACH_TIMEOUT_S) -> None:
@@ -66,21 +108,29 @@ class HostTracer:
             time.sleep(0.05)
         self.attach_s = round(time.monotonic() - t0, 3)
 
-    def stop(self) -> str:
+    def stop(self, timeout: float = STOP_TIMEOUT_S) -> str:
         """Its output, once it printed its maps and exited."""
         bg = self.bg
         if bg is None:
             raise TracerError("bpftrace was not started")
-        self.stats = bpfstats.of_process(bg.popen.pid)
+        pid = bg.popen.pid
+        self.stats = bpfstats.of_process(pid)
+        cpu0 = cpu_seconds(pid)
+        t0 = time.monotonic()
         with contextlib.suppress(ProcessLookupError):
-            os.kill(bg.popen.pid, signal.SIGINT)
+            os.kill(pid, signal.SIGINT)
         try:
-            bg.popen.wait(timeout=STOP_TIMEOUT_S)
-        except Exception:
+            bg.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            seen = describe(pid, cpu0, time.monotonic() - t0)
             bg.stop()
-            raise TracerError(f"bpftrace did not exit within {STOP_TIMEOUT_S:.0f} s of SIGINT") from None
+            raise TracerError(f"bpftrace did not exit within {timeout:.0f} s of SIGINT ({seen})") from None
+        except BaseException:
+            bg.stop()
+            raise
         finally:
             self.bg = None
+        self.stop_s = round(time.monotonic() - t0, 3)
         return bg.stdout()
 
     def kill(self) -> None:
@@ -150,8 +200,9 @@ class GuestTracer:
             a.kill(pid, "INT")  # type: ignore[attr-defined]
             t0 = time.monotonic()
             while a.alive(pid):  # type: ignore[attr-defined]
-                if time.monotonic() - t0 > STOP_TIMEOUT_S * 4:
-                    raise TracerError(f"bpftrace in {self.guest} did not exit after SIGINT")
+                if time.monotonic() - t0 > GUEST_STOP_TIMEOUT_S:
+                    raise TracerError(f"bpftrace in {self.guest} did not exit within "
+                                      f"{GUEST_STOP_TIMEOUT_S:.0f} s of SIGINT")
                 time.sleep(0.5)
             self.pid = None
             return a.read_file(self.OUTPUT)  # type: ignore[attr-defined]
@@ -169,4 +220,4 @@ class GuestTracer:
             self._run(["/sbin/sysctl", "-q", "-w", "kernel.bpf_stats_enabled=0"])
 
 
-__all__ = ["GuestTracer", "HostTracer", "TracerError"]
+__all__ = ["GuestTracer", "HostTracer", "TracerError", "cpu_seconds", "describe"]
