@@ -137,6 +137,26 @@ def test_a_session_that_is_not_root_says_it_measured_nothing(tmp_path):
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.parametrize("how", ["conftest", "option"])
+def test_a_team_that_names_the_plugin_as_well_gets_it_once(tmp_path, how):
+    # the entry point already loads it; naming it too (pytest_plugins in a conftest, or
+    # -p) is what many teams write, and was a ValueError from pytest about a plugin
+    # registered twice
+    files = {"tests/test_x.py": """
+        import pytest
+
+
+        @pytest.mark.testbed(attachments=["netns-veth"], profiles=["tcp_stream"], duration=2)
+        def test_x(testbed_cell):
+            testbed_cell.measure()
+        """, "tests/conftest.py": "import os\nos.geteuid = lambda: 1000\n"}
+    if how == "conftest":
+        files["tests/conftest.py"] += 'pytest_plugins = ["testbed.pytest_plugin"]\n'
+    p = _pytest(tmp_path, files, *(["-p", "testbed.pytest_plugin"] if how == "option" else []))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert "1 skipped" in p.stdout and p.stdout.count("testbed: nothing measured") == 1, p.stdout
+
+
 def test_a_teams_own_fixture_of_the_same_name_is_theirs(tmp_path):
     p = _pytest(tmp_path, {"tests/conftest.py": """
         import pytest
