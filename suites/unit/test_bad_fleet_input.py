@@ -290,6 +290,20 @@ def test_retry_of_a_fleet_without_its_wheel_is_refused(capsys, env):
     (lambda r: r.update(forks=10**9), "forks"),
     (lambda r: r.update(topology="../../etc/passwd"), "topology"),
     (lambda r: r.update(hosts="h1"), "hosts"),
+    # a host listed twice would be counted twice in its class's outliers and capacity
+    (lambda r: r.update(hosts=[{"name": "h1", "status": "done"}, {"name": "h1", "status": "done"}]),
+     "host 'h1' is listed twice"),
+    (lambda r: r.update(hosts=[{"name": "h1", "status": "done", "folder": "h"},
+                               {"name": "h2", "status": "done", "folder": "h"}]), "folder 'h' is another host's"),
+    (lambda r: r.update(hosts=[{"name": "h1", "status": "done", "peer": "h9", "role": "first"}]),
+     "its pair's other host 'h9' is not listed as its peer"),
+    (lambda r: r.update(hosts=[{"name": "h1", "status": "done", "peer": "h2", "role": "first"},
+                               {"name": "h2", "status": "done", "peer": "h1", "role": "first"}]),
+     "is not listed as its peer"),
+    (lambda r: r.update(hosts=[{"name": "h1", "status": "done", "peer": "h1", "role": "first"}]),
+     "is not listed as its peer"),
+    (lambda r: r.update(hosts=[{"name": "h1", "status": "done", "peer": "h2", "role": "leader"},
+                               {"name": "h2", "status": "done", "peer": "h1", "role": "second"}]), "role 'leader'"),
 ])
 def test_a_damaged_fleet_record_is_refused(capsys, env, edit, words):
     f = _fleet(env)

@@ -154,6 +154,31 @@ def _host(raw: object, d: Path) -> HostOutcome:
     return h
 
 
+def _check_together(hosts: tuple[HostOutcome, ...]) -> None:
+    """The hosts as one run: each named once, in a folder of its own, and each pair's two
+    hosts naming each other in the two roles (the report shows a pair's figures once, under
+    its first host, and a host listed twice would be counted twice in its class)."""
+    by = {}
+    folders: set[str] = set()
+    for h in hosts:
+        if h.name in by:
+            raise ValueError(f"host {one_line(h.name, 40)!r} is listed twice")
+        if h.folder is not None and h.folder in folders:
+            raise ValueError(f"host {one_line(h.name, 40)}: folder {h.folder!r} is another host's")
+        by[h.name] = h
+        folders.add(h.folder or "")
+    for h in hosts:
+        if (h.peer is None) != (h.role is None) or h.role not in (None, "first", "second"):
+            raise ValueError(f"host {one_line(h.name, 40)}: peer {one_line(repr(h.peer), 40)} "
+                             f"with role {one_line(repr(h.role), 20)}")
+        if h.peer is None:
+            continue
+        other = by.get(h.peer)
+        if other is None or other is h or other.peer != h.name or other.role == h.role:
+            raise ValueError(f"host {one_line(h.name, 40)}: its pair's other host "
+                             f"{one_line(repr(h.peer), 40)} is not listed as its peer")
+
+
 def read(spec: str | Path, root: Path) -> FleetRun:
     d = resolve(spec, root)
     where = d / "fleet.json"
@@ -167,6 +192,7 @@ def read(spec: str | Path, root: Path) -> FleetRun:
         if not isinstance(raw.get("hosts"), list) or not raw["hosts"]:
             raise ValueError("hosts: expected a list of hosts")
         hosts = tuple(_host(h, d) for h in raw["hosts"])
+        _check_together(hosts)
         for k in ("fleet_id", "inventory", "topology", "started"):
             if not isinstance(raw.get(k), str) or not raw[k]:
                 raise ValueError(f"{k}: expected text")
