@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -59,7 +60,18 @@ def test_a_traced_namespace_cell_gives_every_hop_closure_and_its_cost(tmp_path, 
     # A B B A: the first round starts untraced, the second traced
     order = [s["cell"]["id"] == traced_id for s in samples]
     assert order[:4] == [False, True, True, False]
-    for s in traced:
+    # A host tracer that would not exit after SIGINT is that sample's finding, given as its
+    # hops' reason with where the tracer waited (a CI machine saturated by the tests beside
+    # it once kept one past 90 s): one such sample is reported, not failed; two are a fault.
+    stuck = [s for s in traced
+             if s["extra"]["hops"]["tracers"]["host"].get("reason", "").startswith("bpftrace did not exit")]
+    assert len(stuck) <= 1, [s["extra"]["hops"]["tracers"]["host"]["reason"] for s in stuck]
+    for s in stuck:
+        why = s["extra"]["hops"]["tracers"]["host"]["reason"]
+        warnings.warn(f"a traced sample's host tracer did not exit: {why}")
+        assert "state " in why and all(why in h.get("not_observed", "") for h in s["extra"]["hops"]["hops"]
+                                        if h["id"] != "unexplained"), why
+    for s in (s for s in traced if s not in stuck):
         hops = {h["id"]: h for h in s["extra"]["hops"]["hops"]}
         for hid in ("req.client_stack", "req.1.wire", "req.2.switch", "req.3.wire", "req.server_stack",
                     "server_app", "resp.server_stack", "resp.2.switch", "resp.client_stack", "client_app"):
@@ -82,7 +94,7 @@ def test_a_traced_namespace_cell_gives_every_hop_closure_and_its_cost(tmp_path, 
         assert 0 <= s["extra"]["hops"]["tracers"]["host"]["stop_s"] < 180
         assert bpf["run_cnt"] > 0 if s["rep"] == 0 else "not_counted" in bpf, (s["rep"], bpf)
     # each traced sample keeps its tracer's own output beside the tool's
-    assert len(list(run_dir.glob(f"raw/{traced_id}/rep*-hops-host.out"))) == 3
+    assert len(list(run_dir.glob(f"raw/{traced_id}/rep*-hops-host.out"))) == 3 - len(stuck)
     # torn down: no tracer left running, tracefs as it was
     assert not leftover_tracers()
     # tracefs as the host had it: mounted by a testbed process only while one still uses it
