@@ -596,7 +596,9 @@ class CellUnderTest:
         ctx = Context(self.run, window.Watch(t.noise), pids, placement, mhz / 1000 if mhz else None,
                       stats.StoppingRule(t.matrix.repetitions), t.matrix.repetitions.warmup,
                       hooks=hooks.for_topology(t))
-        self.samples = sampling.measure(ctx, [Arm(c, tuple(paths))])[0]
+        from testbed.admin import cleanup
+        with cleanup.measure_lock():
+            self.samples = sampling.measure(ctx, [Arm(c, tuple(paths))])[0]
         s = self.samples[-1]
         if check:
             bad = next((x for x in self.samples if not x.ok), None)

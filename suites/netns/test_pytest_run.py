@@ -96,3 +96,38 @@ def test_a_measuring_pytest_session_writes_a_run_that_report_renders(tmp_path: P
     assert r.returncode == 0, r.stderr[-2000:]
     page = html.read_text()
     assert run["run_id"] in page and "netns-veth" in page
+
+
+XDIST_INNER = '''
+import pytest
+
+
+@pytest.mark.testbed(attachments=["netns-veth", "netns-bridge"], profiles=["tcp_stream"], duration=2,
+                     repetitions={"warmup": 0, "min": 2, "max": 2, "rsd_target": 0})
+def test_x(testbed_cell):
+    assert testbed_cell.measure().ok
+'''
+
+
+def test_workers_of_one_session_measure_one_cell_at_a_time(tmp_path: Path) -> None:
+    """A team's session under pytest-xdist: each worker writes its own run, and no sample of
+    one has the other's traffic beside it (each cell's samples hold the host's measure lock)."""
+    require_root()
+    (tmp_path / "test_inner.py").write_text(XDIST_INNER)
+    results = tmp_path / "results"
+    env = {**os.environ, "PYTHONPATH": str(Path(testbed.__file__).parent.parent)}
+    env.pop("TESTBED_RESULTS", None)
+    p = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "2",
+                        str(tmp_path / "test_inner.py"), "--results", str(results)],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    assert p.returncode == 0 and "2 passed" in p.stdout, p.stdout[-3000:] + p.stderr[-2000:]
+    from datetime import datetime
+    windows = []
+    for run_dir in sorted(d for d in results.iterdir() if d.is_dir()):
+        samples = [json.loads(x) for x in (run_dir / "samples.jsonl").read_text().splitlines()]
+        if samples:
+            windows.append((datetime.fromisoformat(samples[0]["started"]),
+                            datetime.fromisoformat(samples[-1]["ended"]), run_dir.name))
+    assert len(windows) == 2, windows        # one run a worker, each with its cell's samples
+    (a0, a1, _), (b0, b1, _) = sorted(windows)
+    assert a1 <= b0, windows                 # the second worker's cell began after the first's ended

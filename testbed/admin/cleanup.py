@@ -406,6 +406,26 @@ def lock_path() -> Path:
 
 
 @contextlib.contextmanager
+def measure_lock() -> Iterator[None]:
+    """One cell measured at a time among this host's pytest sessions and their workers (a
+    team's session under pytest-xdist's ``-n``: a worker measures while the others wait, so
+    no sample has another worker's traffic beside it). Taken around each cell's samples, not
+    for a session: the workers boot and plug their guests meanwhile. `testbed run` holds the
+    host lock instead (host_lock)."""
+    p = paths.state_dir() / "measure.lock"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(p, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)          # waits; Ctrl-C interrupts the wait
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
 def host_lock(run_id: str, shared: bool | None = None) -> Iterator[None]:
     """One run per host at a time: a second one is told which run holds the host.
 
