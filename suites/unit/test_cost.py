@@ -156,6 +156,32 @@ def test_unattributed_endpoints_get_a_cost_record_but_no_metric_to_judge():
     assert any("not attributed" in n for n in out.cost.notes)
 
 
+def test_a_role_that_read_negative_gives_no_cost_per_packet_and_says_why():
+    # a QEMU worker thread that ended inside the window takes its time along: the
+    # emulator's reading falls below nothing, and no cost is made of it
+    rec = SAMPLES["bridge-qemu-mtu1500-conn1-tcp_rr"]
+    s = bare(rec)
+    cpu_d = json.loads(json.dumps(s.cpu.to_dict()))
+    next(iter(cpu_d["per_guest"].values()))["emulator"] = -0.35
+    odd = dataclasses.replace(s, cpu=type(s.cpu).from_dict(cpu_d))
+    out = cost.attach(odd, cost.Inputs.of(rec.cost.inputs))
+    assert out.ok and not any(k.startswith("cost_") for k in out.metrics)
+    assert not out.cost.ns_per_packet and out.cost.cores["emulator"] < 0
+    assert any(n.startswith("a role's CPU time read negative (emulator -0.") for n in out.cost.notes), out.cost.notes
+
+
+def test_ovs_vswitchd_beside_a_bridge_does_not_stand_in_for_an_unmeasured_rest():
+    rec = SAMPLES["bridge-qemu-mtu1500-conn1-tcp_rr"]
+    s = bare(rec)
+    cpu_d = json.loads(json.dumps(s.cpu.to_dict()))
+    cpu_d["named"]["ovs-vswitchd"] = 0.0001
+    for others in ({}, {"cores": -0.8}):
+        cpu_d["others"] = others
+        out = cost.attach(dataclasses.replace(s, cpu=type(s.cpu).from_dict(cpu_d)), cost.Inputs.of(rec.cost.inputs))
+        assert "rest" not in out.cost.cores, out.cost.cores
+        assert any("other processes" in n for n in out.cost.notes), out.cost.notes
+
+
 def test_cycles_from_a_steady_frequency_only():
     s = bare(SAMPLES["bridge-qemu-mtu1500-conn1-tcp_rr"])
     steady = cost.compute(s, cost.Inputs((2445.4, 2445.4), (2445.4, 2446.0)))

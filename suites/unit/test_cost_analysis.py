@@ -118,6 +118,23 @@ def test_compare_of_unchanged_costs_passes(tmp_path):
     assert all({m.metric for m in c.metrics} >= {cost.METRIC, *cost.ROLE_METRICS} for c in rc.cells)
 
 
+def test_a_new_run_that_lost_its_cost_is_not_passed_on_its_throughput_alone(tmp_path):
+    # a cost hook that broke in NEW (every sample without its cost) would hide a cost regression
+    rng = np.random.default_rng(8)
+    base, new = [], []
+    for cid in (STREAM, RR):
+        s = recorded(cid)
+        base.append((s, {}, [like(s, rng)[1] for _ in range(6)]))
+        dicts = [like(s, rng, role="emulator", by=1.5)[1] for _ in range(6)]
+        for d in dicts:
+            d["metrics"] = {k: v for k, v in d["metrics"].items() if not k.startswith("cost_")}
+        new.append((s, {}, dicts))
+    rc = compare.compare_runs(write(tmp_path, "base", base), write(tmp_path, "new", new))
+    assert [c.verdict for c in rc.cells] == [compare.CellVerdict.INSUFFICIENT] * 2
+    assert all(c.note.startswith(f"{cost.METRIC} in 6 BASE ok samples and in no NEW one") for c in rc.cells)
+    assert rc.exit_status == 5
+
+
 def test_history_finds_the_cost_step_and_names_the_role():
     rng = np.random.default_rng(3)
     s = recorded(RR)
@@ -187,3 +204,9 @@ def test_report_stacks_the_cost_by_role_beside_what_it_bought(tmp_path):
     page = report.render(report.build([rec], generated="now"))
     assert page.count("Cost per packet by role") >= 1 and page.count("<script>") >= 1
     assert '<script src="http' not in page and '<script type="text/javascript" src=' not in page
+
+
+def test_an_axis_whose_first_cost_is_zero_is_described_without_a_ratio():
+    e = costs.AxisEffect("mtu", ((1500, 0.0), (9000, 120.0)), "connections 1")
+    assert e.describe() == "mtu 1500 -> 9000: 0 -> 120 ns per packet (no ratio to a cost of 0 from mtu 1500 to 9000; connections 1)"
+    assert "(x0.50 from" in costs.AxisEffect("mtu", ((1500, 240.0), (9000, 120.0)), "c").describe()

@@ -328,3 +328,22 @@ def test_ab_decide_against_names_the_baseline_variant():
         decide.check(t, "results/some-run")
     plain = dataclasses.replace(t, matrix=dataclasses.replace(t.matrix, variants=()))
     assert decide.check(plain, "results/some-run") is None
+
+
+def test_a_night_compare_would_refuse_beside_base_lends_it_nothing(tmp_path):
+    """A night on another accelerator (a TCG functional night beside a KVM BASE) or on
+    another machine is never pooled into BASE: no drift factor puts one on the other's level."""
+    tpl = bench_gate.template(20, tmp_path)
+    rng = np.random.default_rng(4)
+    base = _with_failure(bench_gate.night(tpl, "base", rng, noise=0.03, reps="5"), 0)
+    other = "kvm" if base.environment.accelerator != "kvm" else "tcg"
+    night = bench_gate.night(tpl, "old", rng, noise=0.03, reps="5")
+    for env in (dataclasses.replace(night.environment, accelerator=other),
+                dataclasses.replace(night.environment, machine_id="f" * 32, host="elsewhere"),
+                dataclasses.replace(night.environment, cpu_model="Another CPU")):
+        pooled, notes = baseline.pooled_base(base, [dataclasses.replace(night, environment=env)])
+        assert pooled.samples == base.samples, notes
+        (note,) = notes
+        assert note.startswith("night old not pooled: ") or note.startswith(f"night {night.run_id} not pooled: ")
+    # the same night as recorded is pooled
+    assert len(baseline.pooled_base(base, [night])[0].samples) > len(base.samples)

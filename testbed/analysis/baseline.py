@@ -76,6 +76,9 @@ def pooled_base(base: RunRecord, older: Sequence[RunRecord | tuple[RunRecord, Co
         rec, cells = item if isinstance(item, tuple) else (item, None)
         if rec.run_id == base.run_id:
             continue
+        if apart := _not_comparable(base, rec):
+            notes.append(f"night {rec.run_id} not pooled: {apart}")
+            continue
         f = night_factor(base, rec)
         added, lent = 0, set()
         for s in rec.samples:
@@ -94,3 +97,14 @@ def pooled_base(base: RunRecord, older: Sequence[RunRecord | tuple[RunRecord, Co
 
 
 _GATED = ("throughput_mbps", "transactions_per_s")
+
+
+def _not_comparable(base: RunRecord, night: RunRecord) -> str:
+    """Why a night's samples cannot stand in BASE's (what `testbed compare` refuses between
+    them: another accelerator or comparable class, format, host or CPU model), or ''. A
+    night's samples are scaled onto BASE's level only by the drift the two share; a TCG
+    night beside a KVM BASE shares no level at all."""
+    from testbed.analysis.compare import Severity, differences
+    apart = [d for d in differences(base, night)
+             if d.severity in (Severity.FORBIDDEN, Severity.HOST) or d.what == "cpu_model"]
+    return "; ".join(f"{d.what} {d.base} -> {d.new}" for d in apart)

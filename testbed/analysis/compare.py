@@ -348,6 +348,11 @@ def _cell(run: RunRecord, cid: str, base: list[SampleRecord], new: list[SampleRe
                                     *((m, False, rr) for m in LATENCY_METRICS if not METRIC_RE.fullmatch(m)),
                                     *costs.COMPARED):
         vb, vn = _values(ok_b, metric), _values(ok_n, metric)
+        if decides and metric in costs.DECIDING and vb and not vn:
+            # a cost hook that broke in NEW would otherwise hide every cost regression
+            return CellResult(**ident, verdict=CellVerdict.INSUFFICIENT, metrics=(),
+                              note=f"{metric} in {len(vb)} BASE ok samples and in no NEW one "
+                                   f"(NEW's cost was not recorded): not decided")
         if vb and vn:
             results_.append(MetricResult(metric, decides, stats.compare(
                 vb, vn, higher_is_better=higher, threshold=threshold, alpha=alpha, test=test,

@@ -186,8 +186,9 @@ class AxisEffect:
     def describe(self) -> str:
         (x0, y0), (x1, y1) = self.points[0], self.points[-1]
         steps = " -> ".join(f"{y:.4g}" for _, y in self.points)
+        ratio = f"x{y1 / y0:.2f}" if y0 > 0 else "no ratio to a cost of 0"
         return (f"{self.axis} {' -> '.join(str(x) for x, _ in self.points)}: {steps} ns per packet "
-                f"(x{y1 / y0:.2f} from {self.axis} {x0} to {x1}; {self.held})")
+                f"({ratio} from {self.axis} {x0} to {x1}; {self.held})")
 
 
 def axis_effects(cells: Sequence[CellCost]) -> tuple[AxisEffect, ...]:

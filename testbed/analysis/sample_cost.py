@@ -213,8 +213,9 @@ def roles(sample: SampleRecord, inputs: Inputs) -> tuple[dict[str, float], str, 
     if ovs.switches(datapath):
         out["switch"] = vswitchd
         parts.append("ovs-vswitchd's threads")
-    elif vswitchd:
-        rest = (rest or 0.0) + vswitchd         # running beside the path, not on it
+    elif vswitchd and rest is not None:
+        # running beside the path, not on it (with the rest unknown, the gap holds it too)
+        rest += vswitchd
     if not ovs.userspace(datapath):
         # the kernel forwards this path (a bridge, macvtap, OVS's kernel datapath) in softirq
         share = packet_share(devices, inputs.host_packets)
@@ -305,6 +306,14 @@ def compute(sample: SampleRecord, inputs: Inputs = Inputs()) -> Outcome | None:
                        verdict["reason"])
     cores, switch, notes = roles(sample, inputs)
     path_cores = {r: cores[r] for r in ROLES}
+    if negative := {r: v for r, v in path_cores.items() if v < 0}:
+        # a process's thread times read as the threads alive at each end of the window: a
+        # worker thread that ended inside it takes its time along, and the role reads less
+        # than nothing. No cost per packet is made of such a role; the sample stands.
+        why = ("a role's CPU time read negative (" + ", ".join(f"{r} {v:+.4g} cores" for r, v in negative.items())
+               + "; a thread that ended in the window took its time along): no cost per packet")
+        return Outcome(Cost(packets=packets, packets_source=source, cores=cores, switch=switch, check=verdict,
+                            notes=(*notes, why), inputs=kept), {})
     kernel = sample.data.get("kernel")
     accounting = kernel.get("irq_time_accounting") if isinstance(kernel, Mapping) else None
     ncpus = len(sample.cpu.extra.get("host_per_cpu") or {}) or 1

@@ -164,9 +164,9 @@ def choose(ps: Sequence[float], metrics: Mapping[str, float], *, histogram: Sequ
     rate and interval give. ``duration_s``: the sample's length, so an insufficient
     percentile's note says how long a sample at this rate would need to be."""
     if values_us:
-        return _needs(from_values(values_us, ps), duration_s)
+        return _lost(_needs(from_values(values_us, ps), duration_s), metrics)
     if histogram:
-        return _needs(from_histogram(histogram, ps), duration_s)
+        return _lost(_needs(from_histogram(histogram, ps), duration_s), metrics)
     n = None
     if "transactions_per_s" in metrics and "duration_s" in metrics:
         n = int(round(metrics["transactions_per_s"] * metrics["duration_s"]))
@@ -178,7 +178,21 @@ def choose(ps: Sequence[float], metrics: Mapping[str, float], *, histogram: Sequ
         else:
             out.append(Percentile(p, None, n, False, "unavailable",
                                   f"{tool} gave no p{p:g} and no distribution to compute it from"))
-    return _needs(out, duration_s)
+    return _lost(_needs(out, duration_s), metrics)
+
+
+def _lost(chosen: list[Percentile], metrics: Mapping[str, float]) -> list[Percentile]:
+    """Percentiles of the answered requests only, where an open-loop client sent more than it
+    got answers to (sockperf's ``offered_per_s`` beside ``transactions_per_s``): a request
+    with no reply has no time, so a percentile past the answered share lies among the lost
+    requests, and the figure over the answered ones would be a guess at it."""
+    sent, got = metrics.get("offered_per_s"), metrics.get("transactions_per_s")
+    if not sent or got is None or sent <= 0 or got >= sent:
+        return chosen
+    share = got / sent
+    return [replace(c, sufficient=False,
+                    note=f"{1 - share:.2%} of the requests got no reply: p{c.p:g} lies among them")
+            if c.sufficient and c.p / 100 > share else c for c in chosen]
 
 
 def _needs(chosen: list[Percentile], duration_s: float | None) -> list[Percentile]:

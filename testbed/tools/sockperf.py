@@ -17,7 +17,7 @@ reduces them to a histogram of buckets one hundredth of a decade wide (at most 1
 value) and prints it after sockperf's own summary, so the chosen percentiles are computed
 from every message and the report's CDF draws them. sockperf's own percentiles (p25 to
 p99.999, each over the "Total N observations" it prints) are parsed too, and checked against
-the histogram's row count.
+the histogram: its row count, and its buckets at each percentile's rank (_disagrees).
 
 sockperf's quirks, read from its 3.7 source (src/client.cpp) and seen here:
 
@@ -35,7 +35,7 @@ sockperf's quirks, read from its 3.7 source (src/client.cpp) and seen here:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from testbed.tools import pacing
 from testbed.tools.base import ToolDriver, ToolResult, check_addr, check_port, no_confidence, sizes
@@ -195,7 +195,8 @@ _TOTAL_RE = re.compile(r"\[Total Run\] RunTime=([\d.]+) sec; Warm up time=(\d+) 
                        r"ReceivedMessages=(\d+)(?:; SkippedMessages=(\d+))?")
 _VALID_RE = re.compile(r"\[Valid Duration\] RunTime=([\d.]+) sec; SentMessages=(\d+); ReceivedMessages=(\d+)")
 _SERVER_RE = re.compile(r"Printing statistics for Server No: (\d+)")
-_AVG_RE = re.compile(r"====> avg-(rtt|latency)=([\d.]+) \(std-dev=([\d.]+)\)")
+# 3.8 and later add ", mean-ad=..., median-ad=..., siqr=..., cv=..., std-error=..., 99.0% ci=[...]"
+_AVG_RE = re.compile(r"====> avg-(rtt|latency)=([\d.]+) \(std-dev=([\d.]+)[,)]")
 _DROPS_RE = re.compile(r"# dropped messages = (\d+); # duplicated messages = (\d+); # out-of-order messages = (\d+)")
 _OBS_RE = re.compile(r"Total (\d+) observations")
 _PCT_RE = re.compile(r"---> percentile\s+([\d.]+) =\s+([\d.]+)")
@@ -207,7 +208,7 @@ _BANDWIDTH_RE = re.compile(r"BandWidth is ([\d.]+) (MBps|GBps)")
 _BUCKET_RE = re.compile(r"^sockperf-full-log-bucket: ([\d.e+-]+) ([\d.e+-]+) (\d+)$")
 _ROWS_RE = re.compile(r"^sockperf-full-log-rows: (\d+)$", re.M)
 _TOO_HIGH = "requested message-per-second rate is too high"
-_FAIL_RE = re.compile(r"ERROR|Can`t|No messages were (?:received|sent)|No valid observations|"
+_FAIL_RE = re.compile(r"(?<![\w-])ERROR\b|Can`t|No messages were (?:received|sent)|No valid observations|"
                       r"Usage: sockperf|Invalid|not a regular file|Failed", re.I)
 
 
@@ -246,6 +247,45 @@ def parse(stdout: str, stderr: str = "", rc: int = 0, *, profile: Profile | None
     if m := _STREAM_RE.search(out):
         return _stream(m, out, profile)
     return _latency(out, lines, profile)
+
+
+#: sockperf's own percentile lies in the full log's buckets (each at most 1 % of the value
+#: wide) around its rank, give or take this share of the value
+HISTOGRAM_TOLERANCE = 0.01
+
+
+def _bucket_at(rows: Sequence[tuple[float, float, int]], rank: float) -> tuple[float, float]:
+    """The bucket (lower, upper us) that holds the message of this rank (1 = the fastest)."""
+    seen = 0
+    for lo, hi, c in rows:
+        seen += c
+        if seen >= rank:
+            return lo, hi
+    return rows[-1][0], rows[-1][1]
+
+
+def _disagrees(hist: Sequence[tuple[float, float, int]], n_obs: int, m: Mapping[str, float]) -> str | None:
+    """Why the full log's histogram and sockperf's summary are not two sources of one
+    distribution, with both figures: their message counts differ, or a percentile sockperf
+    printed lies outside the buckets of the messages ranked next to it in the log (its
+    rank and one on either side: in a sparse tail neighbouring messages can be far apart,
+    so a percentile is never held to its neighbour's value). None when they agree."""
+    from testbed.records.percentiles import metric_name
+    rows = sorted(b for b in hist if b[2] > 0)
+    got = sum(c for *_, c in rows)
+    if got != n_obs:
+        return (f"sockperf's full log gives {got} messages, its summary {n_obs} observations: the log "
+                f"is incomplete")
+    for p in (50.0, 90.0, 99.0, 99.9):
+        if (mine := m.get(metric_name(p))) is None or not rows:
+            continue
+        rank = p / 100 * got
+        lo = _bucket_at(rows, max(1.0, rank - 1))[0] * (1 - HISTOGRAM_TOLERANCE)
+        hi = _bucket_at(rows, min(float(got), rank + 1))[1] * (1 + HISTOGRAM_TOLERANCE)
+        if not lo <= mine <= hi:
+            return (f"sockperf's p{p:g} is {mine:g} us, its full log puts the messages of that rank "
+                    f"between {lo:g} and {hi:g} us")
+    return None
 
 
 def _latency(out: str, lines: Sequence[str], profile: Profile | None) -> ToolResult:
@@ -302,6 +342,8 @@ def _latency(out: str, lines: Sequence[str], profile: Profile | None) -> ToolRes
     if (rows := _ROWS_RE.search(out)) and int(rows.group(1)) != n_obs:
         return ToolResult.failed(f"sockperf's full log has {rows.group(1)} messages, its summary "
                                  f"{n_obs} observations: the log is incomplete")
+    if (hist := histogram(out)) is not None and (why := _disagrees(hist, n_obs, m)):
+        return ToolResult.failed(why, warnings)
     if _TOO_HIGH in out:
         warnings.append(f"sockperf: the {_TOO_HIGH}")
     asked = int(params["mps"]) if params.get("mps", "").isdigit() else None
