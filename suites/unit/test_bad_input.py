@@ -213,6 +213,10 @@ CORPUS: dict[str, tuple[str, str, str]] = {
                            "matrix.profiles[0].rate", "uperf paces transactions per second"),
     "rate_and_rate_bps": (G + "matrix: {profiles: [{name: a, tool: iperf3, rate: 1gbit, rate_bps: 1000}]}\n",
                           "matrix.profiles[0].rate", "either rate or rate_bps"),
+    # each connection sends a whole number a second: 6 across 4 would offer 4
+    "rate_not_split": (G + "matrix: {connections: [1, 4], profiles: [{name: a, tool: sockperf, pattern: rr, "
+                           "message_size: 64, rate: 6tps}]}\n",
+                       "matrix.profiles[0]", "rate 6tps: split across 4 connections, each would send 1/s, 4/s in all"),
 }
 
 

@@ -678,6 +678,15 @@ def _matrix(n: Node, base: Path | None = None) -> Matrix:
         variants=_variants(m["variants"], base or Path.cwd()) if "variants" in m else (),
         pairs=_distinct(m, "pairs", lambda x: x.int(1, MAX_PAIRS, "pairs"), (1,)),
     )
+    for node, p in zip(profiles_nodes, mx.profiles):
+        # a paced target is split among a pair's connections, each sending a whole number a
+        # second: one that cannot be split offers another load than the one asked for
+        for c in mx.connections if p.rate_tps else ():
+            each = pacing.per_stream(p.rate_tps, c)
+            if abs(each * c - p.rate_tps) > pacing.SHORTFALL * p.rate_tps:
+                raise node.error(f"rate {p.rate or p.rate_tps}: split across {c} connections, each would send "
+                                 f"{each}/s, {each * c}/s in all; give a rate of at least "
+                                 f"{math.ceil(c / pacing.SHORTFALL)}tps or a multiple of {c}")
     if "pairs" in m and mx.variants:
         raise m["pairs"].error("pairs and variants cannot be combined (each variant boots its own guest pair)")
     if mx.variants and any(not attachments.get(a).variants for a in mx.attachments):
