@@ -603,8 +603,9 @@ def acknowledge(root: object, spec: str, by: str | None, why: str | None) -> int
         if not v.strip() or not v.isprintable() or len(v) > 1000:
             raise UserFileError(arg, f"{v[:40]!r}: one printable line of at most 1000 characters")
     path = Path(str(root)) / ACKS
-    read_acks(root)             # a file that cannot be read is refused, not appended to
-    if path.is_file() and path.stat().st_size and not _ends_a_line(path):
+    data = _acks_data(path)
+    _parse_acks(path, data)     # a file that cannot be read is refused, not appended to
+    if data and not data.endswith(b"\n"):
         # a writer killed mid-line: appended to, the new line would be glued to the torn one
         # and lost, and the file unreadable from then on
         raise UserFileError(path, "its last line is torn (a writer stopped mid-line): remove that line, "
@@ -618,27 +619,30 @@ def acknowledge(root: object, spec: str, by: str | None, why: str | None) -> int
     return 0
 
 
-def _ends_a_line(path: object) -> bool:
-    with open(str(path), "rb") as f:
-        f.seek(-1, os.SEEK_END)
-        return f.read(1) == b"\n"
-
-
 def read_acks(root: object) -> list[dict]:
     """The acknowledgements of ``root``'s history-acks.jsonl: a regular file of at most
     MAX_ACKS_BYTES, each line an object with a cell and a run id (a line that is not is
     refused with its number; a torn last line, the mark of a writer killed mid-line, is left
     out)."""
     from pathlib import Path
-
-    from testbed.host import safeio
     path = Path(str(root)) / ACKS
-    if not os.path.lexists(path):
-        return []
-    if os.path.islink(path):
+    return _parse_acks(path, _acks_data(path))
+
+
+def _acks_data(path: object) -> bytes:
+    """The acknowledgement file's bytes, read once (b"" when there is none)."""
+    from testbed.host import safeio
+    if not os.path.lexists(str(path)):
+        return b""
+    if os.path.islink(str(path)):
         raise safeio.UserFileError(path, "is a symbolic link; the acknowledgement file is a regular file")
+    return safeio.read_regular(path, MAX_ACKS_BYTES)
+
+
+def _parse_acks(path: object, data: bytes) -> list[dict]:
+    from testbed.host import safeio
     out = []
-    for n, a in safeio.json_lines(safeio.read_regular(path, MAX_ACKS_BYTES), str(path)):
+    for n, a in safeio.json_lines(data, str(path)):
         if not isinstance(a, dict) or not all(isinstance(a.get(k), str) and ACK_ID.fullmatch(a[k])
                                               for k in ("cell", "run")):
             raise safeio.UserFileError(f"{path}:{n}", "not an acknowledgement (an object with a cell and "

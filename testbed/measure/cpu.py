@@ -138,7 +138,7 @@ def others_delta(before: Mapping[int, tuple[float, int]], after: Mapping[int, tu
     return round(total, 4)
 
 
-def _proc_seconds(pid: int) -> float:
+def process_seconds(pid: int) -> float:
     """CPU seconds of all of a process's threads (ovs-vswitchd's handlers, revalidators, pmds)."""
     total = 0.0
     for tid in _tids(pid):
@@ -203,12 +203,12 @@ def host_reading(qemu_pids: Mapping[str, int], domains: Mapping[str, object] | N
         # Before 6.4 the vhost-net workers are kernel threads named vhost-<qemu pid>.
         kthreads = [v for v in named_pids.get("vhost-", []) if v != pid and _comm(v) == f"vhost-{pid}"]
         known.update(kthreads)
-        t["vhost"] = t.get("vhost", 0.0) + sum(_proc_seconds(v) for v in kthreads)
+        t["vhost"] = t.get("vhost", 0.0) + sum(process_seconds(v) for v in kthreads)
         models[guest] = "+".join(m for m, found in (("thread", in_group), ("kthread", bool(kthreads)))
                                  if found) or "none"
         per_guest[guest] = t
-    named = {"ovs-vswitchd": sum(_proc_seconds(p) for p in named_pids.get("ovs-vswitchd", [])),
-             "ksoftirqd": sum(_proc_seconds(p) for p in named_pids.get("ksoftirqd", []))}
+    named = {"ovs-vswitchd": sum(process_seconds(p) for p in named_pids.get("ovs-vswitchd", [])),
+             "ksoftirqd": sum(process_seconds(p) for p in named_pids.get("ksoftirqd", []))}
     virt = {g: domain_cpu_seconds(d) for g, d in (domains or {}).items() if g in qemu_pids}
     with open("/proc/stat") as f:
         at = time.monotonic()

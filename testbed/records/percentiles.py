@@ -163,10 +163,15 @@ def choose(ps: Sequence[float], metrics: Mapping[str, float], *, histogram: Sequ
     times, a histogram, else the tool's own figures with the transaction count the sample's
     rate and interval give. ``duration_s``: the sample's length, so an insufficient
     percentile's note says how long a sample at this rate would need to be."""
+    return _lost(_needs(_from_best(ps, metrics, histogram, values_us, tool), duration_s), metrics)
+
+
+def _from_best(ps: Sequence[float], metrics: Mapping[str, float], histogram: Sequence[Bucket] | None,
+               values_us: Sequence[float] | None, tool: str) -> list[Percentile]:
     if values_us:
-        return _lost(_needs(from_values(values_us, ps), duration_s), metrics)
+        return from_values(values_us, ps)
     if histogram:
-        return _lost(_needs(from_histogram(histogram, ps), duration_s), metrics)
+        return from_histogram(histogram, ps)
     n = None
     if "transactions_per_s" in metrics and "duration_s" in metrics:
         n = int(round(metrics["transactions_per_s"] * metrics["duration_s"]))
@@ -178,7 +183,7 @@ def choose(ps: Sequence[float], metrics: Mapping[str, float], *, histogram: Sequ
         else:
             out.append(Percentile(p, None, n, False, "unavailable",
                                   f"{tool} gave no p{p:g} and no distribution to compute it from"))
-    return _lost(_needs(out, duration_s), metrics)
+    return out
 
 
 def _lost(chosen: list[Percentile], metrics: Mapping[str, float]) -> list[Percentile]:

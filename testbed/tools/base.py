@@ -377,11 +377,12 @@ def aggregate(results: Sequence[ToolResult], *, cpu_scope: str = "system") -> To
         # own rests on the transactions it needs: a pair's two clients at 1,000/s for 6 s
         # give 12,000 between them, but each p99.9 rests on 6,000 (six above it)
         least = min(t * d for t, d in zip(col("transactions_per_s"), col("duration_s")))
-        short = [k for k in pct if least < required(from_metric(k) or 0.0)]
-        for k in short:
-            warnings.append(f"{k} left out: an instance's own figure rests on {least:.0f} transactions, "
-                            f"fewer than the {required(from_metric(k) or 0.0)} it needs")
-        pct = [k for k in pct if k not in short]
+        need = {k: required(from_metric(k) or 0.0) for k in pct}
+        for k in pct:
+            if least < need[k]:
+                warnings.append(f"{k} left out: an instance's own figure rests on {least:.0f} transactions, "
+                                f"fewer than the {need[k]} it needs")
+        pct = [k for k in pct if least >= need[k]]
     for k in pct:
         out[k] = max(col(k))
     if pct:

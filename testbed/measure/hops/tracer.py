@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from testbed.errors import CommandError, GuestError
 from testbed.host import proc
 from testbed.host.bpftrace import BPFTRACE, ENV, last_error
+from testbed.measure.cpu import process_seconds
 from testbed.measure.hops import bpfstats, parse
 
 log = logging.getLogger(__name__)
@@ -40,18 +41,7 @@ class TracerError(Exception):
     """A tracer that could not start or stop; the sample's hops say why."""
 
 
-def cpu_seconds(pid: int) -> float | None:
-    """The user and system CPU time a process has used (/proc/PID/stat), or None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    # after the command's ")": state is field 3, utime and stime are fields 14 and 15
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def describe(pid: int, cpu0: float | None, waited_s: float) -> str:
+def describe(pid: int, cpu0: float, waited_s: float) -> str:
     """Where a process that would not exit is: its state, the CPU it used while it was
     waited for, and the distinct kernel functions its threads wait in (their stacks' top)."""
     try:
@@ -59,9 +49,7 @@ def describe(pid: int, cpu0: float | None, waited_s: float) -> str:
             state = f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return "it exited as it was killed"
-    parts = [f"state {state}"]
-    if cpu0 is not None and (cpu1 := cpu_seconds(pid)) is not None:
-        parts.append(f"{cpu1 - cpu0:.1f} s of CPU in {waited_s:.0f} s")
+    parts = [f"state {state}", f"{process_seconds(pid) - cpu0:.1f} s of CPU in {waited_s:.0f} s"]
     waits: list[str] = []
     with contextlib.suppress(OSError):
         for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
@@ -115,7 +103,7 @@ class HostTracer:
             raise TracerError("bpftrace was not started")
         pid = bg.popen.pid
         self.stats = bpfstats.of_process(pid)
-        cpu0 = cpu_seconds(pid)
+        cpu0 = process_seconds(pid)
         t0 = time.monotonic()
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGINT)
@@ -220,4 +208,4 @@ class GuestTracer:
             self._run(["/sbin/sysctl", "-q", "-w", "kernel.bpf_stats_enabled=0"])
 
 
-__all__ = ["GuestTracer", "HostTracer", "TracerError", "cpu_seconds", "describe"]
+__all__ = ["GuestTracer", "HostTracer", "TracerError", "describe"]
